@@ -1,0 +1,44 @@
+"""The `bert-jax` command: one subcommand per module, imported lazily.
+
+Each subcommand module defines its own absl flags and a `main(argv)`; only the
+chosen one is imported, so flags of different subcommands never collide.
+"""
+
+import importlib
+import sys
+
+SUBCOMMANDS = {
+    "pretrain": ("bert_jax.main", "Pretrain from a config (--config=configs/x.py[:arg] --workdir=DIR)."),
+    "aot": ("bert_jax.aot", "Compile the train step ahead of time for a TPU topology; report memory and time."),
+    "embed": ("bert_jax.embed", "Write every layer's hidden states for JSON-lines input to an .npz file."),
+    "prepare": ("bert_jax.prepare", "Tokenize a corpus into sharded files for pretraining."),
+    "finetune": ("bert_jax.finetune.main", "Finetune on a task (--config=configs/finetune/x.py)."),
+    "sweep": ("bert_jax.finetune.sweep", "Hyperparameter sweep over finetuning runs with a results table."),
+    "bench": ("bert_jax.bench", "Benchmarks: `bench data` (input pipeline) and `bench train` (train step)."),
+}
+
+
+def _usage() -> str:
+  lines = ["usage: bert-jax <command> [flags]", "", "commands:"]
+  lines += [f"  {name:<10} {doc}" for name, (_, doc) in SUBCOMMANDS.items()]
+  lines += ["", "`bert-jax <command> --help` lists a command's flags."]
+  return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+  argv = list(sys.argv if argv is None else argv)
+  if len(argv) < 2 or argv[1] in ("-h", "--help", "help"):
+    print(_usage())
+    sys.exit(0 if len(argv) >= 2 else 2)
+  name = argv[1]
+  if name not in SUBCOMMANDS:
+    print(f"bert-jax: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+    sys.exit(2)
+  from absl import app  # pylint: disable=g-import-not-at-top
+
+  module = importlib.import_module(SUBCOMMANDS[name][0])
+  app.run(module.main, argv=[f"bert-jax {name}"] + argv[2:])
+
+
+if __name__ == "__main__":
+  main()
