@@ -14,13 +14,14 @@ SUBCOMMANDS = {
     "prepare": ("bert_jax.prepare", "Tokenize a corpus into sharded files for pretraining."),
     "finetune": ("bert_jax.finetune.main", "Finetune on a task (--config=configs/finetune/x.py)."),
     "sweep": ("bert_jax.finetune.sweep", "Hyperparameter sweep over finetuning runs with a results table."),
-    "bench": ("bert_jax.bench", "Benchmarks: `bench data` (input pipeline) and `bench train` (train step)."),
+    "bench data": ("bert_jax.bench_data", "Benchmark the input pipeline and `prepare`; prints JSON lines."),
+    "bench train": ("bert_jax.bench_train", "Benchmark the train step (step time, tokens/s, MFU); prints JSON."),
 }
 
 
 def _usage() -> str:
   lines = ["usage: bert-jax <command> [flags]", "", "commands:"]
-  lines += [f"  {name:<10} {doc}" for name, (_, doc) in SUBCOMMANDS.items()]
+  lines += [f"  {name:<12} {doc}" for name, (_, doc) in SUBCOMMANDS.items()]
   lines += ["", "`bert-jax <command> --help` lists a command's flags."]
   return "\n".join(lines)
 
@@ -30,14 +31,16 @@ def main(argv=None) -> None:
   if len(argv) < 2 or argv[1] in ("-h", "--help", "help"):
     print(_usage())
     sys.exit(0 if len(argv) >= 2 else 2)
-  name = argv[1]
+  name, rest = argv[1], argv[2:]
+  if name == "bench" and rest:  # two-word commands: `bench data`, `bench train`
+    name, rest = f"bench {rest[0]}", rest[1:]
   if name not in SUBCOMMANDS:
     print(f"bert-jax: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
     sys.exit(2)
   from absl import app  # pylint: disable=g-import-not-at-top
 
   module = importlib.import_module(SUBCOMMANDS[name][0])
-  app.run(module.main, argv=[f"bert-jax {name}"] + argv[2:])
+  app.run(module.main, argv=[f"bert-jax {name}"] + rest)
 
 
 if __name__ == "__main__":
