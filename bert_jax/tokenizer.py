@@ -1,0 +1,396 @@
+"""WordPiece and SentencePiece tokenizers, the special tokens, and vocabulary training.
+
+WordPiece follows google-research/bert `tokenization.py` and Hugging Face `BertTokenizer` exactly
+(clean text, split CJK ideographs, lowercase + strip accents when uncased, split punctuation, greedy
+longest-match-first with `##`, words over 100 characters -> [UNK]). `_reference_tokenize` is the
+plain-Python statement of those rules; `encode_batch` runs the same rules through
+`tensorflow_text.FastBertTokenizer` (LinMaxMatch, Song et al. 2021), after a cheap Python check that
+sends the few texts where the two could differ to the reference path.
+
+    tok = load_tokenizer("vocab.txt")                 # or "spm.model", or a directory holding one
+    ids, segment_ids = tok.encode_pair("A b.", "C d.", max_length=128)
+"""
+
+import os
+import re
+import shutil
+import tempfile
+import unicodedata
+from typing import Iterable, Sequence
+
+import numpy as np
+
+# The one place special tokens are named; every model and pipeline stage resolves ids through it.
+PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
+SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
+# SentencePiece models trained elsewhere (ALBERT, T5-style) spell pad/unk differently.
+_SPECIAL_ALIASES = {PAD: ("[PAD]", "<pad>"), UNK: ("[UNK]", "<unk>"), CLS: ("[CLS]",),
+                    SEP: ("[SEP]",), MASK: ("[MASK]", "<mask>")}
+MAX_CHARS_PER_WORD = 100  # google-research/bert `WordpieceTokenizer.max_input_chars_per_word`
+VOCAB_FILE, SPM_FILE = "vocab.txt", "spm.model"
+
+
+def _resolve_special_ids(lookup) -> dict:
+  """{token: id} for the five specials; `lookup(piece)` returns an id or None."""
+  ids = {}
+  for token, aliases in _SPECIAL_ALIASES.items():
+    found = [i for i in (lookup(a) for a in aliases) if i is not None]
+    if not found:
+      raise ValueError(f"vocabulary has no {token} (tried {aliases})")
+    ids[token] = found[0]
+  return ids
+
+
+class _Tokenizer:
+  """What WordPiece and SentencePiece share: special ids, pairs, the word-start table."""
+
+  vocab_size: int
+  do_lower_case: bool
+
+  def _set_specials(self, lookup):
+    ids = _resolve_special_ids(lookup)
+    self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (ids[t] for t in SPECIAL_TOKENS)
+    self.special_ids = np.array(sorted(set(ids.values())), np.int32)
+
+  def encode(self, text: str) -> list[int]:
+    """Token ids of `text`, without [CLS]/[SEP]."""
+    return self.convert_tokens_to_ids(self.tokenize(text))
+
+  def encode_pair(self, text_a: str, text_b: str | None = None, max_length: int | None = None):
+    """`[CLS] A [SEP] B [SEP]` ids and segment ids (0 for A, 1 for B), longest-first truncation."""
+    a = self.encode(text_a)
+    b = self.encode(text_b) if text_b is not None else []
+    if max_length is not None:
+      budget = max_length - (3 if text_b is not None else 2)
+      while len(a) + len(b) > budget:  # as google-research/bert `_truncate_seq_pair`
+        (a if len(a) > len(b) else b).pop()
+    ids = [self.cls_id] + a + [self.sep_id]
+    segment_ids = [0] * len(ids)
+    if text_b is not None:
+      ids += b + [self.sep_id]
+      segment_ids += [1] * (len(b) + 1)
+    return ids, segment_ids
+
+  def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
+    ids = [int(i) for i in ids]
+    if skip_special_tokens:
+      special = set(self.special_ids.tolist())
+      ids = [i for i in ids if i not in special]
+    return self._join(self.convert_ids_to_tokens(ids))
+
+  def word_start_table(self) -> np.ndarray:
+    """bool [vocab_size]: True where a token starts a word (whole-word and span masking)."""
+    table = np.array([self._starts_word(t) for t in self.convert_ids_to_tokens(range(self.vocab_size))])
+    table[self.special_ids] = True
+    return table
+
+
+# ---------------------------------------------------------------------------------------------
+# WordPiece: the reference rules.
+
+
+def _is_whitespace(ch: str) -> bool:
+  return ch in " \t\n\r" or unicodedata.category(ch) == "Zs"
+
+
+def _is_control(ch: str) -> bool:
+  # Hugging Face drops every "C*" category; google-research/bert only Cc/Cf. They differ on
+  # private-use and unassigned code points; we follow Hugging Face, whose ids we must match.
+  return ch not in "\t\n\r" and unicodedata.category(ch).startswith("C")
+
+
+def _is_punctuation(ch: str) -> bool:
+  cp = ord(ch)  # ASCII symbols like "$" or "^" are not Unicode "P*" but BERT splits them too.
+  if 33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126:
+    return True
+  return unicodedata.category(ch).startswith("P")
+
+
+_CJK_RANGES = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
+               (0x2B740, 0x2B81F), (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))
+_CJK_RE = re.compile("([" + "".join(f"{chr(a)}-{chr(b)}" for a, b in _CJK_RANGES) + "])")
+
+
+def _clean_text(text: str) -> str:
+  """Drops NUL, U+FFFD and control characters; every whitespace character becomes a space."""
+  out = []
+  for ch in text:
+    if ch == "\x00" or ch == "\ufffd" or _is_control(ch):
+      continue
+    out.append(" " if _is_whitespace(ch) else ch)
+  return "".join(out)
+
+
+def _strip_accents(text: str) -> str:
+  return "".join(c for c in unicodedata.normalize("NFD", text) if unicodedata.category(c) != "Mn")
+
+
+def _split_punctuation(word: str) -> list[str]:
+  pieces, current = [], []
+  for ch in word:
+    if _is_punctuation(ch):
+      if current:
+        pieces.append("".join(current))
+        current = []
+      pieces.append(ch)
+    else:
+      current.append(ch)
+  if current:
+    pieces.append("".join(current))
+  return pieces
+
+
+def basic_tokenize(text: str, do_lower_case: bool) -> list[str]:
+  """BERT's `BasicTokenizer`: the words WordPiece then splits."""
+  text = _CJK_RE.sub(r" \1 ", _clean_text(text))
+  text = unicodedata.normalize("NFC", text)  # as Hugging Face, so composed/decomposed input agree
+  words = []
+  for word in text.split():
+    if do_lower_case:
+      word = _strip_accents(word.lower())
+    words.extend(_split_punctuation(word))
+  return words
+
+
+def wordpiece_split(word: str, vocab: dict, unk: str = UNK) -> list[str]:
+  """Greedy longest-match-first split of one word; [UNK] if any part cannot be matched."""
+  if len(word) > MAX_CHARS_PER_WORD:
+    return [unk]
+  pieces, start = [], 0
+  while start < len(word):
+    end = len(word)
+    while end > start:
+      piece = word[start:end] if start == 0 else "##" + word[start:end]
+      if piece in vocab:
+        break
+      end -= 1
+    if end == start:
+      return [unk]
+    pieces.append(piece)
+    start = end
+  return pieces
+
+
+# Texts the fast path may treat differently from the reference: control or unusual whitespace
+# characters (the fast normaliser maps controls to spaces; BERT deletes them), U+FFFD, CJK
+# ideographs (not split by the fast pre-tokeniser), runs long enough to hit the per-word limit
+# (which the fast path counts in bytes rather than characters), and, when lowercasing,
+# characters with a compatibility decomposition ("½", "™", "…": the fast normaliser applies
+# NFKD where BERT applies NFD).
+_NEEDS_REFERENCE_RE = re.compile("[\ufffd" + _CJK_RE.pattern[2:-2] + r"]|\S{" + str(MAX_CHARS_PER_WORD // 2) + ",}")
+
+
+def _fast_path_ok(text: str, do_lower_case: bool) -> bool:
+  return (text.isprintable() and _NEEDS_REFERENCE_RE.search(text) is None
+          and (not do_lower_case or unicodedata.is_normalized("NFKC", text)))
+
+
+class WordPieceTokenizer(_Tokenizer):
+  """BERT WordPiece from a `vocab.txt` (one token per line, id = line number)."""
+
+  def __init__(self, vocab_file: str, do_lower_case: bool = True):
+    self.vocab_file = str(vocab_file)
+    self.do_lower_case = do_lower_case
+    with open(self.vocab_file, encoding="utf-8") as f:
+      self.inv_vocab = [line.rstrip("\n").rstrip("\r") for line in f]
+    self.vocab = {tok: i for i, tok in reversed(list(enumerate(self.inv_vocab)))}
+    self.vocab_size = len(self.inv_vocab)
+    self._set_specials(self.vocab.get)
+    self._fast = None  # built on first use: importing tensorflow_text costs seconds
+
+  def tokenize(self, text: str) -> list[str]:
+    return [p for w in basic_tokenize(text, self.do_lower_case) for p in wordpiece_split(w, self.vocab)]
+
+  def convert_tokens_to_ids(self, tokens: Sequence[str]) -> list[int]:
+    return [self.vocab.get(t, self.unk_id) for t in tokens]
+
+  def convert_ids_to_tokens(self, ids: Iterable[int]) -> list[str]:
+    return [self.inv_vocab[int(i)] for i in ids]
+
+  @staticmethod
+  def _join(tokens: list[str]) -> str:
+    return " ".join(tokens).replace(" ##", "")
+
+  @staticmethod
+  def _starts_word(token: str) -> bool:
+    return not token.startswith("##")
+
+  def encode_batch(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Ids of many texts at once, same ids as `encode`.
+
+    Returns:
+      (ids int32 [total], lengths int64 [len(texts)]): the texts' ids concatenated, and their counts.
+    """
+    texts = list(texts)
+    fast = [i for i, t in enumerate(texts) if _fast_path_ok(t, self.do_lower_case)]
+    per_text = [None] * len(texts)
+    if fast:
+      ragged = self._fast_tokenizer().tokenize([self._prenormalize(texts[i]) for i in fast])
+      ids, lengths = ragged.flat_values.numpy(), ragged.row_lengths().numpy()
+      for i, chunk in zip(fast, np.split(ids, np.cumsum(lengths)[:-1])):
+        per_text[i] = chunk
+    for i, chunk in enumerate(per_text):
+      if chunk is None:
+        per_text[i] = np.asarray(self.encode(texts[i]), np.int32)
+    lengths = np.array([len(c) for c in per_text], np.int64)
+    ids = np.concatenate(per_text).astype(np.int32) if per_text else np.zeros([0], np.int32)
+    return ids, lengths
+
+  def _prenormalize(self, text: str) -> str:
+    return text if self.do_lower_case else unicodedata.normalize("NFC", text)
+
+  def _fast_tokenizer(self):
+    if self._fast is None:
+      import tensorflow as tf  # pylint: disable=g-import-not-at-top
+      import tensorflow_text as tf_text  # pylint: disable=g-import-not-at-top
+
+      self._fast = tf_text.FastBertTokenizer(
+          vocab=self.inv_vocab, suffix_indicator="##", unknown_token=self.inv_vocab[self.unk_id],
+          # Longer runs go to the reference path, so bytes never decide [UNK] here.
+          max_bytes_per_word=4 * MAX_CHARS_PER_WORD, token_out_type=tf.int32,
+          lower_case_nfd_strip_accents=self.do_lower_case)
+    return self._fast
+
+  def save(self, directory: str) -> str:
+    os.makedirs(directory, exist_ok=True)
+    dest = os.path.join(directory, VOCAB_FILE)
+    if os.path.abspath(dest) != os.path.abspath(self.vocab_file):
+      shutil.copyfile(self.vocab_file, dest)
+    return dest
+
+
+# ---------------------------------------------------------------------------------------------
+# SentencePiece.
+
+
+class SentencePieceTokenizer(_Tokenizer):
+  """A SentencePiece model (unigram or BPE); lowercases first when `do_lower_case` (as ALBERT)."""
+
+  def __init__(self, model_file: str, do_lower_case: bool = True):
+    import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+
+    self.model_file = str(model_file)
+    self.do_lower_case = do_lower_case
+    self.sp = spm.SentencePieceProcessor(model_file=self.model_file)
+    self.vocab_size = self.sp.get_piece_size()
+    self._set_specials(self._piece_id)
+
+  def _piece_id(self, piece: str):
+    i = self.sp.piece_to_id(piece)
+    return i if self.sp.id_to_piece(i) == piece else None  # unknown pieces map to unk_id
+
+  def _prepare(self, text: str) -> str:
+    return text.lower() if self.do_lower_case else text
+
+  def tokenize(self, text: str) -> list[str]:
+    return self.sp.encode(self._prepare(text), out_type=str)
+
+  def encode(self, text: str) -> list[int]:
+    return self.sp.encode(self._prepare(text))
+
+  def encode_batch(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """As `WordPieceTokenizer.encode_batch`."""
+    per_text = self.sp.encode([self._prepare(t) for t in texts])
+    lengths = np.array([len(c) for c in per_text], np.int64)
+    ids = np.fromiter((i for c in per_text for i in c), np.int32, int(lengths.sum()))
+    return ids, lengths
+
+  def convert_tokens_to_ids(self, tokens: Sequence[str]) -> list[int]:
+    return [self.sp.piece_to_id(t) for t in tokens]
+
+  def convert_ids_to_tokens(self, ids: Iterable[int]) -> list[str]:
+    return [self.sp.id_to_piece(int(i)) for i in ids]
+
+  @staticmethod
+  def _join(tokens: list[str]) -> str:
+    return "".join(tokens).replace("\u2581", " ").strip()
+
+  @staticmethod
+  def _starts_word(token: str) -> bool:
+    return token.startswith("\u2581")
+
+  def save(self, directory: str) -> str:
+    os.makedirs(directory, exist_ok=True)
+    dest = os.path.join(directory, SPM_FILE)
+    if os.path.abspath(dest) != os.path.abspath(self.model_file):
+      shutil.copyfile(self.model_file, dest)
+    return dest
+
+
+def load_tokenizer(path: str, do_lower_case: bool = True):
+  """`vocab.txt` -> WordPiece, `*.model` -> SentencePiece, a directory -> the one file it holds."""
+  path = str(path)
+  if os.path.isdir(path):
+    candidates = [os.path.join(path, VOCAB_FILE)] + sorted(
+        os.path.join(path, f) for f in os.listdir(path) if f.endswith(".model"))
+    found = [c for c in candidates if os.path.isfile(c)]
+    if not found:
+      raise FileNotFoundError(f"{path} holds neither {VOCAB_FILE} nor a SentencePiece *.model")
+    path = found[0]
+  if path.endswith(".model"):
+    return SentencePieceTokenizer(path, do_lower_case)
+  return WordPieceTokenizer(path, do_lower_case)
+
+
+# ---------------------------------------------------------------------------------------------
+# Vocabulary training.
+
+
+def train_sentencepiece(files_or_iter, out_prefix: str, vocab_size: int, model_type: str = "unigram",
+                        do_lower_case: bool = True, character_coverage: float = 0.9999,
+                        input_sentence_size: int = 2_000_000) -> str:
+  """Trains a SentencePiece model with [PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4.
+
+  Args:
+    files_or_iter: text file paths (one sentence per line) or an iterable of sentences.
+    model_type: "unigram" or "bpe".
+  Returns:
+    the path of the `.model` file.
+  """
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+
+  kwargs = dict(
+      model_prefix=out_prefix, vocab_size=vocab_size, model_type=model_type,
+      character_coverage=character_coverage, input_sentence_size=input_sentence_size,
+      shuffle_input_sentence=True, pad_id=0, unk_id=1, bos_id=-1, eos_id=-1,
+      pad_piece=PAD, unk_piece=UNK, control_symbols=[CLS, SEP, MASK],
+      # Lowercasing happens in the tokenizer, so the model only sees what it will be given.
+      normalization_rule_name="nmt_nfkc", hard_vocab_limit=False, minloglevel=2)
+  if isinstance(files_or_iter, (list, tuple)) and files_or_iter and all(
+      isinstance(f, (str, os.PathLike)) and os.path.isfile(f) for f in files_or_iter):
+    if do_lower_case:
+      files_or_iter = (line.rstrip("\n") for f in files_or_iter for line in open(f, encoding="utf-8"))
+    else:
+      spm.SentencePieceTrainer.train(input=[str(f) for f in files_or_iter], **kwargs)
+      return out_prefix + ".model"
+  lower = str.lower if do_lower_case else (lambda s: s)
+  sentences = (lower(s) for s in files_or_iter if s.strip())
+  spm.SentencePieceTrainer.train(sentence_iterator=sentences, **kwargs)
+  return out_prefix + ".model"
+
+
+def train_wordpiece(texts: Iterable[str], vocab_size: int, out_file: str | None = None,
+                    do_lower_case: bool = True, min_count: int = 2, max_words: int = 5_000_000,
+                    max_token_length: int = 50, max_unique_chars: int = 1000) -> str:
+  """Learns a WordPiece vocabulary (tensorflow_text's learner, as in its `bert_vocab_from_dataset`).
+
+  Words come from the same `basic_tokenize` the tokenizer uses; the learner searches a count
+  threshold so that the vocabulary reaches `vocab_size` (within 5%). The specials come first.
+
+  Returns:
+    the path of the written vocab file.
+  """
+  from tensorflow_text.tools.wordpiece_vocab import wordpiece_tokenizer_learner_lib as learner  # pylint: disable=g-import-not-at-top
+
+  counts: dict = {}
+  for text in texts:
+    for word in basic_tokenize(text, do_lower_case):
+      counts[word] = counts.get(word, 0) + 1
+  vocab = learner.learn(counts, vocab_size, list(SPECIAL_TOKENS), lower_thresh=min_count,
+                        max_input_tokens=max_words, max_token_length=max_token_length,
+                        max_unique_chars=max_unique_chars)
+  if out_file is None:
+    out_file = os.path.join(tempfile.mkdtemp(prefix="wordpiece-"), VOCAB_FILE)
+  with open(out_file, "w", encoding="utf-8") as f:
+    f.write("".join(t + "\n" for t in vocab))
+  return out_file
