@@ -1,0 +1,74 @@
+"""Analytic FLOPs of BERT pretraining, for MFU and step-time estimates.
+
+Only matrix multiplications are counted, 2 FLOPs per multiply-add, as in the usual definition of
+model FLOPs utilization (Chowdhery et al. 2022, PaLM, appendix B): layer norms, softmax, GELU,
+dropout and the optimizer update are a few percent for BERT shapes and are left out. Embedding
+lookups are gathers (0 FLOPs). The backward pass costs twice the forward pass (one matmul for the
+input gradient, one for the weight gradient), so a train step is 3x the forward pass; recomputation
+under remat is not counted (it is hardware FLOPs, not model FLOPs).
+
+Attention is counted over the full sequence length whatever the padding or packing: the fused
+attention path computes every (query, key) score and masks afterwards.
+"""
+
+import dataclasses
+
+import ml_collections
+
+from bert_jax import model
+
+
+@dataclasses.dataclass(frozen=True)
+class Shapes:
+  """What one forward pass computes, per sequence (row) of the batch."""
+  seq_length: int             # S: tokens per row (attention span)
+  mlm_positions: int          # positions projected to the vocabulary: P, or S for all positions
+  pooled_positions: int = 1   # [CLS] vectors through the pooler: 1, or K when packing
+  use_nsp: bool = True        # the 2-way sentence classifier on the pooled vectors
+
+
+def forward_flops_per_row(cfg: model.BertConfig, shapes: Shapes) -> dict[str, float]:
+  """Forward-pass FLOPs of one row of `BertForPreTraining`, by component."""
+  h, i, s, v = cfg.hidden_size, cfg.intermediate_size, shapes.seq_length, cfg.vocab_size
+  per_layer_per_token = {
+      "attention_qkv": 3 * 2 * h * h,
+      "attention_scores": 2 * s * h,   # q . k over all S keys, summed over heads: H = heads x head_dim
+      "attention_values": 2 * s * h,   # probs x v
+      "attention_out": 2 * h * h,
+      "mlp": 2 * 2 * h * i,            # intermediate and output dense
+  }
+  flops = {k: float(cfg.num_layers * s * f) for k, f in per_layer_per_token.items()}
+  flops["embeddings"] = 0.0  # gathers and adds
+  flops["pooler"] = float(shapes.pooled_positions * 2 * h * h)
+  flops["nsp"] = float(shapes.pooled_positions * 2 * h * 2) if shapes.use_nsp else 0.0
+  flops["mlm_transform"] = float(shapes.mlm_positions * 2 * h * h)
+  flops["mlm_decoder"] = float(shapes.mlm_positions * 2 * h * v)  # tied to the word embeddings
+  return flops
+
+
+def train_flops_per_row(cfg: model.BertConfig, shapes: Shapes) -> float:
+  """Forward + backward FLOPs of one row: 3x the forward pass."""
+  return 3.0 * sum(forward_flops_per_row(cfg, shapes).values())
+
+
+def shapes_from_config(config: ml_collections.ConfigDict) -> Shapes:
+  """The per-row `Shapes` a train config implies (`config.data`, `config.mlm_all_positions`)."""
+  d = config.data
+  seq_length = d.seq_length
+  mlm_all = config.get("mlm_all_positions", False)
+  return Shapes(
+      seq_length=seq_length,
+      mlm_positions=seq_length if mlm_all else d.max_predictions_per_seq,
+      pooled_positions=d.max_examples_per_row if d.packing else 1,
+      use_nsp=d.format in ("nsp", "sop"))
+
+
+def model_config(config: ml_collections.ConfigDict) -> model.BertConfig:
+  """The `BertConfig` of a train config (`config.model`: a preset name plus overrides)."""
+  overrides = {k: v for k, v in config.model.items() if k != "preset"}
+  return model.BertConfig.from_preset(config.model.preset, **overrides)
+
+
+def train_flops_per_step(config: ml_collections.ConfigDict) -> float:
+  """Model FLOPs of one optimizer step of a train config (all devices, all micro-batches)."""
+  return config.global_batch_size * train_flops_per_row(model_config(config), shapes_from_config(config))
