@@ -1,0 +1,117 @@
+"""Task heads on the BERT encoder: pretraining (MLM + NSP/SOP) and finetuning.
+
+Every model's params are `{"bert": <encoder>, <head>: ...}`, so an encoder moves between models by
+copying `params["bert"]`. Logits are float32 whatever the compute dtype.
+"""
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from bert_jax import model
+
+_OPTIONAL_ENCODER_INPUTS = ("position_ids", "example_ids")
+
+
+def _dense(cfg: model.BertConfig, features: int, names: tuple, name: str) -> nn.Dense:
+  return nn.Dense(features, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name=name,
+                  kernel_init=model.dense_init(cfg, names), bias_init=model.zeros(names[-1:]))
+
+
+def gather_positions(x_BLH, positions_BP):
+  """x[b, positions[b, p]] -> [B, P, H]."""
+  return jnp.take_along_axis(x_BLH, positions_BP[..., None].astype(jnp.int32), axis=1)
+
+
+class MaskedLMHead(nn.Module):
+  """Transform (dense + GELU + LayerNorm), then the decoder tied to the word embeddings, plus a bias."""
+  config: model.BertConfig
+
+  @nn.compact
+  def __call__(self, x, word_embeddings_VH):
+    cfg = self.config
+    x = model.gelu(cfg, _dense(cfg, cfg.hidden_size, ("embed", "mlp"), "transform")(x))
+    x = model.layer_norm(cfg, "layer_norm")(x)
+    bias = self.param("output_bias", model.zeros(("vocab",)), (cfg.vocab_size,), cfg.param_dtype)
+    # Logits in float32: the vocabulary softmax is taken by the loss.
+    logits = jnp.einsum("...h,vh->...v", x, word_embeddings_VH.astype(cfg.dtype),
+                        preferred_element_type=jnp.float32)
+    return nn.with_logical_constraint(logits + bias, ("activation_batch", "activation_length", "activation_vocab"))
+
+
+class BertForPreTraining(nn.Module):
+  """MLM (at `masked_lm_positions`, or at all positions) + next-sentence (or sentence-order) head.
+
+  Params: {"bert": ..., "mlm": {"transform", "layer_norm", "output_bias"}, "nsp": {"kernel", "bias"}}.
+  """
+  config: model.BertConfig
+  use_nsp: bool = True
+  mlm_all_positions: bool = False
+
+  @nn.compact
+  def __call__(self, batch: dict, *, deterministic: bool = True) -> dict:
+    """Returns {"mlm_logits": [B, P, V] (or [B, L, V]), "nsp_logits": [B, 2] or [B, K, 2]} in float32."""
+    cfg = self.config
+    bert = model.BertEncoder(cfg, name="bert")
+    nsp_positions = batch.get("next_sentence_positions")
+    out = bert(batch["input_ids"], batch["input_mask"], batch["segment_ids"],
+               pooled_positions=nsp_positions, deterministic=deterministic,
+               **{k: batch[k] for k in _OPTIONAL_ENCODER_INPUTS if k in batch})
+    x = out["sequence_output"]
+    if not self.mlm_all_positions:
+      # Project only the masked positions to the vocabulary, as google-research/bert does.
+      x = gather_positions(x, batch["masked_lm_positions"])
+    result = {"mlm_logits": MaskedLMHead(cfg, name="mlm")(x, bert.word_embeddings())}
+    if self.use_nsp:
+      nsp = _dense(cfg, 2, ("embed", None), "nsp")
+      result["nsp_logits"] = nsp(out["pooled_output"]).astype(jnp.float32)
+    return result
+
+
+def _encode(cfg, input_ids, input_mask, segment_ids, deterministic, encoder_kwargs):
+  # Called inside a compact __call__: the encoder becomes the caller's submodule "bert".
+  return model.BertEncoder(cfg, name="bert")(input_ids, input_mask, segment_ids,
+                                             deterministic=deterministic, **encoder_kwargs)
+
+
+def _classify(cfg, x, num_labels, deterministic, name="classifier"):
+  x = nn.Dropout(cfg.hidden_dropout)(x, deterministic=deterministic)
+  return _dense(cfg, num_labels, ("embed", None), name)(x).astype(jnp.float32)
+
+
+class BertForSequenceClassification(nn.Module):
+  """Classifier on the pooled [CLS] output; num_labels == 1 is regression. Params {"bert", "classifier"}."""
+  config: model.BertConfig
+  num_labels: int
+
+  @nn.compact
+  def __call__(self, input_ids, input_mask, segment_ids, *, deterministic: bool = True, **encoder_kwargs):
+    """Returns logits [B, num_labels] float32."""
+    out = _encode(self.config, input_ids, input_mask, segment_ids, deterministic, encoder_kwargs)
+    return _classify(self.config, out["pooled_output"], self.num_labels, deterministic)
+
+
+class BertForTokenClassification(nn.Module):
+  """Per-token classifier (e.g. NER). Params {"bert", "classifier"}."""
+  config: model.BertConfig
+  num_labels: int
+
+  @nn.compact
+  def __call__(self, input_ids, input_mask, segment_ids, *, deterministic: bool = True, **encoder_kwargs):
+    """Returns logits [B, L, num_labels] float32."""
+    out = _encode(self.config, input_ids, input_mask, segment_ids, deterministic, encoder_kwargs)
+    return _classify(self.config, out["sequence_output"], self.num_labels, deterministic)
+
+
+class BertForQuestionAnswering(nn.Module):
+  """Span start/end scores for extractive QA (Devlin et al. 2019, 4.2). Params {"bert", "qa_outputs"}."""
+  config: model.BertConfig
+
+  @nn.compact
+  def __call__(self, input_ids, input_mask, segment_ids, *, deterministic: bool = True, **encoder_kwargs):
+    """Returns {"start_logits": [B, L], "end_logits": [B, L]} float32 (padding not masked here).
+
+    No dropout before the span scores, as google-research/bert run_squad.py.
+    """
+    out = _encode(self.config, input_ids, input_mask, segment_ids, deterministic, encoder_kwargs)
+    logits = _dense(self.config, 2, ("embed", None), "qa_outputs")(out["sequence_output"]).astype(jnp.float32)
+    return {"start_logits": logits[..., 0], "end_logits": logits[..., 1]}

@@ -1,0 +1,340 @@
+"""BERT encoder (Devlin et al. 2019): embeddings, post-LN Transformer layers, pooler.
+
+Numerically the reference BERT (google-research/bert, Hugging Face `BertModel`): exact erf GELU,
+LayerNorm eps 1e-12, softmax and LayerNorm statistics in float32 whatever the compute dtype.
+Parameters carry logical axis names only; `config.logical_axis_rules` maps them to mesh axes.
+
+  cfg = BertConfig.from_preset("base", dtype=jnp.bfloat16)
+  out = BertEncoder(cfg).apply({"params": p}, input_ids, input_mask, segment_ids)
+"""
+
+import dataclasses
+import re
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# (num_layers, hidden_size, num_heads). tiny..medium: Turc et al. 2019 ("Well-Read Students"),
+# base/large: Devlin et al. 2019, 3. Intermediate size is always 4 * hidden.
+PRESETS = {
+    "tiny": (2, 128, 2),
+    "mini": (4, 256, 4),
+    "small": (4, 512, 8),
+    "medium": (8, 512, 8),
+    "base": (12, 768, 12),
+    "large": (24, 1024, 16),
+}
+# Devlin et al. 2019, Table 6 (ablation over model size), named like Google's releases.
+TABLE6 = ("L-3_H-768_A-12", "L-6_H-768_A-3", "L-6_H-768_A-12", "L-12_H-768_A-12",
+          "L-12_H-1024_A-16", "L-24_H-1024_A-16")
+_GRID_NAME = re.compile(r"L-(\d+)_H-(\d+)_A-(\d+)")
+
+REMAT_POLICIES = {
+    "full": jax.checkpoint_policies.nothing_saveable,           # recompute the whole layer
+    "dots_saveable": jax.checkpoint_policies.dots_saveable,    # keep every matmul output
+    "minimal": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # keep weight matmuls only
+}
+
+# BertConfig field <-> Hugging Face config.json key.
+_HF_KEYS = {
+    "vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_layers": "num_hidden_layers",
+    "num_heads": "num_attention_heads", "intermediate_size": "intermediate_size",
+    "max_position_embeddings": "max_position_embeddings", "type_vocab_size": "type_vocab_size",
+    "hidden_dropout": "hidden_dropout_prob", "attention_dropout": "attention_probs_dropout_prob",
+    "initializer_range": "initializer_range", "layer_norm_eps": "layer_norm_eps",
+    "hidden_act": "hidden_act",
+}
+_GELU_APPROXIMATE = {"gelu": False, "gelu_new": True, "gelu_pytorch_tanh": True}
+
+
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+  """Hyperparameters of a BERT encoder; defaults are BERT-base."""
+  vocab_size: int = 30522
+  hidden_size: int = 768
+  num_layers: int = 12
+  num_heads: int = 12
+  intermediate_size: int = 3072
+  max_position_embeddings: int = 512
+  type_vocab_size: int = 2
+  hidden_act: str = "gelu"  # exact erf GELU, as in BERT; "gelu_new" is the tanh approximation
+  hidden_dropout: float = 0.1
+  attention_dropout: float = 0.1
+  initializer_range: float = 0.02
+  layer_norm_eps: float = 1e-12
+  dtype: Any = jnp.float32        # compute
+  param_dtype: Any = jnp.float32  # storage
+  scan_layers: bool = False       # one compiled layer body under nn.scan; params get a "layers" axis
+  remat_policy: str = "none"      # "none" or a key of REMAT_POLICIES
+
+  def __post_init__(self):
+    # Accept dtype names ("bfloat16") as they come from ConfigDicts and command lines.
+    object.__setattr__(self, "dtype", jnp.dtype(self.dtype))
+    object.__setattr__(self, "param_dtype", jnp.dtype(self.param_dtype))
+    if self.hidden_size % self.num_heads:
+      raise ValueError(f"hidden_size {self.hidden_size} is not a multiple of num_heads {self.num_heads}")
+    if self.hidden_act not in _GELU_APPROXIMATE:
+      raise ValueError(f"hidden_act {self.hidden_act!r} not supported; one of {sorted(_GELU_APPROXIMATE)}")
+    if self.remat_policy != "none" and self.remat_policy not in REMAT_POLICIES:
+      raise ValueError(f"remat_policy {self.remat_policy!r}; one of {['none', *REMAT_POLICIES]}")
+
+  @property
+  def head_dim(self) -> int:
+    return self.hidden_size // self.num_heads
+
+  @classmethod
+  def from_preset(cls, name: str, **overrides) -> "BertConfig":
+    """A paper size: tiny/mini/small/medium/base/large or a grid name like "L-6_H-768_A-12"."""
+    if name in PRESETS:
+      layers, hidden, heads = PRESETS[name]
+    elif match := _GRID_NAME.fullmatch(name):
+      layers, hidden, heads = map(int, match.groups())
+    else:
+      raise ValueError(f"unknown preset {name!r}; one of {sorted(PRESETS)} or a name like {TABLE6[0]!r}")
+    fields = dict(num_layers=layers, hidden_size=hidden, num_heads=heads, intermediate_size=4 * hidden)
+    return cls(**{**fields, **overrides})
+
+  @classmethod
+  def from_hf_dict(cls, d: dict, **overrides) -> "BertConfig":
+    """From a Hugging Face (or Google bert_config.json) dict; unknown keys are ignored."""
+    if d.get("position_embedding_type", "absolute") != "absolute":
+      raise ValueError(f"position_embedding_type {d['position_embedding_type']!r} is not supported")
+    fields = {f: d[k] for f, k in _HF_KEYS.items() if k in d}
+    return cls(**{**fields, **overrides})
+
+  def to_hf_dict(self) -> dict:
+    """A `transformers.BertConfig`-compatible dict (config.json)."""
+    d = {k: getattr(self, f) for f, k in _HF_KEYS.items()}
+    d.update(model_type="bert", architectures=["BertForPreTraining"], pad_token_id=0,
+             position_embedding_type="absolute")
+    return d
+
+
+def dense_init(cfg: BertConfig, names: tuple):
+  # Truncated normal with stddev initializer_range, as google-research/bert.
+  return nn.with_logical_partitioning(nn.initializers.truncated_normal(cfg.initializer_range), names)
+
+
+def zeros(names: tuple):
+  return nn.with_logical_partitioning(nn.initializers.zeros_init(), names)
+
+
+def layer_norm(cfg: BertConfig, name: str) -> nn.LayerNorm:
+  # Statistics are computed in float32 by flax whatever cfg.dtype is; the exact two-pass variance
+  # matches the reference to 1e-6.
+  return nn.LayerNorm(epsilon=cfg.layer_norm_eps, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+                      use_fast_variance=False, name=name,
+                      scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
+                      bias_init=zeros(("embed",)))
+
+
+def _constrain(x, *names):
+  return nn.with_logical_constraint(x, names)
+
+
+def gelu(cfg: BertConfig, x):
+  return nn.gelu(x, approximate=_GELU_APPROXIMATE[cfg.hidden_act])
+
+
+def attention_mask(input_mask, example_ids=None):
+  """Boolean mask [B, 1, L, L]: keys must be real tokens of the same example as the query."""
+  mask_BQK = jnp.broadcast_to(input_mask[:, None, :].astype(bool), input_mask.shape + input_mask.shape[-1:])
+  if example_ids is not None:
+    # Block-diagonal: packed examples never attend to each other.
+    mask_BQK = mask_BQK & (example_ids[:, :, None] == example_ids[:, None, :])
+  return mask_BQK[:, None]
+
+
+class BertEmbeddings(nn.Module):
+  """Word + position + token-type embeddings, LayerNorm, dropout."""
+  config: BertConfig
+
+  def setup(self):
+    cfg = self.config
+    init = lambda names: nn.with_logical_partitioning(
+        nn.initializers.truncated_normal(cfg.initializer_range), names)
+    embed = lambda n, names, name: nn.Embed(n, cfg.hidden_size, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+                                            embedding_init=init(names), name=name)
+    self.word_embeddings = embed(cfg.vocab_size, ("vocab", "embed"), "word_embeddings")
+    self.position_embeddings = embed(cfg.max_position_embeddings, ("position", "embed"), "position_embeddings")
+    self.token_type_embeddings = embed(cfg.type_vocab_size, ("type_vocab", "embed"), "token_type_embeddings")
+    self.layer_norm = layer_norm(cfg, "layer_norm")
+    self.dropout = nn.Dropout(cfg.hidden_dropout)
+
+  def __call__(self, input_ids, segment_ids, position_ids, deterministic: bool):
+    x = (self.word_embeddings(input_ids) + self.position_embeddings(position_ids)
+         + self.token_type_embeddings(segment_ids))
+    x = self.dropout(self.layer_norm(x), deterministic=deterministic)
+    return _constrain(x, "activation_batch", "activation_length", "activation_embed")
+
+
+class _Einsum(nn.Module):
+  """Projection `einsum(equation, x, kernel) + bias`, bias over the kernel's trailing axes.
+
+  (nn.DenseGeneral initialises a flattened kernel and trips over rank-3 logical constraints.)
+  """
+  config: BertConfig
+  equation: str
+  kernel_shape: tuple
+  kernel_axes: tuple
+  bias_axes: tuple
+
+  @nn.compact
+  def __call__(self, x):
+    cfg = self.config
+    kernel = self.param("kernel", dense_init(cfg, self.kernel_axes), self.kernel_shape, cfg.param_dtype)
+    bias_shape = self.kernel_shape[len(self.kernel_shape) - len(self.bias_axes):]
+    bias = self.param("bias", zeros(self.bias_axes), bias_shape, cfg.param_dtype)
+    x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=cfg.dtype)
+    return jnp.einsum(self.equation, x, kernel) + bias
+
+
+class SelfAttention(nn.Module):
+  """Multi-head self-attention with output projection (no residual)."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x_BLH, mask, deterministic: bool):
+    cfg = self.config
+    shape = (cfg.hidden_size, cfg.num_heads, cfg.head_dim)
+    proj = lambda name: _Einsum(cfg, "blh,hnk->blnk", shape, ("embed", "heads", "kv"), ("heads", "kv"), name=name)
+    names = ("activation_batch", "activation_length", "activation_heads", "activation_kv")
+    q_BLNK, k_BLNK, v_BLNK = (_constrain(proj(n)(x_BLH), *names) for n in ("query", "key", "value"))
+    if deterministic or cfg.attention_dropout == 0.0:
+      # Lets the backend pick a fused kernel; the softmax is always float32 inside.
+      o_BLNK = jax.nn.dot_product_attention(q_BLNK, k_BLNK, v_BLNK, mask=mask)
+    else:
+      o_BLNK = self._attention_with_dropout(q_BLNK, k_BLNK, v_BLNK, mask)
+    o_BLNK = _constrain(o_BLNK, *names)
+    out = _Einsum(cfg, "blnk,nkh->blh", shape[1:] + shape[:1], ("heads", "kv", "embed"), ("embed",), name="out")
+    return out(o_BLNK)
+
+  def _attention_with_dropout(self, q_BLNK, k_BLNK, v_BLNK, mask):
+    # jax.nn.dot_product_attention has no dropout on the probabilities (BERT's attention dropout).
+    cfg = self.config
+    logits = jnp.einsum("bqnk,bsnk->bnqs", q_BLNK, k_BLNK, preferred_element_type=jnp.float32)
+    logits = jnp.where(mask, logits / np.sqrt(cfg.head_dim), jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(logits, axis=-1)  # float32 on purpose
+    probs = nn.Dropout(cfg.attention_dropout)(probs, deterministic=False)
+    return jnp.einsum("bnqs,bsnk->bqnk", probs.astype(cfg.dtype), v_BLNK)
+
+
+class BertLayer(nn.Module):
+  """One post-LN Transformer layer. Returns (x, x or None) so that it can be the body of nn.scan."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x, mask, deterministic: bool, output_hidden_states: bool):
+    cfg = self.config
+    dense = lambda n, names, name: nn.Dense(n, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name=name,
+                                            kernel_init=dense_init(cfg, names), bias_init=zeros(names[-1:]))
+    dropout = nn.Dropout(cfg.hidden_dropout)
+    h = SelfAttention(cfg, name="attention")(x, mask, deterministic)
+    x = layer_norm(cfg, "attention_layer_norm")(x + dropout(h, deterministic=deterministic))
+    x = _constrain(x, "activation_batch", "activation_length", "activation_embed")
+    h = gelu(cfg, dense(cfg.intermediate_size, ("embed", "mlp"), "intermediate")(x))
+    h = _constrain(h, "activation_batch", "activation_length", "activation_mlp")
+    h = dense(cfg.hidden_size, ("mlp", "embed"), "output")(h)
+    x = layer_norm(cfg, "output_layer_norm")(x + dropout(h, deterministic=deterministic))
+    x = _constrain(x, "activation_batch", "activation_length", "activation_embed")
+    return x, (x if output_hidden_states else None)
+
+
+class BertLayerStack(nn.Module):
+  """num_layers BertLayers: params `layer_0..layer_{N-1}`, or `layers` with a leading axis when scanned."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x, mask, deterministic: bool, output_hidden_states: bool):
+    cfg = self.config
+    layer = BertLayer
+    if cfg.remat_policy != "none":
+      # Arguments counted with self: deterministic and output_hidden_states are Python bools.
+      layer = nn.remat(layer, policy=REMAT_POLICIES[cfg.remat_policy], prevent_cse=not cfg.scan_layers,
+                       static_argnums=(3, 4))
+    if cfg.scan_layers:
+      stack = nn.scan(layer, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
+                      in_axes=(nn.broadcast, nn.broadcast, nn.broadcast), length=cfg.num_layers,
+                      metadata_params={nn.PARTITION_NAME: "layers"})
+      x, hidden = stack(cfg, name="layers")(x, mask, deterministic, output_hidden_states)
+      return x, (list(hidden) if output_hidden_states else [])
+    hidden = []
+    for i in range(cfg.num_layers):
+      x, h = layer(cfg, name=f"layer_{i}")(x, mask, deterministic, output_hidden_states)
+      hidden.append(h)
+    return x, (hidden if output_hidden_states else [])
+
+
+class BertEncoder(nn.Module):
+  """The BERT encoder; see docs/architecture.md for the call contract."""
+  config: BertConfig
+
+  def setup(self):
+    cfg = self.config
+    self.embeddings = BertEmbeddings(cfg)
+    self.encoder = BertLayerStack(cfg)
+    self.pooler = nn.Dense(cfg.hidden_size, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+                           kernel_init=dense_init(cfg, ("embed", "mlp")), bias_init=zeros(("mlp",)))
+
+  def __call__(self, input_ids, input_mask=None, segment_ids=None, *, position_ids=None, example_ids=None,
+               pooled_positions=None, deterministic: bool = True, output_hidden_states: bool = False):
+    """Returns {"sequence_output": [B, L, H], "pooled_output": [B, H] or [B, K, H], "hidden_states"}.
+
+    `hidden_states` is [num_layers + 1, B, L, H] (embeddings first) when output_hidden_states, else None.
+    """
+    if input_mask is None:
+      input_mask = jnp.ones_like(input_ids)
+    if segment_ids is None:
+      segment_ids = jnp.zeros_like(input_ids)
+    if position_ids is None:
+      position_ids = jnp.broadcast_to(jnp.arange(input_ids.shape[-1]), input_ids.shape)
+    x = self.embeddings(input_ids, segment_ids, position_ids, deterministic)
+    x_emb = x
+    x, hidden = self.encoder(x, attention_mask(input_mask, example_ids), deterministic, output_hidden_states)
+    if pooled_positions is None:
+      first_BH = x[:, 0]  # [CLS]
+    else:
+      first_BH = jnp.take_along_axis(x, pooled_positions[..., None], axis=1)  # [B, K, H]
+    return {
+        "sequence_output": x,
+        "pooled_output": jnp.tanh(self.pooler(first_BH)),
+        "hidden_states": jnp.stack([x_emb, *hidden]) if output_hidden_states else None,
+    }
+
+  def word_embeddings(self):
+    """The [vocab, hidden] word-embedding table (tied MLM decoder)."""
+    return self.embeddings.word_embeddings.embedding
+
+
+def _map_layer_dicts(tree, fn):
+  if not isinstance(tree, dict):
+    return tree
+  tree = fn(tree)
+  return {k: _map_layer_dicts(v, fn) for k, v in tree.items()}
+
+
+def scan_params(params):
+  """Unscanned -> scanned layout: every `layer_0..layer_{N-1}` group becomes `layers` [N, ...]."""
+  def stack(d):
+    n = sum(1 for k in d if re.fullmatch(r"layer_\d+", k))
+    if not n:
+      return d
+    layers = [d[f"layer_{i}"] for i in range(n)]
+    rest = {k: v for k, v in d.items() if not re.fullmatch(r"layer_\d+", k)}
+    return {**rest, "layers": jax.tree.map(lambda *xs: np.stack(xs) if isinstance(xs[0], np.ndarray)
+                                           else jnp.stack(xs), *layers)}
+  return _map_layer_dicts(params, stack)
+
+
+def unscan_params(params):
+  """Scanned -> unscanned layout (inverse of `scan_params`)."""
+  def split(d):
+    if "layers" not in d:
+      return d
+    n = jax.tree.leaves(d["layers"])[0].shape[0]
+    rest = {k: v for k, v in d.items() if k != "layers"}
+    return {**rest, **{f"layer_{i}": jax.tree.map(lambda x: x[i], d["layers"]) for i in range(n)}}
+  return _map_layer_dicts(params, split)

@@ -1,0 +1,107 @@
+"""Pretraining and finetuning heads: shapes, param trees, the tied decoder, the masked-position gather."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bert_jax import heads
+from bert_jax import model
+
+VOCAB = 64
+
+
+def tiny(**overrides):
+  return model.BertConfig.from_preset("tiny", vocab_size=VOCAB, max_position_embeddings=32, **overrides)
+
+
+def pretraining_batch(batch=2, length=12, predictions=3):
+  rng = np.random.default_rng(0)
+  ids = rng.integers(5, VOCAB, size=(batch, length), dtype=np.int32)
+  return {
+      "input_ids": ids,
+      "input_mask": np.ones_like(ids),
+      "segment_ids": np.zeros_like(ids),
+      "masked_lm_positions": np.array([[1, 4, 0], [2, 3, 9]], np.int32)[:batch, :predictions],
+  }
+
+
+def test_pretraining_outputs_and_param_tree():
+  cfg = tiny()
+  batch = pretraining_batch()
+  m = heads.BertForPreTraining(cfg)
+  params = nn.unbox(m.init(jax.random.key(0), batch)["params"])
+  assert set(params) == {"bert", "mlm", "nsp"}
+  assert set(params["mlm"]) == {"transform", "layer_norm", "output_bias"}  # no separate decoder matrix
+  out = m.apply({"params": params}, batch)
+  assert out["mlm_logits"].shape == (2, 3, VOCAB) and out["mlm_logits"].dtype == jnp.float32
+  assert out["nsp_logits"].shape == (2, 2) and out["nsp_logits"].dtype == jnp.float32
+
+  # The gathered logits are the all-positions logits at the masked positions.
+  every = heads.BertForPreTraining(cfg, mlm_all_positions=True).apply({"params": params}, batch)
+  assert every["mlm_logits"].shape == (2, 12, VOCAB)
+  gathered = np.take_along_axis(np.asarray(every["mlm_logits"]), batch["masked_lm_positions"][..., None], 1)
+  np.testing.assert_allclose(out["mlm_logits"], gathered, atol=1e-5)
+
+  # Decoder is tied: logits = transform(x) @ word_embeddings^T + bias.
+  seq = model.BertEncoder(cfg).apply({"params": params["bert"]}, batch["input_ids"], batch["input_mask"],
+                                     batch["segment_ids"])["sequence_output"]
+  mlm = params["mlm"]
+  h = nn.gelu(seq @ mlm["transform"]["kernel"] + mlm["transform"]["bias"], approximate=False)
+  mu, var = h.mean(-1, keepdims=True), h.var(-1, keepdims=True)
+  h = (h - mu) / np.sqrt(var + cfg.layer_norm_eps) * mlm["layer_norm"]["scale"] + mlm["layer_norm"]["bias"]
+  table = params["bert"]["embeddings"]["word_embeddings"]["embedding"]
+  np.testing.assert_allclose(every["mlm_logits"], h @ table.T + mlm["output_bias"], atol=1e-4)
+
+
+def test_without_nsp_and_packed_nsp_positions():
+  cfg = tiny()
+  batch = pretraining_batch()
+  no_nsp = heads.BertForPreTraining(cfg, use_nsp=False)
+  params = nn.unbox(no_nsp.init(jax.random.key(0), batch)["params"])
+  assert set(params) == {"bert", "mlm"}
+  assert set(no_nsp.apply({"params": params}, batch)) == {"mlm_logits"}
+
+  packed = {**batch, "next_sentence_positions": np.array([[0, 6], [0, 0]], np.int32),
+            "example_ids": np.array([[1] * 6 + [2] * 6, [1] * 12], np.int32),
+            "position_ids": np.array([list(range(6)) * 2, list(range(12))], np.int32)}
+  m = heads.BertForPreTraining(cfg)
+  params = m.init(jax.random.key(0), packed)
+  out = m.apply(params, packed)
+  assert out["nsp_logits"].shape == (2, 2, 2)
+  # Row 1 holds a single example, so its first NSP logits equal the unpacked ones.
+  single = m.apply(params, batch)
+  np.testing.assert_allclose(out["nsp_logits"][1, 0], single["nsp_logits"][1], atol=1e-5)
+
+
+def test_finetuning_heads_share_the_encoder_tree():
+  cfg = tiny()
+  batch = pretraining_batch()
+  args = (batch["input_ids"], batch["input_mask"], batch["segment_ids"])
+  pretrained = nn.unbox(heads.BertForPreTraining(cfg).init(jax.random.key(1), batch)["params"])
+  cases = [(heads.BertForSequenceClassification(cfg, num_labels=3), "classifier", (2, 3)),
+           (heads.BertForSequenceClassification(cfg, num_labels=1), "classifier", (2, 1)),
+           (heads.BertForTokenClassification(cfg, num_labels=5), "classifier", (2, 12, 5))]
+  for m, head, shape in cases:
+    params = nn.unbox(m.init(jax.random.key(0), *args)["params"])
+    assert set(params) == {"bert", head}
+    params["bert"] = pretrained["bert"]  # the encoder moves between models
+    logits = m.apply({"params": params}, *args)
+    assert logits.shape == shape and logits.dtype == jnp.float32
+  qa = heads.BertForQuestionAnswering(cfg)
+  params = nn.unbox(qa.init(jax.random.key(0), *args)["params"])
+  assert set(params) == {"bert", "qa_outputs"}
+  out = qa.apply({"params": params}, *args)
+  assert out["start_logits"].shape == out["end_logits"].shape == (2, 12)
+
+
+def test_finetuning_dropout_needs_rng_only_in_training():
+  cfg = tiny()
+  batch = pretraining_batch()
+  args = (batch["input_ids"], batch["input_mask"], batch["segment_ids"])
+  m = heads.BertForSequenceClassification(cfg, num_labels=2)
+  params = m.init(jax.random.key(0), *args)
+  a = m.apply(params, *args, deterministic=False, rngs={"dropout": jax.random.key(1)})
+  b = m.apply(params, *args, deterministic=False, rngs={"dropout": jax.random.key(2)})
+  assert not np.allclose(a, b)
+  np.testing.assert_array_equal(m.apply(params, *args), m.apply(params, *args))

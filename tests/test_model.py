@@ -1,0 +1,204 @@
+"""Encoder properties on tiny random models: sizes, layouts, masking, precision, remat, sharding."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bert_jax import model
+
+VOCAB = 64
+
+
+def tiny(**overrides):
+  return model.BertConfig.from_preset("tiny", vocab_size=VOCAB, max_position_embeddings=32, **overrides)
+
+
+def init(cfg, ids):
+  return nn.unbox(model.BertEncoder(cfg).init(jax.random.key(0), ids)["params"])
+
+
+def random_batch(rng, batch=2, length=12):
+  ids = rng.integers(5, VOCAB, size=(batch, length), dtype=np.int32)
+  return ids, np.ones_like(ids), (np.arange(length) >= length // 2).astype(np.int32)[None].repeat(batch, 0)
+
+
+def n_params(cfg):
+  shapes = jax.eval_shape(model.BertEncoder(cfg).init, jax.random.key(0), jnp.ones((1, 8), jnp.int32))
+  return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nn.unbox(shapes)))
+
+
+@pytest.mark.parametrize("preset,expected", [("base", 109_482_240), ("large", 335_141_888)])
+def test_param_count_matches_hf_bert_model(preset, expected):
+  # HF BertModel with pooler, vocab 30522; eval_shape never materialises the weights.
+  assert n_params(model.BertConfig.from_preset(preset)) == expected
+
+
+def test_presets_and_table6_grid():
+  assert model.BertConfig.from_preset("L-6_H-768_A-3").num_heads == 3
+  for name in model.TABLE6:
+    cfg = model.BertConfig.from_preset(name)
+    assert cfg.intermediate_size == 4 * cfg.hidden_size
+  assert model.BertConfig.from_preset("large") == model.BertConfig.from_preset("L-24_H-1024_A-16")
+  assert model.BertConfig.from_preset("mini", dtype="bfloat16").dtype == jnp.bfloat16
+  with pytest.raises(ValueError, match="unknown preset"):
+    model.BertConfig.from_preset("huge")
+  with pytest.raises(ValueError, match="remat_policy"):
+    tiny(remat_policy="everything")
+
+
+def test_hf_dict_round_trip():
+  cfg = tiny(hidden_dropout=0.2, layer_norm_eps=1e-6)
+  d = cfg.to_hf_dict()
+  assert d["num_hidden_layers"] == 2 and d["hidden_act"] == "gelu"
+  assert model.BertConfig.from_hf_dict(d) == cfg
+  with pytest.raises(ValueError, match="position_embedding_type"):
+    model.BertConfig.from_hf_dict({**d, "position_embedding_type": "relative_key"})
+
+
+def test_output_shapes_and_pooled_positions():
+  cfg = tiny()
+  ids, mask, seg = random_batch(np.random.default_rng(0))
+  enc = model.BertEncoder(cfg)
+  params = init(cfg, ids)
+  out = enc.apply({"params": params}, ids, mask, seg, output_hidden_states=True)
+  assert out["sequence_output"].shape == (2, 12, cfg.hidden_size)
+  assert out["pooled_output"].shape == (2, cfg.hidden_size)
+  assert out["hidden_states"].shape == (cfg.num_layers + 1, 2, 12, cfg.hidden_size)
+  np.testing.assert_array_equal(out["hidden_states"][-1], out["sequence_output"])
+  pooled = enc.apply({"params": params}, ids, mask, seg, pooled_positions=np.array([[0, 5], [0, 7]]))
+  assert pooled["pooled_output"].shape == (2, 2, cfg.hidden_size)
+  np.testing.assert_allclose(pooled["pooled_output"][:, 0], out["pooled_output"], atol=1e-6)
+
+
+def test_scanned_equals_unscanned_and_layouts_convert():
+  ids, mask, seg = random_batch(np.random.default_rng(1))
+  cfg = tiny()
+  params = init(cfg, ids)
+  scanned = model.scan_params(params)
+  assert scanned["encoder"]["layers"]["intermediate"]["kernel"].shape == (2, 128, 512)
+  assert jax.tree.structure(scanned) == jax.tree.structure(init(tiny(scan_layers=True), ids))
+  jax.tree.map(np.testing.assert_array_equal, model.unscan_params(scanned), params)
+  run = lambda c, p: model.BertEncoder(c).apply({"params": p}, ids, mask, seg, output_hidden_states=True)
+  a, b = run(cfg, params), run(tiny(scan_layers=True), scanned)
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-5), a, b)
+
+
+def test_padding_does_not_change_real_positions():
+  cfg = tiny()
+  rng = np.random.default_rng(2)
+  ids, mask, seg = random_batch(rng, length=10)
+  params = init(cfg, ids)
+  enc = model.BertEncoder(cfg)
+  ref = enc.apply({"params": params}, ids, mask, seg)
+  pad = lambda x, v: np.concatenate([x, np.full((2, 6), v, np.int32)], axis=1)
+  # Garbage ids and segment ids in the padding: only input_mask may decide.
+  padded = enc.apply({"params": params}, pad(ids, 7), pad(mask, 0), pad(seg, 1))
+  np.testing.assert_allclose(padded["sequence_output"][:, :10], ref["sequence_output"], atol=1e-5)
+  np.testing.assert_allclose(padded["pooled_output"], ref["pooled_output"], atol=1e-5)
+
+
+def test_packed_examples_are_independent():
+  cfg = tiny()
+  enc = model.BertEncoder(cfg)
+  # Two examples with disjoint token ids packed in one row, then padding.
+  a, b = np.arange(10, 16, dtype=np.int32), np.arange(30, 35, dtype=np.int32)
+  ids = np.concatenate([a, b, [0, 0, 0]])[None]
+  example_ids = np.array([[1] * 6 + [2] * 5 + [0] * 3], np.int32)
+  position_ids = np.array([list(range(6)) + list(range(5)) + [0] * 3], np.int32)
+  mask = (example_ids > 0).astype(np.int32)
+  seg = np.zeros_like(ids)
+  params = init(cfg, ids)
+
+  def first_example_output(p):
+    out = enc.apply({"params": p}, ids, mask, seg, position_ids=position_ids, example_ids=example_ids)
+    return jnp.sum(out["sequence_output"][0, :6] ** 2)
+
+  grad = jax.jit(jax.grad(first_example_output))(params)["embeddings"]["word_embeddings"]["embedding"]
+  assert np.all(np.asarray(grad[b]) == 0.0)  # exactly zero, not merely small
+  assert np.all(np.abs(np.asarray(grad[a])).max(axis=-1) > 0)
+  # The second example packed equals the second example alone.
+  packed = enc.apply({"params": params}, ids, mask, seg, position_ids=position_ids, example_ids=example_ids,
+                     pooled_positions=np.array([[0, 6]]))
+  alone = enc.apply({"params": params}, b[None], np.ones((1, 5), np.int32), np.zeros((1, 5), np.int32))
+  np.testing.assert_allclose(packed["sequence_output"][0, 6:11], alone["sequence_output"][0], atol=1e-5)
+  np.testing.assert_allclose(packed["pooled_output"][0, 1], alone["pooled_output"][0], atol=1e-5)
+
+
+def test_bfloat16_compute_close_to_float32():
+  ids, mask, seg = random_batch(np.random.default_rng(3))
+  params = init(tiny(), ids)
+  f32 = model.BertEncoder(tiny()).apply({"params": params}, ids, mask, seg)
+  bf16 = model.BertEncoder(tiny(dtype=jnp.bfloat16)).apply({"params": params}, ids, mask, seg)
+  assert bf16["sequence_output"].dtype == jnp.bfloat16
+  err = np.abs(np.asarray(bf16["sequence_output"], np.float32) - np.asarray(f32["sequence_output"]))
+  # Outputs are LayerNorm-ed (unit scale); bf16 has an 8-bit mantissa (relative step 2^-8 = 0.004).
+  assert err.max() < 0.1 and err.mean() < 0.02, (err.max(), err.mean())
+
+
+@pytest.mark.parametrize("policy", ["full", "minimal"])
+def test_remat_does_not_change_gradients(policy):
+  ids, mask, seg = random_batch(np.random.default_rng(4))
+  params = init(tiny(), ids)
+
+  def grads(cfg, p):
+    loss = lambda p: jnp.sum(model.BertEncoder(cfg).apply({"params": p}, ids, mask, seg)["pooled_output"])
+    return jax.jit(jax.grad(loss))(p)
+
+  ref = grads(tiny(), params)
+  got = grads(tiny(remat_policy=policy), params)
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6), ref, got)
+  got_scanned = grads(tiny(remat_policy=policy, scan_layers=True), model.scan_params(params))
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6),
+               model.scan_params(ref), got_scanned)
+
+
+def test_attention_dropout_path_matches_fused_attention():
+  # Training with attention dropout uses an explicit softmax; with a vanishing rate it must agree.
+  ids, mask, seg = random_batch(np.random.default_rng(5))
+  mask[1, 8:] = 0
+  cfg = tiny(hidden_dropout=0.0, attention_dropout=1e-9)
+  params = init(cfg, ids)
+  enc = model.BertEncoder(cfg)
+  fused = enc.apply({"params": params}, ids, mask, seg)
+  explicit = enc.apply({"params": params}, ids, mask, seg, deterministic=False,
+                       rngs={"dropout": jax.random.key(0)})
+  np.testing.assert_allclose(explicit["sequence_output"][0], fused["sequence_output"][0], atol=1e-5)
+  np.testing.assert_allclose(explicit["sequence_output"][1, :8], fused["sequence_output"][1, :8], atol=1e-5)
+
+
+def test_dropout_active_only_when_not_deterministic():
+  ids, mask, seg = random_batch(np.random.default_rng(6))
+  cfg = tiny()
+  params = init(cfg, ids)
+  run = lambda key: model.BertEncoder(cfg).apply({"params": params}, ids, mask, seg, deterministic=False,
+                                                 rngs={"dropout": key})["sequence_output"]
+  assert not np.allclose(run(jax.random.key(0)), run(jax.random.key(1)))
+
+
+RULES = [("embed", "fsdp"), ("mlp", "tensor"), ("heads", "tensor"), ("vocab", "tensor"),
+         ("activation_batch", ("data", "fsdp"))]
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_init_under_mesh_shards_kernels(scan):
+  mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 3)
+  cfg = tiny(scan_layers=scan)
+  ids = jnp.ones((8, 16), jnp.int32)
+  init_fn = lambda key: model.BertEncoder(cfg).init(key, ids)
+  with jax.set_mesh(mesh), nn.logical_axis_rules(RULES):
+    abstract = jax.eval_shape(init_fn, jax.random.key(0))
+    shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(abstract), mesh, RULES)
+    params = nn.unbox(jax.jit(init_fn, out_shardings=shardings)(jax.random.key(0))["params"])
+  layer = params["encoder"]["layers"] if scan else params["encoder"]["layer_0"]
+  lead = (None,) if scan else ()
+  P = jax.sharding.PartitionSpec
+  kernel = layer["intermediate"]["kernel"]
+  assert kernel.sharding.spec == P(*lead, "fsdp", "tensor")
+  assert kernel.addressable_shards[0].data.shape == ((2,) if scan else ()) + (64, 256)
+  assert layer["attention"]["query"]["kernel"].sharding.spec == P(*lead, "fsdp", "tensor", None)
+  assert layer["attention"]["out"]["kernel"].sharding.spec == P(*lead, "tensor", None, "fsdp")
+  word = params["embeddings"]["word_embeddings"]["embedding"]
+  assert word.sharding.spec == P("tensor", "fsdp")
+  assert word.addressable_shards[0].data.shape == (VOCAB // 2, 64)
