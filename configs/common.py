@@ -34,3 +34,107 @@ def data_config() -> ml_collections.ConfigDict:
   d.num_parallel_calls = 1   # tf.data threads; 1 leaves the other cores to XLA on small hosts
   d.prefetch = 2
   return d
+
+
+def model_config(preset: str = "base") -> ml_collections.ConfigDict:
+  """`BertConfig.from_preset(preset, **fields that are set)`; unset (None) fields keep the preset's value.
+
+  Field names are `model.BertConfig`'s; `train.bert_config(config)` builds it.
+  """
+  m = ml_collections.ConfigDict()
+  m.preset = preset
+  for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
+               "max_position_embeddings", "type_vocab_size"):
+    m[name] = ml_collections.config_dict.placeholder(int)
+  for name in ("hidden_dropout", "attention_dropout"):
+    m[name] = ml_collections.config_dict.placeholder(float)
+  m.scan_layers = False       # one compiled layer body (faster compiles for deep models)
+  m.remat_policy = "none"     # or "full", "dots_saveable", "minimal" (model.REMAT_POLICIES)
+  return m
+
+
+def optimizer_config() -> ml_collections.ConfigDict:
+  """bert_jax/optimizer.py reads exactly these; finetuning configs reuse them."""
+  o = ml_collections.ConfigDict()
+  o.name = "adamw"           # or "lamb" (You et al. 2019) for large batches
+  o.learning_rate = 1e-4     # peak, reached at the end of warmup
+  o.warmup_steps = 10_000    # linear warmup from 0, then linear decay to 0 at total_steps
+  o.total_steps = 1_000_000  # length of the schedule (may exceed one run: phase 2 continues phase 1)
+  o.b1 = 0.9
+  o.b2 = 0.999
+  o.eps = 1e-6
+  o.weight_decay = 0.01      # not applied to LayerNorm parameters and biases
+  o.clip_norm = 1.0          # global-norm clipping; 0 disables
+  # The TF AdamWeightDecayOptimizer of google-research/bert has no bias correction; set False to match it.
+  o.bias_correction = True
+  return o
+
+
+def mesh_config() -> ml_collections.ConfigDict:
+  """Device mesh axes; -1 fills with the remaining devices. `dcn_*` multiply an axis across slices."""
+  m = ml_collections.ConfigDict()
+  m.data = -1
+  m.fsdp = 1
+  m.tensor = 1
+  m.dcn_data = 1
+  m.dcn_fsdp = 1
+  m.dcn_tensor = 1
+  return m
+
+
+# Logical axis names (docs/architecture.md) -> mesh axes. Batch over data+fsdp; parameters' embed
+# dimension over fsdp (ZeRO-3 style); heads/mlp/vocab over tensor (Megatron style).
+LOGICAL_AXIS_RULES = (
+    ("activation_batch", ("data", "fsdp")),
+    ("activation_length", None),
+    ("activation_embed", None),
+    ("activation_mlp", "tensor"),
+    ("activation_heads", "tensor"),
+    ("activation_kv", None),
+    ("activation_vocab", "tensor"),
+    ("vocab", "tensor"),
+    ("embed", "fsdp"),
+    ("mlp", "tensor"),
+    ("heads", "tensor"),
+    ("kv", None),
+    ("layers", None),
+    ("type_vocab", None),
+    ("position", None),
+)
+
+
+def pretrain_config() -> ml_collections.ConfigDict:
+  """Every field `bert-jax pretrain` reads; named configs override some and keep the rest."""
+  c = ml_collections.ConfigDict()
+  c.model = model_config()
+  c.dtype = "bfloat16"            # compute dtype; parameters and optimizer state stay f32
+  c.mlm_all_positions = False     # True: MLM logits at every position (costs a full-vocab matmul)
+  c.data = data_config()
+  c.optimizer = optimizer_config()
+  c.mesh = mesh_config()
+  c.logical_axis_rules = LOGICAL_AXIS_RULES
+  c.seed = 0                      # parameter init and dropout; data has its own `data.seed`
+  c.global_batch_size = 256
+  c.micro_batches = 1             # gradient accumulation: the global batch is split into this many
+  c.train_steps = 1_000_000       # the run stops when state.step reaches this
+  # Start from another run's checkpoint (a checkpoint directory or one step inside it) when this run
+  # has none of its own. Full state by default, so phase 2 continues phase 1's step and schedule.
+  c.init_from = ""
+  c.init_from_params_only = False
+  c.checkpoint_every = 5_000
+  c.keep_checkpoints = 3
+  c.async_checkpointing = True
+  c.log_every = 100
+  c.eval_every = 10_000
+  c.eval_steps = 20               # batches of `global_batch_size` per evaluation; 0 disables eval
+  c.max_nonfinite_steps = 10      # stop after this many non-finite steps in a row
+  c.peak_flops_per_device = 0.0   # for MFU; 0 = not reported
+  c.topology = ""                 # TPU topology the recipe was sized for (default of `bert-jax aot`)
+  c.profile_start_step = -1       # >= 0: trace `profile_steps` steps from here into workdir/profile
+  c.profile_steps = 5
+  c.distributed = ml_collections.ConfigDict()
+  c.distributed.initialize = "auto"   # "auto": when a coordinator or a multi-host TPU is detected; "yes"; "no"
+  c.distributed.coordinator_address = ""
+  c.distributed.num_processes = -1
+  c.distributed.process_id = -1
+  return c

@@ -1,0 +1,141 @@
+"""The pure train and eval steps: pretraining loss from sums and weights, accumulation, non-finite guard.
+
+Static parts (model, optimizer, config) are bound with functools.partial and the result is jitted once
+in `train.setup`. Losses are returned as sums and weights: the number of masked tokens differs per
+batch, shard and micro-batch, so the means are taken once, over the global batch.
+"""
+
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+from bert_jax import optimizer as optimizer_lib
+
+Batch = dict[str, jax.Array]
+
+
+class TrainState(flax.struct.PyTreeNode):
+  step: jax.Array              # int32 scalar: steps taken, including skipped (non-finite) ones
+  params: Any
+  opt_state: Any
+  nonfinite_count: jax.Array   # int32: non-finite steps skipped in total
+  nonfinite_streak: jax.Array  # int32: ... in a row, up to now
+
+
+def _cross_entropy_sums(logits, labels, weights) -> tuple[jax.Array, jax.Array]:
+  """(weighted sum of -log p(label), weighted count of argmax == label); f32 on purpose."""
+  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  nll = -jnp.take_along_axis(logp, labels[..., None], axis=-1)[..., 0]
+  correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
+  return jnp.sum(nll * weights), jnp.sum(correct * weights)
+
+
+def nsp_weights(batch: Batch) -> jax.Array | None:
+  """Weights of the sentence-objective labels ([B] or [B, K]); None when the batch has none."""
+  if "next_sentence_labels" not in batch:
+    return None
+  if "next_sentence_weights" in batch:
+    return batch["next_sentence_weights"].astype(jnp.float32)
+  return jnp.ones(batch["next_sentence_labels"].shape, jnp.float32)
+
+
+def loss_sums(outputs: dict[str, jax.Array], batch: Batch, mlm_all_positions: bool = False) -> dict[str, jax.Array]:
+  """`mlm_loss_sum`, `mlm_weight`, `mlm_correct` (+ `nsp_*` when the batch has sentence labels).
+
+  With `mlm_all_positions` the MLM logits are [B, L, V] and are gathered at the masked positions here.
+  """
+  weights = batch["masked_lm_weights"].astype(jnp.float32)
+  logits = outputs["mlm_logits"]
+  if mlm_all_positions:
+    logits = jnp.take_along_axis(logits, batch["masked_lm_positions"][..., None], axis=1)
+  loss_sum, correct = _cross_entropy_sums(logits, batch["masked_lm_ids"], weights)
+  sums = {"mlm_loss_sum": loss_sum, "mlm_weight": jnp.sum(weights), "mlm_correct": correct}
+  nsp_w = nsp_weights(batch)
+  if nsp_w is not None and "nsp_logits" in outputs:
+    loss_sum, correct = _cross_entropy_sums(outputs["nsp_logits"], batch["next_sentence_labels"], nsp_w)
+    sums.update(nsp_loss_sum=loss_sum, nsp_weight=jnp.sum(nsp_w), nsp_correct=correct)
+  return sums
+
+
+def loss_from_sums(sums: dict[str, jax.Array], mlm_weight=None, nsp_weight=None) -> jax.Array:
+  """Mean MLM loss (+ mean NSP loss); denominators default to the sums' own weights."""
+  mlm_weight = sums["mlm_weight"] if mlm_weight is None else mlm_weight
+  loss = sums["mlm_loss_sum"] / jnp.maximum(mlm_weight, 1.0)
+  if "nsp_loss_sum" in sums:
+    nsp_weight = sums["nsp_weight"] if nsp_weight is None else nsp_weight
+    loss = loss + sums["nsp_loss_sum"] / jnp.maximum(nsp_weight, 1.0)
+  return loss
+
+
+def _split_micro_batches(batch: Batch, n: int) -> Batch:
+  """[B, ...] -> [n, B / n, ...] with micro-batch i = rows i::n, so every micro-batch spans all shards."""
+  def split(x):
+    x = x.reshape((x.shape[0] // n, n) + x.shape[1:])
+    return jnp.swapaxes(x, 0, 1)
+  return jax.tree.map(split, batch)
+
+
+def _grads_and_sums(params, batch: Batch, key, *, model, config):
+  """Gradient of the global-batch loss and its sums, accumulated over `config.micro_batches`."""
+  mlm_w = jnp.sum(batch["masked_lm_weights"].astype(jnp.float32))
+  nsp_w = nsp_weights(batch)
+  nsp_w = None if nsp_w is None else jnp.sum(nsp_w)
+
+  def loss_fn(p, micro, micro_key):
+    outputs = model.apply({"params": p}, micro, deterministic=False, rngs={"dropout": micro_key})
+    sums = loss_sums(outputs, micro, config.mlm_all_positions)
+    # Divided by the global batch's weights: summed over micro-batches this is the global mean.
+    return loss_from_sums(sums, mlm_w, nsp_w), sums
+
+  grad_fn = jax.grad(loss_fn, has_aux=True)
+  n = int(config.micro_batches)
+  if n == 1:
+    return grad_fn(params, batch, key)
+
+  def body(carry, xs):
+    i, micro = xs
+    grads, sums = grad_fn(params, micro, jax.random.fold_in(key, i))
+    return jax.tree.map(jnp.add, carry, (grads, sums)), None
+
+  micro_batches = _split_micro_batches(batch, n)
+  shapes = jax.eval_shape(grad_fn, params, jax.tree.map(lambda x: x[0], micro_batches), key)
+  zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+  (grads, sums), _ = jax.lax.scan(body, zeros, (jnp.arange(n), micro_batches))
+  return grads, sums
+
+
+def train_step(state: TrainState, batch: Batch, rng: jax.Array, *, model, tx, config):
+  """One optimizer step on the global batch -> (new state, metrics of this step).
+
+  Dropout keys come from `fold_in(rng, state.step)`, so a resumed run replays the same randomness.
+  A step whose loss or gradient is not finite leaves params and optimizer state untouched.
+  """
+  key = jax.random.fold_in(rng, state.step)
+  grads, sums = _grads_and_sums(state.params, batch, key, model=model, config=config)
+  loss = loss_from_sums(sums)
+  grad_norm = optax.global_norm(grads)
+  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  keep_new = lambda new, old: jnp.where(finite, new, old)
+  new_state = state.replace(
+      step=state.step + 1,
+      params=jax.tree.map(keep_new, params, state.params),
+      opt_state=jax.tree.map(keep_new, opt_state, state.opt_state),
+      nonfinite_count=state.nonfinite_count + (~finite).astype(jnp.int32),
+      nonfinite_streak=jnp.where(finite, 0, state.nonfinite_streak + 1),
+  )
+  lr = optimizer_lib.learning_rate_schedule(config.optimizer)(state.step)
+  metrics = dict(sums, loss=loss, grad_norm=grad_norm, learning_rate=lr,
+                 nonfinite_count=new_state.nonfinite_count, nonfinite_streak=new_state.nonfinite_streak)
+  return new_state, metrics
+
+
+def eval_step(params, batch: Batch, *, model, config) -> dict[str, jax.Array]:
+  """Loss sums and correct counts of one held-out batch (no dropout); the caller adds them up."""
+  outputs = model.apply({"params": params}, batch, deterministic=True)
+  return loss_sums(outputs, batch, config.mlm_all_positions)

@@ -1,0 +1,49 @@
+"""BERT-base pretraining as in Devlin et al. 2019 (arXiv:1810.04805), Appendix A.2.
+
+    bert-jax pretrain --config=configs/bert_base.py:phase1 --workdir=gs://bucket/bert_base/phase1 \
+        --config.data.train_files=gs://bucket/prepared/train --config.data.vocab_file=gs://bucket/vocab.txt
+    bert-jax pretrain --config=configs/bert_base.py:phase2 --workdir=gs://bucket/bert_base/phase2 \
+        --config.init_from=gs://bucket/bert_base/phase1/checkpoints ...
+
+Recipe (A.2): Adam, lr 1e-4, b1 0.9, b2 0.999, weight decay 0.01, 10k warmup steps then linear decay;
+dropout 0.1; 1M steps, of which the first 90% at sequence length 128 and the last 10% at 512 "to learn
+the positional embeddings". Batches of 128k tokens: "256 sequences * 512 tokens = 128,000 tokens/batch";
+we keep that token budget in phase 1 as 1024 sequences * 128 tokens (the paper gives the budget in tokens
+and does not state the phase-1 sequence count; equal tokens per step keeps the 1M-step / ~40-epoch
+schedule). 20 predictions per 128-token sequence and 80 per 512 (google-research/bert README). The
+optimizer omits Adam's bias correction as the original AdamWeightDecayOptimizer does. BERT-base was
+trained on "4 Cloud TPUs in Pod configuration (16 TPU chips total)", hence `topology = "v3:4x4"`.
+
+Phase 2 restores phase 1's full final state (parameters, Adam moments, step 900k) and continues the one
+1M-step schedule; the data iterator starts fresh, since the sequence length changes.
+"""
+
+from configs import common
+
+TOTAL_STEPS = 1_000_000
+PHASE1_STEPS = 900_000   # 90% at seq 128 (A.2)
+TOKENS_PER_BATCH = 131_072
+
+
+def get_config(arg: str = "phase1", preset: str = "base"):
+  """`arg` is "phase1" (seq 128) or "phase2" (seq 512)."""
+  c = common.pretrain_config()
+  c.model.preset = preset
+  c.optimizer.learning_rate = 1e-4
+  c.optimizer.warmup_steps = 10_000
+  c.optimizer.total_steps = TOTAL_STEPS
+  c.optimizer.bias_correction = False
+  if arg == "phase1":
+    c.data.seq_length, c.data.max_predictions_per_seq = 128, 20
+    c.train_steps = PHASE1_STEPS
+  elif arg == "phase2":
+    c.data.seq_length, c.data.max_predictions_per_seq = 512, 80
+    c.train_steps = TOTAL_STEPS
+    c.init_from = "PHASE1_WORKDIR/checkpoints"   # set with --config.init_from=...
+  else:
+    raise ValueError(f"unknown phase {arg!r}: use phase1 or phase2")
+  c.global_batch_size = TOKENS_PER_BATCH // c.data.seq_length
+  c.topology = "v3:4x4"       # 16 chips (A.2)
+  c.peak_flops_per_device = 61.5e12   # TPU v3: 123 TFLOP/s bf16 per chip, 2 cores = 2 JAX devices
+  c.mesh.data, c.mesh.fsdp = -1, 1
+  return c
