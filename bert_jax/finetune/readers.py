@@ -1,0 +1,174 @@
+"""Readers of sentence and sentence-pair tasks: GLUE TSVs, generic TSV/CSV/JSON lines, TFDS `glue/*`.
+
+Each returns a list of `PairExample`. Local sources are a file, or a directory holding
+`<split>.<ext>` (GLUE's layout: `train.tsv`, `dev.tsv`, `dev_matched.tsv`, `test.tsv`, ...).
+TFDS sources are read only from an explicit, already prepared `data_dir`: nothing is downloaded.
+"""
+
+import csv
+import dataclasses
+import json
+import logging
+import os
+import sys
+
+csv.field_size_limit(sys.maxsize)  # some GLUE/QQP fields exceed the 128 KiB default
+
+
+@dataclasses.dataclass(frozen=True)
+class PairExample:
+  """One sentence (text_b None) or sentence pair; label is a label name, a float, or None (test)."""
+
+  guid: str
+  text_a: str
+  text_b: str | None = None
+  label: str | float | None = None
+
+
+def resolve_file(source: str, split: str, extensions=(".tsv",)) -> str:
+  """`source` itself if a file, else `source/<split><ext>` for the first extension that exists."""
+  if os.path.isfile(source):
+    return source
+  for ext in extensions:
+    path = os.path.join(source, split + ext)
+    if os.path.isfile(path):
+      return path
+  raise FileNotFoundError(f"no {split}{'|'.join(extensions)} in {source!r}")
+
+
+def read_rows(path: str, delimiter: str | None = None) -> list[dict]:
+  """Rows of a TSV/CSV with a header (as dicts), or of a JSON lines file.
+
+  TSVs are read without quote handling, as google-research/bert `run_classifier.py` does for GLUE
+  (sentences there contain unbalanced quotes).
+  """
+  if path.endswith((".jsonl", ".json")):
+    with open(path, encoding="utf-8") as f:
+      return [json.loads(line) for line in f if line.strip()]
+  if delimiter is None:
+    delimiter = "," if path.endswith(".csv") else "\t"
+  with open(path, encoding="utf-8", newline="") as f:
+    if delimiter == "\t":
+      reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+    else:
+      reader = csv.reader(f, delimiter=delimiter)
+    header = next(reader)
+    rows, malformed = [], 0
+    for row in reader:
+      if len(row) < len(header):
+        malformed += 1
+        continue
+      rows.append(dict(zip(header, row)))
+  if malformed:
+    logging.warning("%s: skipped %d rows with fewer than %d fields", path, malformed, len(header))
+  return rows
+
+
+def examples_from_rows(rows, text_a: str, text_b: str | None, label: str | None,
+                       guid: str | None = None, regression: bool = False,
+                       skip_labels=()) -> list[PairExample]:
+  """PairExamples from dict rows with the named columns; rows whose label is in `skip_labels` are
+  dropped (SNLI/MNLI mark examples without annotator consensus "-"). A missing label column
+  (test files) gives label None."""
+  examples = []
+  for i, row in enumerate(rows):
+    value = row.get(label) if label else None
+    if value is not None and str(value) in skip_labels:
+      continue
+    if value is not None:
+      value = float(value) if regression else str(value)
+    examples.append(PairExample(
+        guid=str(row.get(guid, i)) if guid else str(i), text_a=str(row[text_a]),
+        text_b=str(row[text_b]) if text_b else None, label=value))
+  return examples
+
+
+# ---------------------------------------------------------------------------------------------
+# Formats without a header or with positional columns.
+
+
+def read_cola(path: str) -> list[PairExample]:
+  """CoLA: train/dev have no header (source, label, original label, sentence); test has one."""
+  with open(path, encoding="utf-8", newline="") as f:
+    rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+  if rows and rows[0][:2] == ["index", "sentence"]:
+    return [PairExample(guid=r[0], text_a=r[1]) for r in rows[1:]]
+  return [PairExample(guid=str(i), text_a=r[3], label=r[1]) for i, r in enumerate(rows)]
+
+
+def read_quora(path: str) -> list[PairExample]:
+  """QQP: GLUE's TSV (header `id qid1 qid2 question1 question2 is_duplicate`, or `id question1
+  question2` for test), or the headerless Quora release `is_duplicate question1 question2 id`."""
+  with open(path, encoding="utf-8") as f:
+    first = f.readline().rstrip("\n").split("\t")
+  if "question1" in first:
+    label = "is_duplicate" if "is_duplicate" in first else None
+    return examples_from_rows(read_rows(path), "question1", "question2", label, guid="id")
+  with open(path, encoding="utf-8", newline="") as f:
+    rows = [r for r in csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE) if r]
+  return [PairExample(guid=r[3] if len(r) > 3 else str(i), text_a=r[1], text_b=r[2], label=r[0])
+          for i, r in enumerate(rows)]
+
+
+# ---------------------------------------------------------------------------------------------
+# TensorFlow Datasets (already prepared; never downloaded here).
+
+TFDS_SPLITS = {"train": "train", "dev": "validation", "dev_matched": "validation_matched",
+               "dev_mismatched": "validation_mismatched", "test": "test",
+               "test_matched": "test_matched", "test_mismatched": "test_mismatched"}
+
+
+def tfds_builder(name: str, data_dir: str | None):
+  """The builder of a prepared TFDS dataset; a clear error instead of a download otherwise."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top  (slow import)
+
+  if not data_dir:
+    raise ValueError(f"tfds:{name} needs an explicit data_dir holding the prepared dataset")
+  builder = tfds.builder(name, data_dir=data_dir)
+  if not builder.is_prepared():
+    raise FileNotFoundError(
+        f"tfds:{name} is not prepared in {data_dir!r}; prepare it where the data can be "
+        f"downloaded (`tfds build {name} --data_dir=...`) and copy the directory here")
+  return builder
+
+
+def tfds_records(name: str, split: str, data_dir: str | None):
+  """(records as dicts of python values, builder) of one split of a prepared TFDS dataset."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
+  builder = tfds_builder(name, data_dir)
+  ds = builder.as_dataset(split=TFDS_SPLITS.get(split, split), shuffle_files=False)
+  return [_to_python(r) for r in tfds.as_numpy(ds)], builder
+
+
+def _to_python(value):
+  if isinstance(value, dict):
+    return {k: _to_python(v) for k, v in value.items()}
+  if isinstance(value, bytes):
+    return value.decode("utf-8")
+  if hasattr(value, "tolist"):
+    return _to_python(value.tolist())
+  if isinstance(value, list):
+    return [_to_python(v) for v in value]
+  return value
+
+
+def read_tfds_glue(name: str, split: str, data_dir: str | None, text_a: str, text_b: str | None,
+                   label_names, regression: bool = False) -> list[PairExample]:
+  """`glue/<config>` from TFDS. Class ids become our label names: by TFDS class name when it is one
+  of ours (MNLI, QNLI, RTE), else by position ("0"/"1" as in the GLUE TSVs); -1 (test) -> None."""
+  records, builder = tfds_records(name, split, data_dir)
+  to_name = None
+  if not regression:
+    tfds_names = builder.info.features["label"].names
+    to_name = [n if n in label_names else str(i) for i, n in enumerate(tfds_names)]
+  examples = []
+  for r in records:
+    label = r["label"]
+    if regression:
+      label = float(label)
+    else:
+      label = None if label < 0 else to_name[label]
+    examples.append(PairExample(guid=str(r["idx"]), text_a=r[text_a],
+                                text_b=r[text_b] if text_b else None, label=label))
+  return examples
