@@ -1,0 +1,15 @@
+#!/bin/bash
+# Runs one job on a TPU VM worker: `bash job.sh NAME COMMAND...` (started by `python -m launch.tpu run`).
+#
+# Writes the job's process id to ~/bert_jax_logs/NAME.pid (for `stop`) and, when it ends, its exit
+# status to NAME.exit (for `supervise`). A SIGTERM to this wrapper means the VM is shutting down
+# (preemption or maintenance; `stop` signals the job itself), so NAME.exit then says "preempted",
+# never a clean 0 that would read as "finished".
+name=$1
+shift
+logs="$HOME/bert_jax_logs"
+trap 'echo preempted > "$logs/$name.exit"; exit 143' TERM
+"$@" &
+echo $! > "$logs/$name.pid"
+wait $!
+echo $? > "$logs/$name.exit"

@@ -1,0 +1,49 @@
+"""Running commands, or printing them (`--dry-run`).
+
+Everything the launcher does goes through a runner, called with an argv list; tests pass a fake.
+"""
+
+import dataclasses
+import shlex
+import subprocess
+import sys
+from typing import Protocol, TextIO
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+  returncode: int
+  stdout: str = ""
+  stderr: str = ""
+
+  @property
+  def ok(self) -> bool:
+    return self.returncode == 0
+
+
+class Runner(Protocol):
+
+  def __call__(self, argv: list[str], *, capture: bool = False) -> Result:
+    """Runs argv; with `capture`, returns its output instead of showing it."""
+
+
+class Subprocess:
+  """Runs each command, its output going to the terminal unless captured."""
+
+  def __call__(self, argv: list[str], *, capture: bool = False) -> Result:
+    done = subprocess.run(argv, capture_output=capture, text=True, check=False)
+    return Result(done.returncode, done.stdout or "", done.stderr or "")
+
+
+@dataclasses.dataclass
+class DryRun:
+  """Prints each command, shell-quoted on one line, instead of running it."""
+  out: TextIO = sys.stdout
+
+  def __call__(self, argv: list[str], *, capture: bool = False) -> Result:
+    del capture  # nothing runs, so there is nothing to capture
+    print(shlex.join(argv), file=self.out)
+    return Result(0)
+
+  def comment(self, text: str) -> None:
+    print(f"# {text}", file=self.out)

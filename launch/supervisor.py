@@ -1,0 +1,145 @@
+"""Keeps a job running through preemptions, from the machine that launched it.
+
+Every `poll_seconds` the supervisor reads the slice's state (and, while it is up, the job's state on
+worker 0). When the slice is gone, PREEMPTED or TERMINATED (a queued resource: SUSPENDED or FAILED),
+it deletes and recreates it, sets the workers up again and restarts the same command; the job then
+resumes from the latest checkpoint in its GCS workdir by itself. A job that exits with an error (or
+"preempted") on a slice that is still up is restarted in place. It stops when the job exits with
+status 0, or after `max_restarts` restarts. Clock and sleep are injected, so tests never wait.
+"""
+
+import dataclasses
+import sys
+import time
+from typing import Callable
+
+from launch import actions
+from launch import gcloud
+from launch.runner import DryRun, Runner
+
+UP = {"READY", "ACTIVE"}
+DEAD = {"PREEMPTED", "TERMINATED", actions.MISSING}       # a TPU VM node
+DEAD_QUEUED = {"SUSPENDED", "FAILED", actions.MISSING}    # a queued resource (SUSPENDING: wait)
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+  poll_seconds: float = 300.0
+  max_restarts: int = 20
+  backoff_seconds: float = 60.0       # after a failed step, doubling up to max_backoff_seconds
+  max_backoff_seconds: float = 1800.0
+
+
+def _stderr_log(message: str) -> None:
+  print(f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} supervise: {message}",
+        file=sys.stderr, flush=True)
+
+
+@dataclasses.dataclass
+class Supervisor:
+  run: Runner
+  tpu: gcloud.Slice
+  hardware: gcloud.Hardware
+  source: actions.Source
+  job: actions.Job
+  policy: Policy = Policy()
+  sleep: Callable[[float], None] = time.sleep
+  log: Callable[[str], None] = _stderr_log
+
+  def __post_init__(self):
+    self.restarts = 0
+    self.failures = 0       # consecutive failed steps, for the backoff
+    self.launched = False   # the job was started (or found running) on the current slice
+
+  @property
+  def dead_states(self) -> set[str]:
+    return DEAD_QUEUED if self.tpu.queued else DEAD
+
+  def supervise(self) -> int:
+    """Runs until the job succeeds (returns 0) or the restarts are used up (returns 1)."""
+    first, last_state = True, None
+    while True:
+      state = actions.slice_state(self.run, self.tpu)
+      if state != last_state:
+        self.log(f"{self.tpu.name} is {state}")
+        last_state = state
+      if state in self.dead_states:
+        if not (first and state == actions.MISSING) and not self._count_restart(f"the slice is {state}"):
+          return 1
+        ok = self._recreate(state)
+      elif state in UP:
+        outcome = self._check_job()
+        if outcome is not None:
+          return outcome
+        ok = self.launched
+      else:  # CREATING, WAITING_FOR_RESOURCES, PROVISIONING, SUSPENDING, REPAIRING, UNKNOWN...
+        ok = True
+      first = False
+      self.failures = 0 if ok else self.failures + 1
+      if self.failures > self.policy.max_restarts:
+        self.log(f"giving up after {self.failures} failed steps in a row")
+        return 1
+      self.sleep(self._backoff() if self.failures else self.policy.poll_seconds)
+
+  def _check_job(self) -> int | None:
+    """Launches the job on a fresh slice, or reads its state; returns an exit code when done."""
+    status = actions.job_state(self.run, self.tpu, self.job.name)
+    if not self.launched:
+      if status == "running":
+        self.log(f"job {self.job.name} is already running: watching it")
+        self.launched = True
+      else:
+        self._launch()
+      return None
+    if status == "exit 0":
+      self.log(f"job {self.job.name} finished (exit 0)")
+      return 0
+    if status.startswith("exit") or status == "none":
+      if not self._count_restart(f"job {self.job.name} ended ({status}) on a live slice"):
+        return 1
+      self._launch()
+    return None
+
+  def _count_restart(self, why: str) -> bool:
+    if self.restarts >= self.policy.max_restarts:
+      self.log(f"{why}; giving up after {self.restarts} restarts")
+      return False
+    self.restarts += 1
+    self.log(f"{why}: restart {self.restarts}/{self.policy.max_restarts}")
+    return True
+
+  def _recreate(self, state: str) -> bool:
+    self.launched = False
+    if state != actions.MISSING:
+      self.log(f"deleting {self.tpu.name}")
+      if not self.run(gcloud.delete(self.tpu)).ok:
+        self.log(f"deleting {self.tpu.name} failed")
+        return False
+    self.log(f"creating {self.tpu.name}")
+    if not self.run(gcloud.create(self.tpu, self.hardware)).ok:
+      self.log(f"creating {self.tpu.name} failed")
+      return False
+    return True
+
+  def _launch(self) -> None:
+    self.log(f"setting up the workers and starting job {self.job.name}")
+    self.launched = (actions.setup(self.run, self.tpu, self.source)
+                     and actions.start(self.run, self.tpu, self.job))
+    if not self.launched:
+      self.log("setup or start failed: will retry")
+
+  def _backoff(self) -> float:
+    return min(self.policy.backoff_seconds * 2 ** (self.failures - 1), self.policy.max_backoff_seconds)
+
+  def print_plan(self, dry: DryRun) -> None:
+    """--dry-run: the commands of each kind of step, in the order the loop uses them."""
+    dead = "/".join(sorted(self.dead_states - {actions.MISSING}))
+    dry.comment(f"every {self.policy.poll_seconds:g} s: the slice's state, then the job's on worker 0")
+    actions.slice_state(dry, self.tpu)
+    actions.job_state(dry, self.tpu, self.job.name)
+    dry.comment("slice up, job not running: set up the workers and start the job")
+    actions.setup(dry, self.tpu, self.source)
+    actions.start(dry, self.tpu, self.job)
+    dry.comment(f"slice {dead} (or gone): delete and recreate it, then set up and start as above")
+    dry(gcloud.delete(self.tpu))
+    dry(gcloud.create(self.tpu, self.hardware))
