@@ -1,0 +1,486 @@
+"""The finetuning loop: `finetune(config, workdir)` for one run, `finetune_trials` for several at once.
+
+Devlin et al. 2019, Sec. 4 and Appendix A.3: a pretrained encoder plus one new output layer, every
+parameter trained with Adam (warmup over 10% of the steps, then linear decay) for a few epochs.
+
+Trials that differ only in learning rate and seed train together: their states are stacked on a
+leading trial axis and one compiled, vmapped step updates them all, each on its own shuffle of the
+data. The learning rate therefore lives in the state as a per-trial scalar that multiplies the update
+of an optimizer built with peak rate 1 (AdamW's update is linear in the rate). A single run is the
+same code with one trial.
+
+Workdir: `metrics.jsonl` (one JSON object per log or evaluation), `best/` (parameters of the best
+evaluation, a checkpoint `init_checkpoint` accepts: two-stage finetuning), `last/` (full state when a
+run stops on an epoch budget, continued by the next call), `bert_config.json`, the tokenizer,
+`results.json` and the task's prediction file.
+"""
+
+import dataclasses
+import functools
+import json
+import os
+import time
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from jax.sharding import NamedSharding, PartitionSpec
+
+from bert_jax import checkpointing
+from bert_jax import heads
+from bert_jax import model as model_lib
+from bert_jax import optimizer as optimizer_lib
+from bert_jax import sharding
+from bert_jax import tokenizer as tokenizer_lib
+from bert_jax.finetune import scalar_mix
+from bert_jax.finetune import tasks as tasks_lib
+
+Config = ml_collections.ConfigDict
+RESULTS_FILE = "results.json"
+# Hyperparameters that may differ between trials trained together.
+PER_TRIAL = ("learning_rate", "seed")
+
+
+# ------------------------------------------------------------------------------------------------
+# Initial encoder: Hugging Face directory, Google TF checkpoint, bert_jax (pretrained or finetuned).
+
+
+def detect_format(path: str) -> str:
+  """"hf" (config.json + weights), "tf" (a `*.ckpt` prefix or a directory holding one) or "bert_jax"."""
+  if os.path.isfile(os.path.join(path, "config.json")) and not os.path.isfile(os.path.join(path, "bert_config.json")):
+    return "hf"
+  if os.path.isfile(path + ".index") or (os.path.isdir(path) and any(f.endswith(".ckpt.index")
+                                                                      for f in os.listdir(path))):
+    return "tf"
+  return "bert_jax"
+
+
+def _bert_config_from_fields(config: Config) -> model_lib.BertConfig:
+  """BertConfig from `config.model` (preset + the fields that are set) for runs without a checkpoint."""
+  names = {"hidden_dropout_rate": "hidden_dropout", "attention_dropout_rate": "attention_dropout"}
+  fields = {names.get(k, k): v for k, v in config.model.items() if k != "preset" and v is not None}
+  return model_lib.BertConfig.from_preset(config.model.preset or "base", **fields)
+
+
+def _bert_jax_config(config: Config, path: str) -> model_lib.BertConfig:
+  candidates = [config.bert_config_json] + [os.path.join(d, "bert_config.json")
+                                            for d in (path, os.path.dirname(path.rstrip("/")))]
+  for c in candidates:
+    if c and os.path.isfile(c):
+      with open(c) as f:
+        return model_lib.BertConfig.from_hf_dict(json.load(f))
+  return _bert_config_from_fields(config)
+
+
+def load_encoder(config: Config) -> tuple[model_lib.BertConfig, dict | None]:
+  """(BertConfig, encoder params as host arrays, or None without `init_checkpoint`)."""
+  path = config.init_checkpoint
+  if not path:
+    cfg, params = _bert_config_from_fields(config), None
+  else:
+    fmt = detect_format(path) if config.init_checkpoint_format == "auto" else config.init_checkpoint_format
+    if fmt == "hf":
+      from bert_jax import checkpoints_hf  # pylint: disable=g-import-not-at-top
+      cfg, params = checkpoints_hf.load_hf(path)
+    elif fmt == "tf":
+      from bert_jax import checkpoints_tf  # pylint: disable=g-import-not-at-top
+      cfg, params = checkpoints_tf.load_tf(path, config.bert_config_json or None)
+    elif fmt in ("bert_jax", "finetuned"):
+      # A finetuned workdir's `best/` holds {"params": {"bert", <head>}}: only the encoder is kept.
+      cfg, params = _bert_jax_config(config, path), checkpointing.restore_params(path)
+    else:
+      raise ValueError(f"init_checkpoint_format {fmt!r}: use auto, hf, tf, bert_jax or finetuned")
+    params = params.get("bert", params)
+    # Either layout in, the configured layout out (both functions leave the other layout unchanged).
+    params = model_lib.scan_params(params) if config.scan_layers else model_lib.unscan_params(params)
+  names = {"hidden_dropout_rate": "hidden_dropout", "attention_dropout_rate": "attention_dropout"}
+  dropout = {names[k]: config.model[k] for k in names if config.model.get(k) is not None}
+  cfg = dataclasses.replace(cfg, dtype=config.dtype, scan_layers=config.scan_layers, **dropout)
+  return cfg, params
+
+
+def load_tokenizer(config: Config):
+  path = config.vocab_file or config.init_checkpoint
+  if not path:
+    raise ValueError("set config.vocab_file (or init_checkpoint, whose directory holds the vocabulary)")
+  if not config.vocab_file and detect_format(path) == "tf" and not os.path.isdir(path):
+    path = os.path.dirname(path)
+  if os.path.isdir(path) and not any(f == "vocab.txt" or f.endswith(".model") for f in os.listdir(path)):
+    path = os.path.dirname(path.rstrip("/"))  # a finetuned `best/`: the tokenizer is in its workdir
+  return tokenizer_lib.load_tokenizer(path, config.do_lower_case)
+
+
+def build_model(bert_cfg: model_lib.BertConfig, task, config: Config) -> nn.Module:
+  if config.scalar_mix:
+    return scalar_mix.ScalarMixModel(bert_cfg, task.kind, task.num_labels)
+  if task.kind in ("classification", "regression"):
+    return heads.BertForSequenceClassification(bert_cfg, task.num_labels)
+  if task.kind == "tagging":
+    return heads.BertForTokenClassification(bert_cfg, task.num_labels)
+  return heads.BertForQuestionAnswering(bert_cfg)
+
+
+# ------------------------------------------------------------------------------------------------
+# Optimizer: AdamW of bert_jax/optimizer.py, layer-wise decay, frozen encoder.
+
+
+def _layer_depth(path, num_layers: int):
+  """0 for embeddings, i + 1 for encoder layer i (an array over the scan axis), num_layers + 1 above."""
+  keys = [str(getattr(k, "key", k)) for k in path]
+  if not keys or keys[0] != "bert" or "pooler" in keys:
+    return num_layers + 1
+  if "embeddings" in keys:
+    return 0
+  for k in keys:
+    if k.startswith("layer_") and k[6:].isdigit():
+      return int(k[6:]) + 1
+    if k == "layers":
+      return np.arange(1, num_layers + 1)
+  return num_layers + 1
+
+
+def scale_by_layer(decay: float, num_layers: int) -> optax.GradientTransformation:
+  """Layer-wise learning-rate decay (Clark et al. 2020, ELECTRA, App. A): the update of encoder layer i
+  is scaled by decay**(num_layers - i), embeddings by decay**(num_layers + 1), pooler and head by 1.
+  Scanned parameters (`layers`, leading layer axis) get one factor per slice."""
+  def factors(updates):
+    def one(path, u):
+      f = np.float32(decay) ** (num_layers + 1 - np.asarray(_layer_depth(path, num_layers), np.float32))
+      return f.reshape(f.shape + (1,) * (u.ndim - f.ndim))
+    return jax.tree_util.tree_map_with_path(one, updates)
+
+  def update(updates, state, params=None):
+    del params
+    return jax.tree.map(lambda u, f: (u * f).astype(u.dtype), updates, factors(updates)), state
+
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
+def build_optimizer(config: Config, total_steps: int, num_layers: int) -> optax.GradientTransformation:
+  """AdamW at peak rate 1 (the trial's learning rate multiplies the update), warmup + linear decay."""
+  opt = Config(config.optimizer.to_dict())
+  opt.learning_rate, opt.total_steps = 1.0, total_steps
+  opt.warmup_steps = int(config.warmup_fraction * total_steps)
+  tx = optimizer_lib.create_optimizer(opt)
+  if config.layerwise_lr_decay != 1.0:
+    tx = optax.chain(tx, scale_by_layer(config.layerwise_lr_decay, num_layers))
+  if config.freeze_encoder:
+    # Feature-based approach (Devlin et al. 2019, 5.3): no update, no weight decay, no Adam state.
+    labels = lambda params: {k: jax.tree.map(lambda _, k=k: "frozen" if k == "bert" else "train", v)
+                             for k, v in params.items()}
+    tx = optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()}, labels)
+  return tx
+
+
+# ------------------------------------------------------------------------------------------------
+# Losses (sums and weights) and steps for one trial; the loop vmaps them over the trial axis.
+
+
+def _cross_entropy_sum(logits, labels, weights):
+  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)  # f32 on purpose
+  nll = -jnp.take_along_axis(logp, jnp.maximum(labels, 0)[..., None], axis=-1)[..., 0]
+  return jnp.sum(nll * weights)
+
+
+def loss_sums(kind: str, outputs, batch) -> dict:
+  """{"loss_sum", "weight"} of the task's loss; unlabelled rows (label -1 or NaN) weigh 0."""
+  if kind == "span":
+    w = jnp.ones(batch["start_positions"].shape, jnp.float32)
+    loss = 0.5 * (_cross_entropy_sum(outputs["start_logits"], batch["start_positions"], w)
+                  + _cross_entropy_sum(outputs["end_logits"], batch["end_positions"], w))
+    return {"loss_sum": loss, "weight": jnp.sum(w)}
+  labels = batch["label"] if "label" in batch else batch["label_ids"]
+  if kind == "regression":
+    w = (~jnp.isnan(labels)).astype(jnp.float32)
+    err = outputs.reshape(labels.shape).astype(jnp.float32) - jnp.nan_to_num(labels)
+    return {"loss_sum": jnp.sum(w * jnp.square(err)), "weight": jnp.sum(w)}
+  w = batch["label_weights"].astype(jnp.float32) if "label_weights" in batch else (labels >= 0).astype(jnp.float32)
+  return {"loss_sum": _cross_entropy_sum(outputs, labels, w), "weight": jnp.sum(w)}
+
+
+def train_step(state: dict, batch: dict, *, model, tx, kind: str, freeze_encoder: bool):
+  """One update of one trial. `state`: {"step", "params", "opt_state", "lr", "rng"}. -> (state, sums)."""
+  rng = jax.random.fold_in(state["rng"], state["step"])
+
+  def loss_fn(params):
+    if freeze_encoder:
+      params = {**params, "bert": jax.lax.stop_gradient(params["bert"])}
+    outputs = model.apply({"params": params}, batch["input_ids"], batch["input_mask"], batch["segment_ids"],
+                          deterministic=False, rngs={"dropout": rng})
+    sums = loss_sums(kind, outputs, batch)
+    return sums["loss_sum"] / jnp.maximum(sums["weight"], 1.0), sums
+
+  grads, sums = jax.grad(loss_fn, has_aux=True)(state["params"])
+  updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+  updates = jax.tree.map(lambda u: (u * state["lr"]).astype(u.dtype), updates)
+  params = optax.apply_updates(state["params"], updates)
+  return {**state, "step": state["step"] + 1, "params": params, "opt_state": opt_state}, sums
+
+
+def predict_step(params, batch: dict, *, model):
+  return model.apply({"params": params}, batch["input_ids"], batch["input_mask"], batch["segment_ids"],
+                     deterministic=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# Sharded state of T stacked trials.
+
+
+def _stacked(shardings):
+  """Shardings of one trial -> shardings with a leading, replicated trial axis."""
+  return jax.tree.map(lambda s: NamedSharding(s.mesh, PartitionSpec(None, *s.spec)), shardings)
+
+
+def init_state(model, tx, configs, encoder_params, mesh, rules, seq_len: int):
+  """The stacked state, built sharded (never whole on one device); returns (state, its shardings)."""
+  ids = jnp.zeros((1, seq_len), jnp.int32)
+  init_one = lambda rng: model.init({"params": rng, "dropout": rng}, ids, ids, ids)["params"]
+  abstract = jax.eval_shape(init_one, jax.random.key(0))
+  param_shardings = _stacked(sharding.logical_to_shardings(nn.get_partition_spec(abstract), mesh, rules))
+  if encoder_params is not None:
+    expected = jax.tree.map(lambda x: x.shape, nn.unbox(abstract)["bert"])
+    got = jax.tree.map(lambda x: tuple(np.shape(x)), encoder_params)
+    if expected != got:
+      raise ValueError(f"checkpoint encoder does not match the model:\n expected {expected}\n got {got}")
+
+  def init_params(rngs, encoder):
+    params = jax.vmap(lambda r: nn.unbox(init_one(r)))(rngs)
+    if encoder is not None:
+      params["bert"] = jax.tree.map(lambda e, p: jnp.broadcast_to(e.astype(p.dtype), p.shape), encoder, params["bert"])
+    return params
+
+  keys = [jax.random.split(jax.random.key(c.seed)) for c in configs]
+  params = jax.jit(init_params, out_shardings=param_shardings)(jnp.stack([k[0] for k in keys]), encoder_params)
+  opt_state = jax.jit(jax.vmap(tx.init))(params)
+  replicated = NamedSharding(mesh, PartitionSpec())
+  state = {"step": jnp.zeros(len(configs), jnp.int32), "params": params, "opt_state": opt_state,
+           "lr": jnp.asarray([c.learning_rate for c in configs], jnp.float32),
+           "rng": jnp.stack([k[1] for k in keys])}
+  state = {k: (v if k in ("params", "opt_state") else jax.device_put(v, replicated)) for k, v in state.items()}
+  return state, jax.tree.map(lambda x: x.sharding, state)
+
+
+def _trial(tree, t: int):
+  return jax.tree.map(lambda x: x[t], tree)
+
+
+def save_last(state, workdirs) -> None:
+  for t, w in enumerate(workdirs):
+    ckpt = checkpointing.Checkpointer(os.path.join(w, "last"), keep=1, async_save=False)
+    ckpt.save(int(jax.device_get(state["step"][t])), _trial(state, t))
+    ckpt.close()
+
+
+def restore_last(state, shardings, workdirs):
+  """The stacked state from every trial's `last/`, or None when any trial has none."""
+  dirs = [os.path.join(w, "last") for w in workdirs]
+  if not all(os.path.isdir(d) and checkpointing.Checkpointer(d, keep=1).latest_step() is not None for d in dirs):
+    return None
+  one = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), state)
+  trials = [checkpointing.Checkpointer(d, keep=1).restore(one)[0] for d in dirs]
+  return jax.tree.map(lambda s, *xs: jax.device_put(np.stack(xs), s), shardings, *trials)
+
+
+# ------------------------------------------------------------------------------------------------
+# Data: featurized numpy arrays, each trial its own shuffle per epoch (seed, epoch).
+
+
+def _load_split(task, split: str, config: Config, tokenizer, limit: int):
+  examples = task.read(split, config.data_dir)
+  if limit:
+    examples = examples[:limit]
+  features, meta = task.featurize(examples, tokenizer, config.max_seq_length)
+  return examples, features, meta
+
+
+def _train_batches(features: dict, seeds, epoch: int, batch_size: int, skip: int):
+  """Host batches [T, B, ...] of one epoch from step `skip` on; trial t reads its own permutation."""
+  n = len(features["input_ids"])
+  perms = [np.random.default_rng([int(s), epoch]).permutation(n) for s in seeds]
+  for i in range(skip, n // batch_size):
+    rows = np.stack([p[i * batch_size:(i + 1) * batch_size] for p in perms])
+    yield {k: v[rows] for k, v in features.items()}
+
+
+def _predict(pred_fn, params, features: dict, batch_size: int, sharded) -> list:
+  """Model outputs on every feature, per trial: [T] trees of [N, ...] numpy (padding rows dropped)."""
+  n, chunks = len(features["input_ids"]), []
+  for start in range(0, n, batch_size):
+    rows = np.arange(start, start + batch_size)
+    real = min(batch_size, n - start)
+    rows[real:] = 0  # pad the last batch with copies of row 0
+    out = pred_fn(params, {k: jax.device_put(v[rows], sharded) for k, v in features.items()})
+    chunks.append(jax.tree.map(lambda x: np.asarray(x)[:, :real], out))
+  outputs = jax.tree.map(lambda *xs: np.concatenate(xs, axis=1), *chunks)
+  return [_trial(outputs, t) for t in range(len(jax.tree.leaves(outputs)[0]))]
+
+
+# ------------------------------------------------------------------------------------------------
+# Per-trial bookkeeping: metrics.jsonl, best evaluation and checkpoint, early stopping.
+
+
+class _Tracker:
+  """One trial's log, best evaluation and patience; saved with `last/` so a continued run keeps them."""
+
+  def __init__(self, workdir: str, primary_metric: str, patience: int):
+    self.workdir, self.primary, self.patience = workdir, primary_metric, patience
+    self.best, self.best_step, self.best_metrics, self.last_metrics = None, -1, {}, {}
+    self.since_best, self.stopped = 0, False
+    path = os.path.join(workdir, "tracker.json")
+    if os.path.isfile(path):
+      with open(path) as f:
+        self.__dict__.update(json.load(f))
+
+  def log(self, record: dict) -> None:
+    with open(os.path.join(self.workdir, "metrics.jsonl"), "a") as f:
+      f.write(json.dumps(record) + "\n")
+
+  def evaluated(self, step: int, metrics: dict, on_best) -> None:
+    """Records an evaluation; calls `on_best()` when it is the best so far."""
+    self.log({"step": step, **{f"eval/{k}": v for k, v in metrics.items()}})
+    self.last_metrics = metrics
+    if self.best is None or metrics[self.primary] > self.best:  # every task's primary metric: higher is better
+      self.best, self.best_step, self.best_metrics, self.since_best = metrics[self.primary], step, metrics, 0
+      on_best()
+    else:
+      self.since_best += 1
+      self.stopped = bool(self.patience) and self.since_best >= self.patience
+
+  def save(self) -> None:
+    keys = ("best", "best_step", "best_metrics", "last_metrics", "since_best", "stopped")
+    with open(os.path.join(self.workdir, "tracker.json"), "w") as f:
+      json.dump({k: getattr(self, k) for k in keys}, f)
+
+
+def _prediction_file(task, split: str) -> str:
+  return f"predictions_{split}." + {"span": "json", "tagging": "txt"}.get(task.kind, "tsv")
+
+
+# ------------------------------------------------------------------------------------------------
+# The loop.
+
+
+def finetune(config: Config, workdir: str, *, max_epochs: int | None = None) -> dict:
+  """Finetunes one model (see `finetune_trials`); returns its results dict."""
+  return finetune_trials([config], [workdir], max_epochs=max_epochs)[0]
+
+
+def _check_group(configs) -> None:
+  strip = lambda c: {k: v for k, v in c.to_dict().items() if k not in PER_TRIAL + ("sweep",)}
+  for c in configs[1:]:
+    if strip(c) != strip(configs[0]):
+      diff = sorted(k for k, v in strip(configs[0]).items() if strip(c).get(k) != v)
+      raise ValueError(f"trials trained together may differ only in {PER_TRIAL}, not in {diff}")
+
+
+def finetune_trials(configs: list, workdirs: list, *, max_epochs: int | None = None) -> list:
+  """Finetunes len(configs) trials at once on the same data (each its own learning rate and seed).
+
+  Args:
+    configs: finetuning configs (configs/finetune/common.py) differing only in `PER_TRIAL` fields.
+    workdirs: one directory per trial.
+    max_epochs: stop after this many epochs in total (successive halving's budget), leaving the full
+      state in `last/`; a later call with a larger budget continues from it. None: `num_epochs`.
+  Returns:
+    One results dict per trial (also `<workdir>/results.json`).
+  """
+  _check_group(configs)
+  config = configs[0]
+  task = tasks_lib.get_task(config.task, **config.task_opts)
+  bert_cfg, encoder_params = load_encoder(config)
+  tokenizer = load_tokenizer(config)
+  _, train_features, _ = _load_split(task, config.train_split, config, tokenizer, config.max_train_examples)
+  eval_split = config.eval_split or task.dev_splits[0]
+  eval_examples, eval_features, eval_meta = _load_split(task, eval_split, config, tokenizer,
+                                                        config.max_eval_examples)
+  mesh, rules = sharding.create_mesh(config.mesh), sharding.logical_rules(config)
+  if config.batch_size % sharding.data_parallel_size(mesh):
+    raise ValueError(f"batch_size {config.batch_size} is not a multiple of the data-parallel size "
+                     f"{sharding.data_parallel_size(mesh)}")
+  steps_per_epoch = len(train_features["input_ids"]) // config.batch_size
+  if not steps_per_epoch:
+    raise ValueError(f"fewer training examples than batch_size {config.batch_size}")
+  total_steps = steps_per_epoch * config.num_epochs
+  budget = total_steps if max_epochs is None else min(total_steps, steps_per_epoch * max_epochs)
+  eval_every = config.eval_every_steps or steps_per_epoch
+  model = build_model(bert_cfg, task, config)
+  tx = build_optimizer(config, total_steps, bert_cfg.num_layers)
+  for w in workdirs:
+    os.makedirs(w, exist_ok=True)
+    with open(os.path.join(w, "bert_config.json"), "w") as f:
+      json.dump(bert_cfg.to_hf_dict(), f, indent=1)
+    tokenizer.save(w)
+  trackers = [_Tracker(w, task.primary_metric, config.early_stopping_patience) for w in workdirs]
+
+  batch_sharding = NamedSharding(mesh, PartitionSpec(None, sharding.BATCH_AXES))
+  eval_sharding = NamedSharding(mesh, PartitionSpec(sharding.BATCH_AXES))
+  eval_batch_size = config.eval_batch_size or config.batch_size
+  t0 = time.time()
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    state, shardings = init_state(model, tx, configs, encoder_params, mesh, rules, config.max_seq_length)
+    restored = restore_last(state, shardings, workdirs)
+    state = state if restored is None else restored
+    step_fn = jax.jit(jax.vmap(functools.partial(train_step, model=model, tx=tx, kind=task.kind,
+                                                 freeze_encoder=config.freeze_encoder)),
+                      in_shardings=(shardings, batch_sharding), donate_argnums=0,
+                      out_shardings=(shardings, NamedSharding(mesh, PartitionSpec())))
+    pred_fn = jax.jit(jax.vmap(functools.partial(predict_step, model=model), in_axes=(0, None)))
+    step = int(jax.device_get(state["step"])[0])
+    loss_sum = jnp.zeros(len(configs))
+    while step < budget and not all(t.stopped for t in trackers):
+      epoch, skip = divmod(step, steps_per_epoch)
+      for host_batch in _train_batches(train_features, [c.seed for c in configs], epoch, config.batch_size, skip):
+        state, sums = step_fn(state, {k: jax.device_put(v, batch_sharding) for k, v in host_batch.items()})
+        loss_sum = loss_sum + sums["loss_sum"] / jnp.maximum(sums["weight"], 1.0)
+        step += 1
+        if step % config.log_every_steps == 0:
+          losses = np.asarray(loss_sum) / config.log_every_steps  # the only host sync between evals
+          for t, tracker in enumerate(trackers):
+            tracker.log({"step": step, "epoch": step / steps_per_epoch, "train/loss": float(losses[t]),
+                         "time_s": round(time.time() - t0, 1)})
+          loss_sum = jnp.zeros(len(configs))
+        if step % eval_every == 0 or step == budget:
+          _evaluate(pred_fn, state, step, task, trackers, eval_examples, eval_features, eval_meta,
+                    eval_batch_size, eval_sharding, config, eval_split)
+        if step >= budget or all(t.stopped for t in trackers):
+          break
+  finished = step >= total_steps
+  if not finished:
+    save_last(state, workdirs)
+  return [_results(tr, c, task, step, steps_per_epoch, total_steps, finished or tr.stopped, time.time() - t0)
+          for tr, c in zip(trackers, configs)]
+
+
+def _evaluate(pred_fn, state, step, task, trackers, examples, features, meta, batch_size, sharded, config,
+              split) -> None:
+  outputs = _predict(pred_fn, state["params"], features, batch_size, sharded)
+  for t, tracker in enumerate(trackers):
+    if tracker.stopped:
+      continue  # an early-stopped trial keeps its results; its slot still trains with the group
+
+    def on_best(t=t, tracker=tracker):
+      if config.keep_best_checkpoint:
+        ckpt = checkpointing.Checkpointer(os.path.join(tracker.workdir, "best"), keep=1, async_save=False)
+        ckpt.save(step, {"params": _trial(state["params"], t)})
+        ckpt.close()
+      if config.write_predictions:
+        task.write_predictions(os.path.join(tracker.workdir, _prediction_file(task, split)), outputs[t],
+                               examples, meta)
+
+    tracker.evaluated(step, task.evaluate(outputs[t], examples, meta), on_best)
+
+
+def _results(tracker, config, task, step, steps_per_epoch, total_steps, finished, seconds) -> dict:
+  tracker.save()
+  results = {"task": task.name, "primary_metric": tracker.primary, "best": tracker.best,
+             "best_step": tracker.best_step, "best_metrics": tracker.best_metrics,
+             "last_metrics": tracker.last_metrics, "step": step, "epochs": step / steps_per_epoch,
+             "total_steps": total_steps, "stopped_early": tracker.stopped, "finished": finished,
+             "seconds": round(seconds, 1), "learning_rate": config.learning_rate,
+             "batch_size": config.batch_size, "num_epochs": config.num_epochs, "seed": config.seed}
+  with open(os.path.join(tracker.workdir, RESULTS_FILE), "w") as f:
+    json.dump(results, f, indent=1)
+  return results

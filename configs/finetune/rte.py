@@ -1,0 +1,16 @@
+"""GLUE RTE, textual entailment, accuracy.
+
+Devlin et al. 2019, Sec. 4.1 (GLUE) and Appendix A.3 (the grid in `common.sweep_config`):
+
+  bert-jax finetune --config=configs/finetune/rte.py --workdir=/tmp/rte \
+      --config.init_checkpoint=/path/to/bert --config.data_dir=/path/to/glue/RTE
+  bert-jax sweep --config=configs/finetune/rte.py --workdir=/tmp/rte_sweep --config.init_checkpoint=...
+"""
+
+from configs.finetune import common
+
+
+def get_config():
+  c = common.get_config()
+  c.task = "rte"
+  return c
