@@ -171,18 +171,40 @@ def wordpiece_split(word: str, vocab: dict, unk: str = UNK) -> list[str]:
   return pieces
 
 
-# Texts the fast path may treat differently from the reference: control or unusual whitespace
-# characters (the fast normaliser maps controls to spaces; BERT deletes them), U+FFFD, CJK
-# ideographs (not split by the fast pre-tokeniser), runs long enough to hit the per-word limit
-# (which the fast path counts in bytes rather than characters), and, when lowercasing,
-# characters with a compatibility decomposition ("½", "™", "…": the fast normaliser applies
-# NFKD where BERT applies NFD).
-_NEEDS_REFERENCE_RE = re.compile("[\ufffd" + _CJK_RE.pattern[2:-2] + r"]|\S{" + str(MAX_CHARS_PER_WORD // 2) + ",}")
+# The fast path (tensorflow_text) differs from the reference on a few inputs; `_fast_form`
+# rewrites a text so that both agree, or returns None to send it to the reference path:
+# * controls, NUL and U+FFFD: BERT deletes them, the fast normaliser maps controls to spaces, so
+#   they are deleted first (`_clean_text` is idempotent, so this changes nothing for the reference);
+# * CJK ideographs: not split by the fast pre-tokeniser, so they are padded with spaces first;
+# * runs long enough to reach the per-word limit, which the fast path counts in bytes, not chars;
+# * when lowercasing, characters with a compatibility decomposition ("½", "™", "…": the fast
+#   normaliser applies NFKD where BERT applies NFD) or whose case folding differs from
+#   `str.lower` ("ß" -> "ss", final sigma).
+_LONG_RUN_RE = re.compile(r"\S{" + str(MAX_CHARS_PER_WORD // 2) + ",}")
+_FOLD_DIFFERS = "\u03a3" + "".join(chr(c) for c in range(0x10000) if chr(c).casefold() != chr(c).lower())
+_SUSPECT_RE = {lower: re.compile("[\ufffd" + _CJK_RE.pattern[2:-2] + (re.escape(_FOLD_DIFFERS) if lower else "")
+                                 + r"]|\S{" + str(MAX_CHARS_PER_WORD // 2) + ",}") for lower in (False, True)}
 
 
-def _fast_path_ok(text: str, do_lower_case: bool) -> bool:
-  return (text.isprintable() and _NEEDS_REFERENCE_RE.search(text) is None
+def _plain(text: str, do_lower_case: bool) -> bool:
+  """True when the fast path takes `text` as it is (the common case; C-speed checks only)."""
+  return (text.isprintable() and not _SUSPECT_RE[do_lower_case].search(text)
           and (not do_lower_case or unicodedata.is_normalized("NFKC", text)))
+
+
+def _fast_form(text: str, do_lower_case: bool) -> str | None:
+  """`text` rewritten so the fast path gives the reference ids, or None if it cannot."""
+  if _plain(text, do_lower_case):
+    return text
+  if not text.isprintable():
+    text = _clean_text(text)
+  text = _CJK_RE.sub(r" \1 ", text.replace("\ufffd", ""))
+  if _LONG_RUN_RE.search(text):
+    return None
+  if do_lower_case and (not unicodedata.is_normalized("NFKC", text) or re.search(
+      "[" + re.escape(_FOLD_DIFFERS) + "]", text)):
+    return None
+  return text
 
 
 class WordPieceTokenizer(_Tokenizer):
@@ -222,19 +244,23 @@ class WordPieceTokenizer(_Tokenizer):
       (ids int32 [total], lengths int64 [len(texts)]): the texts' ids concatenated, and their counts.
     """
     texts = list(texts)
-    fast = [i for i, t in enumerate(texts) if _fast_path_ok(t, self.do_lower_case)]
-    per_text = [None] * len(texts)
-    if fast:
-      ragged = self._fast_tokenizer().tokenize([self._prenormalize(texts[i]) for i in fast])
-      ids, lengths = ragged.flat_values.numpy(), ragged.row_lengths().numpy()
-      for i, chunk in zip(fast, np.split(ids, np.cumsum(lengths)[:-1])):
-        per_text[i] = chunk
-    for i, chunk in enumerate(per_text):
-      if chunk is None:
+    if not texts:
+      return np.zeros([0], np.int32), np.zeros([0], np.int64)
+    # One check of the whole batch usually shows that every text can take the fast path as is.
+    forms = texts if _plain(" ".join(texts), self.do_lower_case) else [
+        _fast_form(t, self.do_lower_case) for t in texts]
+    fast = [i for i, f in enumerate(forms) if f is not None]
+    ragged = self._fast_tokenizer().tokenize([self._prenormalize(forms[i]) for i in fast] or [""])
+    ids, lengths = ragged.flat_values.numpy(), ragged.row_lengths().numpy()
+    if len(fast) == len(texts):
+      return ids, lengths
+    per_text = [np.zeros([0], np.int32)] * len(texts)
+    for i, chunk in zip(fast, np.split(ids, np.cumsum(lengths)[:-1])):
+      per_text[i] = chunk
+    for i, form in enumerate(forms):
+      if form is None:
         per_text[i] = np.asarray(self.encode(texts[i]), np.int32)
-    lengths = np.array([len(c) for c in per_text], np.int64)
-    ids = np.concatenate(per_text).astype(np.int32) if per_text else np.zeros([0], np.int32)
-    return ids, lengths
+    return np.concatenate(per_text), np.array([len(c) for c in per_text], np.int64)
 
   def _prenormalize(self, text: str) -> str:
     return text if self.do_lower_case else unicodedata.normalize("NFC", text)

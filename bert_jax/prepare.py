@@ -1,0 +1,337 @@
+"""`bert-jax prepare`: a corpus -> sharded, tokenized documents for pretraining.
+
+    bert-jax prepare --input=corpus/*.jsonl --output_dir=data/news --vocab_file=vocab.txt
+    bert-jax prepare --input=embedded:shakespeare --output_dir=data/shakespeare --vocab_size=8000
+
+Output (read by `input_pipeline.py`):
+  DIR/train-00000-of-000NN.tfrecord   one `tf.train.Example` per document: int64 `token_ids` (its
+                                      sentences' ids concatenated, no specials) and int64
+                                      `sentence_lengths` (tokens per sentence)
+  DIR/eval-00000-of-000NN.tfrecord    same, when an eval split is asked for
+  DIR/vocab.txt or DIR/spm.model      the tokenizer, so `tokenizer.load_tokenizer(DIR)` works
+  DIR/stats.json                      documents, sentences, tokens, per-shard counts, bad input
+
+Each shard is tokenized by its own worker process from its own byte range of the input (see
+`corpus.plan`), so the corpus is streamed, never held in memory, and read once. A shard is written
+under a temporary name and renamed when complete; a re-run skips the shards already there.
+"""
+
+import collections
+import hashlib
+import json
+import multiprocessing
+import os
+import time
+import zlib
+
+from absl import flags
+from absl import logging
+import numpy as np
+
+from bert_jax import corpus
+from bert_jax import tokenizer as tokenization
+
+_INPUT = flags.DEFINE_string("input", None, "Corpus spec: file/glob/dir, tfds:name:split:key, embedded:shakespeare.")
+_OUTPUT_DIR = flags.DEFINE_string("output_dir", None, "Where shards, tokenizer and stats.json go.")
+_VOCAB_FILE = flags.DEFINE_string("vocab_file", None, "WordPiece vocab.txt or SentencePiece .model; "
+                                  "when absent, one is trained on a sample of the corpus.")
+_DO_LOWER_CASE = flags.DEFINE_bool("do_lower_case", True, "Lowercase (and strip accents for WordPiece).")
+_VOCAB_SIZE = flags.DEFINE_integer("vocab_size", 30522, "Size of the vocabulary to train when no --vocab_file.")
+_VOCAB_MODEL = flags.DEFINE_enum("vocab_model", "wordpiece", ["wordpiece", "unigram", "bpe"],
+                                 "Vocabulary to train when no --vocab_file.")
+_NUM_SHARDS = flags.DEFINE_integer("num_shards", None, "Output shards (default: about 64 MiB of input each).")
+_NUM_WORKERS = flags.DEFINE_integer("num_workers", None, "Worker processes (default: all cores).")
+_EVAL_FRACTION = flags.DEFINE_float("eval_fraction", 0.0, "Fraction of documents held out as eval.")
+_EVAL_INPUT = flags.DEFINE_string("eval_input", None, "A separate corpus spec for the eval split.")
+_DATA_DIR = flags.DEFINE_string("data_dir", None, "TFDS data_dir for tfds: specs (must hold the prepared dataset).")
+_TEXT_KEY = flags.DEFINE_string("text_key", "text", "JSON field holding a document's text.")
+
+STATS_FILE = "stats.json"
+_PROGRESS_DIR = ".prepare"         # per-shard stats of finished shards, and the settings they used
+_BYTES_PER_SHARD = 64 << 20
+_VOCAB_SAMPLE_SENTENCES = 1_000_000
+_SENTENCES_PER_BATCH = 4096        # one fast-tokenizer call; large enough to amortise its overhead
+
+
+def shard_name(split: str, index: int, num_shards: int) -> str:
+  return f"{split}-{index:05d}-of-{num_shards:05d}.tfrecord"
+
+
+# ---------------------------------------------------------------------------------------------
+# Worker side: one shard task.
+
+_WORKER_TOKENIZERS = {}
+
+
+def _tokenizer(path: str, do_lower_case: bool):
+  key = (path, do_lower_case)
+  if key not in _WORKER_TOKENIZERS:
+    _WORKER_TOKENIZERS[key] = tokenization.load_tokenizer(path, do_lower_case)
+  return _WORKER_TOKENIZERS[key]
+
+
+def _serialize(token_ids: np.ndarray, sentence_lengths: np.ndarray) -> bytes:
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  feature = lambda v: tf.train.Feature(int64_list=tf.train.Int64List(value=v.tolist()))
+  return tf.train.Example(features=tf.train.Features(feature={
+      "token_ids": feature(token_ids), "sentence_lengths": feature(sentence_lengths)})).SerializeToString()
+
+
+def _is_eval(task_index: int, doc_index: int, eval_fraction: float) -> bool:
+  """A fixed pseudo-random choice per (shard, document), so re-runs hold out the same documents."""
+  return zlib.crc32(f"{task_index}:{doc_index}".encode()) < eval_fraction * 2**32
+
+
+def _tokenized_documents(task, counters):
+  """(document index, ids, sentence lengths) for the task's documents, tokenized in batches."""
+  tok = _tokenizer(task["tokenizer_dir"], task["do_lower_case"])
+  documents = (d for part in task["parts"] for d in corpus.read_part(
+      part, text_key=task["text_key"], counters=counters))
+  batch, index = [], 0
+  for document in documents:
+    batch.append(document)
+    if sum(len(d) for d in batch) < _SENTENCES_PER_BATCH:
+      continue
+    for ids, lengths in _encode_documents(tok, batch, counters):
+      yield index, ids, lengths
+      index += 1
+    batch = []
+  for ids, lengths in _encode_documents(tok, batch, counters):
+    yield index, ids, lengths
+    index += 1
+
+
+def _encode_documents(tok, documents, counters):
+  if not documents:
+    return
+  ids, lengths = tok.encode_batch([s for d in documents for s in d])
+  starts = np.cumsum(lengths) - lengths
+  first = 0
+  for document in documents:
+    doc_lengths = lengths[first:first + len(document)]
+    doc_ids = ids[starts[first]:starts[first] + doc_lengths.sum()]
+    first += len(document)
+    if (doc_lengths == 0).any():
+      counters["empty_sentences"] += int((doc_lengths == 0).sum())  # e.g. only control characters
+      doc_lengths = doc_lengths[doc_lengths > 0]
+    if not len(doc_lengths):
+      counters["empty_documents"] += 1
+      continue
+    yield doc_ids, doc_lengths
+
+
+def _write_shard(task) -> dict:
+  """Writes the task's train (and eval) shard; returns its counts. Runs in a worker process."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  counters = collections.Counter()
+  counts = {split: collections.Counter() for split in task["outputs"]}
+  tmp = {split: path + f".tmp-{os.getpid()}" for split, path in task["outputs"].items()}
+  writers = {split: tf.io.TFRecordWriter(path) for split, path in tmp.items()}
+  for index, ids, lengths in _tokenized_documents(task, counters):
+    split = "eval" if "eval" in writers and _is_eval(task["index"], index, task["eval_fraction"]) else "train"
+    split = split if split in writers else next(iter(writers))
+    writers[split].write(_serialize(ids, lengths))
+    counts[split].update(documents=1, sentences=len(lengths), tokens=len(ids))
+  for split, writer in writers.items():
+    writer.close()
+    os.replace(tmp[split], task["outputs"][split])
+  return {"task": task["name"], "counters": dict(counters),
+          "shards": {os.path.basename(task["outputs"][s]): dict(c) for s, c in counts.items()}}
+
+
+# ---------------------------------------------------------------------------------------------
+# Main process: tokenizer, tasks, progress, stats.
+
+
+def _ensure_tokenizer(spec, output_dir, vocab_file, do_lower_case, vocab_size, vocab_model,
+                      data_dir, text_key) -> str:
+  """Puts the tokenizer file in `output_dir` (copied, reused from a previous run, or trained)."""
+  if vocab_file:
+    return tokenization.load_tokenizer(vocab_file, do_lower_case).save(output_dir)
+  for name in (tokenization.VOCAB_FILE, tokenization.SPM_FILE):
+    if os.path.exists(os.path.join(output_dir, name)):
+      logging.info("Reusing the tokenizer trained by a previous run: %s", name)
+      return os.path.join(output_dir, name)
+  logging.info("Training a %s vocabulary of %d on up to %d sentences of %s", vocab_model, vocab_size,
+               _VOCAB_SAMPLE_SENTENCES, spec)
+  sample = _sample_sentences(spec, data_dir, text_key, _VOCAB_SAMPLE_SENTENCES)
+  if vocab_model == "wordpiece":
+    tmp = os.path.join(output_dir, tokenization.VOCAB_FILE + ".tmp")
+    tokenization.train_wordpiece(sample, vocab_size, tmp, do_lower_case=do_lower_case)
+    os.replace(tmp, os.path.join(output_dir, tokenization.VOCAB_FILE))
+    return os.path.join(output_dir, tokenization.VOCAB_FILE)
+  prefix = os.path.join(output_dir, "spm.tmp")
+  tokenization.train_sentencepiece(sample, prefix, vocab_size, vocab_model, do_lower_case=do_lower_case)
+  os.replace(prefix + ".model", os.path.join(output_dir, tokenization.SPM_FILE))
+  os.remove(prefix + ".vocab")
+  return os.path.join(output_dir, tokenization.SPM_FILE)
+
+
+def _sample_sentences(spec, data_dir, text_key, limit) -> list[str]:
+  """Sentences from the corpus's parts in turn, so the sample spans the whole corpus."""
+  parts = [p for group in corpus.plan(spec, 16, data_dir=data_dir, text_key=text_key) for p in group]
+  readers = [corpus.read_part(p, text_key=text_key) for p in parts]
+  sample = []
+  while readers and len(sample) < limit:
+    for reader in list(readers):
+      document = next(reader, None)
+      if document is None:
+        readers.remove(reader)
+      else:
+        sample.extend(document)
+  return sample[:limit]
+
+
+def _settings_guard(output_dir: str, settings: dict) -> None:
+  """Refuses to mix shards made with different settings in one directory."""
+  path = os.path.join(output_dir, _PROGRESS_DIR, "settings.json")
+  if os.path.exists(path):
+    with open(path) as f:
+      previous = json.load(f)
+    if previous != settings:
+      raise ValueError(f"{output_dir} holds shards prepared with other settings: {previous} != {settings}; "
+                       "use a new --output_dir")
+  else:
+    with open(path, "w") as f:
+      json.dump(settings, f, indent=1)
+
+
+def _default_num_shards(spec: str) -> int:
+  if spec == corpus.SHAKESPEARE or spec.startswith("tfds:"):
+    return 8 if spec == corpus.SHAKESPEARE else 256
+  return max(1, sum(os.path.getsize(p) for p in corpus.expand_files(spec)) // _BYTES_PER_SHARD + 1)
+
+
+def _tasks(spec, output_dir, num_shards, eval_fraction, eval_spec, common, counters, data_dir, text_key):
+  tasks = []
+  splits = [("train", spec, num_shards)] + ([("eval", eval_spec, max(1, num_shards // 16))] if eval_spec else [])
+  for split, split_spec, n in splits:
+    parts = corpus.plan(split_spec, n, data_dir=data_dir, text_key=text_key, counters=counters)
+    for k, task_parts in enumerate(parts):
+      outputs = {split: os.path.join(output_dir, shard_name(split, k, n))}
+      if split == "train" and eval_fraction > 0:
+        outputs["eval"] = os.path.join(output_dir, shard_name("eval", k, n))
+      tasks.append(dict(common, name=f"{split}-{k:05d}", index=k, parts=task_parts, outputs=outputs,
+                        eval_fraction=eval_fraction))
+  return tasks
+
+
+def prepare_corpus(spec: str, output_dir: str, *, vocab_file: str | None = None, do_lower_case: bool = True,
+                   train_vocab_size: int | None = None, vocab_model: str = "wordpiece",
+                   num_shards: int | None = None, num_workers: int | None = None,
+                   eval_fraction: float = 0.0, eval_spec: str | None = None, data_dir: str | None = None,
+                   text_key: str = "text") -> dict:
+  """Tokenizes `spec` into `output_dir` (format in the module docstring); returns the stats.
+
+  Args:
+    vocab_file: tokenizer to use; when None one is trained (`train_vocab_size`, default 30522, of
+      `vocab_model`) on up to a million sentences of the corpus, or reused from a previous run.
+    eval_fraction: documents held out into eval shards (a fixed pseudo-random choice).
+    eval_spec: alternatively, a separate corpus for the eval shards.
+  """
+  start = time.time()
+  os.makedirs(os.path.join(output_dir, _PROGRESS_DIR), exist_ok=True)
+  tokenizer_file = _ensure_tokenizer(spec, output_dir, vocab_file, do_lower_case, train_vocab_size or 30522,
+                                     vocab_model, data_dir, text_key)
+  with open(tokenizer_file, "rb") as f:
+    tokenizer_sha = hashlib.sha256(f.read()).hexdigest()
+  num_shards = num_shards or _default_num_shards(spec)
+  settings = dict(input=spec, eval_input=eval_spec, eval_fraction=eval_fraction, num_shards=num_shards,
+                  do_lower_case=do_lower_case, text_key=text_key, tokenizer_sha256=tokenizer_sha)
+  _settings_guard(output_dir, settings)
+  counters = collections.Counter()
+  common = dict(tokenizer_dir=output_dir, do_lower_case=do_lower_case, text_key=text_key)
+  tasks = _tasks(spec, output_dir, num_shards, eval_fraction, eval_spec, common, counters, data_dir, text_key)
+  results, todo = _finished_results(output_dir, tasks)
+  logging.info("%d shard tasks, %d already done", len(tasks), len(tasks) - len(todo))
+  results += _run(todo, output_dir, num_workers)
+  stats = _summarize(results, counters, tokenizer_file, do_lower_case, settings)
+  stats["seconds"] = round(time.time() - start, 3)
+  with open(os.path.join(output_dir, STATS_FILE), "w") as f:
+    json.dump(stats, f, indent=1)
+  return stats
+
+
+def _progress_path(output_dir: str, task_name: str) -> str:
+  return os.path.join(output_dir, _PROGRESS_DIR, task_name + ".json")
+
+
+def _finished_results(output_dir, tasks):
+  """Results of tasks whose shards and progress record exist; the other tasks."""
+  results, todo = [], []
+  for task in tasks:
+    progress = _progress_path(output_dir, task["name"])
+    if os.path.exists(progress) and all(os.path.exists(p) for p in task["outputs"].values()):
+      with open(progress) as f:
+        results.append(json.load(f))
+    else:
+      todo.append(task)
+  return results, todo
+
+
+def _run(tasks, output_dir, num_workers) -> list[dict]:
+  """Runs the shard tasks on `num_workers` processes, logging progress as shards complete."""
+  if not tasks:
+    return []
+  num_workers = max(1, min(num_workers or os.cpu_count() or 1, len(tasks)))
+  results, tokens, start = [], 0, time.time()
+  # "spawn": the parent may hold TensorFlow state that must not be forked.
+  with multiprocessing.get_context("spawn").Pool(num_workers) as pool:
+    for result in pool.imap_unordered(_write_shard, tasks):
+      with open(_progress_path(output_dir, result["task"]), "w") as f:
+        json.dump(result, f)
+      results.append(result)
+      tokens += sum(s.get("tokens", 0) for s in result["shards"].values())
+      logging.info("[%d/%d shards] %s done; %d tokens so far, %.0f tokens/s", len(results), len(tasks),
+                   result["task"], tokens, tokens / max(time.time() - start, 1e-9))
+  return results
+
+
+def _summarize(results, counters, tokenizer_file, do_lower_case, settings) -> dict:
+  shards = {name: c for r in sorted(results, key=lambda r: r["task"]) for name, c in r["shards"].items()}
+  for r in results:
+    counters.update(r["counters"])
+  splits = {}
+  for name, c in sorted(shards.items()):
+    split = splits.setdefault(name.split("-")[0], collections.Counter())
+    split.update(c)
+  total = sum(splits.values(), collections.Counter())
+  return {
+      "documents": total["documents"], "sentences": total["sentences"], "tokens": total["tokens"],
+      "splits": {s: {"documents": c["documents"], "sentences": c["sentences"], "tokens": c["tokens"]}
+                 for s, c in splits.items()},
+      "shards": {n: {k: c.get(k, 0) for k in ("documents", "sentences", "tokens")} for n, c in shards.items()},
+      "bad_input": {k: counters.get(k, 0) for k in corpus.COUNTERS + ("empty_sentences",)},
+      "tokenizer": "wordpiece" if tokenizer_file.endswith(tokenization.VOCAB_FILE) else "sentencepiece",
+      "tokenizer_file": os.path.basename(tokenizer_file),
+      "vocab_size": tokenization.load_tokenizer(tokenizer_file, do_lower_case).vocab_size,
+      "do_lower_case": do_lower_case,
+      "settings": settings,
+  }
+
+
+def prepare_throughput(spec: str, vocab_file: str, output_dir: str, *, num_workers: int | None = None,
+                       **kwargs) -> dict:
+  """Runs `prepare_corpus` into an empty `output_dir` and returns its tokens/s (for `bench data`)."""
+  if os.path.exists(os.path.join(output_dir, STATS_FILE)):
+    raise ValueError(f"{output_dir} already holds a prepared corpus; give an empty directory")
+  stats = prepare_corpus(spec, output_dir, vocab_file=vocab_file, num_workers=num_workers, **kwargs)
+  workers = num_workers or os.cpu_count()
+  return {"bench": "prepare", "input": spec, "tokens": stats["tokens"], "documents": stats["documents"],
+          "seconds": stats["seconds"], "tokens_per_s": round(stats["tokens"] / stats["seconds"]),
+          "workers": workers, "tokens_per_s_per_worker": round(stats["tokens"] / stats["seconds"] / workers)}
+
+
+def main(argv) -> None:
+  if len(argv) > 1:
+    raise ValueError(f"unexpected arguments: {argv[1:]}")
+  if not _INPUT.value or not _OUTPUT_DIR.value:
+    raise ValueError("--input and --output_dir are required")
+  stats = prepare_corpus(
+      _INPUT.value, _OUTPUT_DIR.value, vocab_file=_VOCAB_FILE.value, do_lower_case=_DO_LOWER_CASE.value,
+      train_vocab_size=_VOCAB_SIZE.value, vocab_model=_VOCAB_MODEL.value, num_shards=_NUM_SHARDS.value,
+      num_workers=_NUM_WORKERS.value, eval_fraction=_EVAL_FRACTION.value, eval_spec=_EVAL_INPUT.value,
+      data_dir=_DATA_DIR.value, text_key=_TEXT_KEY.value)
+  print(json.dumps({k: stats[k] for k in ("documents", "sentences", "tokens", "splits", "bad_input", "seconds")}))
