@@ -1,0 +1,330 @@
+"""The pretraining input pipeline: prepared shards -> host-local numpy batches, resumable.
+
+Each host loads its documents once into flat arrays (`instances.Documents`). Every epoch is
+planned with vectorised numpy from a generator seeded by (seed, epoch, host) and shuffled; batch
+`b` of epoch `e` is then a pure function of (seed, e, host, b): its rows are built, masked
+(`masking`, keyed by each example's index) and, optionally, packed. tf.data only runs that function
+ahead of the consumer, on `num_parallel_calls` threads, so a restored `{"epoch", "batch"}` state
+replays the stream exactly.
+
+    it = create_pretrain_iterator(config.data, global_batch_size=256)
+    batch = next(it)                      # dict of numpy arrays (docs/architecture.md, "Batches")
+    state = it.get_state()                # small JSON-able dict, saved with the checkpoint
+    it.set_state(state)                   # in a fresh process: the same next batches
+"""
+
+import os
+import threading
+
+import jax
+import numpy as np
+import tensorflow as tf
+
+from bert_jax import instances, masking
+
+_EVAL_EPOCH = 1 << 40  # eval draws use an "epoch" no training run reaches
+_FEATURES = {"token_ids": tf.io.RaggedFeature(tf.int64), "sentence_lengths": tf.io.RaggedFeature(tf.int64)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Shards -> documents.
+
+
+def shard_files(pattern: str, split: str) -> list[str]:
+  """A glob, or a prepared directory's `<split>-*.tfrecord`, sorted."""
+  if tf.io.gfile.isdir(pattern):
+    pattern = os.path.join(pattern, f"{split}-*.tfrecord")
+  return sorted(tf.io.gfile.glob(pattern))
+
+
+def _is_held_out(file_index: int, record_index: np.ndarray, fraction: float) -> np.ndarray:
+  """Whether a document belongs to the held-out eval split; the same on every host."""
+  keys = masking.example_keys(0x5EED, file_index, record_index)
+  return masking.uniform(keys, 0, 1)[:, 0] < fraction
+
+
+def load_documents(files: list[str], process_index: int = 0, process_count: int = 1,
+                   held_out: bool | None = None, eval_fraction: float = 0.0) -> instances.Documents:
+  """The documents of one host, from prepared TFRecord shards.
+
+  Hosts take every `process_count`-th file, or every `process_count`-th document when there are
+  fewer files than hosts; either way they are disjoint. `held_out` True/False keeps only/drops
+  the `eval_fraction` of documents held out for evaluation; None keeps all.
+  """
+  by_file = len(files) >= process_count
+  tokens, sentence_lengths, sentences_per_doc = [], [], []
+  doc_counter = 0
+  for file_index, path in enumerate(files):
+    if by_file and file_index % process_count != process_index:
+      continue
+    record = 0
+    for batch in tf.data.TFRecordDataset(path).batch(4096).map(lambda x: tf.io.parse_example(x, _FEATURES)):
+      doc_tokens, doc_sentences = batch["token_ids"], batch["sentence_lengths"]
+      n = int(doc_tokens.nrows())
+      keep = np.ones(n, bool) if by_file else (doc_counter + np.arange(n)) % process_count == process_index
+      if held_out is not None:
+        keep &= _is_held_out(file_index, record + np.arange(n), eval_fraction) == held_out
+      sentence_counts = doc_sentences.row_lengths().numpy()
+      keep &= sentence_counts > 0
+      record, doc_counter = record + n, doc_counter + n
+      tokens.append(doc_tokens.flat_values.numpy()[np.repeat(keep, doc_tokens.row_lengths().numpy())])
+      sentence_lengths.append(doc_sentences.flat_values.numpy()[np.repeat(keep, sentence_counts)])
+      sentences_per_doc.append(sentence_counts[keep])
+  return _as_documents(tokens, sentence_lengths, sentences_per_doc)
+
+
+def _as_documents(tokens, sentence_lengths, sentences_per_doc) -> instances.Documents:
+  concat = lambda parts: np.concatenate([np.zeros(0, np.int64)] + [np.asarray(p, np.int64) for p in parts])  # noqa: E731
+  tokens, sentence_lengths = concat(tokens), concat(sentence_lengths)
+  sentences_per_doc = concat(sentences_per_doc)
+  if sentence_lengths.sum() != len(tokens):
+    raise ValueError("shards are inconsistent: sentence_lengths do not add up to the token_ids")
+  return instances.Documents(tokens=tokens.astype(np.int32),
+                             sentence_starts=np.concatenate([[0], np.cumsum(sentence_lengths)]),
+                             doc_starts=np.concatenate([[0], np.cumsum(sentences_per_doc)]))
+
+
+# ---------------------------------------------------------------------------------------------
+# Epoch plans and batches: pure functions of (seed, epoch, host, rows).
+
+
+class BatchMaker:
+  """Plans the epochs of one host's documents and builds any batch of them."""
+
+  def __init__(self, docs: instances.Documents, tokenizer, data_config, rows_per_batch: int,
+               process_index: int = 0):
+    c = data_config
+    self.format, self.seq_length, self.rows_per_batch = c.format, c.seq_length, rows_per_batch
+    self.separator_id = tokenizer.sep_id if c.format == "full_sentences" else None
+    self.docs = docs.joined(tokenizer.sep_id) if self.separator_id is not None else docs
+    self.spec = masking.MaskingSpec.from_config(c, tokenizer)
+    self.short_seq_prob, self.seed, self.process_index = c.short_seq_prob, c.seed, process_index
+    self.packing, self.max_per_row = c.packing, c.max_examples_per_row
+    self.special = (tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id)
+    self._plans, self._lock = {}, threading.Lock()
+
+  def plan(self, epoch: int):
+    """(instances in shuffled order, row starts [R + 1]) of an epoch; the last few are cached."""
+    with self._lock:
+      if epoch not in self._plans:
+        rng = np.random.default_rng([self.seed, epoch, self.process_index])
+        inst = instances.plan(self.docs, self.format, self.seq_length, self.short_seq_prob, rng,
+                              self.separator_id)
+        inst = inst.take(rng.permutation(len(inst)))
+        rows = (instances.pack(inst.lengths(), self.seq_length, self.max_per_row) if self.packing
+                else np.arange(len(inst) + 1))
+        if len(self._plans) >= 3:
+          del self._plans[min(self._plans)]
+        self._plans[epoch] = (inst, rows)
+      return self._plans[epoch]
+
+  def num_rows(self, epoch: int) -> int:
+    return len(self.plan(epoch)[1]) - 1
+
+  def output_spec(self) -> dict:
+    """{name: (numpy dtype, shape)} of a batch."""
+    n, length, k = self.rows_per_batch, self.seq_length, self.max_per_row
+    p = self.spec.max_predictions
+    spec = {"input_ids": (np.int32, (n, length)), "input_mask": (np.int32, (n, length)),
+            "segment_ids": (np.int32, (n, length)), "masked_lm_positions": (np.int32, (n, p)),
+            "masked_lm_ids": (np.int32, (n, p)), "masked_lm_weights": (np.float32, (n, p))}
+    if self.format in ("nsp", "sop"):
+      spec["next_sentence_labels"] = (np.int32, (n, k) if self.packing else (n,))
+    if self.packing:
+      spec.update(position_ids=(np.int32, (n, length)), example_ids=(np.int32, (n, length)),
+                  next_sentence_positions=(np.int32, (n, k)), next_sentence_weights=(np.float32, (n, k)))
+    return spec
+
+  def batch(self, epoch: int, rows: np.ndarray) -> dict:
+    """The batch made of the given rows of an epoch's plan."""
+    inst, row_starts = self.plan(epoch)
+    counts = row_starts[rows + 1] - row_starts[rows]
+    local_starts = np.concatenate([[0], np.cumsum(counts)])
+    index = np.repeat(row_starts[rows] - local_starts[:-1], counts) + np.arange(local_starts[-1])
+    chosen = inst.take(index)
+    fields = instances.build_rows(self.docs.tokens, chosen, self.seq_length, *self.special)
+    keys = masking.example_keys(self.seed, epoch, self.process_index, index)
+    corrupted, is_masked = masking.mask_batch(fields["input_ids"], fields["input_mask"], keys, self.spec)
+    labels = chosen.label
+    out = {}
+    if self.packing:
+      lengths = chosen.lengths()
+      row, slot, offset = instances.packed_layout(local_starts, lengths)
+      packed = instances.scatter_packed(dict(fields, corrupted=corrupted, is_masked=is_masked), lengths,
+                                        row, slot, offset, len(rows), self.seq_length)
+      fields, corrupted, is_masked = packed, packed.pop("corrupted"), packed.pop("is_masked")
+      out.update(position_ids=packed["position_ids"], example_ids=packed["example_ids"])
+      shape = (len(rows), self.max_per_row)
+      out["next_sentence_positions"] = np.zeros(shape, np.int32)
+      out["next_sentence_weights"] = np.zeros(shape, np.float32)
+      out["next_sentence_positions"][row, slot] = offset
+      out["next_sentence_weights"][row, slot] = 1.0
+      labels = np.zeros(shape, np.int32)
+      labels[row, slot] = chosen.label
+    out.update(input_mask=fields["input_mask"], segment_ids=fields["segment_ids"])
+    out.update(masking.gather_predictions(corrupted, fields["input_ids"], is_masked, self.spec.max_predictions))
+    if self.format in ("nsp", "sop"):
+      out["next_sentence_labels"] = labels.astype(np.int32)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The resumable iterator.
+
+
+class PretrainIterator:
+  """Batches of a `BatchMaker`, computed ahead by tf.data; `get_state`/`set_state` resume exactly.
+
+  Training (`num_batches` None) runs epoch after epoch, forever, each epoch's remainder dropped.
+  Evaluation (`eval_mode`) is one fixed plan and fixed masks; it yields `num_batches` batches,
+  by default one pass (the last batch completed with rows from the start).
+  """
+
+  def __init__(self, maker: BatchMaker, num_parallel_calls: int = 1, prefetch: int = 2,
+               eval_mode: bool = False, num_batches: int | None = None):
+    self.maker, self.eval_mode = maker, eval_mode
+    self.num_parallel_calls, self.prefetch = max(1, num_parallel_calls), prefetch
+    self.num_batches = num_batches
+    if eval_mode and num_batches is None:
+      self.num_batches = -(-maker.num_rows(_EVAL_EPOCH) // maker.rows_per_batch)
+    self._position = (_EVAL_EPOCH if eval_mode else 0, 0)
+    self._iterator = None
+
+  def __iter__(self):
+    return self
+
+  def get_state(self) -> dict:
+    epoch, batch = self._position
+    m = self.maker
+    return {"epoch": int(epoch), "batch": int(batch), "seed": int(m.seed),
+            "process_index": int(m.process_index), "rows_per_batch": int(m.rows_per_batch)}
+
+  def set_state(self, state: dict) -> None:
+    m = self.maker
+    expected = {"seed": m.seed, "process_index": m.process_index, "rows_per_batch": m.rows_per_batch}
+    mismatch = {k: (state[k], v) for k, v in expected.items() if k in state and state[k] != v}
+    if mismatch:
+      raise ValueError(f"iterator state does not belong to this pipeline: {mismatch} (saved, current)")
+    self._position = (int(state["epoch"]), int(state["batch"]))
+    self._iterator = None
+
+  def __next__(self) -> dict:
+    if self._iterator is None:
+      self._iterator = iter(self._dataset(*self._position))
+    element = next(self._iterator)
+    epoch, batch = element.pop("_position").numpy().tolist()
+    self._position = (epoch, batch + 1)
+    return {k: v.numpy() for k, v in element.items()}
+
+  def _positions(self, epoch: int, batch: int):
+    """(epoch, batch) from a position on; a batch index past an epoch's end moves to the next."""
+    if self.eval_mode:
+      yield from ((epoch, b) for b in range(batch, self.num_batches))
+      return
+    while True:
+      n = self.maker.num_rows(epoch) // self.maker.rows_per_batch
+      if n == 0:
+        raise ValueError(f"an epoch holds fewer than {self.maker.rows_per_batch} rows: too little data")
+      yield from ((epoch, b) for b in range(batch, n))
+      epoch, batch = epoch + 1, 0
+
+  def _numpy_batch(self, position):
+    epoch, batch = (int(x) for x in position)
+    n = self.maker.rows_per_batch
+    rows = batch * n + np.arange(n)
+    if self.eval_mode:
+      rows %= self.maker.num_rows(epoch)
+    out = self.maker.batch(epoch, rows)
+    return [out[k] for k in self.maker.output_spec()]
+
+  def _dataset(self, epoch: int, batch: int) -> tf.data.Dataset:
+    spec = self.maker.output_spec()
+
+    def to_batch(position):
+      values = tf.numpy_function(self._numpy_batch, [position], [tf.as_dtype(d) for d, _ in spec.values()])
+      out = {k: tf.ensure_shape(v, shape) for (k, (_, shape)), v in zip(spec.items(), values)}
+      out["_position"] = position
+      return out
+
+    ds = tf.data.Dataset.from_generator(lambda: self._positions(epoch, batch),
+                                        output_signature=tf.TensorSpec([2], tf.int64))
+    if self.num_parallel_calls > 1:
+      ds = ds.map(to_batch, num_parallel_calls=self.num_parallel_calls, deterministic=True)
+    else:
+      ds = ds.map(to_batch)
+    ds = ds.prefetch(self.prefetch)
+    options = tf.data.Options()
+    # The other cores belong to the train step: a small host must not lose one to tf.data.
+    options.threading.private_threadpool_size = self.num_parallel_calls
+    options.threading.max_intra_op_parallelism = 1
+    options.autotune.enabled = False
+    return ds.with_options(options)
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry points.
+
+
+def _host(process_index, process_count):
+  index = jax.process_index() if process_index is None else process_index
+  count = jax.process_count() if process_count is None else process_count
+  return index, count
+
+
+def _split_documents(data_config, split: str, process_index: int, process_count: int):
+  """Documents of `split` for this host: eval shards if there are any, else a held-out fraction."""
+  c = data_config
+  if c.train_files.startswith("embedded:"):
+    raise ValueError(f"{c.train_files!r} must be prepared first (`bert-jax prepare`); pass the directory")
+  eval_files = shard_files(c.eval_files, "eval") if c.eval_files else []
+  if not eval_files and tf.io.gfile.isdir(c.train_files):
+    eval_files = shard_files(c.train_files, "eval")
+  if split == "eval" and eval_files:
+    return load_documents(eval_files, process_index, process_count)
+  train_files = shard_files(c.train_files, "train")
+  if not train_files:
+    raise FileNotFoundError(f"no prepared shards match {c.train_files!r}")
+  if eval_files or c.eval_fraction <= 0:
+    if split == "eval":
+      raise ValueError("no eval data: set data.eval_files or data.eval_fraction > 0")
+    return load_documents(train_files, process_index, process_count)
+  return load_documents(train_files, process_index, process_count, held_out=split == "eval",
+                        eval_fraction=c.eval_fraction)
+
+
+def _make_batch_maker(data_config, global_batch_size, process_index, process_count, split, tokenizer):
+  process_index, process_count = _host(process_index, process_count)
+  if global_batch_size % process_count:
+    raise ValueError(f"global batch {global_batch_size} is not divisible by {process_count} hosts")
+  if tokenizer is None:
+    from bert_jax import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+    where = data_config.vocab_file or data_config.train_files
+    if not tf.io.gfile.isdir(where) and not data_config.vocab_file:
+      where = os.path.dirname(where)
+    tokenizer = tokenizer_lib.load_tokenizer(where, data_config.do_lower_case)
+  docs = _split_documents(data_config, split, process_index, process_count)
+  return BatchMaker(docs, tokenizer, data_config, global_batch_size // process_count, process_index)
+
+
+def create_pretrain_iterator(data_config, *, global_batch_size: int, process_index: int | None = None,
+                             process_count: int | None = None, split: str = "train",
+                             tokenizer=None) -> PretrainIterator:
+  """The endless, resumable training stream of this host (`global_batch_size / hosts` rows a batch).
+
+  `tokenizer` defaults to `tokenizer.load_tokenizer(data_config.vocab_file or the shards' directory)`.
+  """
+  maker = _make_batch_maker(data_config, global_batch_size, process_index, process_count, split, tokenizer)
+  return PretrainIterator(maker, data_config.num_parallel_calls, data_config.prefetch)
+
+
+def create_eval_iterator(data_config, *, global_batch_size: int, num_batches: int | None = None,
+                         process_index: int | None = None, process_count: int | None = None,
+                         tokenizer=None) -> PretrainIterator:
+  """A finite eval stream with fixed instances and masks, the same on every call.
+
+  Pass `num_batches` (e.g. `config.eval_steps`) on several hosts so that all yield as many batches;
+  a host with fewer rows wraps around its eval data.
+  """
+  maker = _make_batch_maker(data_config, global_batch_size, process_index, process_count, "eval", tokenizer)
+  return PretrainIterator(maker, data_config.num_parallel_calls, data_config.prefetch, eval_mode=True,
+                          num_batches=num_batches)

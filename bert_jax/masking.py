@@ -1,0 +1,233 @@
+"""Dynamic masked-LM masking of whole batches with vectorised numpy.
+
+Three schemes choose what to predict: single tokens (Devlin et al. 2019, 3.1), whole words (the
+google-research/bert `--do_whole_word_mask` update) and SpanBERT spans (Joshi et al. 2020, 3.1).
+Chosen tokens become [MASK], a random token or stay themselves (80/10/10 by default).
+
+Randomness is counter-based: every draw is a hash of a per-example key (`example_keys`) and a
+(stream, index) counter, so an example's mask depends only on (seed, epoch, host, example index),
+not on the batch it lands in nor on the state of any generator.
+"""
+
+import dataclasses
+
+import numpy as np
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+# Streams: independent counters under one example key.
+_CHOICE, _ACTION, _RANDOM_ID, _SPAN_LENGTH, _SPAN_ANCHOR = range(5)
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+  """splitmix64's finaliser: a bijective, well-mixing hash of uint64 values."""
+  z = (z ^ (z >> np.uint64(30))) * _M1
+  z = (z ^ (z >> np.uint64(27))) * _M2
+  return z ^ (z >> np.uint64(31))
+
+
+def example_keys(*ids) -> np.ndarray:
+  """uint64 keys hashing integer ids (scalars or arrays, broadcast), e.g. (seed, epoch, host, index)."""
+  with np.errstate(over="ignore"):
+    key = np.uint64(0x2545F4914F6CDD1D)
+    for x in ids:
+      key = _mix(key + _GOLDEN * (np.asarray(x).astype(np.uint64) + np.uint64(1)))
+    return np.atleast_1d(key)
+
+
+def uniform(keys: np.ndarray, stream: int, width: int) -> np.ndarray:
+  """float64 [n, width] in [0, 1): draw `j` of `stream` for each key."""
+  counters = np.arange(width, dtype=np.uint64) + np.uint64(stream << 32)
+  with np.errstate(over="ignore"):
+    bits = _mix(keys[:, None] ^ _mix(counters * _GOLDEN + _GOLDEN))
+  return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskingSpec:
+  """What `mask_batch` needs: the config's masking fields and the tokenizer's ids."""
+  mask_id: int
+  is_special: np.ndarray        # bool [vocab]: never masked ([CLS], [SEP], [PAD], ...)
+  word_start: np.ndarray        # bool [vocab]: token begins a word
+  random_ids: np.ndarray        # int32: the pool of "random token" replacements
+  masked_lm_prob: float = 0.15
+  max_predictions: int = 20
+  mask_token_prob: float = 0.8  # 80/10/10 as in Devlin et al. 2019, 3.1
+  random_token_prob: float = 0.1
+  scheme: str = "token"         # "token" | "word" | "span"
+  span_p: float = 0.2           # SpanBERT: span length in words ~ Geo(0.2) truncated at 10
+  span_max_length: int = 10
+
+  @classmethod
+  def from_config(cls, data_config, tokenizer) -> "MaskingSpec":
+    vocab = tokenizer.vocab_size
+    is_special = np.zeros(vocab, bool)
+    is_special[np.asarray(tokenizer.special_ids)] = True
+    scheme = "span" if data_config.span_masking else "word" if data_config.whole_word_masking else "token"
+    return cls(mask_id=tokenizer.mask_id, is_special=is_special,
+               word_start=np.asarray(tokenizer.word_start_table(), bool),
+               random_ids=np.flatnonzero(~is_special).astype(np.int32),
+               masked_lm_prob=data_config.masked_lm_prob,
+               max_predictions=data_config.max_predictions_per_seq,
+               mask_token_prob=data_config.mask_token_prob,
+               random_token_prob=data_config.random_token_prob, scheme=scheme,
+               span_p=data_config.span_p, span_max_length=data_config.span_max_length)
+
+
+def mask_batch(input_ids: np.ndarray, input_mask: np.ndarray, keys: np.ndarray, spec: MaskingSpec):
+  """Chooses and corrupts the tokens to predict in each row.
+
+  Args:
+    input_ids, input_mask: int [n, L].
+    keys: uint64 [n], one per example (`example_keys`).
+    spec: the masking scheme.
+
+  Returns:
+    (corrupted input_ids int32 [n, L], is_masked bool [n, L]); at most `max_predictions` per row.
+  """
+  candidates = input_mask.astype(bool) & ~spec.is_special[input_ids]
+  n_candidates = candidates.sum(1)
+  # As google-research/bert: round(n * p), at least one, at most the cap; of maskable tokens only.
+  budget = np.minimum(spec.max_predictions, np.maximum(1, np.rint(n_candidates * spec.masked_lm_prob)))
+  budget = np.where(n_candidates > 0, budget, 0).astype(np.int64)
+  length = input_ids.shape[1]
+  if spec.scheme == "token":
+    is_masked = _choose_tokens(candidates, budget, keys, spec.max_predictions)
+    action_u = uniform(keys, _ACTION, length)  # one 80/10/10 draw per token
+  else:
+    word_id, word_len = _words(input_ids, candidates, spec.word_start)
+    word_index = np.maximum(word_id, 0)
+    if spec.scheme == "word":
+      word_taken = _choose_words(word_len, budget, keys)
+      action_u = uniform(keys, _ACTION, length)  # per token, as google-research/bert
+    else:
+      word_taken, span_of_word = _choose_spans(word_len, budget, keys, spec)
+      span_id = np.take_along_axis(span_of_word, word_index, 1)  # per span, as SpanBERT
+      action_u = np.take_along_axis(uniform(keys, _ACTION, int(span_id.max()) + 1), span_id, 1)
+    is_masked = candidates & np.take_along_axis(word_taken, word_index, 1)
+  return _corrupt(input_ids, is_masked, action_u, keys, spec), is_masked
+
+
+def _choose_tokens(candidates, budget, keys, max_predictions):
+  """`budget[i]` candidate positions of row i, uniformly without replacement."""
+  n, length = candidates.shape
+  scores = np.where(candidates, uniform(keys, _CHOICE, length), 2.0)
+  k = min(max_predictions, length)
+  first = np.argpartition(scores, k - 1, axis=1)[:, :k] if k < length else np.argsort(scores, 1)
+  first = np.take_along_axis(first, np.argsort(np.take_along_axis(scores, first, 1), 1), 1)
+  chosen = np.arange(first.shape[1])[None, :] < budget[:, None]
+  is_masked = np.zeros((n, length), bool)
+  np.put_along_axis(is_masked, first, chosen, 1)
+  return is_masked & candidates
+
+
+def _words(input_ids, candidates, word_start):
+  """Word index of every candidate token (-1 elsewhere) and word lengths [n, L] by word index.
+
+  A word starts at a word-start token or after a non-candidate ([CLS], [SEP]), so words never
+  cross segments and continuation pieces always join the word they continue.
+  """
+  n, length = candidates.shape
+  previous = np.zeros_like(candidates)
+  previous[:, 1:] = candidates[:, :-1]
+  starts = candidates & (word_start[input_ids] | ~previous)
+  word_id = np.where(candidates, np.cumsum(starts, 1) - 1, -1)
+  rows = np.broadcast_to(np.arange(n)[:, None], (n, length))
+  flat = (rows * length + word_id)[candidates]
+  word_len = np.bincount(flat, minlength=n * length).reshape(n, length)
+  return word_id, word_len
+
+
+def _choose_words(word_len, budget, keys):
+  """Whole words in random order, each taken if it still fits the budget (google-research/bert).
+
+  The greedy scan runs as rounds over all rows at once: a round takes the longest prefix of the
+  words that still fit; a word that no longer fits never will, so rounds reproduce the scan.
+  """
+  n, width = word_len.shape
+  order = np.argsort(np.where(word_len > 0, uniform(keys, _CHOICE, width), 2.0), 1)
+  lengths = np.take_along_axis(word_len, order, 1)
+  taken = np.zeros((n, width), bool)
+  remaining = budget.copy()
+  while True:
+    fits = ~taken & (lengths > 0) & (lengths <= remaining[:, None])
+    cumulative = np.cumsum(np.where(fits, lengths, 0), 1)
+    take = fits & (cumulative <= remaining[:, None])
+    if not take.any():
+      break
+    taken |= take
+    remaining -= np.where(take, lengths, 0).sum(1)
+  word_taken = np.zeros((n, width), bool)
+  np.put_along_axis(word_taken, order, taken, 1)
+  return word_taken
+
+
+def span_lengths(u: np.ndarray, p: float, max_length: int) -> np.ndarray:
+  """Inverse CDF of Geo(p) on 1..max_length, renormalised as in SpanBERT's code (mean 3.8 at 0.2, 10)."""
+  q = 1.0 - p
+  scaled = u * (1.0 - q ** max_length)
+  return np.clip(np.ceil(np.log1p(-scaled) / np.log(q)), 1, max_length).astype(np.int64)
+
+
+def _choose_spans(word_len, budget, keys, spec):
+  """SpanBERT: repeatedly a span length (in words) and a random starting word not yet masked.
+
+  A span takes its words in order while they fit the budget (never part of a word). Returns the
+  taken words and, per word, the round (span) that took it, for the per-span 80/10/10 decision.
+  """
+  n, width = word_len.shape
+  n_words = (word_len > 0).sum(1)
+  positions = np.arange(width)[None, :]
+  taken = np.zeros((n, width), bool)
+  span_of_word = np.zeros((n, width), np.int64)
+  remaining = budget.copy()
+  max_rounds = 8 * spec.max_predictions + 64  # ends far sooner: each round tries one span per row
+  length_u, anchor_u = uniform(keys, _SPAN_LENGTH, max_rounds), uniform(keys, _SPAN_ANCHOR, max_rounds)
+  for r in range(max_rounds):
+    free = ~taken & (word_len > 0)
+    active = (free & (word_len <= remaining[:, None])).any(1)
+    if not active.any():
+      break
+    anchor = np.minimum((anchor_u[:, r] * n_words).astype(np.int64), np.maximum(n_words - 1, 0))
+    end = anchor + span_lengths(length_u[:, r], spec.span_p, spec.span_max_length)
+    anchor_free = np.take_along_axis(free, anchor[:, None], 1)[:, 0] & active
+    in_span = free & (positions >= anchor[:, None]) & (positions < end[:, None]) & anchor_free[:, None]
+    cumulative = np.cumsum(np.where(in_span, word_len, 0), 1)
+    take = in_span & (cumulative <= remaining[:, None])
+    taken |= take
+    span_of_word[take] = r
+    remaining -= np.where(take, word_len, 0).sum(1)
+  return taken, span_of_word
+
+
+def _corrupt(input_ids, is_masked, action_u, keys, spec):
+  """80% [MASK], 10% a random token, 10% unchanged (the proportions come from `spec`)."""
+  pool = spec.random_ids
+  random_ids = pool[(uniform(keys, _RANDOM_ID, input_ids.shape[1]) * len(pool)).astype(np.int64)]
+  to_mask = is_masked & (action_u < spec.mask_token_prob)
+  to_random = is_masked & ~to_mask & (action_u < spec.mask_token_prob + spec.random_token_prob)
+  out = np.where(to_mask, spec.mask_id, input_ids)
+  return np.where(to_random, random_ids, out).astype(np.int32)
+
+
+def gather_predictions(input_ids, original_ids, is_masked, max_predictions: int) -> dict:
+  """Batch fields of the masked-LM targets, keeping at most `max_predictions` per row.
+
+  Packed rows may hold more chosen tokens than the cap; the extra ones are restored.
+  """
+  n = is_masked.shape[0]
+  rank = np.cumsum(is_masked, 1) - 1
+  overflow = is_masked & (rank >= max_predictions)
+  if overflow.any():
+    input_ids = np.where(overflow, original_ids, input_ids)
+    is_masked = is_masked & ~overflow
+  rows, cols = np.nonzero(is_masked)
+  slots = rank[rows, cols]
+  positions = np.zeros((n, max_predictions), np.int32)
+  ids = np.zeros((n, max_predictions), np.int32)
+  weights = np.zeros((n, max_predictions), np.float32)
+  positions[rows, slots] = cols
+  ids[rows, slots] = original_ids[rows, cols]
+  weights[rows, slots] = 1.0
+  return {"input_ids": input_ids.astype(np.int32), "masked_lm_positions": positions,
+          "masked_lm_ids": ids, "masked_lm_weights": weights}
