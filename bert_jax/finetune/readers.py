@@ -12,6 +12,8 @@ import logging
 import os
 import sys
 
+from bert_jax import corpus
+
 csv.field_size_limit(sys.maxsize)  # some GLUE/QQP fields exceed the 128 KiB default
 
 
@@ -118,25 +120,11 @@ TFDS_SPLITS = {"train": "train", "dev": "validation", "dev_matched": "validation
                "test_matched": "test_matched", "test_mismatched": "test_mismatched"}
 
 
-def tfds_builder(name: str, data_dir: str | None):
-  """The builder of a prepared TFDS dataset; a clear error instead of a download otherwise."""
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top  (slow import)
-
-  if not data_dir:
-    raise ValueError(f"tfds:{name} needs an explicit data_dir holding the prepared dataset")
-  builder = tfds.builder(name, data_dir=data_dir)
-  if not builder.is_prepared():
-    raise FileNotFoundError(
-        f"tfds:{name} is not prepared in {data_dir!r}; prepare it where the data can be "
-        f"downloaded (`tfds build {name} --data_dir=...`) and copy the directory here")
-  return builder
-
-
 def tfds_records(name: str, split: str, data_dir: str | None):
   """(records as dicts of python values, builder) of one split of a prepared TFDS dataset."""
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
-  builder = tfds_builder(name, data_dir)
+  builder = corpus.tfds_builder(name, data_dir)  # a clear error, never a download, if not prepared
   ds = builder.as_dataset(split=TFDS_SPLITS.get(split, split), shuffle_files=False)
   return [_to_python(r) for r in tfds.as_numpy(ds)], builder
 

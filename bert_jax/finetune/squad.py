@@ -68,8 +68,10 @@ def make_example(qas_id, question, context, answers, answer_starts, is_impossibl
   text = ""
   if answers and not is_impossible:
     text, offset = answers[0], answer_starts[0]
-    start, end = char_to_word[offset], char_to_word[offset + len(text) - 1]
-    if " ".join(words[start:end + 1]).find(" ".join(text.split())) == -1:
+    inside = text and 0 <= offset and offset + len(text) <= len(char_to_word)
+    if inside:
+      start, end = char_to_word[offset], char_to_word[offset + len(text) - 1]
+    if not inside or " ".join(words[start:end + 1]).find(" ".join(text.split())) == -1:
       logging.warning("SQuAD %s: answer %r not found in the context", qas_id, text)
       start = end = -1
   return SquadExample(qas_id=str(qas_id), question_text=question, doc_tokens=tuple(words),

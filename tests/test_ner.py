@@ -1,0 +1,96 @@
+"""CoNLL-2003: reading, first-sub-token labels, decoding back to words, entity-level scores."""
+
+import numpy as np
+import pytest
+
+from bert_jax.finetune import ner, tasks
+from tests.conftest import shared_path
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+  from bert_jax.tokenizer import load_tokenizer  # pylint: disable=g-import-not-at-top
+  return load_tokenizer(str(shared_path("minilm", "vocab.txt")))
+
+
+@pytest.fixture(scope="module")
+def sample():
+  return str(shared_path("tasks", "format_samples", "conll2003.txt"))
+
+
+def test_reads_conll_sample(sample):
+  task = tasks.get_task("conll2003")
+  examples = task.read("dev", sample)
+  assert [e.words for e in examples] == [("U.N.", "official", "Ekeus", "heads", "for", "Baghdad", "."),
+                                         ("AI2", "engineer", "Joel", "lives", "in", "Seattle", ".")]
+  assert examples[0].tags == ("B-ORG", "O", "B-PER", "O", "O", "B-LOC", "O")  # IOB1 -> BIO
+  iob1 = tasks.get_task("conll2003", tag_scheme="iob1").read("dev", sample)
+  assert iob1[0].tags == ("I-ORG", "O", "I-PER", "O", "O", "I-LOC", "O")  # as in the file
+
+
+def test_iob1_to_bio():
+  assert ner.iob1_to_bio(["I-PER", "I-PER", "B-PER", "O", "I-LOC", "I-ORG"]) == [
+      "B-PER", "I-PER", "B-PER", "O", "B-LOC", "B-ORG"]
+
+
+def test_labels_sit_on_first_sub_tokens(sample, tokenizer):
+  task = tasks.get_task("conll2003")
+  examples = task.read("dev", sample)
+  features, meta = task.featurize(examples, tokenizer, max_seq_length=32)
+  assert features["label_ids"].shape == features["label_weights"].shape == (2, 32)
+  assert features["label_weights"].dtype == np.float32 and features["label_ids"].dtype == np.int32
+  for row, ex in enumerate(examples):
+    pieces = [tokenizer.tokenize(w) for w in ex.words]
+    assert any(len(p) > 1 for p in pieces)  # some words do split ("U.N.", "Ekeus", "AI2")
+    firsts = 1 + np.cumsum([0] + [len(p) for p in pieces[:-1]])
+    assert meta["word_positions"][row].tolist() == firsts.tolist()
+    weights = np.zeros(32, np.float32)
+    weights[firsts] = 1.0
+    assert features["label_weights"][row].tolist() == weights.tolist()  # never [CLS]/[SEP]/later pieces
+    assert [task.label_names[i] for i in features["label_ids"][row, firsts]] == list(ex.tags)
+    expected_ids = [tokenizer.cls_id] + tokenizer.convert_tokens_to_ids(sum(pieces, [])) + [tokenizer.sep_id]
+    assert features["input_ids"][row, :len(expected_ids)].tolist() == expected_ids
+    assert features["input_mask"][row].sum() == len(expected_ids)
+
+
+def _logits_for(task, features, tags_per_row, meta):
+  logits = np.zeros(features["label_ids"].shape + (task.num_labels,), np.float32)
+  for row, tags in enumerate(tags_per_row):
+    for p, tag in zip(meta["word_positions"][row], tags):
+      if p >= 0:
+        logits[row, p, task.label_names.index(tag)] = 5.0
+  return logits
+
+
+def test_decode_and_evaluate(sample, tokenizer, tmp_path):
+  task = tasks.get_task("conll2003")
+  examples = task.read("dev", sample)
+  features, meta = task.featurize(examples, tokenizer, 32)
+  perfect = _logits_for(task, features, [e.tags for e in examples], meta)
+  assert ner.decode(task, perfect, meta) == [list(e.tags) for e in examples]
+  assert task.evaluate(perfect, examples, meta)["f1"] == 1.0
+  # Second sentence: "Joel" tagged B-LOC (type error) and "Seattle" missed: 4 of 6 entities right,
+  # 5 predicted -> P 4/5, R 4/6.
+  wrong = [list(examples[0].tags), ["B-ORG", "O", "B-LOC", "O", "O", "O", "O"]]
+  scores = task.evaluate(_logits_for(task, features, wrong, meta), examples, meta)
+  assert scores["precision"] == pytest.approx(4 / 5) and scores["recall"] == pytest.approx(4 / 6)
+  task.write_predictions(str(tmp_path / "pred.txt"), perfect, examples, meta)
+  lines = (tmp_path / "pred.txt").read_text().splitlines()
+  assert lines[0] == "U.N. B-ORG B-ORG" and lines[7] == "" and len(lines) == 16
+
+
+def test_words_past_the_window_count_as_missed(sample, tokenizer):
+  task = tasks.get_task("conll2003")
+  examples = task.read("dev", sample)
+  features, meta = task.featurize(examples, tokenizer, 8)  # "Baghdad" no longer fits
+  assert meta["word_positions"][0][-2:].tolist() == [-1, -1]
+  perfect = _logits_for(task, features, [e.tags for e in examples], meta)
+  assert ner.decode(task, perfect, meta)[0][-2:] == ["O", "O"]
+  assert task.evaluate(perfect, examples, meta)["recall"] < 1.0
+
+
+def test_reads_a_conll_directory(tmp_path, sample):
+  (tmp_path / "eng.testa").write_text(open(sample, encoding="utf-8").read(), encoding="utf-8")
+  assert len(tasks.get_task("conll2003").read("dev", str(tmp_path))) == 2
+  with pytest.raises(FileNotFoundError):
+    tasks.get_task("conll2003").read("test", str(tmp_path))
