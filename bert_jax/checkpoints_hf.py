@@ -1,0 +1,189 @@
+"""Hugging Face BERT checkpoints <-> bert_jax params.
+
+A Hugging Face directory holds `config.json`, `model.safetensors` and usually `vocab.txt`. Tensor names
+are those of `transformers` `BertModel` (`embeddings.word_embeddings.weight`, ...), with a `bert.` prefix
+when saved from a model with heads (`BertForPreTraining`: `cls.predictions.*`, `cls.seq_relationship.*`).
+
+The conversion is by explicit name table (`tensor_table`), so a missing, unexpected or misshapen tensor is
+an error naming it. The only tensors skipped are documented buffers and tied copies (`IGNORED`, `TIED`).
+"""
+
+import dataclasses
+import json
+import pathlib
+import shutil
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from safetensors.numpy import load_file, save_file
+
+from bert_jax import heads
+from bert_jax import model
+
+# Buffers, not weights: the position ids are arange(max_position_embeddings).
+IGNORED = ("embeddings.position_ids",)
+# Tied to another tensor of the table: checked equal on import, never written on export.
+TIED = {"cls.predictions.decoder.weight": "embeddings.word_embeddings.weight",
+        "cls.predictions.decoder.bias": "cls.predictions.bias"}
+_PREFIX = "bert."
+
+
+def _transforms(cfg: model.BertConfig):
+  """kind -> (to_jax, to_hf). HF Linear weights are [out, in]; our kernels [in, out] with heads split."""
+  h, n, k = cfg.hidden_size, cfg.num_heads, cfg.head_dim
+  return {
+      "plain": (lambda w: w, lambda w: w),
+      "linear": (lambda w: w.T, lambda w: w.T),
+      "qkv_kernel": (lambda w: w.T.reshape(h, n, k), lambda w: w.reshape(h, n * k).T),
+      "qkv_bias": (lambda w: w.reshape(n, k), lambda w: w.reshape(n * k)),
+      "out_kernel": (lambda w: w.T.reshape(n, k, h), lambda w: w.reshape(n * k, h).T),
+  }
+
+
+def _dense(hf: str, path: tuple):
+  return [(f"{hf}.weight", path + ("kernel",), "linear"), (f"{hf}.bias", path + ("bias",), "plain")]
+
+
+def _layer_norm(hf: str, path: tuple):
+  return [(f"{hf}.weight", path + ("scale",), "plain"), (f"{hf}.bias", path + ("bias",), "plain")]
+
+
+def tensor_table(cfg: model.BertConfig, mlm: bool = False, nsp: bool = False):
+  """[(hf_name, param path, kind)] for the unscanned layout; encoder names are without the `bert.` prefix."""
+  emb = ("bert", "embeddings")
+  table = [(f"embeddings.{t}.weight", emb + (t, "embedding"), "plain")
+           for t in ("word_embeddings", "position_embeddings", "token_type_embeddings")]
+  table += _layer_norm("embeddings.LayerNorm", emb + ("layer_norm",))
+  for i in range(cfg.num_layers):
+    hf, ours = f"encoder.layer.{i}.", ("bert", "encoder", f"layer_{i}")
+    for name in ("query", "key", "value"):
+      table += [(f"{hf}attention.self.{name}.weight", ours + ("attention", name, "kernel"), "qkv_kernel"),
+                (f"{hf}attention.self.{name}.bias", ours + ("attention", name, "bias"), "qkv_bias")]
+    table += [(f"{hf}attention.output.dense.weight", ours + ("attention", "out", "kernel"), "out_kernel"),
+              (f"{hf}attention.output.dense.bias", ours + ("attention", "out", "bias"), "plain")]
+    table += _layer_norm(f"{hf}attention.output.LayerNorm", ours + ("attention_layer_norm",))
+    table += _dense(f"{hf}intermediate.dense", ours + ("intermediate",))
+    table += _dense(f"{hf}output.dense", ours + ("output",))
+    table += _layer_norm(f"{hf}output.LayerNorm", ours + ("output_layer_norm",))
+  table += _dense("pooler.dense", ("bert", "pooler"))
+  if mlm:
+    table += _dense("cls.predictions.transform.dense", ("mlm", "transform"))
+    table += _layer_norm("cls.predictions.transform.LayerNorm", ("mlm", "layer_norm"))
+    table += [("cls.predictions.bias", ("mlm", "output_bias"), "plain")]
+  if nsp:
+    table += _dense("cls.seq_relationship", ("nsp",))
+  return table
+
+
+def expected_shapes(cfg: model.BertConfig, mlm: bool, nsp: bool) -> dict:
+  """{param path: shape} of the unscanned params, from jax.eval_shape (nothing is allocated)."""
+  cfg = dataclasses.replace(cfg, scan_layers=False)
+  ids = jnp.zeros((1, 2), jnp.int32)
+  batch = {"input_ids": ids, "input_mask": ids, "segment_ids": ids, "masked_lm_positions": ids}
+  if mlm:
+    init = lambda: heads.BertForPreTraining(cfg, use_nsp=nsp).init(jax.random.key(0), batch)
+  else:
+    init = lambda: {"params": {"bert": model.BertEncoder(cfg).init(jax.random.key(0), ids)["params"]}}
+  shapes = nn.unbox(jax.eval_shape(init)["params"])
+  if nsp and not mlm:
+    shapes["nsp"] = {"kernel": jax.ShapeDtypeStruct((cfg.hidden_size, 2), jnp.float32),
+                     "bias": jax.ShapeDtypeStruct((2,), jnp.float32)}
+  flat = jax.tree_util.tree_flatten_with_path(shapes)[0]
+  return {tuple(k.key for k in path): tuple(leaf.shape) for path, leaf in flat}
+
+
+def _canonical_names(state: dict) -> dict:
+  """Strips the `bert.` prefix and renames old-style LayerNorm gamma/beta."""
+  out = {}
+  for name, value in state.items():
+    name = name[len(_PREFIX):] if name.startswith(_PREFIX) else name
+    name = name.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
+    out[name] = np.asarray(value)
+  return out
+
+
+def _set(tree: dict, path: tuple, value):
+  for key in path[:-1]:
+    tree = tree.setdefault(key, {})
+  tree[path[-1]] = value
+
+
+def from_state_dict(cfg: model.BertConfig, state: dict, scan_layers: bool = False) -> dict:
+  """HF tensors -> {"bert": ..., "mlm"/"nsp" when present}; raises ValueError naming every bad tensor."""
+  state = _canonical_names(state)
+  mlm = any(n.startswith("cls.predictions.") for n in state)
+  nsp = any(n.startswith("cls.seq_relationship.") for n in state)
+  transforms, shapes = _transforms(cfg), expected_shapes(cfg, mlm, nsp)
+  params, problems, used = {}, [], set(IGNORED)
+  for name, path, kind in tensor_table(cfg, mlm, nsp):
+    if name not in state:
+      problems.append(f"missing tensor {name} (for {'/'.join(path)})")
+      continue
+    used.add(name)
+    value = state[name]
+    try:
+      value = transforms[kind][0](value)
+    except ValueError:
+      pass  # reshape failed: reported as misshapen below
+    if tuple(value.shape) != shapes[path]:
+      problems.append(f"misshapen tensor {name}: {state[name].shape}, expected {shapes[path]} "
+                      f"as {'/'.join(path)}")
+      continue
+    _set(params, path, value.astype(np.float32) if value.dtype != np.float32 else value)
+  for name, target in TIED.items():
+    if name in state:
+      used.add(name)
+      if target in state and not np.array_equal(state[name], state[target]):
+        problems.append(f"tensor {name} is not tied to {target}: untied decoders are not supported")
+  problems += [f"unexpected tensor {n} {state[n].shape}" for n in sorted(set(state) - used)]
+  if problems:
+    raise ValueError("checkpoint does not match the BERT config:\n  " + "\n  ".join(problems))
+  return model.scan_params(params) if scan_layers else params
+
+
+def to_state_dict(cfg: model.BertConfig, params: dict) -> dict:
+  """Params (either layout) -> HF tensors; the `bert.` prefix is used when heads are present."""
+  params = jax.tree.map(np.asarray, model.unscan_params(nn.unbox(params)))
+  mlm, nsp = "mlm" in params, "nsp" in params
+  prefix = _PREFIX if (mlm or nsp) else ""
+  transforms, state = _transforms(cfg), {}
+  for name, path, kind in tensor_table(cfg, mlm, nsp):
+    value = params
+    for key in path:
+      value = value[key]
+    full = name if name.startswith("cls.") else prefix + name
+    state[full] = np.ascontiguousarray(transforms[kind][1](value), dtype=np.float32)
+  return state
+
+
+def load_hf(path, scan_layers: bool = False, **config_overrides) -> tuple:
+  """A Hugging Face BERT directory -> (BertConfig, params as numpy arrays).
+
+  Args:
+    path: directory with config.json and model.safetensors.
+    scan_layers: return the scanned layout (encoder layers stacked under `layers`).
+    **config_overrides: BertConfig fields to set (dtype, remat_policy, dropout...).
+  """
+  path = pathlib.Path(path)
+  hf_config = json.loads((path / "config.json").read_text())
+  cfg = model.BertConfig.from_hf_dict(hf_config, scan_layers=scan_layers, **config_overrides)
+  weights = path / "model.safetensors"
+  if not weights.exists():
+    raise FileNotFoundError(f"{weights} not found (only safetensors checkpoints are read)")
+  return cfg, from_state_dict(cfg, load_file(str(weights)), scan_layers=scan_layers)
+
+
+def save_hf(path, cfg: model.BertConfig, params: dict, vocab_file=None) -> None:
+  """Writes config.json, model.safetensors and (if given) vocab.txt, loadable by transformers."""
+  path = pathlib.Path(path)
+  path.mkdir(parents=True, exist_ok=True)
+  state = to_state_dict(cfg, params)
+  hf_config = cfg.to_hf_dict()
+  if not any(n.startswith("cls.") for n in state):
+    hf_config["architectures"] = ["BertModel"]
+  (path / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+  save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
+  if vocab_file is not None:
+    shutil.copyfile(vocab_file, path / "vocab.txt")
