@@ -1,0 +1,134 @@
+"""Instance planning, truncation, row building and packing on synthetic documents."""
+
+import numpy as np
+import pytest
+
+from bert_jax import instances
+
+CLS, SEP, PAD = 2, 3, 0
+
+
+def _documents(n_docs=60, seed=0) -> instances.Documents:
+  rng = np.random.default_rng(seed)
+  sentences_per_doc = rng.integers(1, 16, n_docs)
+  lengths = rng.integers(1, 60, sentences_per_doc.sum())
+  return instances.Documents(tokens=rng.integers(5, 1000, lengths.sum()).astype(np.int32),
+                             sentence_starts=np.concatenate([[0], np.cumsum(lengths)]),
+                             doc_starts=np.concatenate([[0], np.cumsum(sentences_per_doc)]))
+
+
+def _plan(fmt, seq_length=128, seed=0, docs=None, short_seq_prob=0.1):
+  docs = docs or _documents()
+  separator = None
+  if fmt == "full_sentences":
+    docs, separator = docs.joined(SEP), SEP
+  return docs, instances.plan(docs, fmt, seq_length, short_seq_prob, np.random.default_rng(seed), separator)
+
+
+def _inside(inner_start, inner_len, chunk):
+  return (inner_start >= chunk[:, 0]) & (inner_start + inner_len <= chunk[:, 1])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_nsp_pairs(seed):
+  docs, inst = _plan("nsp", seed=seed)
+  doc_a = docs.document_of(inst.a_chunk[:, 0])
+  assert (docs.document_of(inst.a_chunk[:, 1] - 1) == doc_a).all()
+  is_next = inst.label == 0
+  # IsNext: B is the chunk right after A in the same document; NotNext: B from another document.
+  assert (inst.b_chunk[is_next, 0] == inst.a_chunk[is_next, 1]).all()
+  assert (docs.document_of(inst.b_chunk[:, 1] - 1)[is_next] == doc_a[is_next]).all()
+  assert (docs.document_of(inst.b_chunk[~is_next, 0]) != doc_a[~is_next]).all()
+  assert (docs.document_of(inst.b_chunk[:, 0]) == docs.document_of(inst.b_chunk[:, 1] - 1)).all()
+  # Truncation keeps a part of each chunk and the whole within [CLS] A [SEP] B [SEP].
+  assert _inside(inst.a_start, inst.a_len, inst.a_chunk).all()
+  assert _inside(inst.b_start, inst.b_len, inst.b_chunk).all()
+  assert (inst.a_len >= 1).all() and (inst.b_len >= 1).all()
+  assert (inst.lengths() <= 128).all()
+  # Chunks start on sentence boundaries (A always; B too unless a sentence was split).
+  assert np.isin(inst.a_chunk[:, 0], docs.sentence_starts).all()
+
+
+def test_nsp_labels_balanced_and_short_targets():
+  _, inst = _plan("nsp", seq_length=64, docs=_documents(n_docs=1000))
+  assert len(inst) > 4000
+  assert abs(inst.label.mean() - 0.5) < 0.03
+  assert abs((inst.target < 61).mean() - 0.1) < 0.02
+  assert (inst.target[inst.target < 61] >= 2).all()
+
+
+def test_sop_pairs_are_consecutive_and_swapped_half_the_time():
+  docs, inst = _plan("sop", seq_length=64, docs=_documents(n_docs=1000))
+  in_order, swapped = inst.label == 0, inst.label == 1
+  assert (inst.b_chunk[in_order, 0] == inst.a_chunk[in_order, 1]).all()
+  assert (inst.a_chunk[swapped, 0] == inst.b_chunk[swapped, 1]).all()
+  assert (docs.document_of(inst.a_chunk[:, 0]) == docs.document_of(inst.b_chunk[:, 1] - 1)).all()
+  assert abs(inst.label.mean() - 0.5) < 0.03
+
+
+def test_doc_sentences_stay_in_one_document():
+  docs, inst = _plan("doc_sentences")
+  assert (inst.b_len == 0).all()
+  assert (docs.document_of(inst.a_chunk[:, 0]) == docs.document_of(inst.a_chunk[:, 1] - 1)).all()
+  assert np.isin(inst.a_chunk, docs.sentence_starts).all()  # whole sentences
+  assert (inst.lengths() <= 128).all()
+  # Every sentence is used exactly once per epoch.
+  assert (inst.a_chunk[:, 1] - inst.a_chunk[:, 0]).sum() == len(docs.tokens)
+
+
+def test_full_sentences_cross_documents_with_a_separator():
+  original = _documents()
+  docs, inst = _plan("full_sentences", docs=original)
+  rows = instances.build_rows(docs.tokens, inst, 128, CLS, SEP, PAD)
+  inner_sep = (rows["input_ids"][:, 1:] == SEP) & (rows["input_mask"][:, 1:] == 1)
+  inner_sep &= np.arange(1, 128)[None, :] < inst.lengths()[:, None] - 1
+  assert inner_sep.any(1).mean() > 0.15  # rows span document boundaries
+  first_tokens = docs.tokens[inst.a_chunk[:, 0]]
+  assert (first_tokens != SEP).all() and (docs.tokens[inst.a_chunk[:, 1] - 1] != SEP).all()
+  assert len(docs.tokens) == len(original.tokens) + original.num_documents - 1
+
+
+def test_truncation_matches_the_reference_loop():
+  rng = np.random.default_rng(0)
+  la, lb = rng.integers(1, 300, 2000), rng.integers(0, 300, 2000)
+  inst = instances._truncated(np.zeros_like(la), la, np.zeros_like(lb), lb, np.zeros_like(la),
+                              la, 125, rng)
+  for i in range(len(la)):
+    a, b = la[i], lb[i]
+    while a + b > 125:  # google-research/bert truncate_seq_pair
+      if a > b:
+        a -= 1
+      else:
+        b -= 1
+    assert (inst.a_len[i], inst.b_len[i]) == (a, b)
+  removed_front = inst.a_start.sum() / max((la - inst.a_len).sum(), 1)
+  assert abs(removed_front - 0.5) < 0.02  # front or back with equal probability
+
+
+def test_build_rows_matches_a_plain_construction():
+  docs, inst = _plan("nsp", seq_length=64)
+  rows = instances.build_rows(docs.tokens, inst, 64, CLS, SEP, PAD)
+  for i in range(0, len(inst), 7):
+    a = docs.tokens[inst.a_start[i]:inst.a_start[i] + inst.a_len[i]].tolist()
+    b = docs.tokens[inst.b_start[i]:inst.b_start[i] + inst.b_len[i]].tolist()
+    ids = [CLS] + a + [SEP] + b + [SEP]
+    segments = [0] * (len(a) + 2) + [1] * (len(b) + 1)
+    pad = 64 - len(ids)
+    assert rows["input_ids"][i].tolist() == ids + [PAD] * pad
+    assert rows["segment_ids"][i].tolist() == segments + [0] * pad
+    assert rows["input_mask"][i].tolist() == [1] * len(ids) + [0] * pad
+
+
+def test_packing_respects_capacity_and_order():
+  rng = np.random.default_rng(0)
+  lengths = rng.integers(5, 60, 500)
+  starts = instances.pack(lengths, 128, 4)
+  assert starts[0] == 0 and starts[-1] == 500 and (np.diff(starts) >= 1).all()
+  per_row = np.add.reduceat(lengths, starts[:-1])
+  assert (per_row <= 128).all() and (np.diff(starts) <= 4).all()
+  # Next-fit: a row was closed only because the next instance did not fit (or K was reached).
+  closed = starts[1:-1]
+  assert ((per_row[:-1] + lengths[closed] > 128) | (np.diff(starts)[:-1] == 4)).all()
+  row, slot, offset = instances.packed_layout(starts, lengths)
+  assert (offset + lengths <= 128).all() and (slot < 4).all()
+  assert (offset[slot == 0] == 0).all()
