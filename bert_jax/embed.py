@@ -1,0 +1,117 @@
+"""`bert-jax embed`: every layer's hidden states for JSON-lines input (feature extraction).
+
+The feature-based use of BERT (Devlin et al. 2019, 5.3; ELMo-style layer mixing), and our parity probe:
+
+  bert-jax embed --checkpoint=DIR --input=in.jsonl --output=out.npz
+
+Each input line is {"text": ..., "text_b": ... (optional)} or {"input_ids": [...], "token_type_ids": [...]
+(optional)}. The output holds, for example i (the i-th line): `hidden_states_{i}` [layers + 1, seq, hidden]
+(embeddings first), `last_hidden_state_{i}` [seq, hidden], `pooler_output_{i}` [hidden], and the
+`input_ids_{i}` / `token_type_ids_{i}` that were fed. DIR is a Hugging Face directory (config.json +
+model.safetensors) or a Google TF checkpoint directory (bert_config.json + bert_model.ckpt.*).
+"""
+
+import json
+import pathlib
+
+from absl import app
+from absl import flags
+from absl import logging
+import jax
+import numpy as np
+
+from bert_jax import checkpoints_hf
+from bert_jax import checkpoints_tf
+from bert_jax import model
+
+_CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Hugging Face or Google TF checkpoint directory.")
+_INPUT = flags.DEFINE_string("input", None, "JSON lines with `text` (+`text_b`) or `input_ids` (+`token_type_ids`).")
+_OUTPUT = flags.DEFINE_string("output", None, "Output .npz file.")
+_VOCAB = flags.DEFINE_string("vocab", None, "Vocabulary for text input; default: the checkpoint's vocab.txt.")
+_DO_LOWER_CASE = flags.DEFINE_bool("do_lower_case", True, "Lowercase text input (uncased models).")
+_MAX_LENGTH = flags.DEFINE_integer("max_length", None, "Truncate text input; default max_position_embeddings.")
+_BATCH_SIZE = flags.DEFINE_integer("batch_size", 8, "Examples per forward pass.")
+_DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype.")
+
+_LENGTH_BUCKET = 16  # pad batches to a multiple of this: few shapes, few compilations
+
+
+def load_checkpoint(path, **config_overrides) -> tuple:
+  """(BertConfig, encoder params) from a Hugging Face or Google TF checkpoint directory."""
+  path = pathlib.Path(path)
+  if (path / "config.json").exists():
+    cfg, params = checkpoints_hf.load_hf(path, **config_overrides)
+  else:
+    cfg, params = checkpoints_tf.load_tf(path, **config_overrides)
+  return cfg, params["bert"]
+
+
+def read_examples(lines, tokenizer=None, max_length: int = 512) -> list:
+  """JSON lines -> [(input_ids, token_type_ids)] as int32 arrays; text needs a tokenizer."""
+  examples = []
+  for n, line in enumerate(lines, 1):
+    if not line.strip():
+      continue
+    record = json.loads(line)
+    if "input_ids" in record:
+      ids = record["input_ids"]
+      types = record.get("token_type_ids", [0] * len(ids))
+      if len(ids) > max_length:
+        raise ValueError(f"line {n}: {len(ids)} input_ids, more than max_length {max_length}")
+    elif "text" in record:
+      if tokenizer is None:
+        raise ValueError(f"line {n}: text input needs a vocabulary (--vocab or the checkpoint's vocab.txt)")
+      ids, types = tokenizer.encode_pair(record["text"], record.get("text_b"), max_length=max_length)
+    else:
+      raise ValueError(f"line {n}: expected a `text` or an `input_ids` field, got {sorted(record)}")
+    if len(ids) != len(types):
+      raise ValueError(f"line {n}: {len(ids)} input_ids but {len(types)} token_type_ids")
+    examples.append((np.asarray(ids, np.int32), np.asarray(types, np.int32)))
+  return examples
+
+
+def embed_examples(cfg: model.BertConfig, params, examples, batch_size: int = 8) -> dict:
+  """Runs the encoder over examples in length-sorted, padded batches; returns the .npz arrays."""
+  encoder = model.BertEncoder(cfg)
+  run = jax.jit(lambda ids, mask, types: encoder.apply({"params": params}, ids, mask, types,
+                                                       output_hidden_states=True))
+  order = sorted(range(len(examples)), key=lambda i: len(examples[i][0]))
+  arrays = {}
+  for start in range(0, len(order), batch_size):
+    chunk = order[start:start + batch_size]
+    length = -(-max(len(examples[i][0]) for i in chunk) // _LENGTH_BUCKET) * _LENGTH_BUCKET
+    ids, mask, types = (np.zeros((batch_size, length), np.int32) for _ in range(3))
+    for row, i in enumerate(chunk):
+      n = len(examples[i][0])
+      ids[row, :n], types[row, :n], mask[row, :n] = examples[i][0], examples[i][1], 1
+    out = jax.device_get(run(ids, mask, types))
+    for row, i in enumerate(chunk):
+      n = len(examples[i][0])
+      arrays[f"hidden_states_{i}"] = out["hidden_states"][:, row, :n].astype(np.float32)
+      arrays[f"last_hidden_state_{i}"] = out["sequence_output"][row, :n].astype(np.float32)
+      arrays[f"pooler_output_{i}"] = out["pooled_output"][row].astype(np.float32)
+      arrays[f"input_ids_{i}"], arrays[f"token_type_ids_{i}"] = examples[i]
+  return arrays
+
+
+def _tokenizer():
+  """The --vocab tokenizer, else the checkpoint's vocab.txt if any (input_ids input needs none)."""
+  vocab = _VOCAB.value or pathlib.Path(_CHECKPOINT.value) / "vocab.txt"
+  if _VOCAB.value is None and not vocab.exists():
+    return None
+  from bert_jax import tokenizer  # pylint: disable=g-import-not-at-top
+  return tokenizer.load_tokenizer(str(vocab), do_lower_case=_DO_LOWER_CASE.value)
+
+
+def main(argv) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  for flag in (_CHECKPOINT, _INPUT, _OUTPUT):
+    if flag.value is None:
+      raise app.UsageError(f"--{flag.name} is required")
+  cfg, params = load_checkpoint(_CHECKPOINT.value, dtype=_DTYPE.value)
+  with open(_INPUT.value) as f:
+    examples = read_examples(f, _tokenizer(), _MAX_LENGTH.value or cfg.max_position_embeddings)
+  arrays = embed_examples(cfg, params, examples, _BATCH_SIZE.value)
+  np.savez(_OUTPUT.value, **arrays)
+  logging.info("wrote %d examples to %s", len(examples), _OUTPUT.value)

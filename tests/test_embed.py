@@ -1,0 +1,65 @@
+"""`bert-jax embed` end to end on the MiniLM checkpoint, against transformers' reference outputs."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from bert_jax import embed
+from tests.conftest import REPO_ROOT
+from tests.conftest import shared_path
+
+TOLERANCE = 1e-4
+
+
+def run_cli(*args):
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  result = subprocess.run([sys.executable, "-m", "bert_jax.cli", "embed", *args], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return result
+
+
+def assert_matches_reference(out, ref, i, j):
+  """Output example i against reference example j."""
+  np.testing.assert_array_equal(out[f"input_ids_{i}"], ref[f"input_ids_{j}"])
+  for key in ("hidden_states", "last_hidden_state", "pooler_output"):
+    err = np.abs(out[f"{key}_{i}"] - ref[f"{key}_{j}"]).max()
+    assert err <= TOLERANCE, (key, i, err)
+
+
+@pytest.mark.slow
+def test_embed_command_on_input_ids_and_text(tmp_path):
+  ckpt = shared_path("minilm")
+  ref = np.load(ckpt / "hf_reference.npz")
+  lines = [json.dumps({"input_ids": ref[f"input_ids_{j}"].tolist(),
+                       "token_type_ids": ref[f"token_type_ids_{j}"].tolist()}) for j in range(8)]
+  # The same sentences as text (WordPiece from the checkpoint's vocab.txt).
+  for pair in json.loads(str(ref["sentences"])):
+    lines.append(json.dumps(dict(zip(("text", "text_b"), pair))))
+  (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
+  run_cli(f"--checkpoint={ckpt}", f"--input={tmp_path / 'in.jsonl'}", f"--output={tmp_path / 'out.npz'}",
+          "--batch_size=4")
+  out = np.load(tmp_path / "out.npz")
+  assert out["hidden_states_0"].shape == ref["hidden_states_0"].shape == (7, 12, 384)
+  for j in range(8):
+    assert_matches_reference(out, ref, j, j)
+    assert_matches_reference(out, ref, 8 + j, j)
+
+
+def test_read_examples_errors_and_defaults():
+  examples = embed.read_examples(['{"input_ids": [101, 7, 102]}', "", '{"input_ids": [101, 102], '
+                                  '"token_type_ids": [0, 1]}'])
+  assert len(examples) == 2
+  np.testing.assert_array_equal(examples[0][1], [0, 0, 0])
+  with pytest.raises(ValueError, match="line 1: text input needs a vocabulary"):
+    embed.read_examples(['{"text": "hello"}'])
+  with pytest.raises(ValueError, match="line 1: expected a `text` or an `input_ids`"):
+    embed.read_examples(['{"ids": [1]}'])
+  with pytest.raises(ValueError, match="more than max_length 2"):
+    embed.read_examples(['{"input_ids": [1, 2, 3]}'], max_length=2)
+  with pytest.raises(ValueError, match="3 input_ids but 2 token_type_ids"):
+    embed.read_examples(['{"input_ids": [1, 2, 3], "token_type_ids": [0, 0]}'])
