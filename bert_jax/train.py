@@ -14,6 +14,7 @@ import os
 import time
 from typing import Any, Callable
 
+from absl import logging
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -164,3 +165,226 @@ def setup(config: ml_collections.ConfigDict, mesh: Mesh) -> Setup:
       eval_step=jax.jit(_in_mesh_context(eval_fn, mesh, rules),
                         in_shardings=(state_shardings.params, batch_shardings), out_shardings=replicated),
   )
+
+
+# ---------------------------------------------------------------------------------------------
+# Data, state, metrics
+# ---------------------------------------------------------------------------------------------
+
+
+def prepared_data_config(config: ml_collections.ConfigDict, workdir: str) -> ml_collections.ConfigDict:
+  """`config.data`, with an embedded corpus ("embedded:<name>") prepared into `<workdir>/data` first."""
+  d = ml_collections.ConfigDict(config.data.to_dict())
+  if not d.train_files.startswith("embedded:"):
+    return d
+  from bert_jax import prepare  # pylint: disable=g-import-not-at-top
+
+  out = os.path.join(workdir, "data")
+  done = os.path.join(out, "PREPARED")
+  if jax.process_index() == 0 and not os.path.exists(done):
+    # A vocabulary of the model's size is trained on the corpus; documents are held out for eval.
+    prepare.prepare_corpus(d.train_files, out, do_lower_case=d.do_lower_case,
+                           train_vocab_size=bert_config(config).vocab_size, eval_fraction=d.eval_fraction)
+    with open(done, "w") as f:
+      f.write(d.train_files + "\n")
+  sync_hosts("prepared data")
+  d.train_files = out   # the tokenizer is read from the same directory
+  return d
+
+
+def sync_hosts(name: str) -> None:
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    multihost_utils.sync_global_devices(name)
+
+
+def create_iterator(data_config, config, split: str):
+  """The host-local batch iterator of `split`: endless and resumable for "train", the same
+  `config.eval_steps` batches on every call for "eval" (bert_jax/input_pipeline.py)."""
+  from bert_jax import input_pipeline  # pylint: disable=g-import-not-at-top
+  if split == "eval":
+    return input_pipeline.create_eval_iterator(data_config, global_batch_size=config.global_batch_size,
+                                               num_batches=config.eval_steps)
+  return input_pipeline.create_pretrain_iterator(data_config, global_batch_size=config.global_batch_size)
+
+
+def restore_or_init(s: Setup, config, checkpointer: checkpointing.Checkpointer, train_iter, rng):
+  """The run's latest checkpoint (state and data position), else `config.init_from`, else fresh."""
+  if checkpointer.latest_step() is not None:
+    state, data_state = checkpointer.restore(s.abstract_state)
+    train_iter.set_state(data_state)
+    return state, f"resumed from {checkpointer.directory}/{checkpointer.latest_step()}"
+  state = s.init(rng)
+  if config.init_from:
+    if config.init_from_params_only:
+      params = checkpointing.restore_params(config.init_from, s.abstract_state.params)
+      state = state.replace(params=params)
+    else:
+      state = checkpointing.restore_state(config.init_from, s.abstract_state)
+    return state, f"initialized from {config.init_from} (params only: {config.init_from_params_only})"
+  return state, "initialized from scratch"
+
+
+def flops_per_step(config, abstract_state) -> float:
+  """Model FLOPs of one train step (bert_jax/flops.py)."""
+  from bert_jax import flops  # pylint: disable=g-import-not-at-top
+  del abstract_state
+  return flops.train_flops_per_step(config)
+
+
+class MetricWriter:
+  """Scalars to stdout, TensorBoard (`<workdir>/tensorboard`) and `<workdir>/metrics.jsonl` (process 0)."""
+
+  def __init__(self, workdir: str):
+    self.enabled = jax.process_index() == 0
+    if not self.enabled:
+      return
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    tf.config.set_visible_devices([], "GPU")   # TF only writes summaries here
+    self._tf = tf
+    self._summary = tf.summary.create_file_writer(os.path.join(workdir, "tensorboard"))
+    self._metadata = tf.compat.v1.SummaryMetadata()
+    self._metadata.plugin_data.plugin_name = "scalars"   # what TensorBoard's scalar plugin reads
+    self._metadata.data_class = 1                         # DATA_CLASS_SCALAR
+    self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a")
+
+  def write(self, step: int, scalars: dict[str, float]) -> None:
+    if not self.enabled:
+      return
+    with self._summary.as_default(step=step):
+      for name, value in scalars.items():
+        # tf.summary.scalar needs the tensorboard package; this writes the same event it would.
+        self._tf.summary.write(name, self._tf.constant(value, self._tf.float32), metadata=self._metadata)
+    self._summary.flush()
+    self._jsonl.write(json.dumps({"step": step, **scalars}) + "\n")
+    self._jsonl.flush()
+    shown = ", ".join(f"{k}={v:.4g}" for k, v in scalars.items() if not k.startswith("train/nonfinite"))
+    print(f"step {step}: {shown}", flush=True)
+
+  def close(self) -> None:
+    if self.enabled:
+      self._summary.close()
+      self._jsonl.close()
+
+
+def summarize(prefix: str, sums: dict[str, Any]) -> dict[str, float]:
+  """Means from sums: MLM loss/accuracy/perplexity and NSP loss/accuracy."""
+  sums = {k: float(v) for k, v in sums.items()}
+  out = {}
+  if sums.get("mlm_weight"):
+    mlm_loss = sums["mlm_loss_sum"] / sums["mlm_weight"]
+    out.update({f"{prefix}/mlm_loss": mlm_loss, f"{prefix}/mlm_accuracy": sums["mlm_correct"] / sums["mlm_weight"],
+                f"{prefix}/mlm_perplexity": math.exp(min(mlm_loss, 80.0))})
+  if sums.get("nsp_weight"):
+    out.update({f"{prefix}/nsp_loss": sums["nsp_loss_sum"] / sums["nsp_weight"],
+                f"{prefix}/nsp_accuracy": sums["nsp_correct"] / sums["nsp_weight"]})
+  return out
+
+
+def evaluate(s: Setup, config, data_config, params) -> dict[str, float]:
+  """Loss sums over `config.eval_steps` held-out batches (the same batches every time)."""
+  eval_iter = create_iterator(data_config, config, split="eval")
+  totals = None
+  for _, host_batch in zip(range(config.eval_steps), eval_iter):
+    batch = sharding.global_batch(host_batch, s.mesh)
+    sums = s.eval_step(params, batch)
+    totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+  return summarize("eval", jax.device_get(totals)) if totals is not None else {}
+
+
+def _train_scalars(interval: dict, last: dict, num_steps: int) -> dict[str, float]:
+  """Interval means of the summed step metrics; the schedule and counters as of the last step."""
+  scalars = summarize("train", interval)
+  scalars.update({"train/loss": float(interval["loss"]) / num_steps,
+                  "train/grad_norm": float(interval["grad_norm"]) / num_steps,
+                  "train/learning_rate": float(last["learning_rate"]),
+                  "train/nonfinite_count": int(last["nonfinite_count"]),
+                  "train/nonfinite_streak": int(last["nonfinite_streak"])})
+  return scalars
+
+
+def _perf_scalars(config, num_steps: int, seconds: float, step: int, flops: float) -> dict[str, float]:
+  steps_per_sec = num_steps / max(seconds, 1e-9)
+  perf = {"perf/steps_per_sec": steps_per_sec,
+          "perf/tokens_per_sec": steps_per_sec * config.global_batch_size * config.data.seq_length,
+          "perf/eta_s": (config.train_steps - step) / steps_per_sec}
+  if config.peak_flops_per_device > 0:
+    perf["perf/mfu"] = flops * steps_per_sec / (config.peak_flops_per_device * jax.device_count())
+  return perf
+
+
+# ---------------------------------------------------------------------------------------------
+# The loop
+# ---------------------------------------------------------------------------------------------
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+  """Trains until `config.train_steps` (or SIGTERM), resuming from `<workdir>/checkpoints` if any.
+
+  Returns the scalars of the last log step and evaluation.
+  """
+  validate(config)
+  os.makedirs(workdir, exist_ok=True)
+  mesh = sharding.create_mesh(config.mesh)
+  data_config = prepared_data_config(config, workdir)
+  s = setup(config, mesh)
+  init_rng, dropout_rng = jax.random.split(jax.random.key(config.seed))
+  checkpointer = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"), keep=config.keep_checkpoints,
+                                            async_save=config.async_checkpointing)
+  train_iter = create_iterator(data_config, config, split="train")
+  state, origin = restore_or_init(s, config, checkpointer, train_iter, init_rng)
+  step = int(state.step)   # the one host sync before the loop: a host-side step counter from here on
+  logging.info("mesh %s; %s at step %d", dict(mesh.shape), origin, step)
+  writer, preemption = MetricWriter(workdir), checkpointing.PreemptionWatcher()
+  flops = flops_per_step(config, s.abstract_state)
+  interval, interval_steps, mark = None, 0, time.time()
+  results = {}
+  try:
+    while step < config.train_steps:
+      # -- One step. No host sync here: metrics stay on device until a log step.
+      if step == config.profile_start_step:
+        jax.profiler.start_trace(os.path.join(workdir, "profile"))
+      batch = sharding.global_batch(next(train_iter), mesh)
+      state, metrics = s.train_step(state, batch, dropout_rng)
+      step += 1
+      interval = metrics if interval is None else jax.tree.map(jnp.add, interval, metrics)
+      interval_steps += 1
+      if config.profile_start_step >= 0 and step == config.profile_start_step + config.profile_steps:
+        jax.block_until_ready(state)
+        jax.profiler.stop_trace()
+      last_step = step == config.train_steps
+
+      # -- Log: means over the interval, throughput, non-finite guard.
+      if step % config.log_every == 0 or last_step:
+        interval, last = jax.device_get((interval, metrics))
+        results = _train_scalars(interval, last, interval_steps)
+        results.update(_perf_scalars(config, interval_steps, time.time() - mark, step, flops))
+        writer.write(step, results)
+        if last["nonfinite_streak"] >= config.max_nonfinite_steps:
+          raise FloatingPointError(
+              f"stopping at step {step}: {last['nonfinite_streak']} steps in a row had a non-finite loss or "
+              f"gradient (updates skipped, {last['nonfinite_count']} in total). Lower optimizer.learning_rate, "
+              f"check the data, or resume from an earlier checkpoint in {checkpointer.directory}.")
+        interval, interval_steps = None, 0
+
+      # -- Evaluate on held-out data.
+      if config.eval_steps > 0 and (step % config.eval_every == 0 or last_step):
+        eval_scalars = evaluate(s, config, data_config, state.params)
+        writer.write(step, eval_scalars)
+        results.update(eval_scalars)
+
+      # -- Checkpoint: periodically, at the end, and at the step all hosts agree on after SIGTERM.
+      preempted = preemption.reached(step)
+      if step % config.checkpoint_every == 0 or last_step or preempted:
+        checkpointer.save(step, state, train_iter.get_state())
+      if preempted:
+        logging.warning("preemption signal: saved step %d, exiting", step)
+        print(f"preempted: saved checkpoint at step {step}", flush=True)
+        break
+      if interval is None:   # just logged: time the next interval from here, after eval and saving
+        mark = time.time()
+  finally:
+    checkpointer.close()
+    writer.close()
+    preemption.close()
+  return results

@@ -137,4 +137,5 @@ def pretrain_config() -> ml_collections.ConfigDict:
   c.distributed.coordinator_address = ""
   c.distributed.num_processes = -1
   c.distributed.process_id = -1
+  c.lock()   # a misspelt field is an error, not a silently ignored new one
   return c

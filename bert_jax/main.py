@@ -1,0 +1,73 @@
+"""`bert-jax pretrain`: flags, multi-host initialization, then `train.train_and_evaluate`.
+
+    bert-jax pretrain --config=configs/tiny.py --workdir=/tmp/bert_tiny
+    bert-jax pretrain --config=configs/bert_large.py:phase2 --workdir=DIR --config.init_from=PHASE1/checkpoints
+    python -m bert_jax.main --config=configs/tiny.py --workdir=/tmp/bert_tiny --config.train_steps=100
+"""
+
+import os
+import sys
+
+
+def _put_config_root_on_path(argv: list[str]) -> None:
+  """Config files do `from configs import common`: make `configs/`'s parent (and the cwd) importable.
+
+  Runs at import, before absl parses --config (which executes the config file).
+  """
+  roots = [os.getcwd()]
+  for i, arg in enumerate(argv):
+    value = arg.split("=", 1)[1] if arg.startswith("--config=") else (
+        argv[i + 1] if arg == "--config" and i + 1 < len(argv) else None)
+    if value:
+      path = os.path.abspath(value.split(":", 1)[0])
+      roots.append(os.path.dirname(os.path.dirname(path)))
+  for root in roots:
+    if root not in sys.path:
+      sys.path.insert(0, root)
+
+
+_put_config_root_on_path(sys.argv)
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+from absl import app
+from absl import flags
+from absl import logging
+import jax
+from ml_collections import config_flags
+
+from bert_jax import train
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/tiny.py or configs/bert_large.py:phase2.",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, metrics.jsonl and TensorBoard logs go here.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def _needs_distributed(dist) -> bool:
+  """`auto`: a coordinator is configured or the environment is a multi-host TPU slice."""
+  if dist.initialize == "yes":
+    return True
+  if dist.initialize == "no":
+    return False
+  if dist.initialize != "auto":
+    raise ValueError(f"distributed.initialize must be auto, yes or no; got {dist.initialize!r}")
+  hosts = os.environ.get("TPU_WORKER_HOSTNAMES", "")
+  return bool(dist.coordinator_address) or "," in hosts or "MEGASCALE_COORDINATOR_ADDRESS" in os.environ
+
+
+def main(argv) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  config = _CONFIG.value
+  dist = config.distributed
+  if _needs_distributed(dist):
+    jax.distributed.initialize(
+        coordinator_address=dist.coordinator_address or None,
+        num_processes=dist.num_processes if dist.num_processes > 0 else None,
+        process_id=dist.process_id if dist.process_id >= 0 else None)
+  logging.info("process %d/%d, %d devices", jax.process_index(), jax.process_count(), jax.device_count())
+  train.train_and_evaluate(config, _WORKDIR.value)
+
+
+if __name__ == "__main__":
+  app.run(main)

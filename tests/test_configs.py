@@ -1,0 +1,124 @@
+"""Every config under configs/ builds its abstract (sharded) train state; the paper numbers hold;
+command-line overrides work and bad configs stop with a clear message before compiling."""
+
+import glob
+import math
+import os
+
+import jax
+import pytest
+from absl import flags
+from ml_collections import config_flags
+
+from bert_jax import optimizer
+from bert_jax import sharding
+from bert_jax import train
+from configs import bert_base, bert_large, roberta_base, roberta_large, tiny
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = {
+    "bert_base.py:phase1": bert_base.get_config("phase1"),
+    "bert_base.py:phase2": bert_base.get_config("phase2"),
+    "bert_large.py:phase1": bert_large.get_config("phase1"),
+    "bert_large.py:phase2": bert_large.get_config("phase2"),
+    "roberta_base.py": roberta_base.get_config(),
+    "roberta_large.py": roberta_large.get_config(),
+    "tiny.py": tiny.get_config(),
+}
+
+
+def test_every_config_file_is_covered():
+  files = {os.path.basename(p) for p in glob.glob(os.path.join(REPO, "configs", "*.py"))}
+  assert files - {"__init__.py", "common.py"} == {name.split(":")[0] for name in CONFIGS}
+
+
+def _num_params(abstract_state) -> int:
+  return sum(math.prod(x.shape) for x in jax.tree.leaves(abstract_state.params))
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_config_builds_its_abstract_sharded_train_state(name):
+  config = CONFIGS[name]
+  train.validate(config)
+  s = train.setup(config, sharding.create_mesh(config.mesh))   # eval_shape only: nothing is allocated
+  n = _num_params(s.abstract_state)
+  expected = {"bert_base": 110e6, "bert_large": 335e6, "roberta_base": 125e6, "roberta_large": 355e6, "tiny": 0.71e6}
+  assert n == pytest.approx(expected[name.split(".")[0]], rel=0.05)
+  # Adam moments mirror the parameters, with the same shardings.
+  adam, = [x for x in s.abstract_state.opt_state if isinstance(x, optimizer.ScaleByAdamState)]
+  assert jax.tree.structure(adam.mu) == jax.tree.structure(s.abstract_state.params)
+  word = s.abstract_state.params["bert"]["embeddings"]["word_embeddings"]["embedding"]
+  assert word.sharding.spec == adam.nu["bert"]["embeddings"]["word_embeddings"]["embedding"].sharding.spec
+  if config.mesh.fsdp > 1:
+    assert "fsdp" in word.sharding.spec   # fsdp configs shard the big matrices
+  batch = train.abstract_batch(config)
+  assert batch["input_ids"].shape == (config.global_batch_size, config.data.seq_length)
+  assert ("next_sentence_labels" in batch) == (config.data.format == "nsp")
+
+
+@pytest.mark.parametrize("module", [bert_base, bert_large])
+def test_bert_paper_schedule(module):
+  """Devlin et al. 2019, A.2: 128k-token batches, 1M steps, 90% at seq 128, lr 1e-4, 10k warmup."""
+  p1, p2 = module.get_config("phase1"), module.get_config("phase2")
+  for c in (p1, p2):
+    assert c.global_batch_size * c.data.seq_length == 131_072
+    assert (c.optimizer.learning_rate, c.optimizer.warmup_steps, c.optimizer.total_steps) == (1e-4, 10_000, 10**6)
+    assert (c.optimizer.b1, c.optimizer.b2, c.optimizer.weight_decay) == (0.9, 0.999, 0.01)
+    assert c.data.format == "nsp" and not c.optimizer.bias_correction
+  assert (p1.data.seq_length, p1.data.max_predictions_per_seq, p1.train_steps) == (128, 20, 900_000)
+  assert (p2.data.seq_length, p2.data.max_predictions_per_seq, p2.train_steps) == (512, 80, 1_000_000)
+  assert p2.global_batch_size == 256 and p2.init_from   # phase 2 continues phase 1
+  assert p1.topology == {bert_base: "v3:4x4", bert_large: "v3:8x8"}[module]   # 16 / 64 chips
+
+
+@pytest.mark.parametrize("module, lr, warmup", [(roberta_base, 6e-4, 24_000), (roberta_large, 4e-4, 30_000)])
+def test_roberta_paper_schedule(module, lr, warmup):
+  """Liu et al. 2019, Table 9."""
+  c = module.get_config()
+  assert c.global_batch_size == 8192 and c.train_steps == c.optimizer.total_steps == 500_000
+  assert (c.optimizer.learning_rate, c.optimizer.warmup_steps, c.optimizer.b2) == (lr, warmup, 0.98)
+  assert c.data.format == "full_sentences" and c.data.seq_length == 512
+  assert c.global_batch_size * c.data.seq_length == 8192 * 512
+
+
+def _parse(*args):
+  fv = flags.FlagValues()
+  # Override flags are defined from the --config found in `sys_argv`, as main.py does with sys.argv.
+  config_flags.DEFINE_config_file("config", flag_values=fv, lock_config=True, sys_argv=["prog", *args])
+  fv(["prog", *args])
+  return fv.config
+
+
+def test_command_line_overrides_any_field():
+  c = _parse(f"--config={REPO}/configs/bert_large.py:phase2", "--config.optimizer.learning_rate=5e-5",
+             "--config.model.num_layers=2", "--config.data.packing=True", "--config.mesh.fsdp=8")
+  assert (c.optimizer.learning_rate, c.model.num_layers, c.data.packing, c.mesh.fsdp) == (5e-5, 2, True, 8)
+  assert c.data.seq_length == 512
+  t = _parse(f"--config={REPO}/configs/tiny.py", "--config.train_steps=77")
+  assert t.optimizer.total_steps == 77   # the tiny schedule follows its length
+
+
+def test_unknown_field_is_an_error():
+  with pytest.raises(Exception, match="misspelt_field"):
+    _parse(f"--config={REPO}/configs/tiny.py", "--config.misspelt_field=1")
+  with pytest.raises(AttributeError):
+    tiny.get_config().optimizer.learnig_rate = 1.0
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"global_batch_size": 12}, "not divisible by data-parallel size 8"),
+    ({"micro_batches": 3}, "micro_batches 3"),
+    ({"data.seq_length": 256}, "exceeds the model's 128 position embeddings"),
+    ({"mesh.tensor": 3}, "mesh:"),
+    ({"data.format": "nsp_typo"}, "data.format"),
+])
+def test_invalid_configs_stop_before_compiling(change, message):
+  c = tiny.get_config()
+  for key, value in change.items():
+    target = c
+    *path, last = key.split(".")
+    for p in path:
+      target = target[p]
+    target[last] = value
+  with pytest.raises(ValueError, match=message):
+    train.validate(c)
