@@ -202,7 +202,22 @@ def test_tfds_glue_with_mock_data(tmp_path):
     mnli = tasks.get_task("mnli", tfds_data_dir=str(tmp_path)).read("dev_mismatched", "tfds")
     stsb = tasks.get_task("stsb").read("dev", "tfds:glue/stsb", data_dir=str(tmp_path))
     mrpc = tasks.get_task("mrpc").read("train", "tfds", data_dir=str(tmp_path))
+    snli = tasks.get_task("snli").read("train", "tfds", data_dir=str(tmp_path))  # tfds `snli`, not glue
   assert len(mnli) == 4 and all(e.label in tasks.get_task("mnli").label_names for e in mnli)
   assert all(isinstance(e.text_a, str) and isinstance(e.text_b, str) for e in mnli)
   assert all(isinstance(e.label, float) for e in stsb)
   assert all(e.label in ("0", "1") and e.text_b is not None for e in mrpc)
+  assert all(e.label in tasks.get_task("snli").label_names for e in snli)
+
+
+def test_test_split_cannot_be_evaluated_but_can_be_written(tokenizer, tmp_path):
+  _write(tmp_path / "test.tsv", ["index\tsentence1\tsentence2", "3\tA b.\tC d.", "9\tE f.\tG h."])
+  for name, logits, expected in (("stsb", [[4.25], [0.5]], ["3\t4.250", "9\t0.500"]),
+                                 ("mnli", [[0, 1, 0], [0, 0, 1]], ["3\tentailment", "9\tneutral"])):
+    task = tasks.get_task(name)
+    examples = task.read("test", str(tmp_path))
+    _, meta = task.featurize(examples, tokenizer, 16)
+    with pytest.raises(ValueError, match="without labels"):
+      task.evaluate(np.array(logits), examples, meta)
+    task.write_predictions(str(tmp_path / f"{name}.tsv"), np.array(logits), examples, meta)
+    assert (tmp_path / f"{name}.tsv").read_text().splitlines() == ["index\tprediction"] + expected

@@ -126,7 +126,8 @@ def squad_scores(predictions: dict, gold_answers: dict, version: str = "v1.1") -
   exact, f1, has_answer = {}, {}, {}
   for qid, answers in gold_answers.items():
     if version == "v2.0":
-      answers = [a for a in answers if normalize_answer(a)] or [""]
+      answers = [a for a in answers if normalize_answer(a)]
+    answers = answers or [""]
     has_answer[qid] = any(answers)
     exact[qid] = max(squad_exact(predictions[qid], a) for a in answers)
     f1[qid] = max(squad_f1(predictions[qid], a, version) for a in answers)
@@ -200,7 +201,7 @@ def entity_scores(gold_sentences, pred_sentences) -> dict:
             "recall": len(correct) / len(gold) if gold else 0.0,
             "f1": _f1(len(correct), len(pred), len(gold)),
             "token_accuracy": correct_tokens / total_tokens if total_tokens else 0.0}
-  for kind in sorted({c[1] for c in gold | pred}):
-    count = lambda chunks: sum(c[1] == kind for c in chunks)  # noqa: E731
-    result[f"f1_{kind}"] = _f1(count(correct), count(pred), count(gold))
+  n_correct, n_pred, n_gold = (collections.Counter(c[1] for c in s) for s in (correct, pred, gold))
+  for kind in sorted(n_pred | n_gold):
+    result[f"f1_{kind}"] = _f1(n_correct[kind], n_pred[kind], n_gold[kind])
   return result

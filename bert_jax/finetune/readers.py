@@ -143,20 +143,26 @@ def _to_python(value):
 
 def read_tfds_glue(name: str, split: str, data_dir: str | None, text_a: str, text_b: str | None,
                    label_names, regression: bool = False) -> list[PairExample]:
-  """`glue/<config>` from TFDS. Class ids become our label names: by TFDS class name when it is one
-  of ours (MNLI, QNLI, RTE), else by position ("0"/"1" as in the GLUE TSVs); -1 (test) -> None."""
+  """`glue/<config>` (or `snli`) from TFDS. Class ids become our label names: by TFDS class name when
+  it is one of ours (MNLI, QNLI, RTE), else by position ("0"/"1" as in the GLUE TSVs). Id -1 is an
+  unlabelled test example (label None) or, outside test splits, an example without annotator
+  consensus (SNLI), which is dropped as in the original files' "-"."""
   records, builder = tfds_records(name, split, data_dir)
   to_name = None
   if not regression:
     tfds_names = builder.info.features["label"].names
     to_name = [n if n in label_names else str(i) for i, n in enumerate(tfds_names)]
   examples = []
-  for r in records:
+  for i, r in enumerate(records):
     label = r["label"]
     if regression:
-      label = float(label)
+      label = None if split.startswith("test") else float(label)
+    elif label < 0:
+      if not split.startswith("test"):
+        continue
+      label = None
     else:
-      label = None if label < 0 else to_name[label]
-    examples.append(PairExample(guid=str(r["idx"]), text_a=r[text_a],
+      label = to_name[label]
+    examples.append(PairExample(guid=str(r.get("idx", i)), text_a=r[text_a],
                                 text_b=r[text_b] if text_b else None, label=label))
   return examples

@@ -11,6 +11,7 @@ span's score by more than `null_score_diff_threshold` (Devlin et al. 2019, 4.3).
 
 import collections
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -334,7 +335,7 @@ def evaluate(task, predictions, examples, meta, **opts) -> dict:
   version = decode_opts["version"]
   result = metrics.squad_scores(answers, gold, version)
   if version == "v2.0":
-    f1 = lambda p, g: metrics.squad_f1(p, g, version)  # noqa: E731
+    f1 = functools.partial(metrics.squad_f1, version=version)
     result["best_f1"], result["best_f1_threshold"] = best_null_threshold(best_non_null, null_diffs, gold, f1)
     result["best_exact_match"], result["best_exact_match_threshold"] = best_null_threshold(
         best_non_null, null_diffs, gold, metrics.squad_exact)

@@ -95,7 +95,8 @@ class _Pairs:
     del opts
     preds = _Pairs.decode(task, predictions)[meta["example_index"].argsort()]
     labels = _label_array(task, examples)
-    if task.kind == "classification" and np.any(labels < 0):
+    unlabelled = np.isnan(labels) if task.kind == "regression" else labels < 0
+    if unlabelled.any():
       raise ValueError(f"{task.name}: cannot evaluate examples without labels (a test split?)")
     return {name: float(_METRICS[name](labels, preds)) for name in task.metric_names}
 
@@ -159,11 +160,11 @@ def _read_columns(split, source, data_dir, *, text_a, text_b, label, regression=
 
 
 def _glue(name, text_a, text_b, label, label_names=("0", "1"), metric_names=("accuracy",),
-          splits=("train", "dev"), tfds_text=None, special=None, **columns) -> Task:
+          splits=("train", "dev"), tfds_name=None, tfds_text=None, special=None, **columns) -> Task:
   regression = not label_names
   reader = functools.partial(
       _read_columns, text_a=text_a, text_b=text_b, label=label, regression=regression,
-      tfds_name=f"glue/{name}", tfds_text=tfds_text, label_names=label_names, special=special,
+      tfds_name=tfds_name or f"glue/{name}", tfds_text=tfds_text, label_names=label_names, special=special,
       extensions=(".tsv", ".jsonl"), **columns)
   return Task(name=name, kind="regression" if regression else "classification",
               label_names=tuple(label_names), primary_metric=metric_names[0], splits=splits,
@@ -192,7 +193,7 @@ _TASKS = {
     # SNLI (Bowman et al. 2015), JSON lines or TSV of the original release; "-" = no consensus.
     "snli": lambda: _glue("snli", "sentence1", "sentence2", "gold_label", label_names=_NLI,
                           splits=("train", "dev"), guid="pairID", skip_labels=("-",),
-                          tfds_text=("premise", "hypothesis")),
+                          tfds_name="snli", tfds_text=("premise", "hypothesis")),
 }
 
 
