@@ -161,3 +161,16 @@ def test_tfds_squad_with_mock_data(tmp_path):
        mock.patch.object(tfds.core.DatasetBuilder, "is_prepared", return_value=True):
     examples = tasks.get_task("squad_v2").read("dev", "tfds", data_dir=str(tmp_path))
   assert len(examples) == 3 and all(isinstance(e, squad.SquadExample) for e in examples)
+
+
+def test_reads_v2_json_with_unanswerable_questions(tmp_path):
+  data = {"version": "v2.0", "data": [{"title": "T", "paragraphs": [{
+      "context": "Normans came from Normandy in France.",
+      "qas": [{"id": "a", "question": "Where from?", "is_impossible": False,
+               "answers": [{"text": "Normandy", "answer_start": 18}]},
+              {"id": "n", "question": "When?", "is_impossible": True, "answers": [],
+               "plausible_answers": [{"text": "France", "answer_start": 30}]}]}]}]}
+  (tmp_path / "dev-v2.0.json").write_text(json.dumps(data), encoding="utf-8")
+  answerable, impossible = tasks.get_task("squad_v2").read("dev", str(tmp_path))
+  assert (answerable.doc_tokens[answerable.start_position], answerable.answers) == ("Normandy", ("Normandy",))
+  assert impossible.is_impossible and impossible.answers == () and impossible.start_position == -1

@@ -286,13 +286,14 @@ def decode(predictions, examples, meta, n_best_size=20, max_answer_length=30, ve
     candidates, null_score = [], np.inf
     for f in by_example.get(e, []):
       null_score = min(null_score, start_logits[f, 0] + end_logits[f, 0])
-      starts = np.argsort(-start_logits[f], kind="stable")[:n_best_size]
-      ends = np.argsort(-end_logits[f], kind="stable")[:n_best_size]
-      valid = meta["token_to_orig"][f] >= 0
-      for s in starts:
-        for t in ends:
-          if valid[s] and valid[t] and meta["max_context"][f][s] and s <= t < s + max_answer_length:
-            candidates.append((start_logits[f, s] + end_logits[f, t], f, s, t))
+      s = np.argsort(-start_logits[f], kind="stable")[:n_best_size, None]  # [K, 1]
+      t = np.argsort(-end_logits[f], kind="stable")[None, :n_best_size]    # [1, K]
+      in_context = meta["token_to_orig"][f] >= 0
+      ok = (in_context[s] & meta["max_context"][f][s] & in_context[t]  # max context: the start
+            & (s <= t) & (t < s + max_answer_length))
+      s, t = np.broadcast_arrays(s, t)
+      scores = start_logits[f, s] + end_logits[f, t]
+      candidates.extend(zip(scores[ok].tolist(), [f] * int(ok.sum()), s[ok].tolist(), t[ok].tolist()))
     candidates.sort(key=lambda c: -c[0])
     best = next(((score, span_text(ex, meta, f, s, t)) for score, f, s, t in candidates), None)
     best = best if best is not None and best[1] else (None, "")
