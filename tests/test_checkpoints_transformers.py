@@ -1,0 +1,44 @@
+"""Exported directories load in `transformers` and give our outputs (skipped without torch/transformers)."""
+
+import jax
+import numpy as np
+import pytest
+
+from bert_jax import checkpoints_hf
+from bert_jax import heads
+from bert_jax import model
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.mark.slow
+def test_transformers_loads_export_with_heads(tmp_path, monkeypatch):
+  monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+  cfg = model.BertConfig.from_preset("tiny", vocab_size=60, max_position_embeddings=24, scan_layers=True)
+  rng = np.random.default_rng(0)
+  ids = rng.integers(5, 60, size=(2, 10)).astype(np.int32)
+  mask = np.ones_like(ids)
+  mask[1, 7:] = 0
+  seg = np.array([[0] * 5 + [1] * 5] * 2, np.int32)
+  batch = {"input_ids": ids, "input_mask": mask, "segment_ids": seg}
+  m = heads.BertForPreTraining(cfg, mlm_all_positions=True)
+  params = jax.jit(m.init)(jax.random.key(3), batch)["params"]
+  ours = m.apply({"params": params}, batch)
+  hidden = model.BertEncoder(cfg).apply({"params": params["bert"]}, ids, mask, seg)
+  checkpoints_hf.save_hf(tmp_path, cfg, params)
+
+  as_torch = lambda x: torch.tensor(np.asarray(x, np.int64))
+  inputs = dict(input_ids=as_torch(ids), attention_mask=as_torch(mask), token_type_ids=as_torch(seg))
+  with torch.no_grad():
+    hf = transformers.BertForPreTraining.from_pretrained(tmp_path).eval()(**inputs)
+    bare = transformers.BertModel.from_pretrained(tmp_path).eval()(**inputs)
+  real = mask == 1
+  errors = {
+      "mlm_logits": np.abs(hf.prediction_logits.numpy() - ours["mlm_logits"])[real].max(),
+      "nsp_logits": np.abs(hf.seq_relationship_logits.numpy() - ours["nsp_logits"]).max(),
+      "last_hidden_state": np.abs(bare.last_hidden_state.numpy() - hidden["sequence_output"])[real].max(),
+      "pooler_output": np.abs(bare.pooler_output.numpy() - hidden["pooled_output"]).max(),
+  }
+  print("max abs err vs transformers:", errors)
+  assert max(errors.values()) <= 1e-4, errors
