@@ -38,12 +38,12 @@ class Subprocess:
 @dataclasses.dataclass
 class DryRun:
   """Prints each command, shell-quoted on one line, instead of running it."""
-  out: TextIO = sys.stdout
+  out: TextIO | None = None  # default: sys.stdout at the time of printing
 
   def __call__(self, argv: list[str], *, capture: bool = False) -> Result:
     del capture  # nothing runs, so there is nothing to capture
-    print(shlex.join(argv), file=self.out)
+    print(shlex.join(argv), file=self.out or sys.stdout)
     return Result(0)
 
   def comment(self, text: str) -> None:
-    print(f"# {text}", file=self.out)
+    print(f"# {text}", file=self.out or sys.stdout)

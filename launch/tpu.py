@@ -207,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
   split = argv.index("--") if "--" in argv else len(argv)
   a = parser().parse_args(argv[:split])
   a.command = argv[split + 1:]
+  if "--dry-run" in a.command:  # it would be passed to the job, and everything before it would run
+    parser().error("--dry-run goes before `--` (after `--` comes the job's own command)")
   if a.subcommand in ("create", "supervise") and bool(a.tpu_type) != bool(a.topology):
     parser().error("--type and --topology go together")
   try:
