@@ -1,0 +1,104 @@
+"""`bert-jax bench data`: input-pipeline sequences/s per CPU core, and `prepare` tokens/s.
+
+    bert-jax bench data                                   # the shared news corpus, seq 128 and 512
+    bert-jax bench data --input=corpus.jsonl --vocab_file=vocab.txt --seq_lengths=128
+    bert-jax bench data --prepared_dir=data/news          # skip `prepare`, time the pipeline only
+
+Prints one JSON line per measurement. The pipeline figure is what a training host gets: the real
+iterator (tf.data, `num_parallel_calls` threads) from prepared shards, with sentence-pair sampling
+and dynamic masking, timed from before the first batch (so epoch planning is included) over
+whole epochs; "per core" divides by the CPU time of the whole process, all threads included.
+"""
+
+import importlib.util
+import json
+import pathlib
+import tempfile
+import time
+
+from absl import flags
+import numpy as np
+
+from bert_jax import input_pipeline, prepare
+
+_REPO = pathlib.Path(__file__).resolve().parents[1]
+_SHARED = _REPO.parent / "shared" / "data"
+
+# --input and --vocab_file are `prepare`'s own flags (defined when it is imported); here they
+# default to the shared news corpus and the MiniLM vocab.
+FLAGS = flags.FLAGS
+_PREPARED_DIR = flags.DEFINE_string("prepared_dir", None, "Already prepared shards: skip the `prepare` timing.")
+_WORK_DIR = flags.DEFINE_string("work_dir", None, "Where to prepare the corpus (default: a temporary directory).")
+_SEQ_LENGTHS = flags.DEFINE_list("seq_lengths", ["128", "512"], "Sequence lengths to time.")
+_FORMAT = flags.DEFINE_enum("format", "nsp", ["nsp", "sop", "full_sentences", "doc_sentences"], "Instance format.")
+_MASKING = flags.DEFINE_enum("masking", "token", ["token", "word", "span"], "Masking scheme.")
+_PACKING = flags.DEFINE_bool("packing", False, "Pack short instances into rows.")
+_BATCH = flags.DEFINE_integer("global_batch_size", 256, "Rows per batch.")
+_MIN_BATCHES = flags.DEFINE_integer("min_batches", 200, "Time at least this many batches (and whole epochs).")
+_NUM_PARALLEL_CALLS = flags.DEFINE_integer("num_parallel_calls", 1, "tf.data threads building batches.")
+
+# google-research/bert: max_predictions_per_seq 20 at 128, 80 at 512 (its README).
+_MAX_PREDICTIONS = {128: 20, 512: 80}
+
+
+def data_config(prepared_dir: str, seq_length: int):
+  """`configs/common.py`'s data fields, set from the flags."""
+  spec = importlib.util.spec_from_file_location("configs_common", _REPO / "configs" / "common.py")
+  common = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(common)
+  c = common.data_config()
+  c.train_files, c.eval_fraction = prepared_dir, 0.0
+  c.seq_length = seq_length
+  c.max_predictions_per_seq = _MAX_PREDICTIONS.get(seq_length, round(seq_length * 0.15))
+  c.format, c.packing = _FORMAT.value, _PACKING.value
+  c.whole_word_masking, c.span_masking = _MASKING.value == "word", _MASKING.value == "span"
+  c.num_parallel_calls = _NUM_PARALLEL_CALLS.value
+  return c
+
+
+def time_pipeline(prepared_dir: str, seq_length: int) -> dict:
+  """Sequences per CPU-second of the iterator over at least `min_batches` batches and one epoch."""
+  start = time.time()
+  it = input_pipeline.create_pretrain_iterator(data_config(prepared_dir, seq_length),
+                                               global_batch_size=_BATCH.value, process_index=0, process_count=1)
+  load_seconds = time.time() - start
+  cpu, wall = time.process_time(), time.perf_counter()
+  batches = 0
+  while batches < _MIN_BATCHES.value or it.get_state()["epoch"] == 0:
+    next(it)
+    batches += 1
+  cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+  sequences = batches * _BATCH.value
+  # The same batches built directly, without tf.data: the numpy work alone.
+  numpy_cpu = time.process_time()
+  n = it.maker.rows_per_batch
+  for b in range(min(batches, it.maker.num_rows(0) // n)):
+    it.maker.batch(0, b * n + np.arange(n))
+  numpy_cpu = time.process_time() - numpy_cpu
+  return {"bench": "pipeline", "seq_length": seq_length, "format": _FORMAT.value, "masking": _MASKING.value,
+          "packing": _PACKING.value, "global_batch_size": _BATCH.value, "batches": batches,
+          "epochs": it.get_state()["epoch"], "documents": it.maker.docs.num_documents,
+          "num_parallel_calls": _NUM_PARALLEL_CALLS.value, "load_seconds": round(load_seconds, 3),
+          "cpu_seconds": round(cpu, 3), "wall_seconds": round(wall, 3),
+          "sequences_per_cpu_s": round(sequences / cpu), "sequences_per_s": round(sequences / wall),
+          "numpy_only_sequences_per_cpu_s": round(min(batches, it.maker.num_rows(0) // n) * n / numpy_cpu)}
+
+
+def _print(record: dict) -> None:
+  print(json.dumps(record), flush=True)
+
+
+def main(argv) -> None:
+  if len(argv) > 1:
+    raise ValueError(f"unexpected arguments: {argv[1:]}")
+  prepared = _PREPARED_DIR.value
+  if prepared is None:
+    spec = FLAGS.input or str(_SHARED / "corpora" / "news_articles.jsonl")
+    vocab = FLAGS.vocab_file or (str(_SHARED / "minilm" / "vocab.txt") if FLAGS.input is None else None)
+    if not FLAGS.input and not pathlib.Path(spec).exists():
+      raise ValueError(f"{spec} is not there: pass --input=<corpus> (and --vocab_file)")
+    work_dir = _WORK_DIR.value or tempfile.mkdtemp(prefix="bench_data_")
+    prepared = str(pathlib.Path(work_dir) / "prepared")
+    _print(prepare.prepare_throughput(spec, vocab, prepared))
+  for seq_length in _SEQ_LENGTHS.value:
+    _print(time_pipeline(prepared, int(seq_length)))
