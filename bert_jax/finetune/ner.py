@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 
-from bert_jax.finetune import metrics
+from bert_jax.finetune import metrics, readers
 
 LABELS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")
 # Where the common distributions put each split (`<split>.txt` is tried first).
@@ -65,7 +65,7 @@ def parse_conll(lines, scheme: str = "bio") -> list[NerExample]:
 def read(split: str, source: str, data_dir: str | None = None, scheme: str = "bio"):
   """`split` from a CoNLL file, or a directory with `<split>.txt` (also `valid.txt`, `eng.testa`...)."""
   del data_dir
-  if source == "tfds" or source.startswith("tfds:"):
+  if readers.is_tfds(source):
     raise ValueError("conll2003 reads the original text files; give their path")
   path = source
   if os.path.isdir(source):

@@ -120,6 +120,18 @@ TFDS_SPLITS = {"train": "train", "dev": "validation", "dev_matched": "validation
                "test_matched": "test_matched", "test_mismatched": "test_mismatched"}
 
 
+def is_tfds(source: str) -> bool:
+  """Whether a task source names TFDS: "tfds" (the task's dataset) or "tfds:<name>"."""
+  return source == "tfds" or source.startswith("tfds:")
+
+
+def tfds_name(source: str, default: str | None) -> str:
+  name = source[len("tfds:"):] if ":" in source else default
+  if not name:
+    raise ValueError("this task has no TFDS dataset; give 'tfds:<name>'")
+  return name
+
+
 def tfds_records(name: str, split: str, data_dir: str | None):
   """(records as dicts of python values, builder) of one split of a prepared TFDS dataset."""
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top

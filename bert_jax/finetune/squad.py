@@ -99,9 +99,8 @@ def read_json(path: str) -> list[SquadExample]:
 def read(split: str, source: str, data_dir: str | None = None, version: str = "v1.1"):
   """`split` from a SQuAD JSON file, a directory with `<split>.json` or `<split>-v1.1.json` /
   `<split>-v2.0.json`, or "tfds" / "tfds:squad/v2.0" from a prepared `data_dir`."""
-  if source == "tfds" or source.startswith("tfds:"):
-    name = source[len("tfds:"):] if ":" in source else f"squad/{version}"
-    records, _ = readers.tfds_records(name, split, data_dir)
+  if readers.is_tfds(source):
+    records, _ = readers.tfds_records(readers.tfds_name(source, f"squad/{version}"), split, data_dir)
     return [make_example(r["id"], r["question"], r["context"], r["answers"]["text"],
                          r["answers"]["answer_start"], r.get("is_impossible", False))
             for r in records]

@@ -138,18 +138,12 @@ _IMPL = {"classification": _Pairs, "regression": _Pairs, "span": squad, "tagging
 # Readers behind `Task.read`.
 
 
-def _is_tfds(source: str) -> bool:
-  return source == "tfds" or source.startswith("tfds:")
-
-
 def _read_columns(split, source, data_dir, *, text_a, text_b, label, regression=False, guid=None,
                   skip_labels=(), tfds_name=None, tfds_text=None, label_names=(),
                   special=None, extensions=(".tsv",)):
   """Local file/dir (by named columns, or a `special` reader), or TFDS `glue/*`."""
-  if _is_tfds(source):
-    name = source[len("tfds:"):] if ":" in source else tfds_name
-    if not name:
-      raise ValueError("this task has no TFDS dataset; give 'tfds:<name>'")
+  if readers.is_tfds(source):
+    name = readers.tfds_name(source, tfds_name)
     a, b = tfds_text or (text_a, text_b)
     return readers.read_tfds_glue(name, split, data_dir, a, b, label_names, regression)
   path = readers.resolve_file(source, split, extensions)
