@@ -70,6 +70,8 @@ def test_partial_word_answer_is_cut_from_the_original_text(tokenizer):
 def test_windows_and_max_context():
   assert squad._doc_spans(10, 4, 2) == [(0, 4), (2, 4), (4, 4), (6, 4)]
   assert squad._doc_spans(3, 4, 2) == [(0, 3)]
+  with pytest.raises(ValueError, match="no room"):
+    squad._doc_spans(3, 0, 2)
   spans = [(0, 4), (2, 4), (4, 4)]
   # Token 3: context min(3, 0) in span 0, min(1, 2) in span 1 -> span 1 only.
   assert [squad._is_max_context(spans, i, 3) for i in range(3)] == [False, True, False]

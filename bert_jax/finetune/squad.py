@@ -123,6 +123,8 @@ def _improve_answer_span(doc_tokens, start, end, tokenizer, answer_text):
 
 def _doc_spans(num_tokens: int, max_tokens: int, doc_stride: int) -> list[tuple[int, int]]:
   """(start, length) windows over the context's sub-tokens."""
+  if max_tokens < 1:
+    raise ValueError("no room for the context: raise max_seq_length or lower max_query_length")
   spans, start = [], 0
   while start < num_tokens:
     length = min(num_tokens - start, max_tokens)
