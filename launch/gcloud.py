@@ -154,28 +154,34 @@ def state_query(tpu: Slice) -> list[str]:
 
 
 # --- remote commands ----------------------------------------------------------------------------
+# All take --quiet: gcloud then never prompts (a first SSH key is made without a passphrase), so an
+# unattended supervisor cannot hang on a question.
+
+
+def _everywhere(tpu: Slice) -> tuple[list[str], list[str]]:
+  """The command group and the flags that reach every worker of every slice."""
+  return (QUEUED, ["--node=all", "--worker=all"]) if tpu.queued else (TPU_VM, ["--worker=all"])
 
 
 def ssh_all(tpu: Slice, command: str) -> list[str]:
   """Runs `command` on every worker of every slice at once."""
-  if tpu.queued:
-    return QUEUED + ["ssh", tpu.name, *tpu.where(), "--node=all", "--worker=all", f"--command={command}"]
-  return TPU_VM + ["ssh", tpu.name, *tpu.where(), "--worker=all", f"--command={command}"]
+  group, everywhere = _everywhere(tpu)
+  return group + ["ssh", tpu.name, *tpu.where(), "--quiet", *everywhere, f"--command={command}"]
 
 
 def ssh_one(tpu: Slice, command: str, worker: int | str = 0, node: int = 0) -> list[str]:
   """Runs `command` on one worker (or "all" workers) of one slice (a queued resource's node)."""
-  return TPU_VM + ["ssh", tpu.node_names[node], *tpu.where(), f"--worker={worker}", f"--command={command}"]
+  return TPU_VM + ["ssh", tpu.node_names[node], *tpu.where(), "--quiet", f"--worker={worker}",
+                   f"--command={command}"]
 
 
 def scp_to_all(tpu: Slice, local_path: str, remote_path: str) -> list[str]:
   """Copies a local file to `remote_path` (relative to the home directory) on every worker."""
-  if tpu.queued:
-    return QUEUED + ["scp", local_path, f"{tpu.name}:{remote_path}", *tpu.where(), "--node=all", "--worker=all"]
-  return TPU_VM + ["scp", local_path, f"{tpu.name}:{remote_path}", *tpu.where(), "--worker=all"]
+  group, everywhere = _everywhere(tpu)
+  return group + ["scp", local_path, f"{tpu.name}:{remote_path}", *tpu.where(), "--quiet", *everywhere]
 
 
 def scp_from(tpu: Slice, remote_path: str, local_path: str, worker: int, node: int = 0) -> list[str]:
   """Copies `remote_path` from one worker of one slice to `local_path`."""
   return TPU_VM + ["scp", f"{tpu.node_names[node]}:{remote_path}", local_path, *tpu.where(),
-                   f"--worker={worker}"]
+                   "--quiet", f"--worker={worker}"]

@@ -150,9 +150,7 @@ def _job(a) -> actions.Job:
 
 def _logs(run: Runner, tpu: gcloud.Slice, a) -> bool:
   if not a.collect:
-    follow_all = a.worker == "all"
-    cmd = gcloud.ssh_one(tpu, remote.tail(a.job, a.lines, a.follow), worker=a.worker, node=a.node)
-    return run(cmd).ok or (a.follow and follow_all)  # Ctrl-C ends a follow
+    return run(gcloud.ssh_one(tpu, remote.tail(a.job, a.lines, a.follow), worker=a.worker, node=a.node)).ok
   workers = a.workers or (gcloud.chips_and_hosts(a.accelerator_type)[1] if a.accelerator_type else None)
   if not workers:
     raise ValueError("--collect needs --workers or --accelerator-type")
@@ -216,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
+  except KeyboardInterrupt:  # e.g. the end of `logs --follow`; the slice and the job keep running
+    return 130
 
 
 if __name__ == "__main__":

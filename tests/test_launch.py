@@ -87,13 +87,13 @@ def test_create_one_slice_queued_resource_uses_node_id(capsys):
 def test_setup_single_slice_from_local_copy(capsys):
   assert dry(capsys, "setup", *SINGLE, "--source=/work/src", "--tarball=/tmp/src.tgz") == [
       TAR,
-      "gcloud compute tpus tpu-vm scp /tmp/src.tgz bert-large:bert_jax-src.tar.gz --zone=ZONE --worker=all",
-      "gcloud compute tpus tpu-vm ssh bert-large --zone=ZONE --worker=all '--command=" + UNPACK + INSTALL + "'"]
+      "gcloud compute tpus tpu-vm scp /tmp/src.tgz bert-large:bert_jax-src.tar.gz --zone=ZONE --quiet --worker=all",
+      "gcloud compute tpus tpu-vm ssh bert-large --zone=ZONE --quiet --worker=all '--command=" + UNPACK + INSTALL + "'"]
 
 
 def test_setup_multislice_from_git(capsys):
   assert dry(capsys, "setup", *MULTI, "--git-url=https://github.com/ORG/bert_jax.git", "--git-ref=v0.1.0") == [
-      "gcloud compute tpus queued-resources ssh big --zone=ZONE --node=all --worker=all '--command="
+      "gcloud compute tpus queued-resources ssh big --zone=ZONE --quiet --node=all --worker=all '--command="
       + CLONE + INSTALL + "'"]
 
 
@@ -108,44 +108,44 @@ RUN_FLAGS = ["--workdir=gs://BUCKET/phase1", "--env=LIBTPU_INIT_ARGS=--xla_a=tru
 
 def test_run_single_slice_all_workers_in_background(capsys):
   assert dry(capsys, "run", *SINGLE, *RUN_FLAGS, *PHASE1) == [
-      "gcloud compute tpus tpu-vm ssh bert-large --zone=ZONE --worker=all '--command=" + START + "'"]
+      "gcloud compute tpus tpu-vm ssh bert-large --zone=ZONE --quiet --worker=all '--command=" + START + "'"]
 
 
 def test_run_multislice_every_node_and_worker(capsys):
   assert dry(capsys, "run", *MULTI, *RUN_FLAGS, *PHASE1) == [
-      "gcloud compute tpus queued-resources ssh big --zone=ZONE --node=all --worker=all '--command="
+      "gcloud compute tpus queued-resources ssh big --zone=ZONE --quiet --node=all --worker=all '--command="
       + START + "'"]
 
 
 def test_logs_follow_stream_and_collect(capsys):
   assert dry(capsys, "logs", *SINGLE, "--follow") == [
-      "gcloud compute tpus tpu-vm ssh bert-large --zone=ZONE --worker=0 "
+      "gcloud compute tpus tpu-vm ssh bert-large --zone=ZONE --quiet --worker=0 "
       "'--command=tail -n 100 -F \"$HOME/bert_jax_logs/train.log\"'"]
   assert dry(capsys, "logs", *SINGLE, "--worker=all", "--lines=20") == [
-      "gcloud compute tpus tpu-vm ssh bert-large --zone=ZONE --worker=all "
+      "gcloud compute tpus tpu-vm ssh bert-large --zone=ZONE --quiet --worker=all "
       "'--command=tail -n 20 \"$HOME/bert_jax_logs/train.log\"'"]
   lines = dry(capsys, "logs", *SINGLE, "--collect=out", "--accelerator-type=v3-128")
   assert len(lines) == 16  # one per host of the 64-chip slice
   assert lines[0] == ("gcloud compute tpus tpu-vm scp bert-large:bert_jax_logs/train.log "
-                      "out/train.node0.worker0.log --zone=ZONE --worker=0")
+                      "out/train.node0.worker0.log --zone=ZONE --quiet --worker=0")
   assert lines[15] == ("gcloud compute tpus tpu-vm scp bert-large:bert_jax_logs/train.log "
-                       "out/train.node0.worker15.log --zone=ZONE --worker=15")
+                       "out/train.node0.worker15.log --zone=ZONE --quiet --worker=15")
 
 
 def test_logs_collect_multislice_names_each_node(capsys):
   lines = dry(capsys, "logs", *MULTI, "--collect=out", "--workers=2", "--job=phase2")
   assert lines == [
       f"gcloud compute tpus tpu-vm scp big-{n}:bert_jax_logs/phase2.log out/phase2.node{n}.worker{w}.log "
-      f"--zone=ZONE --worker={w}" for n in range(2) for w in range(2)]
+      f"--zone=ZONE --quiet --worker={w}" for n in range(2) for w in range(2)]
 
 
 def test_status_stop_delete_single_slice(capsys):
   assert dry(capsys, "status", *SINGLE) == [
       "gcloud compute tpus tpu-vm describe bert-large --zone=ZONE "
       "'--format=yaml(name,acceleratorType,runtimeVersion,state,health,healthDescription)'",
-      "gcloud compute tpus tpu-vm ssh bert-large --zone=ZONE --worker=0 '--command=" + JOB_STATE + "'"]
+      "gcloud compute tpus tpu-vm ssh bert-large --zone=ZONE --quiet --worker=0 '--command=" + JOB_STATE + "'"]
   assert dry(capsys, "stop", *SINGLE) == [
-      "gcloud compute tpus tpu-vm ssh bert-large --zone=ZONE --worker=all '--command="
+      "gcloud compute tpus tpu-vm ssh bert-large --zone=ZONE --quiet --worker=all '--command="
       'if [ -f "$HOME/bert_jax_logs/train.pid" ]; then kill -TERM $(cat "$HOME/bert_jax_logs/train.pid") '
       "2>/dev/null || true; fi'"]
   assert dry(capsys, "delete", *SINGLE) == [
@@ -156,7 +156,7 @@ def test_status_stop_delete_multislice(capsys):
   assert dry(capsys, "status", *MULTI)[0] == (
       "gcloud compute tpus queued-resources describe big --zone=ZONE '--format=yaml(name,state,tpu.nodeSpec)'")
   assert dry(capsys, "stop", *MULTI)[0].startswith(
-      "gcloud compute tpus queued-resources ssh big --zone=ZONE --node=all --worker=all '--command=if")
+      "gcloud compute tpus queued-resources ssh big --zone=ZONE --quiet --node=all --worker=all '--command=if")
   assert dry(capsys, "delete", *MULTI) == [
       "gcloud compute tpus queued-resources delete big --zone=ZONE --force --quiet"]
 
@@ -167,12 +167,12 @@ def test_supervise_dry_run_prints_the_plan(capsys):
   assert lines == [
       "# every 120 s: the slice's state, then the job's on worker 0",
       "gcloud compute tpus tpu-vm describe bert-large --zone=ZONE '--format=value(state)'",
-      "gcloud compute tpus tpu-vm ssh bert-large --zone=ZONE --worker=0 '--command=" + JOB_STATE + "'",
+      "gcloud compute tpus tpu-vm ssh bert-large --zone=ZONE --quiet --worker=0 '--command=" + JOB_STATE + "'",
       "# slice up, job not running: set up the workers and start the job",
       TAR,
-      "gcloud compute tpus tpu-vm scp /tmp/src.tgz bert-large:bert_jax-src.tar.gz --zone=ZONE --worker=all",
-      "gcloud compute tpus tpu-vm ssh bert-large --zone=ZONE --worker=all '--command=" + UNPACK + INSTALL + "'",
-      "gcloud compute tpus tpu-vm ssh bert-large --zone=ZONE --worker=all '--command=" + START + "'",
+      "gcloud compute tpus tpu-vm scp /tmp/src.tgz bert-large:bert_jax-src.tar.gz --zone=ZONE --quiet --worker=all",
+      "gcloud compute tpus tpu-vm ssh bert-large --zone=ZONE --quiet --worker=all '--command=" + UNPACK + INSTALL + "'",
+      "gcloud compute tpus tpu-vm ssh bert-large --zone=ZONE --quiet --worker=all '--command=" + START + "'",
       "# slice PREEMPTED/TERMINATED (or gone): delete and recreate it, then set up and start as above",
       "gcloud compute tpus tpu-vm delete bert-large --zone=ZONE --quiet",
       "gcloud compute tpus tpu-vm create bert-large --zone=ZONE --accelerator-type=v3-128 "

@@ -107,9 +107,9 @@ def test_multislice_suspended_queued_resource_is_recreated():
       "gcloud compute tpus queued-resources delete big --zone=ZONE --force --quiet",
       "gcloud compute tpus queued-resources create big --zone=ZONE --accelerator-type=v5litepod-256 "
       "--runtime-version=v2-alpha-tpuv5-lite --node-count=2 --node-prefix=big --spot"]
-  assert fake.calls[1].startswith("gcloud compute tpus tpu-vm ssh big-0 --zone=ZONE --worker=0 ")
+  assert fake.calls[1].startswith("gcloud compute tpus tpu-vm ssh big-0 --zone=ZONE --quiet --worker=0 ")
   assert fake.calls[11].startswith(
-      "gcloud compute tpus queued-resources ssh big --zone=ZONE --node=all --worker=all '--command=")
+      "gcloud compute tpus queued-resources ssh big --zone=ZONE --quiet --node=all --worker=all '--command=")
   assert "--workdir=gs://BUCKET/phase1" in fake.calls[11]
   assert sleeps == [30] * 6
 
