@@ -17,6 +17,7 @@ under a temporary name and renamed when complete; a re-run skips the shards alre
 """
 
 import collections
+import contextlib
 import hashlib
 import json
 import multiprocessing
@@ -70,12 +71,20 @@ def _tokenizer(path: str, do_lower_case: bool):
   return _WORKER_TOKENIZERS[key]
 
 
-def _serialize(token_ids: np.ndarray, sentence_lengths: np.ndarray) -> bytes:
+def _warm_up(tokenizer_dir: str, do_lower_case: bool) -> None:
+  """Pool initializer: pays for importing TensorFlow and building the tokenizer before timing starts."""
+  import tensorflow  # pylint: disable=g-import-not-at-top,unused-import
+
+  _tokenizer(tokenizer_dir, do_lower_case).encode_batch(["warm up"])
+
+
+def _serialize(features: dict) -> bytes:
+  """A `tf.train.Example` of int64 features."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-  feature = lambda v: tf.train.Feature(int64_list=tf.train.Int64List(value=v.tolist()))
   return tf.train.Example(features=tf.train.Features(feature={
-      "token_ids": feature(token_ids), "sentence_lengths": feature(sentence_lengths)})).SerializeToString()
+      name: tf.train.Feature(int64_list=tf.train.Int64List(value=values.tolist()))
+      for name, values in features.items()})).SerializeToString()
 
 
 def _is_eval(task_index: int, doc_index: int, eval_fraction: float) -> bool:
@@ -125,6 +134,7 @@ def _write_shard(task) -> dict:
   """Writes the task's train (and eval) shard; returns its counts. Runs in a worker process."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
+  start = time.time()
   counters = collections.Counter()
   counts = {split: collections.Counter() for split in task["outputs"]}
   tmp = {split: path + f".tmp-{os.getpid()}" for split, path in task["outputs"].items()}
@@ -132,12 +142,12 @@ def _write_shard(task) -> dict:
   for index, ids, lengths in _tokenized_documents(task, counters):
     split = "eval" if "eval" in writers and _is_eval(task["index"], index, task["eval_fraction"]) else "train"
     split = split if split in writers else next(iter(writers))
-    writers[split].write(_serialize(ids, lengths))
+    writers[split].write(_serialize({"token_ids": ids, "sentence_lengths": lengths}))
     counts[split].update(documents=1, sentences=len(lengths), tokens=len(ids))
   for split, writer in writers.items():
     writer.close()
     os.replace(tmp[split], task["outputs"][split])
-  return {"task": task["name"], "counters": dict(counters),
+  return {"task": task["name"], "counters": dict(counters), "seconds": time.time() - start,
           "shards": {os.path.basename(task["outputs"][s]): dict(c) for s, c in counts.items()}}
 
 
@@ -246,7 +256,7 @@ def prepare_corpus(spec: str, output_dir: str, *, vocab_file: str | None = None,
   tasks = _tasks(spec, output_dir, num_shards, eval_fraction, eval_spec, common, counters, data_dir, text_key)
   results, todo = _finished_results(output_dir, tasks)
   logging.info("%d shard tasks, %d already done", len(tasks), len(tasks) - len(todo))
-  results += _run(todo, output_dir, num_workers)
+  results += _run(todo, output_dir, num_workers, do_lower_case)
   stats = _summarize(results, counters, tokenizer_file, do_lower_case, settings)
   stats["seconds"] = round(time.time() - start, 3)
   with open(os.path.join(output_dir, STATS_FILE), "w") as f:
@@ -271,15 +281,22 @@ def _finished_results(output_dir, tasks):
   return results, todo
 
 
-def _run(tasks, output_dir, num_workers) -> list[dict]:
-  """Runs the shard tasks on `num_workers` processes, logging progress as shards complete."""
+def _run(tasks, output_dir, num_workers, do_lower_case) -> list[dict]:
+  """Runs the shard tasks on `num_workers` processes (1: in this process), logging progress."""
   if not tasks:
     return []
   num_workers = max(1, min(num_workers or os.cpu_count() or 1, len(tasks)))
   results, tokens, start = [], 0, time.time()
-  # "spawn": the parent may hold TensorFlow state that must not be forked.
-  with multiprocessing.get_context("spawn").Pool(num_workers) as pool:
-    for result in pool.imap_unordered(_write_shard, tasks):
+  with contextlib.ExitStack() as stack:
+    if num_workers == 1:
+      _warm_up(output_dir, do_lower_case)
+      finished = map(_write_shard, tasks)
+    else:
+      # "spawn": the parent may hold TensorFlow state that must not be forked.
+      pool = stack.enter_context(multiprocessing.get_context("spawn").Pool(
+          num_workers, _warm_up, (output_dir, do_lower_case)))
+      finished = pool.imap_unordered(_write_shard, tasks)
+    for result in finished:
       with open(_progress_path(output_dir, result["task"]), "w") as f:
         json.dump(result, f)
       results.append(result)
@@ -309,6 +326,8 @@ def _summarize(results, counters, tokenizer_file, do_lower_case, settings) -> di
       "vocab_size": tokenization.load_tokenizer(tokenizer_file, do_lower_case).vocab_size,
       "do_lower_case": do_lower_case,
       "settings": settings,
+      # Time inside shard tasks, summed over workers (excludes process start-up and TF import).
+      "worker_seconds": round(sum(r.get("seconds", 0.0) for r in results), 3),
   }
 
 
@@ -318,10 +337,14 @@ def prepare_throughput(spec: str, vocab_file: str, output_dir: str, *, num_worke
   if os.path.exists(os.path.join(output_dir, STATS_FILE)):
     raise ValueError(f"{output_dir} already holds a prepared corpus; give an empty directory")
   stats = prepare_corpus(spec, output_dir, vocab_file=vocab_file, num_workers=num_workers, **kwargs)
-  workers = num_workers or os.cpu_count()
+  workers = min(num_workers or os.cpu_count() or 1, len(stats["shards"]))
   return {"bench": "prepare", "input": spec, "tokens": stats["tokens"], "documents": stats["documents"],
-          "seconds": stats["seconds"], "tokens_per_s": round(stats["tokens"] / stats["seconds"]),
-          "workers": workers, "tokens_per_s_per_worker": round(stats["tokens"] / stats["seconds"] / workers)}
+          "workers": workers, "seconds": stats["seconds"],
+          # End to end: process start-up, TensorFlow import, planning, tokenizing, writing.
+          "tokens_per_s": round(stats["tokens"] / stats["seconds"]),
+          # Tokenizing and writing only, with every worker busy: what a large corpus approaches.
+          "tokens_per_s_steady": round(stats["tokens"] * workers / max(stats["worker_seconds"], 1e-9)),
+          "tokens_per_worker_s": round(stats["tokens"] / max(stats["worker_seconds"], 1e-9))}
 
 
 def main(argv) -> None:

@@ -175,36 +175,48 @@ def wordpiece_split(word: str, vocab: dict, unk: str = UNK) -> list[str]:
 # rewrites a text so that both agree, or returns None to send it to the reference path:
 # * controls, NUL and U+FFFD: BERT deletes them, the fast normaliser maps controls to spaces, so
 #   they are deleted first (`_clean_text` is idempotent, so this changes nothing for the reference);
+# * the per-word limit: the fast path counts bytes, BERT characters of the normalised word. They
+#   agree on ASCII; other texts use a tokenizer without the limit, and any run of
+#   `_MAX_RUN_NON_ASCII` or more non-space characters (which normalisation could stretch past 100
+#   characters: NFD turns one Hangul syllable into three jamo) goes to the reference path;
 # * CJK ideographs: not split by the fast pre-tokeniser, so they are padded with spaces first;
-# * runs long enough to reach the per-word limit, which the fast path counts in bytes, not chars;
 # * when lowercasing, characters with a compatibility decomposition ("½", "™", "…": the fast
 #   normaliser applies NFKD where BERT applies NFD) or whose case folding differs from
 #   `str.lower` ("ß" -> "ss", final sigma).
-_LONG_RUN_RE = re.compile(r"\S{" + str(MAX_CHARS_PER_WORD // 2) + ",}")
-_FOLD_DIFFERS = "\u03a3" + "".join(chr(c) for c in range(0x10000) if chr(c).casefold() != chr(c).lower())
-_SUSPECT_RE = {lower: re.compile("[\ufffd" + _CJK_RE.pattern[2:-2] + (re.escape(_FOLD_DIFFERS) if lower else "")
-                                 + r"]|\S{" + str(MAX_CHARS_PER_WORD // 2) + ",}") for lower in (False, True)}
-
-
-def _plain(text: str, do_lower_case: bool) -> bool:
-  """True when the fast path takes `text` as it is (the common case; C-speed checks only)."""
-  return (text.isprintable() and not _SUSPECT_RE[do_lower_case].search(text)
-          and (not do_lower_case or unicodedata.is_normalized("NFKC", text)))
+_MAX_RUN_NON_ASCII = 25
+_LONG_RUN_RE = re.compile(r"\S{%d}" % _MAX_RUN_NON_ASCII)
+_FOLD_DIFFERS_RE = re.compile("[\u03a3" + re.escape(
+    "".join(chr(c) for c in range(0x10000) if chr(c).casefold() != chr(c).lower())) + "]")
 
 
 def _fast_form(text: str, do_lower_case: bool) -> str | None:
   """`text` rewritten so the fast path gives the reference ids, or None if it cannot."""
-  if _plain(text, do_lower_case):
+  if text.isascii() and text.isprintable():
     return text
   if not text.isprintable():
     text = _clean_text(text)
-  text = _CJK_RE.sub(r" \1 ", text.replace("\ufffd", ""))
+  text = text.replace("\ufffd", "")
+  if text.isascii():
+    return text
+  text = _CJK_RE.sub(r" \1 ", text)
   if _LONG_RUN_RE.search(text):
     return None
-  if do_lower_case and (not unicodedata.is_normalized("NFKC", text) or re.search(
-      "[" + re.escape(_FOLD_DIFFERS) + "]", text)):
+  if do_lower_case and (not unicodedata.is_normalized("NFKC", text) or _FOLD_DIFFERS_RE.search(text)):
     return None
   return text
+
+
+def _merge(pieces, n: int) -> tuple[np.ndarray, np.ndarray]:
+  """Interleaves (text indices, flat ids, lengths) groups back into text order."""
+  lengths = np.zeros([n], np.int64)
+  for idx, _, piece_lengths in pieces:
+    lengths[idx] = piece_lengths
+  out_starts = np.cumsum(lengths) - lengths
+  ids = np.zeros([int(lengths.sum())], np.int32)
+  for idx, piece_ids, piece_lengths in pieces:
+    in_starts = np.cumsum(piece_lengths) - piece_lengths
+    ids[np.repeat(out_starts[idx] - in_starts, piece_lengths) + np.arange(len(piece_ids))] = piece_ids
+  return ids, lengths
 
 
 class WordPieceTokenizer(_Tokenizer):
@@ -218,7 +230,7 @@ class WordPieceTokenizer(_Tokenizer):
     self.vocab = {tok: i for i, tok in reversed(list(enumerate(self.inv_vocab)))}
     self.vocab_size = len(self.inv_vocab)
     self._set_specials(self.vocab.get)
-    self._fast = None  # built on first use: importing tensorflow_text costs seconds
+    self._fast = {}  # built on first use: importing tensorflow_text costs seconds
 
   def tokenize(self, text: str) -> list[str]:
     return [p for w in basic_tokenize(text, self.do_lower_case) for p in wordpiece_split(w, self.vocab)]
@@ -246,36 +258,39 @@ class WordPieceTokenizer(_Tokenizer):
     texts = list(texts)
     if not texts:
       return np.zeros([0], np.int32), np.zeros([0], np.int64)
-    # One check of the whole batch usually shows that every text can take the fast path as is.
-    forms = texts if _plain(" ".join(texts), self.do_lower_case) else [
-        _fast_form(t, self.do_lower_case) for t in texts]
-    fast = [i for i, f in enumerate(forms) if f is not None]
-    ragged = self._fast_tokenizer().tokenize([self._prenormalize(forms[i]) for i in fast] or [""])
-    ids, lengths = ragged.flat_values.numpy(), ragged.row_lengths().numpy()
-    if len(fast) == len(texts):
-      return ids, lengths
-    per_text = [np.zeros([0], np.int32)] * len(texts)
-    for i, chunk in zip(fast, np.split(ids, np.cumsum(lengths)[:-1])):
-      per_text[i] = chunk
+    joined = " ".join(texts)  # one check of the whole batch usually finds plain ASCII
+    if joined.isascii() and joined.isprintable():
+      return self._fast_ids(texts, ascii_only=True)
+    forms = [_fast_form(t, self.do_lower_case) for t in texts]
+    groups = {True: [], False: []}  # ASCII or not -> indices
     for i, form in enumerate(forms):
-      if form is None:
-        per_text[i] = np.asarray(self.encode(texts[i]), np.int32)
-    return np.concatenate(per_text), np.array([len(c) for c in per_text], np.int64)
+      if form is not None:
+        groups[form.isascii()].append(i)
+    pieces = [(np.array(idx), *self._fast_ids([forms[i] for i in idx], ascii_only))
+              for ascii_only, idx in groups.items() if idx]
+    slow = [i for i, form in enumerate(forms) if form is None]
+    if slow:
+      ids = [np.asarray(self.encode(texts[i]), np.int32) for i in slow]
+      pieces.append((np.array(slow), np.concatenate(ids), np.array([len(x) for x in ids], np.int64)))
+    return _merge(pieces, len(texts))
 
-  def _prenormalize(self, text: str) -> str:
-    return text if self.do_lower_case else unicodedata.normalize("NFC", text)
+  def _fast_ids(self, texts: list[str], ascii_only: bool) -> tuple[np.ndarray, np.ndarray]:
+    if not ascii_only and not self.do_lower_case:
+      texts = [unicodedata.normalize("NFC", t) for t in texts]  # as `basic_tokenize`
+    ragged = self._fast_tokenizer(ascii_only).tokenize(texts)
+    return ragged.flat_values.numpy(), ragged.row_lengths().numpy()
 
-  def _fast_tokenizer(self):
-    if self._fast is None:
+  def _fast_tokenizer(self, ascii_only: bool = False):
+    """tensorflow_text's tokenizer; for ASCII its byte limit per word is BERT's character limit."""
+    if ascii_only not in self._fast:
       import tensorflow as tf  # pylint: disable=g-import-not-at-top
       import tensorflow_text as tf_text  # pylint: disable=g-import-not-at-top
 
-      self._fast = tf_text.FastBertTokenizer(
+      self._fast[ascii_only] = tf_text.FastBertTokenizer(
           vocab=self.inv_vocab, suffix_indicator="##", unknown_token=self.inv_vocab[self.unk_id],
-          # Longer runs go to the reference path, so bytes never decide [UNK] here.
-          max_bytes_per_word=4 * MAX_CHARS_PER_WORD, token_out_type=tf.int32,
-          lower_case_nfd_strip_accents=self.do_lower_case)
-    return self._fast
+          max_bytes_per_word=MAX_CHARS_PER_WORD if ascii_only else 4 * 3 * MAX_CHARS_PER_WORD,
+          token_out_type=tf.int32, lower_case_nfd_strip_accents=self.do_lower_case)
+    return self._fast[ascii_only]
 
   def save(self, directory: str) -> str:
     os.makedirs(directory, exist_ok=True)

@@ -1,0 +1,179 @@
+"""Tokenizers: Hugging Face parity, BERT's tricky cases, fast path == reference path, training."""
+
+import itertools
+import json
+import random
+
+import numpy as np
+import pytest
+
+from bert_jax import corpus
+from bert_jax import tokenizer as T
+from conftest import shared_path
+
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def _vocab(tmp_path, tokens, name="vocab.txt"):
+  path = tmp_path / name
+  path.write_text("".join(t + "\n" for t in SPECIALS + tokens), encoding="utf-8")
+  return path
+
+
+@pytest.fixture(scope="module")
+def minilm():
+  return T.load_tokenizer(shared_path("minilm", "vocab.txt"))
+
+
+def test_hf_reference_ids_both_paths(minilm):
+  ref = np.load(shared_path("minilm", "hf_reference.npz"))
+  examples = json.loads(str(ref["sentences"]))
+  assert len(examples) == 8
+  for i, sentences in enumerate(examples):
+    ids, segment_ids = minilm.encode_pair(*sentences)  # reference (pure Python) path
+    np.testing.assert_array_equal(ids, ref[f"input_ids_{i}"])
+    np.testing.assert_array_equal(segment_ids, ref[f"token_type_ids_{i}"])
+    assert minilm.convert_ids_to_tokens(ids) == ref[f"tokens_{i}"].tolist()
+    # Fast path: every sentence must take it (not fall back), and give the same ids.
+    assert all(T._fast_form(s, True) is not None for s in sentences)
+    flat, lengths = minilm.encode_batch(sentences)
+    without_specials = [t for t in ids if t not in (minilm.cls_id, minilm.sep_id)]
+    np.testing.assert_array_equal(flat, without_specials)
+    assert lengths.tolist() == [len(minilm.encode(s)) for s in sentences]
+
+
+def test_special_ids_resolved_once(minilm):
+  assert (minilm.pad_id, minilm.unk_id, minilm.cls_id, minilm.sep_id, minilm.mask_id) == (0, 100, 101, 102, 103)
+  np.testing.assert_array_equal(minilm.special_ids, [0, 100, 101, 102, 103])
+  table = minilm.word_start_table()
+  assert table.shape == (minilm.vocab_size,) and table.dtype == bool
+  assert table[minilm.special_ids].all()
+  assert not table[minilm.convert_tokens_to_ids(["##ing"])[0]]
+  assert table[minilm.convert_tokens_to_ids(["play"])[0]]
+
+
+def test_bert_basic_tokenizer_cases(tmp_path):
+  """The cases of google-research/bert tokenization_test.py, plus accents, controls and CJK."""
+  assert T.basic_tokenize(" \tHeLLo!how  \n Are yoU?  ", True) == ["hello", "!", "how", "are", "you", "?"]
+  assert T.basic_tokenize(" \tHeLLo!how  \n Are yoU?  ", False) == ["HeLLo", "!", "how", "Are", "yoU", "?"]
+  assert T.basic_tokenize("H\u00e9llo", True) == ["hello"]
+  assert T.basic_tokenize("H\u00e9llo", False) == ["H\u00e9llo"]
+  assert T.basic_tokenize("He\u0301llo", False) == ["H\u00e9llo"]  # NFC, as Hugging Face
+  assert T.basic_tokenize("ah\u535a\u63a8zz", True) == ["ah", "\u535a", "\u63a8", "zz"]
+  assert T.basic_tokenize("hel\x00lo wor\u200bld\ufffd!", True) == ["hello", "world", "!"]
+  assert T.basic_tokenize("a$b^c`d~e", True) == ["a", "$", "b", "^", "c", "`", "d", "~", "e"]
+  assert T.basic_tokenize("tab\there\u00a0nbsp\u3000ideo", True) == ["tab", "here", "nbsp", "ideo"]
+  assert T._is_control("\u0005") and not T._is_control("\t") and not T._is_control("A")
+  assert T._is_whitespace("\u00a0") and not T._is_whitespace("A")
+  assert all(T._is_punctuation(c) for c in "-$`.\u00bf") and not T._is_punctuation("A")
+
+
+def test_wordpiece_greedy_longest_match_and_unk(tmp_path):
+  tok = T.WordPieceTokenizer(_vocab(tmp_path, ["want", "##want", "##ed", "wa", "un", "runn", "##ing", ",",
+                                               "a", "##a"]))
+  assert tok.tokenize("") == []
+  assert tok.tokenize("UNwant\u00e9d,running") == ["un", "##want", "##ed", ",", "runn", "##ing"]
+  assert tok.tokenize("unwantedX running") == ["[UNK]", "runn", "##ing"]
+  assert tok.tokenize("a" * 100) == ["a"] + ["##a"] * 99
+  assert tok.tokenize("a" * 101 + " want") == ["[UNK]", "want"]  # over 100 characters
+  assert tok.decode(tok.encode("unwanted running")) == "unwanted running"
+
+
+def test_cased_vocab(tmp_path):
+  path = _vocab(tmp_path, ["Hello", "hello", "H", "##\u00e9", "##llo", "World", "!"])
+  cased, uncased = T.WordPieceTokenizer(path, do_lower_case=False), T.WordPieceTokenizer(path)
+  assert cased.tokenize("Hello hello World!") == ["Hello", "hello", "World", "!"]
+  assert uncased.tokenize("Hello hello World!") == ["hello", "hello", "[UNK]", "!"]
+  assert cased.tokenize("H\u00e9llo") == ["H", "##\u00e9", "##llo"]  # accent kept when cased
+  assert uncased.tokenize("H\u00e9llo") == ["hello"]
+
+
+def test_encode_pair_longest_first_truncation(tmp_path):
+  tok = T.WordPieceTokenizer(_vocab(tmp_path, list("abcdefghij")))
+  ids, segments = tok.encode_pair("a b c d e f g h i j", "a b c d", max_length=10)
+  assert tok.convert_ids_to_tokens(ids) == ["[CLS]", "a", "b", "c", "d", "[SEP]", "a", "b", "c", "[SEP]"]
+  assert segments == [0] * 6 + [1] * 4
+  ids, segments = tok.encode_pair("a b c d e f", max_length=5)
+  assert tok.convert_ids_to_tokens(ids) == ["[CLS]", "a", "b", "c", "[SEP]"] and segments == [0] * 5
+
+
+def _random_texts(n, seed):
+  rng = random.Random(seed)
+  pools = [range(32, 127)] * 6 + [
+      range(0xA0, 0x250), range(0x370, 0x400), range(0x400, 0x530), range(0x600, 0x700),
+      range(0xAC00, 0xAC40), range(0x3040, 0x3100), range(0x2000, 0x2070), range(0x2100, 0x2200),
+      range(0x1F600, 0x1F610), range(0x300, 0x370), range(0x4E00, 0x4E40), range(0xFF00, 0xFF60),
+      range(0xFB00, 0xFB10), [0x130, 0x3A3, 0x1E9E, 0xDF, 0xB5],
+      [0, 1, 7, 0x7F, 0x85, 0xAD, 0x200B, 0xFFFD, 0xE000, 0x9, 0xA, 0xA0, 0x3000, 0xF900, 0x20000]]
+  texts = []
+  for _ in range(n):
+    chars = []
+    for _ in range(rng.randint(1, 30)):
+      chars.append(chr(rng.choice(rng.choice(pools))))
+      if rng.random() < 0.3:
+        chars.append(" ")
+    texts.append("".join(chars))
+  return texts + ["a" * 100, "a" * 101, "\u00e9" * 60, "\uac00" * 40, "x" * 99 + "\u00e9"]
+
+
+@pytest.mark.parametrize("do_lower_case", [True, False])
+def test_fast_path_equals_reference_on_random_unicode(minilm, do_lower_case):
+  tok = T.WordPieceTokenizer(minilm.vocab_file, do_lower_case)
+  texts = _random_texts(3000, seed=int(do_lower_case))
+  ids, lengths = tok.encode_batch(texts)
+  expected = [tok.encode(t) for t in texts]
+  assert lengths.tolist() == [len(e) for e in expected]
+  assert ids.tolist() == list(itertools.chain.from_iterable(expected))
+  assert sum(T._fast_form(t, do_lower_case) is not None for t in texts) >= 300  # both paths exercised
+
+
+def test_load_tokenizer_and_save(tmp_path, minilm):
+  saved = minilm.save(str(tmp_path / "out"))
+  assert saved.endswith("vocab.txt")
+  again = T.load_tokenizer(tmp_path / "out")
+  assert isinstance(again, T.WordPieceTokenizer) and again.vocab_size == minilm.vocab_size
+  with pytest.raises(FileNotFoundError):
+    T.load_tokenizer(tmp_path)
+  with pytest.raises(ValueError, match=r"\[MASK\]"):
+    no_mask = tmp_path / "nomask.txt"
+    no_mask.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\nword\n", encoding="utf-8")
+    T.WordPieceTokenizer(no_mask)
+
+
+@pytest.fixture(scope="module")
+def play_sentences():
+  documents = corpus.read_documents(corpus.SHAKESPEARE)
+  return [s for d in itertools.islice(documents, 60) for s in d]
+
+
+@pytest.mark.parametrize("model_type", ["unigram", "bpe"])
+def test_train_sentencepiece(tmp_path, play_sentences, model_type):
+  model = T.train_sentencepiece(play_sentences, str(tmp_path / "spm"), 400, model_type)
+  tok = T.load_tokenizer(tmp_path)
+  assert isinstance(tok, T.SentencePieceTokenizer) and model.endswith("spm.model")
+  assert tok.vocab_size == 400
+  assert (tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id) == (0, 1, 2, 3, 4)
+  text = "Now, fair Hippolyta, our nuptial hour draws on apace."
+  assert tok.decode(tok.encode(text)) == text.lower()
+  ids, segments = tok.encode_pair("To be.", "Or not.")
+  assert ids[0] == tok.cls_id and ids.count(tok.sep_id) == 2 and segments[-1] == 1
+  assert tok.mask_id not in tok.encode("[MASK]")  # control symbols never come from text
+  table = tok.word_start_table()
+  pieces = tok.convert_ids_to_tokens(range(tok.vocab_size))
+  assert table[5:].tolist() == [p.startswith("\u2581") for p in pieces[5:]] and table[:5].all()
+  flat, lengths = tok.encode_batch([text, "To be."])
+  assert flat.tolist() == tok.encode(text) + tok.encode("To be.") and lengths.sum() == len(flat)
+
+
+def test_train_wordpiece(tmp_path, play_sentences):
+  sample = play_sentences[:1500]
+  path = T.train_wordpiece(sample, 300, str(tmp_path / "vocab.txt"))
+  lines = (tmp_path / "vocab.txt").read_text(encoding="utf-8").splitlines()
+  assert lines[:5] == SPECIALS
+  assert 250 <= len(lines) <= 300
+  tok = T.load_tokenizer(path)
+  ids = [i for s in sample for i in tok.encode(s)]
+  assert ids.count(tok.unk_id) < 0.01 * len(ids)
+  characters = sum(len(w) for s in sample for w in T.basic_tokenize(s, True))
+  assert len(ids) < 0.6 * characters  # learned word pieces, not single characters
+  assert {"the", "and", "you", "##ing"} <= set(lines)
