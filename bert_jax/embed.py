@@ -25,7 +25,8 @@ from bert_jax import checkpoints_tf
 from bert_jax import model
 
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Hugging Face or Google TF checkpoint directory.")
-_INPUT = flags.DEFINE_string("input", None, "JSON lines with `text` (+`text_b`) or `input_ids` (+`token_type_ids`).")
+_INPUT = flags.DEFINE_string("input", None,
+                             "JSON lines with `text` (+`text_b`) or `input_ids` (+`token_type_ids`).")
 _OUTPUT = flags.DEFINE_string("output", None, "Output .npz file.")
 _VOCAB = flags.DEFINE_string("vocab", None, "Vocabulary for text input; default: the checkpoint's vocab.txt.")
 _DO_LOWER_CASE = flags.DEFINE_bool("do_lower_case", True, "Lowercase text input (uncased models).")

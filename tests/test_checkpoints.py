@@ -67,7 +67,8 @@ def test_export_reimport_is_exact_and_matches_reference(minilm, tmp_path):
   assert params["bert"]["encoder"]["layers"]["output"]["kernel"].shape == (6, 1536, 384)
   checkpoints_hf.save_hf(tmp_path / "out", cfg, params, vocab_file=path / "vocab.txt")
   assert (tmp_path / "out" / "vocab.txt").read_bytes() == (path / "vocab.txt").read_bytes()
-  original, exported = load_file(str(path / "model.safetensors")), load_file(str(tmp_path / "out/model.safetensors"))
+  original = load_file(str(path / "model.safetensors"))
+  exported = load_file(str(tmp_path / "out" / "model.safetensors"))
   assert set(original) - set(exported) == {"embeddings.position_ids"}
   for name, value in exported.items():
     np.testing.assert_array_equal(value, original[name], err_msg=name)
@@ -168,3 +169,16 @@ def test_bad_checkpoints_are_errors_naming_the_tensor(tmp_path):
   (tmp_path / "config.json").write_text(json.dumps(cfg.to_hf_dict()))
   _, loaded = checkpoints_hf.load_hf(tmp_path)
   assert set(loaded) == {"bert"}
+
+
+def test_bfloat16_compute_close_to_reference(minilm):
+  # bf16 activations (8-bit mantissa) with float32 params, softmax and LayerNorm statistics: measured
+  # max 0.031, mean 0.0028 on outputs of mean magnitude 0.29.
+  path, ref = minilm
+  cfg, params = checkpoints_hf.load_hf(path, dtype="bfloat16")
+  mask = ref["batch_attention_mask"].astype(np.int32)
+  out = model.BertEncoder(cfg).apply({"params": params["bert"]}, ref["batch_input_ids"].astype(np.int32), mask,
+                                     ref["batch_token_type_ids"].astype(np.int32))
+  assert out["sequence_output"].dtype == np.dtype("bfloat16")
+  err = np.abs(np.asarray(out["sequence_output"], np.float32) - ref["batch_last_hidden_state"])[mask == 1]
+  assert err.max() < 0.08 and err.mean() < 0.008, (err.max(), err.mean())

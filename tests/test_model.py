@@ -134,7 +134,7 @@ def test_bfloat16_compute_close_to_float32():
   assert bf16["sequence_output"].dtype == jnp.bfloat16
   err = np.abs(np.asarray(bf16["sequence_output"], np.float32) - np.asarray(f32["sequence_output"]))
   # Outputs are LayerNorm-ed (unit scale); bf16 has an 8-bit mantissa (relative step 2^-8 = 0.004).
-  assert err.max() < 0.1 and err.mean() < 0.02, (err.max(), err.mean())
+  assert err.max() < 0.08 and err.mean() < 0.01, (err.max(), err.mean())  # measured 0.039, 0.0038
 
 
 @pytest.mark.parametrize("policy", ["full", "minimal"])
@@ -147,6 +147,8 @@ def test_remat_does_not_change_gradients(policy):
     return jax.jit(jax.grad(loss))(p)
 
   ref = grads(tiny(), params)
+  loss = lambda p: jnp.sum(model.BertEncoder(tiny(remat_policy=policy)).apply({"params": p}, ids)["pooled_output"])
+  assert "remat" in str(jax.make_jaxpr(jax.grad(loss))(params))  # the switch really rematerialises
   got = grads(tiny(remat_policy=policy), params)
   jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6), ref, got)
   got_scanned = grads(tiny(remat_policy=policy, scan_layers=True), model.scan_params(params))
