@@ -199,9 +199,8 @@ def execute(a, run: Runner) -> int:
   return 0 if ok else 1
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse(argv: list[str]) -> argparse.Namespace:
   """The job's command follows `--` (run, supervise): everything after it is passed on verbatim."""
-  argv = list(sys.argv[1:] if argv is None else argv)
   split = argv.index("--") if "--" in argv else len(argv)
   a = parser().parse_args(argv[:split])
   a.command = argv[split + 1:]
@@ -209,6 +208,11 @@ def main(argv: list[str] | None = None) -> int:
     parser().error("--dry-run goes before `--` (after `--` comes the job's own command)")
   if a.subcommand in ("create", "supervise") and bool(a.tpu_type) != bool(a.topology):
     parser().error("--type and --topology go together")
+  return a
+
+
+def main(argv: list[str] | None = None) -> int:
+  a = parse(list(sys.argv[1:] if argv is None else argv))
   try:
     return execute(a, DryRun() if a.dry_run else Subprocess())
   except ValueError as e:

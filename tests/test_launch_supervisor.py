@@ -7,6 +7,7 @@ import pytest
 from launch import actions
 from launch import gcloud
 from launch import supervisor
+from launch import tpu
 from launch.runner import Result
 
 JOB_PROBE = "echo running"  # a fragment only the job-state command has
@@ -196,3 +197,19 @@ def test_transitional_states_only_wait(state):
   sup, _, _ = make(SINGLE, V3, fake)
   assert sup.supervise() == 0
   assert "create" not in fake.kinds() and "delete" not in fake.kinds()
+
+
+def test_supervise_subcommand_wires_its_flags_into_the_loop(capsys):
+  fake = FakeGcloud(states=["MISSING", "WAITING_FOR_RESOURCES", "ACTIVE", "SUSPENDED"], jobs=["none"])
+  a = tpu.parse(["supervise", "big", "--zone=ZONE", "--node-count=2", "--accelerator-type=v4-128", "--spot",
+                 "--git-url=https://github.com/ORG/bert_jax.git", "--workdir=gs://BUCKET/phase1",
+                 "--poll-seconds=0", "--max-restarts=0", "--job=phase1", "--",
+                 "bert-jax", "pretrain", "--config=configs/bert_large.py:phase1"])
+  assert tpu.execute(a, fake) == 1  # preempted with no restarts allowed
+  assert fake.kinds() == ["state", "create", "state", "state", "job", "setup", "start", "state"]
+  assert fake.calls[1] == ("gcloud compute tpus queued-resources create big --zone=ZONE --accelerator-type=v4-128 "
+                           "--runtime-version=tpu-ubuntu2204-base --node-count=2 --node-prefix=big --spot")
+  assert "phase1.exit" in fake.calls[4]
+  assert ('"$HOME/bert_jax/launch/job.sh" phase1 bert-jax pretrain --config=configs/bert_large.py:phase1 '
+          "--workdir=gs://BUCKET/phase1 >>") in fake.calls[6]
+  assert "giving up after 0 restarts" in capsys.readouterr().err
