@@ -79,6 +79,8 @@ class Supervisor:
       if self.failures > self.policy.max_restarts:
         self.log(f"giving up after {self.failures} failed steps in a row")
         return 1
+      if state in self.dead_states and ok:
+        continue  # just recreated: look at the new slice at once
       self.sleep(self._backoff() if self.failures else self.policy.poll_seconds)
 
   def _check_job(self) -> int | None:

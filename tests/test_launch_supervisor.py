@@ -83,7 +83,7 @@ def test_preempted_slice_is_deleted_recreated_set_up_and_restarted():
       "state", "job", "setup", "start",          # up again: same command, resumes from checkpoints
       "state", "job",                            # running
       "state", "job"]                            # exit 0: done
-  assert sleeps == [60] * 6
+  assert sleeps == [60] * 5  # none right after the recreate
   assert sup.restarts == 1
   assert "bert-large is PREEMPTED" in logs and "the slice is PREEMPTED: restart 1/20" in logs
   assert logs[-1] == "job train finished (exit 0)"
@@ -112,15 +112,16 @@ def test_multislice_suspended_queued_resource_is_recreated():
   assert fake.calls[11].startswith(
       "gcloud compute tpus queued-resources ssh big --zone=ZONE --quiet --node=all --worker=all '--command=")
   assert "--workdir=gs://BUCKET/phase1" in fake.calls[11]
-  assert sleeps == [30] * 6
+  assert sleeps == [30] * 5
 
 
 def test_a_missing_slice_at_start_is_created_without_counting_a_restart():
   fake = FakeGcloud(states=["MISSING", "READY", "READY"], jobs=["none", "exit 0"])
-  sup, _, _ = make(SINGLE, V3, fake)
+  sup, sleeps, _ = make(SINGLE, V3, fake)
   assert sup.supervise() == 0
   assert fake.kinds() == ["state", "create", "state", "job", "setup", "start", "state", "job"]
   assert sup.restarts == 0
+  assert sleeps == [300]  # the new slice is looked at again at once
 
 
 def test_a_slice_gone_later_is_recreated_without_delete():
@@ -170,7 +171,7 @@ def test_failed_creates_back_off_exponentially_up_to_the_cap():
                     jobs=["none", "exit 0"], fail=["create"] * 4)
   sup, sleeps, logs = make(SINGLE, V3, fake, backoff_seconds=10, max_backoff_seconds=50)
   assert sup.supervise() == 0
-  assert sleeps == [10, 20, 40, 50, 300, 300]
+  assert sleeps == [10, 20, 40, 50, 300]
   assert logs.count("creating bert-large failed") == 4
   assert sup.restarts == 5
 
