@@ -8,6 +8,17 @@
 name=$1
 shift
 logs="$HOME/bert_jax_logs"
+
+# A previous instance of this job still alive here (e.g. hung in a collective after another worker
+# crashed) holds the TPU: end it first. Its BERT_JAX_JOB variable proves the pid is still that job.
+old=$(cat "$logs/$name.pid" 2>/dev/null)
+if [ -n "$old" ] && grep -qsxz "BERT_JAX_JOB=$name" "/proc/$old/environ"; then
+  echo "killing the previous $name (pid $old)"
+  kill -KILL "$old"
+  while kill -0 "$old" 2>/dev/null; do sleep 1; done
+fi
+
+export BERT_JAX_JOB=$name
 trap 'echo preempted > "$logs/$name.exit"; exit 143' TERM
 "$@" &
 echo $! > "$logs/$name.pid"

@@ -65,8 +65,9 @@ def run(command: list[str], *, env: dict[str, str], job: str = "train") -> str:
   """Starts `command` in the background, detached from the ssh session, from the source directory.
 
   The venv's bin/ comes first on PATH, so `bert-jax ...` is the installed one. Output is appended to
-  ~/bert_jax_logs/JOB.log; launch/job.sh records the process id in JOB.pid (for `stop`) and the
-  exit status, or "preempted", in JOB.exit (for the supervisor).
+  ~/bert_jax_logs/JOB.log; launch/job.sh ends a previous instance of JOB still alive on the worker,
+  records the process id in JOB.pid (for `stop`) and the exit status, or "preempted", in JOB.exit
+  (for the supervisor).
   """
   check_job_name(job)
   bad = [key for key in env if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key)]
@@ -87,18 +88,23 @@ def run(command: list[str], *, env: dict[str, str], job: str = "train") -> str:
   return " && ".join(steps)
 
 
+def _job_alive(job: str) -> str:
+  """A test that JOB.pid is a live process of this job (not a reused pid): job.sh tags its env."""
+  pid = _dq(f"{LOGS}/{check_job_name(job)}.pid")
+  return f"grep -qsxz BERT_JAX_JOB={job} /proc/$(cat {pid} 2>/dev/null)/environ"
+
+
 def stop(job: str = "train") -> str:
   """SIGTERM to the job: it saves a checkpoint and exits cleanly."""
   pid = _dq(f"{LOGS}/{check_job_name(job)}.pid")
-  return f"if [ -f {pid} ]; then kill -TERM $(cat {pid}) 2>/dev/null || true; fi"
+  return f"if {_job_alive(job)}; then kill -TERM $(cat {pid}); fi"
 
 
 def job_state(job: str = "train") -> str:
   """Prints `exit N` (N a status, or "preempted"), `running`, or `none` (never started here)."""
-  pid, status = (_dq(f"{LOGS}/{check_job_name(job)}.{ext}") for ext in ("pid", "exit"))
+  status = _dq(f"{LOGS}/{check_job_name(job)}.exit")
   return (f"if [ -f {status} ]; then echo exit $(cat {status}); "
-          f"elif [ -f {pid} ] && kill -0 $(cat {pid}) 2>/dev/null; then echo running; "
-          f"else echo none; fi")
+          f"elif {_job_alive(job)}; then echo running; else echo none; fi")
 
 
 def tail(job: str = "train", lines: int = 100, follow: bool = False) -> str:

@@ -35,8 +35,8 @@ START = ('mkdir -p "$HOME/bert_jax_logs" && cd "$HOME/bert_jax" && rm -f "$HOME/
          'bert-jax pretrain --config=configs/bert_large.py:phase1 --workdir=gs://BUCKET/phase1 '
          '>> "$HOME/bert_jax_logs/train.log" 2>&1 < /dev/null & }')
 JOB_STATE = ('if [ -f "$HOME/bert_jax_logs/train.exit" ]; then echo exit $(cat "$HOME/bert_jax_logs/train.exit"); '
-             'elif [ -f "$HOME/bert_jax_logs/train.pid" ] && kill -0 $(cat "$HOME/bert_jax_logs/train.pid") '
-             '2>/dev/null; then echo running; else echo none; fi')
+             'elif grep -qsxz BERT_JAX_JOB=train /proc/$(cat "$HOME/bert_jax_logs/train.pid" 2>/dev/null)/environ; '
+             'then echo running; else echo none; fi')
 
 
 @pytest.fixture(autouse=True)
@@ -146,8 +146,8 @@ def test_status_stop_delete_single_slice(capsys):
       "gcloud compute tpus tpu-vm ssh bert-large --zone=ZONE --quiet --worker=0 '--command=" + JOB_STATE + "'"]
   assert dry(capsys, "stop", *SINGLE) == [
       "gcloud compute tpus tpu-vm ssh bert-large --zone=ZONE --quiet --worker=all '--command="
-      'if [ -f "$HOME/bert_jax_logs/train.pid" ]; then kill -TERM $(cat "$HOME/bert_jax_logs/train.pid") '
-      "2>/dev/null || true; fi'"]
+      'if grep -qsxz BERT_JAX_JOB=train /proc/$(cat "$HOME/bert_jax_logs/train.pid" 2>/dev/null)/environ; '
+      'then kill -TERM $(cat "$HOME/bert_jax_logs/train.pid"); fi\'']
   assert dry(capsys, "delete", *SINGLE) == [
       "gcloud compute tpus tpu-vm delete bert-large --zone=ZONE --quiet"]
 

@@ -99,6 +99,39 @@ def test_a_failing_job_reports_its_status_and_a_new_run_clears_it(worker):
   assert wait_for(remote.job_state(), "exit 0") == "exit 0"
 
 
+def test_a_new_run_ends_a_hung_previous_instance_first(worker):
+  home, sh, wait_for = worker
+  hung = [sys.executable, "-c", "import signal, time\n"
+          "signal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('hung', flush=True)\ntime.sleep(60)"]
+  sh(remote.run(hung, env={}))
+  assert wait_for("tail -n 1 $HOME/bert_jax_logs/train.log", "hung") == "hung"
+  first = int((home / "bert_jax_logs" / "train.pid").read_text())
+  sh(remote.run(JOB, env={}))
+  assert wait_for("tail -n 1 $HOME/bert_jax_logs/train.log", "step 1") == "step 1"
+  assert int((home / "bert_jax_logs" / "train.pid").read_text()) != first
+  with pytest.raises(ProcessLookupError):
+    os.kill(first, 0)
+  assert f"killing the previous train (pid {first})" in (home / "bert_jax_logs" / "train.log").read_text()
+  sh(remote.stop())
+  assert wait_for(remote.job_state(), "exit 0") == "exit 0"
+
+
+def test_a_reused_pid_is_neither_stopped_nor_taken_for_the_job(worker):
+  home, sh, _ = worker
+  stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+  try:
+    (home / "bert_jax_logs").mkdir()
+    (home / "bert_jax_logs" / "train.pid").write_text(f"{stranger.pid}\n")
+    assert sh(remote.job_state()) == "none"
+    sh(remote.stop())
+    time.sleep(0.2)
+    assert stranger.poll() is None  # still alive
+  finally:
+    stranger.kill()
+    stranger.wait()
+    (home / "bert_jax_logs" / "train.pid").unlink()
+
+
 # --- hygiene ----------------------------------------------------------------------------------
 
 SECRETS = {
