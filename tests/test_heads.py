@@ -105,3 +105,26 @@ def test_finetuning_dropout_needs_rng_only_in_training():
   b = m.apply(params, *args, deterministic=False, rngs={"dropout": jax.random.key(2)})
   assert not np.allclose(a, b)
   np.testing.assert_array_equal(m.apply(params, *args), m.apply(params, *args))
+
+
+def test_sharded_forward_and_grad_match_single_device():
+  # Every activation constraint of the encoder and heads under the project's logical rules.
+  from configs import common  # pylint: disable=g-import-not-at-top
+  rules = common.LOGICAL_AXIS_RULES
+  mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 3)
+  cfg = tiny(scan_layers=True, remat_policy="minimal")
+  batch = pretraining_batch()
+  batch = {k: np.tile(v, (4, 1)) for k, v in batch.items()}  # 8 rows: one per data x fsdp shard pair
+  m = heads.BertForPreTraining(cfg)
+  params = nn.unbox(jax.jit(m.init)(jax.random.key(0), batch)["params"])
+  loss = lambda p, b: jnp.sum(jax.nn.log_softmax(m.apply({"params": p}, b)["mlm_logits"])[..., 7])
+  ref_loss, ref_grad = jax.jit(jax.value_and_grad(loss))(params, batch)
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    specs = nn.get_partition_spec(jax.eval_shape(m.init, jax.random.key(0), batch)["params"])
+    shardings = nn.logical_to_mesh_sharding(specs, mesh, rules)
+    sharded = jax.device_put(params, shardings)
+    got_loss, got_grad = jax.jit(jax.value_and_grad(loss))(sharded, batch)
+  assert sharded["bert"]["encoder"]["layers"]["intermediate"]["kernel"].sharding.spec == \
+      jax.sharding.PartitionSpec(None, "fsdp", "tensor")
+  np.testing.assert_allclose(got_loss, ref_loss, rtol=1e-5)
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5), got_grad, ref_grad)
