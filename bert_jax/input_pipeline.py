@@ -48,7 +48,8 @@ def load_documents(files: list[str], process_index: int = 0, process_count: int 
   """The documents of one host, from prepared TFRecord shards.
 
   Hosts take every `process_count`-th file, or every `process_count`-th document when there are
-  fewer files than hosts; either way they are disjoint. `held_out` True/False keeps only/drops
+  fewer files than hosts; either way they are disjoint (a host may hold a file more than another:
+  streams are endless, so hosts need not agree on the length of an epoch). `held_out` True/False keeps only/drops
   the `eval_fraction` of documents held out for evaluation; None keeps all.
   """
   by_file = len(files) >= process_count
@@ -67,19 +68,20 @@ def load_documents(files: list[str], process_index: int = 0, process_count: int 
       sentence_counts = doc_sentences.row_lengths().numpy()
       keep &= sentence_counts > 0
       record, doc_counter = record + n, doc_counter + n
-      tokens.append(doc_tokens.flat_values.numpy()[np.repeat(keep, doc_tokens.row_lengths().numpy())])
+      token_keep = np.repeat(keep, doc_tokens.row_lengths().numpy())
+      tokens.append(doc_tokens.flat_values.numpy()[token_keep].astype(np.int32))
       sentence_lengths.append(doc_sentences.flat_values.numpy()[np.repeat(keep, sentence_counts)])
       sentences_per_doc.append(sentence_counts[keep])
   return _as_documents(tokens, sentence_lengths, sentences_per_doc)
 
 
 def _as_documents(tokens, sentence_lengths, sentences_per_doc) -> instances.Documents:
-  concat = lambda parts: np.concatenate([np.zeros(0, np.int64)] + [np.asarray(p, np.int64) for p in parts])  # noqa: E731
-  tokens, sentence_lengths = concat(tokens), concat(sentence_lengths)
-  sentences_per_doc = concat(sentences_per_doc)
+  concat = lambda parts, dtype: np.concatenate([np.zeros(0, dtype)] + parts).astype(dtype)  # noqa: E731
+  tokens, sentence_lengths = concat(tokens, np.int32), concat(sentence_lengths, np.int64)
+  sentences_per_doc = concat(sentences_per_doc, np.int64)
   if sentence_lengths.sum() != len(tokens):
     raise ValueError("shards are inconsistent: sentence_lengths do not add up to the token_ids")
-  return instances.Documents(tokens=tokens.astype(np.int32),
+  return instances.Documents(tokens=tokens,
                              sentence_starts=np.concatenate([[0], np.cumsum(sentence_lengths)]),
                              doc_starts=np.concatenate([[0], np.cumsum(sentences_per_doc)]))
 
@@ -185,6 +187,8 @@ class PretrainIterator:
     self.maker, self.eval_mode = maker, eval_mode
     self.num_parallel_calls, self.prefetch = max(1, num_parallel_calls), prefetch
     self.num_batches = num_batches
+    if eval_mode and not maker.num_rows(_EVAL_EPOCH):
+      raise ValueError("this host has no eval documents: add eval shards or raise data.eval_fraction")
     if eval_mode and num_batches is None:
       self.num_batches = -(-maker.num_rows(_EVAL_EPOCH) // maker.rows_per_batch)
     self._position = (_EVAL_EPOCH if eval_mode else 0, 0)

@@ -35,9 +35,9 @@ def example_keys(*ids) -> np.ndarray:
     return np.atleast_1d(key)
 
 
-def uniform(keys: np.ndarray, stream: int, width: int) -> np.ndarray:
-  """float64 [n, width] in [0, 1): draw `j` of `stream` for each key."""
-  counters = np.arange(width, dtype=np.uint64) + np.uint64(stream << 32)
+def uniform(keys: np.ndarray, stream: int, width: int, offset: int = 0) -> np.ndarray:
+  """float64 [n, width] in [0, 1): draws `offset + j` of `stream` for each key."""
+  counters = np.arange(offset, offset + width, dtype=np.uint64) + np.uint64(stream << 32)
   with np.errstate(over="ignore"):
     bits = _mix(keys[:, None] ^ _mix(counters * _GOLDEN + _GOLDEN))
   return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
@@ -174,30 +174,36 @@ def _choose_spans(word_len, budget, keys, spec):
 
   A span takes its words in order while they fit the budget (never part of a word). Returns the
   taken words and, per word, the round (span) that took it, for the per-span 80/10/10 decision.
+  Each round looks only at the `span_max_length` words after each row's anchor.
   """
   n, width = word_len.shape
+  max_len = spec.span_max_length
   n_words = (word_len > 0).sum(1)
-  positions = np.arange(width)[None, :]
-  taken = np.zeros((n, width), bool)
-  span_of_word = np.zeros((n, width), np.int64)
+  rows, window = np.arange(n)[:, None], np.arange(max_len)[None, :]
+  lengths = np.zeros((n, width + max_len), word_len.dtype)  # padded: windows never run off
+  lengths[:, :width] = word_len
+  taken = np.zeros(lengths.shape, bool)
+  span_of_word = np.zeros(lengths.shape, np.int64)
   remaining = budget.copy()
-  max_rounds = 8 * spec.max_predictions + 64  # ends far sooner: each round tries one span per row
-  length_u, anchor_u = uniform(keys, _SPAN_LENGTH, max_rounds), uniform(keys, _SPAN_ANCHOR, max_rounds)
+  max_rounds, block = 8 * spec.max_predictions + 64, 32  # it ends far sooner
   for r in range(max_rounds):
-    free = ~taken & (word_len > 0)
-    active = (free & (word_len <= remaining[:, None])).any(1)
-    if not active.any():
-      break
-    anchor = np.minimum((anchor_u[:, r] * n_words).astype(np.int64), np.maximum(n_words - 1, 0))
-    end = anchor + span_lengths(length_u[:, r], spec.span_p, spec.span_max_length)
-    anchor_free = np.take_along_axis(free, anchor[:, None], 1)[:, 0] & active
-    in_span = free & (positions >= anchor[:, None]) & (positions < end[:, None]) & anchor_free[:, None]
-    cumulative = np.cumsum(np.where(in_span, word_len, 0), 1)
-    take = in_span & (cumulative <= remaining[:, None])
-    taken |= take
-    span_of_word[take] = r
-    remaining -= np.where(take, word_len, 0).sum(1)
-  return taken, span_of_word
+    if r % block == 0:  # random draws for the next rounds
+      length_u = uniform(keys, _SPAN_LENGTH, block, offset=r)
+      anchor_u = uniform(keys, _SPAN_ANCHOR, block, offset=r)
+    if r % 8 == 0:  # rows where some free word still fits; stale for at most 7 rounds
+      active = (~taken & (lengths > 0) & (lengths <= remaining[:, None])).any(1)
+      if not active.any():
+        break
+    anchor = np.minimum((anchor_u[:, r % block] * n_words).astype(np.int64), np.maximum(n_words - 1, 0))
+    span = span_lengths(length_u[:, r % block], spec.span_p, max_len)
+    cols = anchor[:, None] + window
+    lens, was_taken = lengths[rows, cols], taken[rows, cols]
+    in_span = ~was_taken & (lens > 0) & (window < span[:, None]) & (active & ~was_taken[:, 0])[:, None]
+    take = in_span & (np.cumsum(np.where(in_span, lens, 0), 1) <= remaining[:, None])
+    taken[rows, cols] = was_taken | take
+    span_of_word[rows, cols] = np.where(take, r, span_of_word[rows, cols])
+    remaining -= np.where(take, lens, 0).sum(1)
+  return taken[:, :width], span_of_word[:, :width]
 
 
 def _corrupt(input_ids, is_masked, action_u, keys, spec):
