@@ -110,8 +110,12 @@ def _set(tree: dict, path: tuple, value):
   tree[path[-1]] = value
 
 
-def from_state_dict(cfg: model.BertConfig, state: dict, scan_layers: bool = False) -> dict:
-  """HF tensors -> {"bert": ..., "mlm"/"nsp" when present}; raises ValueError naming every bad tensor."""
+def from_state_dict(cfg: model.BertConfig, state: dict, scan_layers: bool = False,
+                    file_name=lambda name: name) -> dict:
+  """HF tensors -> {"bert": ..., "mlm"/"nsp" when present}; raises ValueError naming every bad tensor.
+
+  `file_name` maps an HF tensor name to the name to report (the TF importer reports TF names).
+  """
   state = _canonical_names(state)
   mlm = any(n.startswith("cls.predictions.") for n in state)
   nsp = any(n.startswith("cls.seq_relationship.") for n in state)
@@ -119,7 +123,7 @@ def from_state_dict(cfg: model.BertConfig, state: dict, scan_layers: bool = Fals
   params, problems, used = {}, [], set(IGNORED)
   for name, path, kind in tensor_table(cfg, mlm, nsp):
     if name not in state:
-      problems.append(f"missing tensor {name} (for {'/'.join(path)})")
+      problems.append(f"missing tensor {file_name(name)} (for {'/'.join(path)})")
       continue
     used.add(name)
     value = state[name]
@@ -128,7 +132,7 @@ def from_state_dict(cfg: model.BertConfig, state: dict, scan_layers: bool = Fals
     except ValueError:
       pass  # reshape failed: reported as misshapen below
     if tuple(value.shape) != shapes[path]:
-      problems.append(f"misshapen tensor {name}: {state[name].shape}, expected {shapes[path]} "
+      problems.append(f"misshapen tensor {file_name(name)}: {state[name].shape}, expected {shapes[path]} "
                       f"as {'/'.join(path)}")
       continue
     _set(params, path, value.astype(np.float32) if value.dtype != np.float32 else value)
@@ -136,8 +140,9 @@ def from_state_dict(cfg: model.BertConfig, state: dict, scan_layers: bool = Fals
     if name in state:
       used.add(name)
       if target in state and not np.array_equal(state[name], state[target]):
-        problems.append(f"tensor {name} is not tied to {target}: untied decoders are not supported")
-  problems += [f"unexpected tensor {n} {state[n].shape}" for n in sorted(set(state) - used)]
+        problems.append(f"tensor {file_name(name)} is not tied to {file_name(target)}: untied decoders are "
+                        "not supported")
+  problems += [f"unexpected tensor {file_name(n)} {state[n].shape}" for n in sorted(set(state) - used)]
   if problems:
     raise ValueError("checkpoint does not match the BERT config:\n  " + "\n  ".join(problems))
   return model.scan_params(params) if scan_layers else params

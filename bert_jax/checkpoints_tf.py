@@ -57,16 +57,18 @@ def hf_to_tf_name(name: str) -> tuple:
 
 
 def _checkpoint_prefix(ckpt_path) -> str:
+  """A checkpoint prefix, or a directory: its `checkpoint` state file, else its only `*.index`."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   path = pathlib.Path(ckpt_path)
-  if path.is_dir():
-    latest = tf.train.latest_checkpoint(str(path))
-    if latest is None and (path / "bert_model.ckpt.index").exists():
-      latest = str(path / "bert_model.ckpt")
-    if latest is None:
-      raise FileNotFoundError(f"no TF checkpoint in {path}")
+  if not path.is_dir():
+    return str(path)
+  latest = tf.train.latest_checkpoint(str(path))
+  if latest is not None:
     return latest
-  return str(path)
+  indexes = sorted(path.glob("*.index"))
+  if len(indexes) != 1:
+    raise FileNotFoundError(f"{path}: expected one TF checkpoint (*.index), found {[p.name for p in indexes]}")
+  return str(indexes[0].with_suffix(""))
 
 
 def load_tf(ckpt_path, bert_config_json=None, scan_layers: bool = False, **config_overrides) -> tuple:
@@ -83,14 +85,16 @@ def load_tf(ckpt_path, bert_config_json=None, scan_layers: bool = False, **confi
   cfg = model.BertConfig.from_hf_dict(json.loads(config_path.read_text()), scan_layers=scan_layers,
                                       **config_overrides)
   reader = tf.train.load_checkpoint(prefix)
-  state = {}
+  state, tf_names = {}, {}
   for name in reader.get_variable_to_shape_map():
     if _SKIPPED.fullmatch(name):
       continue
     hf_name, transpose = tf_to_hf_name(name)
     value = np.asarray(reader.get_tensor(name))
-    state[hf_name] = value.T if transpose else value
-  return cfg, checkpoints_hf.from_state_dict(cfg, state, scan_layers=scan_layers)
+    state[hf_name], tf_names[hf_name] = (value.T if transpose else value), name
+  # Errors name the variables as they are (or would be) in the TF checkpoint.
+  file_name = lambda n: tf_names.get(n) or hf_to_tf_name(n)[0]
+  return cfg, checkpoints_hf.from_state_dict(cfg, state, scan_layers=scan_layers, file_name=file_name)
 
 
 def save_tf(ckpt_prefix, cfg: model.BertConfig, params: dict) -> None:

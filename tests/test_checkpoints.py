@@ -129,6 +129,11 @@ def test_heads_round_trip_through_hf_and_tf(tmp_path):
   assert cfg_tf == cfg_hf == cfg
   jax.tree.map(np.testing.assert_array_equal, params_tf, params)
 
+  # Errors name TF variables: a 2-layer checkpoint read with a 1-layer config.
+  (tmp_path / "tf" / "bert_config.json").write_text(json.dumps({**cfg.to_hf_dict(), "num_hidden_layers": 1}))
+  with pytest.raises(ValueError, match="unexpected tensor bert/encoder/layer_1/intermediate/dense/kernel"):
+    checkpoints_tf.load_tf(tmp_path / "tf")
+
 
 def test_name_translation_round_trips():
   cfg, params = tiny_pretraining_params()
