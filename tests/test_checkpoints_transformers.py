@@ -42,3 +42,28 @@ def test_transformers_loads_export_with_heads(tmp_path, monkeypatch):
   }
   print("max abs err vs transformers:", errors)
   assert max(errors.values()) <= 1e-4, errors
+
+
+@pytest.mark.slow
+def test_import_of_a_transformers_saved_pretraining_model(tmp_path, monkeypatch):
+  monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+  torch.manual_seed(0)
+  hf_cfg = transformers.BertConfig(vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                   intermediate_size=64, max_position_embeddings=24)
+  hf_model = transformers.BertForPreTraining(hf_cfg).eval()
+  with torch.no_grad():  # non-trivial LayerNorms and biases, so a swapped tensor would show
+    for p in hf_model.parameters():
+      p.add_(0.05 * torch.randn_like(p))
+  hf_model.save_pretrained(tmp_path)
+  cfg, params = checkpoints_hf.load_hf(tmp_path)
+  assert set(params) == {"bert", "mlm", "nsp"}
+  ids = np.array([[2, 7, 9, 11, 3, 5, 6, 0]], np.int32)
+  mask = (ids > 0).astype(np.int32)
+  seg = np.array([[0, 0, 0, 0, 0, 1, 1, 0]], np.int32)
+  batch = {"input_ids": ids, "input_mask": mask, "segment_ids": seg}
+  ours = heads.BertForPreTraining(cfg, mlm_all_positions=True).apply({"params": params}, batch)
+  with torch.no_grad():
+    as_torch = lambda x: torch.tensor(x, dtype=torch.long)
+    hf = hf_model(input_ids=as_torch(ids), attention_mask=as_torch(mask), token_type_ids=as_torch(seg))
+  np.testing.assert_allclose(ours["mlm_logits"][0, :7], hf.prediction_logits.numpy()[0, :7], atol=1e-4)
+  np.testing.assert_allclose(ours["nsp_logits"], hf.seq_relationship_logits.numpy(), atol=1e-4)
