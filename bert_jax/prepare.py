@@ -50,7 +50,6 @@ _TEXT_KEY = flags.DEFINE_string("text_key", "text", "JSON field holding a docume
 STATS_FILE = "stats.json"
 _PROGRESS_DIR = ".prepare"         # per-shard stats of finished shards, and the settings they used
 _BYTES_PER_SHARD = 64 << 20
-_VOCAB_SAMPLE_SENTENCES = 1_000_000
 _SENTENCES_PER_BATCH = 4096        # one fast-tokenizer call; large enough to amortise its overhead
 
 
@@ -156,7 +155,7 @@ def _write_shard(task) -> dict:
 
 
 def _ensure_tokenizer(spec, output_dir, vocab_file, do_lower_case, vocab_size, vocab_model,
-                      data_dir, text_key) -> str:
+                      data_dir, text_key, sample_sentences) -> str:
   """Puts the tokenizer file in `output_dir` (copied, reused from a previous run, or trained)."""
   if vocab_file:
     return tokenization.load_tokenizer(vocab_file, do_lower_case).save(output_dir)
@@ -165,8 +164,8 @@ def _ensure_tokenizer(spec, output_dir, vocab_file, do_lower_case, vocab_size, v
       logging.info("Reusing the tokenizer trained by a previous run: %s", name)
       return os.path.join(output_dir, name)
   logging.info("Training a %s vocabulary of %d on up to %d sentences of %s", vocab_model, vocab_size,
-               _VOCAB_SAMPLE_SENTENCES, spec)
-  sample = _sample_sentences(spec, data_dir, text_key, _VOCAB_SAMPLE_SENTENCES)
+               sample_sentences, spec)
+  sample = _sample_sentences(spec, data_dir, text_key, sample_sentences)
   if vocab_model == "wordpiece":
     tmp = os.path.join(output_dir, tokenization.VOCAB_FILE + ".tmp")
     tokenization.train_wordpiece(sample, vocab_size, tmp, do_lower_case=do_lower_case)
@@ -232,19 +231,20 @@ def prepare_corpus(spec: str, output_dir: str, *, vocab_file: str | None = None,
                    train_vocab_size: int | None = None, vocab_model: str = "wordpiece",
                    num_shards: int | None = None, num_workers: int | None = None,
                    eval_fraction: float = 0.0, eval_spec: str | None = None, data_dir: str | None = None,
-                   text_key: str = "text") -> dict:
+                   text_key: str = "text", vocab_sample_sentences: int = 1_000_000) -> dict:
   """Tokenizes `spec` into `output_dir` (format in the module docstring); returns the stats.
 
   Args:
     vocab_file: tokenizer to use; when None one is trained (`train_vocab_size`, default 30522, of
-      `vocab_model`) on up to a million sentences of the corpus, or reused from a previous run.
+      `vocab_model`) on up to `vocab_sample_sentences` sentences drawn across the corpus, or reused
+      from a previous run.
     eval_fraction: documents held out into eval shards (a fixed pseudo-random choice).
     eval_spec: alternatively, a separate corpus for the eval shards.
   """
   start = time.time()
   os.makedirs(os.path.join(output_dir, _PROGRESS_DIR), exist_ok=True)
   tokenizer_file = _ensure_tokenizer(spec, output_dir, vocab_file, do_lower_case, train_vocab_size or 30522,
-                                     vocab_model, data_dir, text_key)
+                                     vocab_model, data_dir, text_key, vocab_sample_sentences)
   with open(tokenizer_file, "rb") as f:
     tokenizer_sha = hashlib.sha256(f.read()).hexdigest()
   num_shards = num_shards or _default_num_shards(spec)

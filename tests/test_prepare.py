@@ -1,0 +1,153 @@
+"""`bert-jax prepare`: round trip, idempotent re-runs, bad-input counters, eval split, vocab training."""
+
+import collections
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from bert_jax import corpus
+from bert_jax import prepare
+from bert_jax import tokenizer as tokenization
+from conftest import REPO_ROOT, shared_path
+
+
+def _records(pattern):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  documents = []
+  for path in sorted(glob.glob(pattern)):
+    for raw in tf.data.TFRecordDataset(path).as_numpy_iterator():
+      feature = tf.train.Example.FromString(raw).features.feature
+      documents.append((list(feature["token_ids"].int64_list.value),
+                        list(feature["sentence_lengths"].int64_list.value)))
+  return documents
+
+
+def _expected(tok, documents):
+  out = []
+  for document in documents:
+    ids = [tok.encode(s) for s in document]
+    out.append(([i for x in ids for i in x], [len(x) for x in ids if x]))
+  return out
+
+
+@pytest.fixture
+def small_corpus(tmp_path):
+  """A JSON-lines corpus with every kind of bad input, and its documents as the reader sees them."""
+  rows = [{"text": f"Document {i} talks about caf\u00e9s and r\u00e9sum\u00e9s. It has a second sentence! "
+                   f"And a third one about {i * 7} items."} for i in range(60)]
+  lines = [json.dumps(r).encode() for r in rows]
+  lines[5:5] = [b"{broken", json.dumps({"title": "no text"}).encode(), json.dumps({"text": ""}).encode(),
+                b'{"text": "Latin-1 caf\xe9 bytes. Still read."}', json.dumps({"text": "Only one sentence."}).encode(),
+                json.dumps({"text": "\x00\x01\u200b\n" + "Z" * 30_000}).encode()]
+  path = tmp_path / "in" / "corpus.jsonl"
+  path.parent.mkdir()
+  path.write_bytes(b"\n".join(lines) + b"\n")
+  counters = collections.Counter()
+  documents = list(corpus.read_documents(str(path), counters=counters))
+  return str(path), documents, counters
+
+
+@pytest.fixture(scope="module")
+def vocab_file():
+  return str(shared_path("minilm", "vocab.txt"))
+
+
+def test_round_trip_counts_and_bad_input(tmp_path, small_corpus, vocab_file):
+  spec, documents, counters = small_corpus
+  out = str(tmp_path / "out")
+  stats = prepare.prepare_corpus(spec, out, vocab_file=vocab_file, num_shards=3, num_workers=1)
+  assert sorted(os.listdir(out)) == [".prepare", "stats.json", "train-00000-of-00003.tfrecord",
+                                     "train-00001-of-00003.tfrecord", "train-00002-of-00003.tfrecord", "vocab.txt"]
+  tok = tokenization.load_tokenizer(out)
+  assert isinstance(tok, tokenization.WordPieceTokenizer) and tok.vocab_size == 30522
+  expected = [e for e in _expected(tok, documents) if e[1]]  # the control-only document has no tokens
+  assert _records(os.path.join(out, "train-*")) == expected
+  assert stats["documents"] == len(expected) == 62
+  assert stats["sentences"] == sum(len(e[1]) for e in expected)
+  assert stats["tokens"] == sum(len(e[0]) for e in expected)
+  assert sum(s["documents"] for s in stats["shards"].values()) == stats["documents"]
+  bad = stats["bad_input"]
+  assert bad["bad_json_lines"] == 1 and bad["missing_text_field"] == 1 and bad["undecodable_lines"] == 1
+  assert bad["long_lines"] == 1 and bad["empty_sentences"] == 1
+  assert bad["empty_documents"] == 2  # "" and the document left with only control characters
+  assert bad["single_sentence_documents"] == counters["single_sentence_documents"] == 2
+  assert stats["tokenizer"] == "wordpiece" and stats["do_lower_case"] is True
+  with open(os.path.join(out, "stats.json")) as f:
+    assert json.load(f)["tokens"] == stats["tokens"]
+
+
+def test_rerun_skips_finished_shards(tmp_path, small_corpus, vocab_file):
+  spec, _, _ = small_corpus
+  out = str(tmp_path / "out")
+  first = prepare.prepare_corpus(spec, out, vocab_file=vocab_file, num_shards=3, num_workers=1)
+  shards = sorted(glob.glob(os.path.join(out, "train-*")))
+  mtimes = {p: os.stat(p).st_mtime_ns for p in shards}
+  again = prepare.prepare_corpus(spec, out, vocab_file=vocab_file, num_shards=3, num_workers=1)
+  assert {p: os.stat(p).st_mtime_ns for p in shards} == mtimes  # nothing rewritten
+  os.remove(shards[1])
+  with open(shards[1] + ".tmp-123", "wb") as f:
+    f.write(b"partial shard of a killed run")
+  third = prepare.prepare_corpus(spec, out, vocab_file=vocab_file, num_shards=3, num_workers=1)
+  assert os.stat(shards[0]).st_mtime_ns == mtimes[shards[0]] and os.path.exists(shards[1])
+  for stats in (again, third):
+    assert {k: stats[k] for k in ("documents", "sentences", "tokens", "shards", "bad_input")} == {
+        k: first[k] for k in ("documents", "sentences", "tokens", "shards", "bad_input")}
+  with pytest.raises(ValueError, match="other settings"):
+    prepare.prepare_corpus(spec, out, vocab_file=vocab_file, num_shards=4, num_workers=1)
+
+
+def test_eval_fraction_holds_out_fixed_documents(tmp_path, small_corpus, vocab_file):
+  spec, _, _ = small_corpus
+  runs = []
+  for name in ("a", "b"):
+    out = str(tmp_path / name)
+    stats = prepare.prepare_corpus(spec, out, vocab_file=vocab_file, num_shards=2, num_workers=1,
+                                   eval_fraction=0.25)
+    runs.append((_records(os.path.join(out, "train-*")), _records(os.path.join(out, "eval-*"))))
+    assert stats["splits"]["train"]["documents"] + stats["splits"]["eval"]["documents"] == 62
+    assert 5 <= stats["splits"]["eval"]["documents"] <= 26
+  assert runs[0] == runs[1]
+  whole = str(tmp_path / "whole")
+  prepare.prepare_corpus(spec, whole, vocab_file=vocab_file, num_shards=2, num_workers=1)
+  assert sorted(runs[0][0] + runs[0][1]) == sorted(_records(os.path.join(whole, "train-*")))
+
+
+@pytest.mark.parametrize("vocab_model", ["wordpiece", "unigram"])
+def test_trains_a_vocabulary_when_none_is_given(tmp_path, vocab_model):
+  out = str(tmp_path / "out")
+  stats = prepare.prepare_corpus(corpus.SHAKESPEARE, out, train_vocab_size=400, vocab_model=vocab_model,
+                                 vocab_sample_sentences=3000, num_shards=2, num_workers=1)
+  tok = tokenization.load_tokenizer(out)
+  expected_type = tokenization.WordPieceTokenizer if vocab_model == "wordpiece" else tokenization.SentencePieceTokenizer
+  assert isinstance(tok, expected_type) and stats["vocab_size"] == tok.vocab_size <= 400
+  assert stats["documents"] > 700 and stats["tokens"] > 500_000
+  records = _records(os.path.join(out, "train-00000-*"))
+  ids = np.concatenate([r[0] for r in records])
+  assert ids.max() < tok.vocab_size and np.mean(ids == tok.unk_id) < 0.01
+  assert not np.isin(ids, [tok.pad_id, tok.cls_id, tok.sep_id, tok.mask_id]).any()
+
+
+@pytest.mark.slow
+def test_cli_with_two_workers_on_news(tmp_path, vocab_file):
+  """The real news corpus through `bert-jax prepare` with two spawned workers."""
+  news = str(shared_path("corpora", "news_articles.jsonl"))
+  out = str(tmp_path / "news")
+  result = subprocess.run(
+      [sys.executable, "-m", "bert_jax.cli", "prepare", f"--input={news}", f"--output_dir={out}",
+       f"--vocab_file={vocab_file}", "--num_shards=4", "--num_workers=2"],
+      capture_output=True, text=True, timeout=300, cwd=REPO_ROOT, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "[4/4 shards]" in result.stderr
+  stats = json.loads(result.stdout.strip().splitlines()[-1])
+  assert stats["documents"] == 3788 and stats["bad_input"]["bad_json_lines"] == 0
+  assert 2_000_000 < stats["tokens"] < 3_500_000
+  tok = tokenization.load_tokenizer(out)
+  documents = list(corpus.read_documents(news))
+  first = _records(os.path.join(out, "train-00000-*"))[:50]
+  assert first == _expected(tok, documents[:50])
