@@ -258,3 +258,19 @@ def test_eval_is_fixed_finite_and_held_out(news_dir):
   capped = input_pipeline.create_eval_iterator(config, global_batch_size=16, num_batches=50,
                                                process_index=0, process_count=1)
   assert len(list(capped)) == 50  # wraps around: every host can run the same number of eval steps
+
+
+@pytest.mark.parametrize("fmt,packing", [("sop", False), ("full_sentences", False), ("nsp", True)])
+def test_other_formats_make_valid_batches(news_dir, tok, fmt, packing):
+  batch = next(_iterator(news_dir, format=fmt, packing=packing, max_examples_per_row=2))
+  ids = _originals(batch)
+  assert ("next_sentence_labels" in batch) == (fmt != "full_sentences")
+  assert (ids[:, 0] == tok.cls_id).all()
+  length = batch["input_mask"].sum(1)
+  assert (ids[np.arange(64), length - 1] == tok.sep_id).all()
+  if fmt == "full_sentences":  # one segment, documents joined by [SEP]
+    assert (batch["segment_ids"] == 0).all()
+    assert ((ids == tok.sep_id).sum(1) > 1).any()
+  if packing:
+    assert batch["next_sentence_labels"].shape == (64, 2)
+    assert set(np.unique(batch["next_sentence_labels"][batch["next_sentence_weights"] > 0])) == {0, 1}
