@@ -13,6 +13,7 @@ whole epochs; "per core" divides by the CPU time of the whole process, all threa
 import ctypes
 import importlib.util
 import json
+import os
 import pathlib
 import tempfile
 import time
@@ -28,6 +29,8 @@ _SHARED = _REPO.parent / "shared" / "data"
 # --input and --vocab_file are `prepare`'s own flags (defined when it is imported); here they
 # default to the shared news corpus and the MiniLM vocab.
 FLAGS = flags.FLAGS
+_NUM_SHARDS = flags.DEFINE_integer("prepare_shards", None, "Shards to prepare into (default: one per core, "
+                                   "so that every core tokenizes).")
 _PREPARED_DIR = flags.DEFINE_string("prepared_dir", None, "Already prepared shards: skip the `prepare` timing.")
 _WORK_DIR = flags.DEFINE_string("work_dir", None, "Where to prepare the corpus (default: a temporary directory).")
 _SEQ_LENGTHS = flags.DEFINE_list("seq_lengths", ["128", "512"], "Sequence lengths to time.")
@@ -105,7 +108,8 @@ def main(argv) -> None:
       raise ValueError(f"{spec} is not there: pass --input=<corpus> (and --vocab_file)")
     work_dir = _WORK_DIR.value or tempfile.mkdtemp(prefix="bench_data_")
     prepared = str(pathlib.Path(work_dir) / "prepared")
-    _print(prepare.prepare_throughput(spec, vocab, prepared))
+    num_shards = _NUM_SHARDS.value or os.cpu_count() or 1
+    _print(prepare.prepare_throughput(spec, vocab, prepared, num_shards=num_shards))
   if _MALLOC_ARENA_MAX.value > 0:
     m_arena_max = -8  # glibc malloc.h
     ctypes.CDLL("libc.so.6").mallopt(m_arena_max, _MALLOC_ARENA_MAX.value)
