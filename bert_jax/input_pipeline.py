@@ -189,6 +189,9 @@ class PretrainIterator:
     self.num_batches = num_batches
     if eval_mode and not maker.num_rows(_EVAL_EPOCH):
       raise ValueError("this host has no eval documents: add eval shards or raise data.eval_fraction")
+    if not eval_mode and maker.num_rows(0) < maker.rows_per_batch:
+      raise ValueError(f"an epoch of this host holds {maker.num_rows(0)} rows, fewer than a batch "
+                       f"({maker.rows_per_batch}): too little data")
     if eval_mode and num_batches is None:
       self.num_batches = -(-maker.num_rows(_EVAL_EPOCH) // maker.rows_per_batch)
     self._position = (_EVAL_EPOCH if eval_mode else 0, 0)
@@ -227,8 +230,6 @@ class PretrainIterator:
       return
     while True:
       n = self.maker.num_rows(epoch) // self.maker.rows_per_batch
-      if n == 0:
-        raise ValueError(f"an epoch holds fewer than {self.maker.rows_per_batch} rows: too little data")
       yield from ((epoch, b) for b in range(batch, n))
       epoch, batch = epoch + 1, 0
 
