@@ -1,0 +1,114 @@
+"""Checkpointer: sharded round trip with the data-iterator state, keep-K, restore_params, SIGTERM,
+and a save killed mid-write never becoming the latest checkpoint."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from bert_jax import checkpointing
+from bert_jax import sharding
+from configs import common
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _state(mesh, scale=1.0):
+  w = NamedSharding(mesh, P("fsdp", None))
+  return {"params": {"w": jax.device_put(jnp.arange(32.0).reshape(8, 4) * scale, w),
+                     "b": jax.device_put(jnp.ones(4) * scale, NamedSharding(mesh, P()))},
+          "step": jnp.int32(int(scale))}
+
+
+def _abstract(state):
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
+
+
+def test_round_trip_keeps_shardings_and_data_state_and_last_k(tmp_path):
+  mesh_config = common.mesh_config()
+  mesh_config.fsdp = 4
+  mesh = sharding.create_mesh(mesh_config)
+  ckpt = checkpointing.Checkpointer(str(tmp_path / "ckpt"), keep=2)
+  for step in (1, 2, 3):
+    assert ckpt.save(step, _state(mesh, step), {"epoch": 0, "batch": step})
+  assert not ckpt.save(3, _state(mesh, 3), {})   # already there: not written twice
+  ckpt.close()
+
+  ckpt = checkpointing.Checkpointer(str(tmp_path / "ckpt"), keep=2)
+  assert ckpt.latest_step() == 3 and list(ckpt.manager.all_steps()) == [2, 3]
+  state, data_state = ckpt.restore(_abstract(_state(mesh)))
+  assert data_state == {"epoch": 0, "batch": 3}
+  np.testing.assert_array_equal(state["params"]["w"], np.arange(32.0).reshape(8, 4) * 3)
+  assert state["params"]["w"].sharding.spec == P("fsdp", None)
+  state2, data2 = ckpt.restore(_abstract(_state(mesh)), step=2)
+  assert int(state2["step"]) == 2 and data2["batch"] == 2
+  ckpt.close()
+
+
+def test_bytes_iterator_state_round_trips(tmp_path):
+  ckpt = checkpointing.Checkpointer(str(tmp_path), keep=1, async_save=False)
+  ckpt.save(5, {"x": jnp.zeros(2)}, b"\x00\xffserialized")
+  assert ckpt.restore({"x": jax.ShapeDtypeStruct((2,), jnp.float32)})[1] == b"\x00\xffserialized"
+  ckpt.close()
+
+
+def test_restore_params_only(tmp_path):
+  mesh = sharding.create_mesh(common.mesh_config())
+  ckpt = checkpointing.Checkpointer(str(tmp_path / "ckpt"), keep=3)
+  ckpt.save(7, _state(mesh, 2.0), {})
+  ckpt.close()
+  host = checkpointing.restore_params(str(tmp_path / "ckpt"))   # latest step
+  assert set(host) == {"w", "b"} and isinstance(host["w"], np.ndarray)
+  np.testing.assert_array_equal(host["b"], np.full(4, 2.0))
+  abstract = _abstract(_state(mesh))["params"]
+  sharded = checkpointing.restore_params(str(tmp_path / "ckpt" / "7"), abstract)
+  assert sharded["w"].sharding.spec == P("fsdp", None)
+  np.testing.assert_array_equal(sharded["w"], np.arange(32.0).reshape(8, 4) * 2)
+
+
+def test_save_killed_mid_write_never_becomes_latest(tmp_path):
+  directory = str(tmp_path / "ckpt")
+  # Step 1 completes; the async save of step 2 (200 MB) is cut short by the process dying.
+  script = textwrap.dedent(f"""
+      import os, jax.numpy as jnp
+      from bert_jax import checkpointing
+      ckpt = checkpointing.Checkpointer({directory!r}, keep=3)
+      ckpt.save(1, {{"w": jnp.ones((4,))}}, {{"batch": 1}})
+      ckpt.wait()
+      ckpt.save(2, {{"w": jnp.ones((50_000_000,))}}, {{"batch": 2}})
+      os._exit(0)
+  """)
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
+  subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, check=True, timeout=300)
+  leftovers = [name for name in os.listdir(directory) if name.startswith("2")]
+  assert leftovers and all("tmp" in name for name in leftovers), os.listdir(directory)   # really interrupted
+  ckpt = checkpointing.Checkpointer(directory, keep=3)
+  assert ckpt.latest_step() == 1
+  state, data_state = ckpt.restore({"w": jax.ShapeDtypeStruct((4,), jnp.float32)})
+  assert data_state == {"batch": 1}
+  # The next save of step 2 succeeds despite the leftover.
+  assert ckpt.save(2, {"w": jnp.zeros((4,))}, {"batch": 2})
+  ckpt.close()
+  assert checkpointing.Checkpointer(directory).latest_step() == 2
+
+
+def test_sigterm_sets_the_preemption_flag():
+  watcher = checkpointing.PreemptionWatcher()
+  try:
+    assert not watcher.reached(1)
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert watcher.reached(2)
+  finally:
+    watcher.close()
+  assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+def test_split_path():
+  assert checkpointing.split_path("/w/checkpoints/") == ("/w/checkpoints", None)
+  assert checkpointing.split_path("/w/checkpoints/900000") == ("/w/checkpoints", 900000)

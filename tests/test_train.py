@@ -1,0 +1,207 @@
+"""The pretraining loop end to end on a tiny model and a small prepared corpus, the non-finite guard,
+gradient accumulation, and exact resume after a real SIGTERM."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bert_jax import prepare
+from bert_jax import sharding
+from bert_jax import train
+from configs import tiny
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# A tiny model: small enough that a step is milliseconds on the fake 8-device CPU mesh.
+TINY = {"model.vocab_size": 128, "model.hidden_size": 32, "model.num_layers": 1, "model.num_heads": 2,
+        "model.intermediate_size": 64, "model.max_position_embeddings": 32, "data.seq_length": 32,
+        "data.max_predictions_per_seq": 5, "global_batch_size": 16, "optimizer.warmup_steps": 2,
+        "optimizer.learning_rate": 5e-3, "optimizer.total_steps": 100, "log_every": 1, "eval_every": 1000, "eval_steps": 2,
+        "checkpoint_every": 1000, "mesh.fsdp": 2, "mesh.tensor": 2}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compilation_cache(tmp_path_factory):
+  """The tests here compile the same tiny train step many times (and in subprocesses): cache it."""
+  path = str(tmp_path_factory.mktemp("jax_cache"))
+  names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+           "jax_persistent_cache_min_entry_size_bytes")
+  before = {name: getattr(jax.config, name) for name in names}
+  for name, value in zip(names, (path, 0, 0)):
+    jax.config.update(name, value)
+  yield path
+  for name, value in before.items():
+    jax.config.update(name, value)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+  """A small corpus with a learnable pattern, prepared with its own 128-token vocabulary."""
+  rng = np.random.default_rng(0)
+  nouns = "king queen knight horse castle sword crown river forest dragon".split()
+  verbs = "sees finds guards rides builds loses wears crosses".split()
+  lines = []
+  for _ in range(80):
+    for _ in range(int(rng.integers(4, 12))):
+      n1, n2 = rng.choice(nouns, 2)
+      lines.append(f"the {rng.choice(['old', 'young', 'brave'])} {n1} {rng.choice(verbs)} the {n2} .")
+    lines.append("")
+  root = tmp_path_factory.mktemp("corpus")
+  (root / "corpus.txt").write_text("\n".join(lines))
+  out = str(root / "prepared")
+  prepare.prepare_corpus(str(root / "corpus.txt"), out, train_vocab_size=128, eval_fraction=0.1,
+                         num_shards=2, num_workers=1)
+  return out
+
+
+def tiny_config(data_dir, **changes):
+  c = tiny.get_config()
+  for key, value in {**TINY, "data.train_files": data_dir, **changes}.items():
+    *path, last = key.split(".")
+    target = c
+    for p in path:
+      target = target[p]
+    target[last] = value
+  return c
+
+
+def read_metrics(workdir):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [json.loads(line) for line in f]
+
+
+def train_losses(workdir) -> dict[int, float]:
+  return {m["step"]: m["train/loss"] for m in read_metrics(workdir) if "train/loss" in m}
+
+
+def test_train_and_evaluate_end_to_end_then_resume(data_dir, tmp_path):
+  workdir = str(tmp_path / "run")
+  config = tiny_config(data_dir, train_steps=12)
+  results = train.train_and_evaluate(config, workdir)
+  assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["12"]
+  assert any(f.startswith("events.out.tfevents") for f in os.listdir(os.path.join(workdir, "tensorboard")))
+  lines = read_metrics(workdir)
+  assert [m["step"] for m in lines if "train/loss" in m] == list(range(1, 13))
+  for key in ("train/mlm_accuracy", "train/nsp_accuracy", "train/learning_rate", "perf/steps_per_sec",
+              "perf/tokens_per_sec", "perf/eta_s"):
+    assert key in lines[0]
+  assert 0.0 <= results["eval/mlm_accuracy"] <= 1.0 and "eval/nsp_accuracy" in results
+  losses = train_losses(workdir)
+  assert np.mean([losses[s] for s in (10, 11, 12)]) < np.mean([losses[s] for s in (1, 2, 3)])
+
+  # A second call with more steps resumes from step 12 (state, schedule and data position).
+  config.train_steps = 15
+  train.train_and_evaluate(config, workdir)
+  assert sorted(train_losses(workdir)) == list(range(1, 16))
+  assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["12", "15"]
+
+
+def test_nonfinite_step_is_skipped_and_counted(data_dir):
+  config = tiny_config(data_dir)
+  mesh = sharding.create_mesh(config.mesh)
+  s = train.setup(config, mesh)
+  state = s.init(jax.random.key(0))
+  batch = {k: jnp.zeros(v.shape, v.dtype) for k, v in train.abstract_batch(config).items()}
+  batch = jax.device_put(batch, s.batch_shardings)
+  poisoned = jax.tree.map(lambda p: p, state.params)
+  poisoned["mlm"]["output_bias"] = state.params["mlm"]["output_bias"].at[3].set(jnp.nan)
+  before = jax.device_get(poisoned)
+  opt_before = jax.device_get(state.opt_state)
+  new, metrics = s.train_step(state.replace(params=poisoned), batch, jax.random.key(1))
+  assert int(new.step) == 1 and int(new.nonfinite_count) == 1 and int(new.nonfinite_streak) == 1
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(new.params), before)   # untouched
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(new.opt_state), opt_before)
+  assert not np.isfinite(float(metrics["loss"]))
+
+
+def test_loop_stops_after_k_nonfinite_steps_in_a_row(data_dir, tmp_path, monkeypatch):
+  create_iterator = train.create_iterator
+
+  def poisoned_iterator(*args, **kwargs):   # NaN loss weights: every step's loss is NaN
+    for batch in create_iterator(*args, **kwargs):
+      yield dict(batch, masked_lm_weights=np.full_like(batch["masked_lm_weights"], np.nan))
+
+  monkeypatch.setattr(train, "create_iterator", lambda *a, **k: _Resumable(poisoned_iterator(*a, **k)))
+  config = tiny_config(data_dir, train_steps=20, max_nonfinite_steps=3)
+  with pytest.raises(FloatingPointError, match="3 steps in a row had a non-finite"):
+    train.train_and_evaluate(config, str(tmp_path / "run"))
+  lines = read_metrics(str(tmp_path / "run"))
+  assert [m["train/nonfinite_count"] for m in lines] == [1, 2, 3]
+
+
+class _Resumable:
+  def __init__(self, it):
+    self.it = it
+
+  def __next__(self):
+    return next(self.it)
+
+  def get_state(self):
+    return {}
+
+
+def test_gradient_accumulation_matches_one_big_batch(data_dir):
+  no_dropout = {"model.hidden_dropout": 0.0, "model.attention_dropout": 0.0}
+  outs = []
+  for micro_batches in (1, 4):
+    config = tiny_config(data_dir, micro_batches=micro_batches, **no_dropout)
+    s = train.setup(config, sharding.create_mesh(config.mesh))
+    it = train.create_iterator(config.data, config, split="train")
+    batch = sharding.global_batch(next(it), s.mesh)
+    state, metrics = s.train_step(s.init(jax.random.key(0)), batch, jax.random.key(1))
+    outs.append((jax.device_get(state.params), jax.device_get(metrics)))
+  (p1, m1), (p4, m4) = outs
+  assert m1["mlm_weight"] == m4["mlm_weight"] > 0
+  np.testing.assert_allclose(m4["loss"], m1["loss"], rtol=1e-5)
+  np.testing.assert_allclose(m4["grad_norm"], m1["grad_norm"], rtol=1e-4)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), p4, p1)
+
+
+def _cli_overrides(config_changes: dict) -> list[str]:
+  return [f"--config.{k}={v}" for k, v in config_changes.items()]
+
+
+@pytest.mark.slow
+def test_exact_resume_after_sigterm(data_dir, tmp_path, compilation_cache):
+  """A trains 2N steps; B is killed by SIGTERM after >= N steps and restarted: B's losses equal A's."""
+  n = 10
+  changes = {**TINY, "data.train_files": data_dir}
+  a_dir, b_dir = str(tmp_path / "a"), str(tmp_path / "b")
+  train.train_and_evaluate(tiny_config(data_dir, train_steps=2 * n), a_dir)
+  a = train_losses(a_dir)
+
+  env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=compilation_cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+  command = [sys.executable, "-m", "bert_jax.main", f"--config={REPO}/configs/tiny.py", f"--workdir={b_dir}",
+             *_cli_overrides(changes)]
+  # First run: far more steps than needed; SIGTERM once it has logged step n.
+  proc = subprocess.Popen(command + ["--config.train_steps=100000"], cwd=REPO, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  deadline = time.time() + 300
+  while time.time() < deadline and proc.poll() is None:
+    if os.path.exists(os.path.join(b_dir, "metrics.jsonl")) and max(train_losses(b_dir), default=0) >= n:
+      proc.send_signal(signal.SIGTERM)
+      break
+    time.sleep(0.02)
+  out, _ = proc.communicate(timeout=300)
+  assert proc.returncode == 0, out[-3000:]
+  assert "preempted: saved checkpoint at step" in out
+  killed_at = max(train_losses(b_dir))
+  assert n <= killed_at < 2 * n, killed_at
+  assert os.listdir(os.path.join(b_dir, "checkpoints")) == [str(killed_at)]
+
+  done = subprocess.run(command + [f"--config.train_steps={2 * n}"], cwd=REPO, env=env, capture_output=True,
+                        text=True, timeout=300)
+  assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+  b = train_losses(b_dir)
+  assert sorted(b) == list(range(1, 2 * n + 1))
+  assert [b[s] for s in range(n + 1, 2 * n + 1)] == [a[s] for s in range(n + 1, 2 * n + 1)]   # bit for bit
+  assert b == a
