@@ -235,6 +235,11 @@ def test_stream_is_a_function_of_seed_and_epoch(news_dir):
   for _ in range(2):
     x, y = next(a), next(b)
     assert all(np.array_equal(x[k], y[k]) for k in x)
+  parallel = _iterator(news_dir, num_parallel_calls=2, prefetch=4)
+  for _ in range(2):
+    next(parallel)
+  x, y = next(a), next(parallel)
+  assert all(np.array_equal(x[k], y[k]) for k in x)  # threads change the speed, not the stream
   other_seed = next(_iterator(news_dir, seed=1))
   assert not np.array_equal(other_seed["input_ids"], next(_iterator(news_dir))["input_ids"])
   maker = a.maker
