@@ -63,12 +63,7 @@ def shapes_from_config(config: ml_collections.ConfigDict) -> Shapes:
       use_nsp=d.format in ("nsp", "sop"))
 
 
-def model_config(config: ml_collections.ConfigDict) -> model.BertConfig:
-  """The `BertConfig` of a train config (`config.model`: a preset name plus overrides)."""
-  overrides = {k: v for k, v in config.model.items() if k != "preset"}
-  return model.BertConfig.from_preset(config.model.preset, **overrides)
-
-
 def train_flops_per_step(config: ml_collections.ConfigDict) -> float:
   """Model FLOPs of one optimizer step of a train config (all devices, all micro-batches)."""
-  return config.global_batch_size * train_flops_per_row(model_config(config), shapes_from_config(config))
+  from bert_jax import train  # pylint: disable=g-import-not-at-top  (train imports this module)
+  return config.global_batch_size * train_flops_per_row(train.bert_config(config), shapes_from_config(config))

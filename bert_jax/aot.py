@@ -1,0 +1,200 @@
+"""`bert-jax aot`: compile the real train step for a TPU topology on this machine, before renting it.
+
+    bert-jax aot --config=configs/bert_large.py:phase2 --topology=v3:8x8
+
+libtpu compiles for a described topology with no TPU attached (`jax.experimental.topologies`): the
+train step of `train.setup` is lowered with abstract state and batch on a mesh over the topology's
+devices and compiled by the TPU compiler. The report gives, per device, XLA's buffer assignment
+(arguments, outputs, temporaries, code) against the HBM of that device, and an estimated step time:
+the larger of compute time (FLOPs / peak) and memory time (bytes accessed / HBM bandwidth).
+
+The estimate ignores collectives over ICI/DCN and assumes the MXUs can be kept busy; it is an upper
+bound on speed. XLA's cost analysis counts the body of a loop once (a scanned layer stack, gradient
+accumulation), so the FLOPs used are the larger of XLA's count and the analytic model FLOPs
+(`flops.py`), and bytes accessed are scaled by the same ratio when XLA's FLOPs fall short.
+"""
+
+import dataclasses
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from absl import flags
+from ml_collections import config_flags
+
+# Config files do `from configs import common`: run from the repository root, it must be importable.
+if os.getcwd() not in sys.path:
+  sys.path.insert(0, os.getcwd())
+
+GiB = 2**30
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+  """Per-chip figures from the Cloud TPU system-architecture pages (`source`)."""
+  peak_flops: float       # bf16 FLOP/s per chip
+  hbm_bytes: float        # HBM per chip
+  hbm_bandwidth: float    # HBM bytes/s per chip
+  cores: int              # TensorCores per chip that JAX shows as separate devices
+  libtpu_name: str        # the generation's name in libtpu topology strings
+  host_type: str          # a one-host accelerator type of the generation (only to quiet libtpu)
+  megacore: bool          # v4/v5p: both TensorCores of a chip act as one device
+  source: str
+
+
+CHIPS = {
+    # Two TensorCores per chip, each its own JAX device with half the chip: 61.5 TFLOP/s, 16 GiB, 450 GB/s.
+    "v3": Chip(123e12, 32 * GiB, 900e9, 2, "v3", "v3-8", False, "https://cloud.google.com/tpu/docs/v3"),
+    "v4": Chip(275e12, 32 * GiB, 1200e9, 1, "v4", "v4-8", True, "https://cloud.google.com/tpu/docs/v4"),
+    "v5e": Chip(197e12, 16 * GiB, 819e9, 1, "v5e", "v5litepod-4", False, "https://cloud.google.com/tpu/docs/v5e"),
+    "v5p": Chip(459e12, 95 * GiB, 2765e9, 1, "v5", "v5p-8", True, "https://cloud.google.com/tpu/docs/v5p"),
+    "v6e": Chip(918e12, 32 * GiB, 1638e9, 1, "v6e", "v6e-4", False, "https://cloud.google.com/tpu/docs/v6e"),
+}
+
+
+def parse_topology(topology: str) -> tuple[str, Chip, str]:
+  """"v3:8x8" -> ("v3", CHIPS["v3"], "8x8")."""
+  generation, _, shape = topology.partition(":")
+  if generation not in CHIPS or not shape:
+    raise ValueError(f"topology {topology!r}: expected <generation>:<shape> with generation in "
+                     f"{sorted(CHIPS)}, e.g. v3:8x8, v4:4x4x4, v5e:8x8, v6e:8x8")
+  return generation, CHIPS[generation], shape
+
+
+def topology_devices(topology: str) -> list[Any]:
+  """Compile-only devices of a TPU topology such as "v3:8x8" (no TPU needed, libtpu must be installed)."""
+  _, chip, shape = parse_topology(topology)
+  # libtpu takes a process-wide lock unless told other processes may load it too, and warns about
+  # the missing TPU VM metadata; neither matters for compiling.
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+  os.environ.setdefault("TPU_ACCELERATOR_TYPE", chip.host_type)
+  os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+  kwargs = dict(chip_config_name="megacore", chips_per_host_bounds=(2, 2, 1)) if chip.megacore else {}
+  return list(topologies.get_topology_desc(
+      topology_name=f"{chip.libtpu_name}:{shape}", platform="tpu", **kwargs).devices)
+
+
+def compile_train_step(config, devices) -> Any:
+  """The real train step of `train.setup`, compiled for `devices` with abstract state and batch."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from bert_jax import sharding, train  # pylint: disable=g-import-not-at-top
+  mesh = sharding.create_mesh(config.mesh, devices=devices)
+  pieces = train.setup(config, mesh)
+  rng = jax.eval_shape(lambda: jax.random.key(0))
+  lowered = pieces.train_step.lower(pieces.abstract_state, train.abstract_batch(config), rng)
+  return lowered.compile()
+
+
+def memory_report(compiled, hbm_per_device: float) -> dict[str, float]:
+  """Per-device bytes of XLA's buffer assignment; donated inputs (aliases) are counted once."""
+  m = compiled.memory_analysis()
+  report = {
+      "argument_bytes": m.argument_size_in_bytes,
+      "output_bytes": m.output_size_in_bytes,
+      "alias_bytes": m.alias_size_in_bytes,
+      "temp_bytes": m.temp_size_in_bytes,
+      "generated_code_bytes": m.generated_code_size_in_bytes,
+  }
+  total = (m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
+           + m.temp_size_in_bytes + m.generated_code_size_in_bytes)
+  report.update(total_bytes=total, hbm_bytes=hbm_per_device, hbm_fraction=total / hbm_per_device,
+                fits=total <= hbm_per_device)
+  return report
+
+
+def time_report(compiled, chip: Chip, model_flops_per_device: float) -> dict[str, float]:
+  """Estimated step time per device: max(FLOPs / peak, bytes accessed / HBM bandwidth)."""
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost   # older jax returned a list
+  xla_flops, xla_bytes = float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
+  # Loop bodies are counted once by XLA: scale up to the analytic count when it falls short.
+  loop_factor = max(1.0, model_flops_per_device / xla_flops) if xla_flops else 1.0
+  peak, bandwidth = chip.peak_flops / chip.cores, chip.hbm_bandwidth / chip.cores
+  compute_s = xla_flops * loop_factor / peak
+  memory_s = xla_bytes * loop_factor / bandwidth
+  step_s = max(compute_s, memory_s)
+  return {
+      "xla_flops": xla_flops, "xla_bytes_accessed": xla_bytes,
+      "xla_optimal_seconds": float(cost.get("optimal_seconds", -1.0)),
+      "model_flops": model_flops_per_device, "loop_factor": loop_factor,
+      "peak_flops": peak, "hbm_bandwidth": bandwidth,
+      "compute_seconds": compute_s, "memory_seconds": memory_s, "step_seconds": step_s,
+      "bound": "compute" if compute_s >= memory_s else "memory",
+      "mfu_bound": model_flops_per_device / peak / step_s if step_s else 0.0,
+  }
+
+
+def run(config, topology: str) -> dict[str, Any]:
+  """Compile `config`'s train step for `topology` and return the report (see module docstring)."""
+  from bert_jax import flops  # pylint: disable=g-import-not-at-top
+  generation, chip, _ = parse_topology(topology)
+  devices = topology_devices(topology)
+  start = time.perf_counter()
+  compiled = compile_train_step(config, devices)
+  compile_s = time.perf_counter() - start
+  n = len(devices)
+  tokens = config.global_batch_size * config.data.seq_length
+  timing = time_report(compiled, chip, flops.train_flops_per_step(config) / n)
+  return {
+      "topology": topology, "device_kind": devices[0].device_kind, "devices": n,
+      "chips": n // chip.cores, "devices_per_chip": chip.cores, "chip_source": chip.source,
+      "global_batch_size": config.global_batch_size, "seq_length": config.data.seq_length,
+      "compile_seconds": compile_s,
+      "memory_per_device": memory_report(compiled, chip.hbm_bytes / chip.cores),
+      "time_per_step": timing,
+      "tokens_per_second": tokens / timing["step_seconds"] if timing["step_seconds"] else 0.0,
+      "generation": generation,
+  }
+
+
+def format_report(r: dict[str, Any]) -> str:
+  """The human-readable part of `bert-jax aot`'s output."""
+  m, t = r["memory_per_device"], r["time_per_step"]
+  gib = lambda b: f"{b / GiB:7.2f} GiB"
+  lines = [
+      f"{r['topology']}: {r['chips']} chips x {r['devices_per_chip']} device(s) = {r['devices']} "
+      f"{r['device_kind']} devices; batch {r['global_batch_size']} x {r['seq_length']}; "
+      f"compiled in {r['compile_seconds']:.1f} s",
+      "memory per device (XLA buffer assignment):",
+      f"  arguments {gib(m['argument_bytes'])}  outputs {gib(m['output_bytes'])}  "
+      f"donated {gib(m['alias_bytes'])}",
+      f"  temporaries {gib(m['temp_bytes'])}  code {gib(m['generated_code_bytes'])}",
+      f"  total {gib(m['total_bytes'])} of {gib(m['hbm_bytes'])} HBM ({100 * m['hbm_fraction']:.0f}%): "
+      + ("fits" if m["fits"] else "DOES NOT FIT"),
+      "estimated step time per device:",
+      f"  compute {1e3 * t['compute_seconds']:.1f} ms ({t['model_flops'] / 1e12:.2f} model TFLOP, XLA "
+      f"{t['xla_flops'] / 1e12:.2f} x{t['loop_factor']:.1f} at {t['peak_flops'] / 1e12:.1f} TFLOP/s)",
+      f"  memory  {1e3 * t['memory_seconds']:.1f} ms ({t['xla_bytes_accessed'] * t['loop_factor'] / 1e9:.1f} GB "
+      f"at {t['hbm_bandwidth'] / 1e9:.0f} GB/s)",
+      f"  step    {1e3 * t['step_seconds']:.1f} ms ({t['bound']}-bound), {r['tokens_per_second']:,.0f} tokens/s, "
+      f"MFU bound {100 * t['mfu_bound']:.0f}%",
+  ]
+  return "\n".join(lines)
+
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Pretraining config file (configs/x.py[:arg]).")
+_TOPOLOGY = flags.DEFINE_string("topology", None, "TPU topology, e.g. v3:8x8, v4:4x4x4, v5e:8x8, v6e:8x8; "
+                                "default: the config's `topology` field.")
+_JSON = flags.DEFINE_string("json", None, "Also write the report as JSON to this file.")
+
+
+def main(argv) -> None:
+  if len(argv) > 1:
+    raise ValueError(f"unexpected arguments: {argv[1:]}")
+  import jax  # pylint: disable=g-import-not-at-top
+  # Compiling for a topology needs no accelerator: keep jax off the (absent) local TPU.
+  if not os.environ.get("JAX_PLATFORMS"):
+    jax.config.update("jax_platforms", "cpu")
+  config = _CONFIG.value
+  topology = _TOPOLOGY.value or config.get("topology", "")
+  if not topology:
+    raise ValueError("no --topology and the config has no `topology` field")
+  report = run(config, topology)
+  print(format_report(report))
+  print(json.dumps(report))
+  if _JSON.value:
+    with open(_JSON.value, "w") as f:
+      json.dump(report, f, indent=2)
