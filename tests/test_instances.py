@@ -86,6 +86,9 @@ def test_full_sentences_cross_documents_with_a_separator():
   first_tokens = docs.tokens[inst.a_chunk[:, 0]]
   assert (first_tokens != SEP).all() and (docs.tokens[inst.a_chunk[:, 1] - 1] != SEP).all()
   assert len(docs.tokens) == len(original.tokens) + original.num_documents - 1
+  separators = docs.sentence_starts[original.doc_starts[1:-1] + np.arange(original.num_documents - 1)]
+  assert (docs.tokens[separators] == SEP).all()
+  np.testing.assert_array_equal(np.delete(docs.tokens, separators), original.tokens)
 
 
 def test_truncation_matches_the_reference_loop():
