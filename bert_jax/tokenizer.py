@@ -11,6 +11,8 @@ sends the few texts where the two could differ to the reference path.
     ids, segment_ids = tok.encode_pair("A b.", "C d.", max_length=128)
 """
 
+import collections
+import heapq
 import os
 import re
 import shutil
@@ -410,26 +412,86 @@ def train_sentencepiece(files_or_iter, out_prefix: str, vocab_size: int, model_t
   return out_prefix + ".model"
 
 
-def train_wordpiece(texts: Iterable[str], vocab_size: int, out_file: str | None = None,
-                    do_lower_case: bool = True, min_count: int = 2, max_words: int = 5_000_000,
-                    max_token_length: int = 50, max_unique_chars: int = 1000) -> str:
-  """Learns a WordPiece vocabulary (tensorflow_text's learner, as in its `bert_vocab_from_dataset`).
+_ASCII_WORD_RE = re.compile(r"[A-Za-z0-9]+|[!-/:-@\[-`{-~]")  # BERT's words, for printable ASCII
 
-  Words come from the same `basic_tokenize` the tokenizer uses; the learner searches a count
-  threshold so that the vocabulary reaches `vocab_size` (within 5%). The specials come first.
+
+def _count_words(texts: Iterable[str], do_lower_case: bool) -> collections.Counter:
+  """Counts of `basic_tokenize` words; printable ASCII (the bulk of most corpora) by one regex."""
+  counts = collections.Counter()
+  for text in texts:
+    if text.isascii() and text.isprintable():
+      counts.update(_ASCII_WORD_RE.findall(text.lower() if do_lower_case else text))
+    else:
+      counts.update(basic_tokenize(text, do_lower_case))
+  return counts
+
+
+def _learn_wordpiece(counts: dict, vocab_size: int, min_count: int, max_alphabet: int) -> list[str]:
+  """BPE merges over word pieces, continuation pieces marked `##` (as Hugging Face's WordPiece
+  trainer): start from characters, repeatedly add the most frequent adjacent pair as one piece."""
+  alphabet = collections.Counter()
+  for word, count in counts.items():
+    alphabet.update({c: count for c in word})
+  chars = {c for c, _ in alphabet.most_common(max_alphabet)}
+  words = [([w[0]] + ["##" + c for c in w[1:]], n) for w, n in counts.items() if set(w) <= chars]
+  vocab = list(SPECIAL_TOKENS) + sorted({p for pieces, _ in words for p in pieces} - set(SPECIAL_TOKENS))
+  pair_counts, where = collections.Counter(), collections.defaultdict(set)
+  for i, (pieces, n) in enumerate(words):
+    for pair in zip(pieces, pieces[1:]):
+      pair_counts[pair] += n
+      where[pair].add(i)
+  heap = [(-n, pair) for pair, n in pair_counts.items()]
+  heapq.heapify(heap)
+  while heap and len(vocab) < vocab_size:
+    n, pair = heapq.heappop(heap)
+    if -n != pair_counts.get(pair):
+      continue  # stale entry: the count changed since it was pushed
+    if -n < min_count:
+      break
+    merged = pair[0] + pair[1][2:]
+    vocab.append(merged)
+    changed = set()
+    for i in where.pop(pair):
+      pieces, count = words[i]
+      new = _merge_pair(pieces, pair, merged)
+      for old_pair in zip(pieces, pieces[1:]):
+        pair_counts[old_pair] -= count
+        changed.add(old_pair)
+      for new_pair in zip(new, new[1:]):
+        pair_counts[new_pair] += count
+        where[new_pair].add(i)
+        changed.add(new_pair)
+      words[i] = (new, count)
+    del pair_counts[pair]
+    for p in changed - {pair}:
+      heapq.heappush(heap, (-pair_counts[p], p))
+  return vocab
+
+
+def _merge_pair(pieces: list[str], pair: tuple[str, str], merged: str) -> list[str]:
+  out, i = [], 0
+  while i < len(pieces):
+    if i + 1 < len(pieces) and pieces[i] == pair[0] and pieces[i + 1] == pair[1]:
+      out.append(merged)
+      i += 2
+    else:
+      out.append(pieces[i])
+      i += 1
+  return out
+
+
+def train_wordpiece(texts: Iterable[str], vocab_size: int, out_file: str | None = None,
+                    do_lower_case: bool = True, min_count: int = 2, max_alphabet: int = 1000) -> str:
+  """Learns a WordPiece vocabulary of at most `vocab_size` (specials first: [PAD]=0 ... [MASK]=4).
+
+  Words are counted after the same `basic_tokenize` the tokenizer applies; pieces are then merged
+  BPE-style (`_learn_wordpiece`) until the vocabulary is full or no pair occurs `min_count` times.
+  Characters outside the `max_alphabet` most frequent ones are left out (they become [UNK]).
 
   Returns:
     the path of the written vocab file.
   """
-  from tensorflow_text.tools.wordpiece_vocab import wordpiece_tokenizer_learner_lib as learner  # pylint: disable=g-import-not-at-top
-
-  counts: dict = {}
-  for text in texts:
-    for word in basic_tokenize(text, do_lower_case):
-      counts[word] = counts.get(word, 0) + 1
-  vocab = learner.learn(counts, vocab_size, list(SPECIAL_TOKENS), lower_thresh=min_count,
-                        max_input_tokens=max_words, max_token_length=max_token_length,
-                        max_unique_chars=max_unique_chars)
+  vocab = _learn_wordpiece(_count_words(texts, do_lower_case), vocab_size, min_count, max_alphabet)
   if out_file is None:
     out_file = os.path.join(tempfile.mkdtemp(prefix="wordpiece-"), VOCAB_FILE)
   with open(out_file, "w", encoding="utf-8") as f:

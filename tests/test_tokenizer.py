@@ -177,3 +177,14 @@ def test_train_wordpiece(tmp_path, play_sentences):
   characters = sum(len(w) for s in sample for w in T.basic_tokenize(s, True))
   assert len(ids) < 0.6 * characters  # learned word pieces, not single characters
   assert {"the", "and", "you", "##ing"} <= set(lines)
+
+
+def test_wordpiece_learner_merges_most_frequent_pairs():
+  counts = {"low": 5, "lower": 2, "newest": 6, "widest": 3}  # Sennrich et al. 2016's example
+  vocab = T._learn_wordpiece(counts, 100, min_count=2, max_alphabet=1000)
+  alphabet = {"l", "n", "w", "##o", "##w", "##e", "##r", "##s", "##t", "##i", "##d"}
+  assert vocab[:5] == SPECIALS and set(vocab[5:5 + len(alphabet)]) == alphabet
+  assert vocab[5 + len(alphabet):5 + len(alphabet) + 4] == ["##es", "##est", "##ow", "low"]  # ties: smaller pair first
+  assert len(vocab) == len(set(vocab)) and "newest" in vocab  # merged while pairs occur twice or more
+  assert T._count_words(["Hello, World!! 3.14 caf\u00e9"], True) == {
+      "hello": 1, ",": 1, "world": 1, "!": 2, "3": 1, ".": 1, "14": 1, "cafe": 1}
