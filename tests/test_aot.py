@@ -1,0 +1,66 @@
+"""`bert-jax aot` compiles the real train step for a small TPU topology (v4:2x2x1, megacore) here.
+
+Run as the CLI in a subprocess: that is the command users run, and libtpu stays out of this process.
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import jax
+import pytest
+
+from bert_jax import flops, sharding, train
+from conftest import REPO_ROOT
+from configs import tiny
+
+# A one-layer tiny model (the TPU compiler takes tens of seconds even for this) whose matrices are
+# multiples of the TPU's 128-wide tiles, so that memory is not dominated by layout padding.
+OVERRIDES = {"model.vocab_size": 256, "model.hidden_size": 128, "model.num_layers": 1, "model.num_heads": 1,
+             "model.intermediate_size": 256, "model.max_position_embeddings": 32, "data.seq_length": 32,
+             "data.max_predictions_per_seq": 5, "global_batch_size": 16, "mesh.data": 2, "mesh.fsdp": 2}
+
+
+def _config():
+  c = tiny.get_config()
+  for key, value in OVERRIDES.items():
+    section, _, name = key.rpartition(".")
+    (c[section] if section else c)[name] = value
+  return c
+
+
+@pytest.mark.slow
+def test_aot_report_for_a_small_topology(tmp_path):
+  out = tmp_path / "report.json"
+  cmd = [sys.executable, "-m", "bert_jax.cli", "aot", "--config=configs/tiny.py", "--topology=v4:2x2x1",
+         f"--json={out}"] + [f"--config.{k}={v}" for k, v in OVERRIDES.items()]
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "fits" in proc.stdout and "estimated step time" in proc.stdout
+  report = json.loads(out.read_text())
+  assert report["device_kind"] == "TPU v4" and report["devices"] == report["chips"] == 4
+
+  memory = report["memory_per_device"]
+  assert memory["hbm_bytes"] == 32 * 2**30 and memory["fits"]
+  assert memory["total_bytes"] == (memory["argument_bytes"] + memory["output_bytes"] - memory["alias_bytes"]
+                                   + memory["temp_bytes"] + memory["generated_code_bytes"])
+  # Arguments: this device's shard of the train state and of the batch (TPU layouts pad small arrays).
+  config = _config()
+  s = train.setup(config, sharding.create_mesh(config.mesh, devices=jax.devices()[:4]))
+  state = sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
+              for x in jax.tree.leaves(s.abstract_state))
+  batch = sum(math.prod(x.shape) * x.dtype.itemsize for x in train.abstract_batch(config).values()) / 4
+  assert state + batch <= memory["argument_bytes"] <= 1.5 * (state + batch)
+  assert memory["alias_bytes"] >= state   # the donated state is updated in place
+
+  timing = report["time_per_step"]
+  assert timing["model_flops"] == pytest.approx(flops.train_flops_per_step(config) / 4)
+  # XLA counts elementwise work too; tiny matrices make it a larger share than in BERT-base/large.
+  assert 1.0 <= timing["xla_flops"] / timing["model_flops"] <= 2.0 and timing["loop_factor"] == 1.0
+  assert timing["peak_flops"] == 275e12 and timing["hbm_bandwidth"] == 1200e9
+  assert timing["step_seconds"] == max(timing["compute_seconds"], timing["memory_seconds"]) > 0
+  assert report["tokens_per_second"] == pytest.approx(16 * 32 / timing["step_seconds"])
+  assert 0 < timing["mfu_bound"] <= 1
