@@ -18,7 +18,9 @@ under a temporary name and renamed when complete; a re-run skips the shards alre
 
 import collections
 import contextlib
+import glob
 import hashlib
+import itertools
 import json
 import multiprocessing
 import os
@@ -96,18 +98,17 @@ def _tokenized_documents(task, counters):
   tok = _tokenizer(task["tokenizer_dir"], task["do_lower_case"])
   documents = (d for part in task["parts"] for d in corpus.read_part(
       part, text_key=task["text_key"], counters=counters))
-  batch, index = [], 0
-  for document in documents:
-    batch.append(document)
-    if sum(len(d) for d in batch) < _SENTENCES_PER_BATCH:
-      continue
+  batch, sentences, index = [], 0, 0
+  for document in itertools.chain(documents, [None]):
+    if document is not None:
+      batch.append(document)
+      sentences += len(document)
+      if sentences < _SENTENCES_PER_BATCH:
+        continue
     for ids, lengths in _encode_documents(tok, batch, counters):
       yield index, ids, lengths
       index += 1
-    batch = []
-  for ids, lengths in _encode_documents(tok, batch, counters):
-    yield index, ids, lengths
-    index += 1
+    batch, sentences = [], 0
 
 
 def _encode_documents(tok, documents, counters):
@@ -136,11 +137,13 @@ def _write_shard(task) -> dict:
   start = time.time()
   counters = collections.Counter()
   counts = {split: collections.Counter() for split in task["outputs"]}
+  for stale in (p for path in task["outputs"].values() for p in glob.glob(path + ".tmp-*")):
+    os.remove(stale)  # left by a killed run
   tmp = {split: path + f".tmp-{os.getpid()}" for split, path in task["outputs"].items()}
   writers = {split: tf.io.TFRecordWriter(path) for split, path in tmp.items()}
   for index, ids, lengths in _tokenized_documents(task, counters):
-    split = "eval" if "eval" in writers and _is_eval(task["index"], index, task["eval_fraction"]) else "train"
-    split = split if split in writers else next(iter(writers))
+    held_out = "eval" in writers and _is_eval(task["index"], index, task["eval_fraction"])
+    split = "eval" if held_out or "train" not in writers else "train"
     writers[split].write(_serialize({"token_ids": ids, "sentence_lengths": lengths}))
     counts[split].update(documents=1, sentences=len(lengths), tokens=len(ids))
   for split, writer in writers.items():

@@ -95,6 +95,7 @@ def test_rerun_skips_finished_shards(tmp_path, small_corpus, vocab_file):
     f.write(b"partial shard of a killed run")
   third = prepare.prepare_corpus(spec, out, vocab_file=vocab_file, num_shards=3, num_workers=1)
   assert os.stat(shards[0]).st_mtime_ns == mtimes[shards[0]] and os.path.exists(shards[1])
+  assert not glob.glob(os.path.join(out, "*.tmp-*"))
   for stats in (again, third):
     assert {k: stats[k] for k in ("documents", "sentences", "tokens", "shards", "bad_input")} == {
         k: first[k] for k in ("documents", "sentences", "tokens", "shards", "bad_input")}
