@@ -19,6 +19,7 @@ import dataclasses
 import functools
 import json
 import os
+import shutil
 import time
 
 import flax.linen as nn
@@ -203,7 +204,7 @@ def loss_sums(kind: str, outputs, batch) -> dict:
 
 def train_step(state: dict, batch: dict, *, model, tx, kind: str, freeze_encoder: bool):
   """One update of one trial. `state`: {"step", "params", "opt_state", "lr", "rng"}. -> (state, sums)."""
-  rng = jax.random.fold_in(state["rng"], state["step"])
+  rng = jax.random.fold_in(jax.random.wrap_key_data(state["rng"]), state["step"])
 
   def loss_fn(params):
     if freeze_encoder:
@@ -241,7 +242,7 @@ def init_state(model, tx, configs, encoder_params, mesh, rules, seq_len: int):
   abstract = jax.eval_shape(init_one, jax.random.key(0))
   param_shardings = _stacked(sharding.logical_to_shardings(nn.get_partition_spec(abstract), mesh, rules))
   if encoder_params is not None:
-    expected = jax.tree.map(lambda x: x.shape, nn.unbox(abstract)["bert"])
+    expected = jax.tree.map(lambda x: x.shape, jax.eval_shape(lambda r: nn.unbox(init_one(r)), jax.random.key(0))["bert"])
     got = jax.tree.map(lambda x: tuple(np.shape(x)), encoder_params)
     if expected != got:
       raise ValueError(f"checkpoint encoder does not match the model:\n expected {expected}\n got {got}")
@@ -258,7 +259,7 @@ def init_state(model, tx, configs, encoder_params, mesh, rules, seq_len: int):
   replicated = NamedSharding(mesh, PartitionSpec())
   state = {"step": jnp.zeros(len(configs), jnp.int32), "params": params, "opt_state": opt_state,
            "lr": jnp.asarray([c.learning_rate for c in configs], jnp.float32),
-           "rng": jnp.stack([k[1] for k in keys])}
+           "rng": jnp.stack([jax.random.key_data(k[1]) for k in keys])}  # raw uint32: checkpointable
   state = {k: (v if k in ("params", "opt_state") else jax.device_put(v, replicated)) for k, v in state.items()}
   return state, jax.tree.map(lambda x: x.sharding, state)
 
@@ -448,6 +449,8 @@ def finetune_trials(configs: list, workdirs: list, *, max_epochs: int | None = N
         if step >= budget or all(t.stopped for t in trackers):
           break
   finished = step >= total_steps
+  for w in workdirs:  # a finished run must not be "continued" from an older budget's state
+    shutil.rmtree(os.path.join(w, "last"), ignore_errors=True)
   if not finished:
     save_last(state, workdirs)
   return [_results(tr, c, task, step, steps_per_epoch, total_steps, finished or tr.stopped, time.time() - t0)

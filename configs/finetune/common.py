@@ -46,7 +46,7 @@ def get_config() -> ml_collections.ConfigDict:
   # AdamW, weight decay 0.01 off LayerNorm and biases, clipping at 1.0 (bert_jax/optimizer.py). The
   # trainer sets its learning_rate, warmup_steps and total_steps from the fields above and the data size.
   c.optimizer = common.optimizer_config()
-  # Layer-wise learning-rate decay (Clark et al. 2020, ELECTRA): layer l of N gets lr * decay**(N - l);
+  # Layer-wise learning-rate decay (Clark et al. 2020, ELECTRA): encoder layer i (from 0) of N gets lr * decay**(N - i);
   # embeddings decay**(N + 1); heads and pooler the full rate. 1.0 = off.
   c.layerwise_lr_decay = 1.0
   # ELMo-style scalar mix of all layers (Peters et al. 2018, eq. 1) instead of the last layer;

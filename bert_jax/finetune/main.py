@@ -1,0 +1,48 @@
+"""`bert-jax finetune`: flags, then `trainer.finetune(config, workdir)`.
+
+    bert-jax finetune --config=configs/finetune/sst2.py --workdir=/tmp/sst2 \
+        --config.init_checkpoint=/path/to/hf_or_tf_or_bert_jax_checkpoint --config.data_dir=/path/to/SST-2
+
+The results (best dev metric, its step, wall time) are printed as JSON and written to
+`<workdir>/results.json`; the per-step log is `<workdir>/metrics.jsonl`.
+"""
+
+import json
+import os
+import sys
+
+
+def _put_config_root_on_path(argv: list[str]) -> None:
+  """Config files do `from configs import ...`: make the cwd and `configs/`'s parent importable
+  (before absl parses --config, which executes the file)."""
+  roots = [os.getcwd()]
+  for arg in argv:
+    if arg.startswith("--config="):
+      roots.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(arg[9:].split(":")[0])))))
+  sys.path[:0] = [r for r in roots if r not in sys.path]
+
+
+_put_config_root_on_path(sys.argv)
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+from absl import app
+from absl import flags
+from ml_collections import config_flags
+
+from bert_jax.finetune import trainer
+
+CONFIG = config_flags.DEFINE_config_file("config", None, "A finetuning config, e.g. configs/finetune/sst2.py.")
+WORKDIR = flags.DEFINE_string("workdir", None, "Metrics, best checkpoint, predictions and results go here "
+                              "(`bert-jax sweep`: one subdirectory per trial, and the results tables).")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  results = trainer.finetune(CONFIG.value, WORKDIR.value)
+  print(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,269 @@
+"""`bert-jax sweep`: grid or random search over finetuning hyperparameters and seeds, with a results table.
+
+    bert-jax sweep --config=configs/finetune/sst2.py --workdir=/tmp/sst2_sweep \
+        --config.init_checkpoint=/path/to/bert --config.data_dir=/path/to/SST-2
+
+The grid (`config.sweep.grid`) defaults to Devlin et al. 2019, Appendix A.3: batch {16, 32}, learning
+rate {5e-5, 3e-5, 2e-5}, epochs {2, 3, 4}, each with every seed of `config.sweep.seeds`.
+
+* Every trial runs in `<workdir>/trials/<name>/`; `DONE` (its results as JSON) marks it finished, so an
+  interrupted sweep run again skips finished trials and redoes only the others.
+* Trials differing only in learning rate and seed train together in one vmapped step
+  (`trainer.finetune_trials`), up to `sweep.max_trials_per_group` at once.
+* Successive halving (`sweep.successive_halving`; Jamieson and Talwalkar 2016): every trial first runs
+  `halving_min_epochs` epochs, the best 1/eta by dev metric continue from their checkpoints for eta
+  times as many, and so on until their full `num_epochs`; each rung leaves `rung_<r>.json`.
+* Results: `results.md` and `results.csv` (mean +- std over seeds per configuration, the best one
+  marked), `trials.csv` (one row per trial) and `lr.png` (dev metric against learning rate).
+"""
+
+import csv
+import itertools
+import json
+import math
+import os
+import shutil
+import time
+
+import numpy as np
+
+from absl import app
+from absl import logging
+
+# The --config and --workdir flags of `bert-jax finetune` (importing it also puts `configs/` on sys.path).
+from bert_jax.finetune import main as finetune_main
+from bert_jax.finetune import trainer
+
+DONE = "DONE"
+HPARAMS = ("batch_size", "learning_rate", "num_epochs")
+
+
+# ------------------------------------------------------------------------------------------------
+# Trials.
+
+
+def trial_name(hp: dict) -> str:
+  return f"bs{hp['batch_size']}_lr{hp['learning_rate']:g}_ep{hp['num_epochs']}_seed{hp['seed']}"
+
+
+def make_trials(config) -> list[dict]:
+  """Hyperparameter assignments {batch_size, learning_rate, num_epochs, seed}, every one with every seed.
+
+  "grid": the product of `sweep.grid`. "random": `num_random_trials` configurations with the learning
+  rate log-uniform between the grid's extremes and batch size and epochs drawn from the grid.
+  """
+  s = config.sweep
+  grid = {k: list(s.grid[k]) for k in HPARAMS}
+  if s.mode == "grid":
+    configs = [dict(zip(HPARAMS, values)) for values in itertools.product(*(grid[k] for k in HPARAMS))]
+  elif s.mode == "random":
+    rng = np.random.default_rng(s.random_seed)
+    lo, hi = np.log(min(grid["learning_rate"])), np.log(max(grid["learning_rate"]))
+    configs = [{"batch_size": int(rng.choice(grid["batch_size"])),
+                "learning_rate": float(f"{np.exp(rng.uniform(lo, hi)):.3g}"),
+                "num_epochs": int(rng.choice(grid["num_epochs"]))} for _ in range(s.num_random_trials)]
+  else:
+    raise ValueError(f"sweep.mode must be grid or random, got {s.mode!r}")
+  return [{**c, "seed": int(seed)} for c in configs for seed in s.seeds]
+
+
+def _trial_config(config, hp: dict):
+  c = config.copy_and_resolve_references()
+  with c.unlocked():
+    for k, v in hp.items():
+      c[k] = v
+  return c
+
+
+def _groups(trials: list[dict], vmap: bool, max_size: int) -> list[list[dict]]:
+  """Trials that may train together (same everything but learning rate and seed), in chunks."""
+  if not vmap:
+    return [[t] for t in trials]
+  by_key = {}
+  for t in trials:
+    by_key.setdefault((t["batch_size"], t["num_epochs"]), []).append(t)
+  return [g[i:i + max_size] for g in by_key.values() for i in range(0, len(g), max_size)]
+
+
+def _read_json(path: str):
+  with open(path) as f:
+    return json.load(f)
+
+
+def _write_json(path: str, obj) -> None:
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    json.dump(obj, f, indent=1)
+  os.replace(tmp, path)  # a marker is either absent or complete
+
+
+# ------------------------------------------------------------------------------------------------
+# Running.
+
+
+def _run_group(config, group: list[dict], trial_dir, max_epochs: int | None, log) -> list[dict]:
+  dirs = [trial_dir(t) for t in group]
+  if max_epochs is None or not all(os.path.isdir(os.path.join(d, "last")) for d in dirs):
+    for d in dirs:  # a fresh start: drop whatever an interrupted attempt left
+      shutil.rmtree(d, ignore_errors=True)
+  log({"event": "start", "trials": [trial_name(t) for t in group], "max_epochs": max_epochs})
+  results = trainer.finetune_trials([_trial_config(config, t) for t in group], dirs, max_epochs=max_epochs)
+  log({"event": "end", "trials": [trial_name(t) for t in group], "best": [r["best"] for r in results]})
+  return results
+
+
+def run_sweep(config, workdir: str) -> list[dict]:
+  """Runs every unfinished trial of the sweep; returns one row per trial (hyperparameters + results)."""
+  trials = make_trials(config)
+  trial_dir = lambda t: os.path.join(workdir, "trials", trial_name(t))
+  os.makedirs(os.path.join(workdir, "trials"), exist_ok=True)
+
+  def log(record):
+    with open(os.path.join(workdir, "sweep_log.jsonl"), "a") as f:
+      f.write(json.dumps({"time": round(time.time(), 1), **record}) + "\n")
+    logging.info("sweep: %s", record)
+
+  is_done = lambda t: os.path.isfile(os.path.join(trial_dir(t), DONE))
+  s = config.sweep
+  if not s.successive_halving:
+    pending = [t for t in trials if not is_done(t)]
+    for group in _groups(pending, s.vmap_trials, s.max_trials_per_group):
+      for t, r in zip(group, _run_group(config, group, trial_dir, None, log)):
+        _write_json(os.path.join(trial_dir(t), DONE), r)
+  else:
+    _successive_halving(config, trials, trial_dir, is_done, log)
+  return [_row(t, trial_dir(t)) for t in trials]
+
+
+def _successive_halving(config, trials, trial_dir, is_done, log) -> None:
+  """Rung r trains the survivors to min_epochs * eta**r epochs; the best 1/eta go on."""
+  s = config.sweep
+  alive = list(trials)
+  for rung in itertools.count():
+    budget = s.halving_min_epochs * s.halving_eta ** rung
+    marker = lambda t, r=rung: os.path.join(trial_dir(t), f"rung_{r}.json")
+    pending = [t for t in alive if not is_done(t) and not os.path.isfile(marker(t))]
+    for group in _groups(pending, s.vmap_trials, s.max_trials_per_group):
+      for t, r in zip(group, _run_group(config, group, trial_dir, budget, log)):
+        _write_json(marker(t), r)
+        if r["finished"]:
+          _write_json(os.path.join(trial_dir(t), DONE), r)
+    unfinished = [t for t in alive if not is_done(t)]
+    if not unfinished:
+      return
+    score = lambda t: _read_json(marker(t))["best"] if os.path.isfile(marker(t)) else -math.inf
+    keep = max(1, len(alive) // s.halving_eta)
+    alive = sorted(alive, key=score, reverse=True)[:keep]
+    for t in unfinished:
+      if t not in alive:
+        log({"event": "pruned", "trial": trial_name(t), "rung": rung})
+    if not any(not is_done(t) for t in alive):
+      return
+
+
+def _row(t: dict, d: str) -> dict:
+  """A trial's hyperparameters and final (DONE) or latest-rung results; status done/pruned/missing."""
+  if os.path.isfile(os.path.join(d, DONE)):
+    return {**t, "status": "done", **_results_fields(_read_json(os.path.join(d, DONE)))}
+  rungs = sorted((f for f in os.listdir(d) if f.startswith("rung_")), key=lambda f: int(f[5:-5])) \
+      if os.path.isdir(d) else []
+  if rungs:
+    return {**t, "status": "pruned", **_results_fields(_read_json(os.path.join(d, rungs[-1])))}
+  return {**t, "status": "missing"}
+
+
+def _results_fields(r: dict) -> dict:
+  return {"metric": r["primary_metric"], "best": r["best"], "epochs_run": r["epochs"], "seconds": r["seconds"]}
+
+
+# ------------------------------------------------------------------------------------------------
+# Tables and plot.
+
+
+def aggregate(rows: list[dict]) -> list[dict]:
+  """Mean and sample std of the best dev metric over seeds, per (batch_size, learning_rate, num_epochs)."""
+  out = {}
+  for r in rows:
+    if r["status"] == "done":
+      out.setdefault(tuple(r[k] for k in HPARAMS), []).append(r["best"])
+  agg = [{**dict(zip(HPARAMS, k)), "n": len(v), "mean": float(np.mean(v)),
+          "std": float(np.std(v, ddof=1)) if len(v) > 1 else 0.0} for k, v in out.items()]
+  return sorted(agg, key=lambda a: -a["mean"])
+
+
+def write_tables(rows: list[dict], workdir: str, task: str) -> str:
+  """`results.md`, `results.csv` (per configuration), `trials.csv` (per trial); returns the Markdown."""
+  agg = aggregate(rows)
+  metric = next((r["metric"] for r in rows if "metric" in r), "metric")
+  with open(os.path.join(workdir, "trials.csv"), "w", newline="") as f:
+    fields = list(HPARAMS) + ["seed", "status", "best", "epochs_run", "seconds"]
+    w = csv.DictWriter(f, fields, extrasaction="ignore")
+    w.writeheader()
+    w.writerows(rows)
+  with open(os.path.join(workdir, "results.csv"), "w", newline="") as f:
+    w = csv.DictWriter(f, ["task", *HPARAMS, "n", "mean", "std"])
+    w.writeheader()
+    w.writerows({"task": task, **a} for a in agg)
+  lines = [f"# Sweep: {task} (dev {metric}, mean +- std over seeds)", "",
+           "| batch | lr | epochs | seeds | mean | std |", "|---:|---:|---:|---:|---:|---:|"]
+  for i, a in enumerate(agg):
+    mark = " **best**" if i == 0 else ""
+    lines.append(f"| {a['batch_size']} | {a['learning_rate']:g} | {a['num_epochs']} | {a['n']} | "
+                 f"{a['mean']:.4f}{mark} | {a['std']:.4f} |")
+  status = {s: sum(r["status"] == s for r in rows) for s in ("done", "pruned", "missing")}
+  lines += ["", f"Trials: {status['done']} done, {status['pruned']} stopped by successive halving, "
+            f"{status['missing']} not run."]
+  if agg:
+    b = agg[0]
+    lines += ["", f"Best for {task}: batch {b['batch_size']}, lr {b['learning_rate']:g}, "
+              f"{b['num_epochs']} epochs: {metric} {b['mean']:.4f} +- {b['std']:.4f} (n={b['n']})."]
+  text = "\n".join(lines) + "\n"
+  with open(os.path.join(workdir, "results.md"), "w") as f:
+    f.write(text)
+  return text
+
+
+def plot_lr(rows: list[dict], path: str, task: str) -> bool:
+  """Dev metric against learning rate (log axis), one line per (batch, epochs), error bars = std.
+
+  Needs matplotlib (not a dependency of bert_jax); returns False without it.
+  """
+  try:
+    import matplotlib  # pylint: disable=g-import-not-at-top
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    logging.warning("matplotlib is not installed: no %s", path)
+    return False
+  agg = aggregate(rows)
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for key in sorted({(a["batch_size"], a["num_epochs"]) for a in agg}):
+    pts = sorted((a["learning_rate"], a["mean"], a["std"]) for a in agg
+                 if (a["batch_size"], a["num_epochs"]) == key)
+    lr, mean, std = zip(*pts)
+    ax.errorbar(lr, mean, yerr=std, marker="o", capsize=3, label=f"batch {key[0]}, {key[1]} epochs")
+  ax.set_xscale("log")
+  ax.set_xlabel("learning rate")
+  ax.set_ylabel(f"dev {next((r['metric'] for r in rows if 'metric' in r), '')}")
+  ax.set_title(task)
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+  return True
+
+
+# ------------------------------------------------------------------------------------------------
+# Command line.
+
+def main(argv) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  config, workdir = finetune_main.CONFIG.value, finetune_main.WORKDIR.value
+  rows = run_sweep(config, workdir)
+  print(write_tables(rows, workdir, config.task))
+  plot_lr(rows, os.path.join(workdir, "lr.png"), config.task)
+
+
+if __name__ == "__main__":
+  app.run(main)

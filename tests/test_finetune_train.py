@@ -1,0 +1,131 @@
+"""The finetuning loop on tiny models (8 fake devices): learning, stacked trials, layer-wise decay,
+frozen encoder with scalar mix, two-stage initialisation; and the real MiniLM on rotten_tomatoes."""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from bert_jax import checkpointing
+from bert_jax.finetune import trainer
+from configs.finetune import sst2
+from conftest import shared_path
+
+WORDS = ["good", "great", "fine", "bad", "awful", "poor", "the", "movie", "was", "a", "plot", "and"]
+
+
+def make_sentiment_data(directory, n_train=256, n_dev=64, seed=0) -> str:
+  """train.tsv/dev.tsv (SST-2 format) whose label is told by one word; and a vocab.txt. Returns the dir."""
+  os.makedirs(directory, exist_ok=True)
+  with open(os.path.join(directory, "vocab.txt"), "w") as f:
+    f.write("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS) + "\n")
+  rng = np.random.default_rng(seed)
+  for split, n in (("train", n_train), ("dev", n_dev)):
+    with open(os.path.join(directory, f"{split}.tsv"), "w") as f:
+      f.write("sentence\tlabel\n")
+      for _ in range(n):
+        y = int(rng.integers(2))
+        word = rng.choice(WORDS[:3] if y else WORDS[3:6])
+        filler = " ".join(rng.choice(WORDS[6:], 4))
+        f.write(f"{word} movie {filler}\t{y}\n")
+  return str(directory)
+
+
+def tiny_config(data_dir: str):
+  c = sst2.get_config()
+  c.data_dir = data_dir
+  c.vocab_file = os.path.join(data_dir, "vocab.txt")
+  c.model.preset = "tiny"
+  c.model.vocab_size = 32
+  c.model.max_position_embeddings = 32
+  c.max_seq_length = 16
+  c.batch_size = 16
+  c.learning_rate = 1e-3
+  c.num_epochs = 3
+  c.log_every_steps = 4
+  return c
+
+
+def _read_jsonl(path):
+  with open(path) as f:
+    return [json.loads(line) for line in f]
+
+
+def _best_params(workdir):
+  return checkpointing.restore_params(os.path.join(workdir, "best"))
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+  return make_sentiment_data(tmp_path_factory.mktemp("sentiment"))
+
+
+def test_layerwise_decay_factors_agree_for_scanned_and_unscanned():
+  u = {"bert": {"embeddings": {"w": np.ones(3)}, "encoder": {f"layer_{i}": {"k": np.ones((2, 2))} for i in range(3)},
+                "pooler": {"kernel": np.ones(2)}}, "classifier": {"kernel": np.ones(2)}}
+  tx = trainer.scale_by_layer(0.5, num_layers=3)
+  out, _ = tx.update(u, tx.init(u))
+  assert [float(out["bert"]["encoder"][f"layer_{i}"]["k"][0, 0]) for i in range(3)] == [0.125, 0.25, 0.5]
+  assert float(out["bert"]["embeddings"]["w"][0]) == 0.0625
+  assert float(out["classifier"]["kernel"][0]) == float(out["bert"]["pooler"]["kernel"][0]) == 1.0
+  scanned = {"bert": {"encoder": {"layers": {"k": np.ones((3, 2, 2))}}}}
+  out_s, _ = tx.update(scanned, tx.init(scanned))
+  np.testing.assert_allclose(out_s["bert"]["encoder"]["layers"]["k"][:, 0, 0], [0.125, 0.25, 0.5])
+
+
+@pytest.mark.slow
+def test_finetune_learns_then_two_stage_feature_based(data_dir, tmp_path):
+  config = tiny_config(data_dir)
+  config.layerwise_lr_decay = 0.9
+  results = trainer.finetune(config, str(tmp_path / "first"))
+  assert results["finished"] and results["best"] >= 0.95, results
+  log = _read_jsonl(tmp_path / "first" / "metrics.jsonl")
+  assert [r["step"] for r in log if "eval/accuracy" in r] == [16, 32, 48]  # every epoch of 256 // 16
+  losses = [r["train/loss"] for r in log if "train/loss" in r]
+  assert losses[-1] < 0.5 * losses[0]
+  preds = (tmp_path / "first" / "predictions_dev.tsv").read_text().splitlines()
+  assert preds[0] == "index\tprediction" and len(preds) == 65
+
+  # Second stage from the first's best/: its encoder, frozen, under a new scalar mix and classifier.
+  second = tiny_config(data_dir)
+  second.init_checkpoint, second.vocab_file = str(tmp_path / "first" / "best"), ""
+  assert trainer.detect_format(second.init_checkpoint) == "bert_jax"
+  assert trainer.load_tokenizer(second).encode("good movie") == [5, 12]  # the copy in the workdir
+  second.scalar_mix = second.freeze_encoder = True
+  second.num_epochs, second.learning_rate = 1, 1e-2
+  results = trainer.finetune(second, str(tmp_path / "second"))
+  before, after = _best_params(tmp_path / "first"), _best_params(tmp_path / "second")
+  assert set(after) == {"bert", "scalar_mix", "classifier"}
+  jax.tree.map(np.testing.assert_array_equal, before["bert"], after["bert"])  # no gradient, no decay
+  assert not np.allclose(after["scalar_mix"]["weights"], 0.0)
+  assert results["best"] >= 0.8, results
+
+
+@pytest.mark.slow
+def test_stacked_trials_match_separate_runs(data_dir, tmp_path):
+  a, b = tiny_config(data_dir), tiny_config(data_dir)
+  a.num_epochs = b.num_epochs = 1
+  b.learning_rate, b.seed = 3e-3, 7
+  together = trainer.finetune_trials([a, b], [str(tmp_path / "a"), str(tmp_path / "b")])
+  alone = trainer.finetune(b, str(tmp_path / "b_alone"))
+  assert together[1]["best"] == alone["best"]
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=2e-5),
+               _best_params(tmp_path / "b"), _best_params(tmp_path / "b_alone"))
+  # Different learning rates and seeds did give different models.
+  pa, pb = _best_params(tmp_path / "a"), _best_params(tmp_path / "b")
+  assert not np.allclose(pa["classifier"]["kernel"], pb["classifier"]["kernel"])
+
+
+@pytest.mark.slow
+def test_minilm_rotten_tomatoes_short_run(tmp_path):
+  """The real checkpoint on real data, shortened: 640 training sentences, one epoch."""
+  config = sst2.get_config()
+  config.init_checkpoint = str(shared_path("minilm"))
+  config.data_dir = str(shared_path("tasks", "rotten_tomatoes"))
+  config.max_seq_length = 64
+  config.max_train_examples, config.max_eval_examples = 640, 256
+  config.num_epochs, config.learning_rate = 1, 1e-4
+  results = trainer.finetune(config, str(tmp_path))
+  assert results["best"] >= 0.65, results
