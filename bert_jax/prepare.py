@@ -24,6 +24,7 @@ import itertools
 import json
 import multiprocessing
 import os
+import sys
 import time
 import zlib
 
@@ -53,6 +54,7 @@ STATS_FILE = "stats.json"
 _PROGRESS_DIR = ".prepare"         # per-shard stats of finished shards, and the settings they used
 _BYTES_PER_SHARD = 64 << 20
 _SENTENCES_PER_BATCH = 4096        # one fast-tokenizer call; large enough to amortise its overhead
+_REPORT_SECONDS = 60               # a long shard reports its progress this often
 
 
 def shard_name(split: str, index: int, num_shards: int) -> str:
@@ -134,14 +136,19 @@ def _write_shard(task) -> dict:
   """Writes the task's train (and eval) shard; returns its counts. Runs in a worker process."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-  start = time.time()
+  start, cpu_start = time.time(), time.process_time()
   counters = collections.Counter()
   counts = {split: collections.Counter() for split in task["outputs"]}
   for stale in (p for path in task["outputs"].values() for p in glob.glob(path + ".tmp-*")):
     os.remove(stale)  # left by a killed run
   tmp = {split: path + f".tmp-{os.getpid()}" for split, path in task["outputs"].items()}
   writers = {split: tf.io.TFRecordWriter(path) for split, path in tmp.items()}
+  last_report = start
   for index, ids, lengths in _tokenized_documents(task, counters):
+    if time.time() - last_report > _REPORT_SECONDS:
+      last_report = time.time()
+      print(f"{task['name']}: {index} documents, {sum(c['tokens'] for c in counts.values())} tokens",
+            file=sys.stderr, flush=True)
     held_out = "eval" in writers and _is_eval(task["index"], index, task["eval_fraction"])
     split = "eval" if held_out or "train" not in writers else "train"
     writers[split].write(_serialize({"token_ids": ids, "sentence_lengths": lengths}))
@@ -150,6 +157,7 @@ def _write_shard(task) -> dict:
     writer.close()
     os.replace(tmp[split], task["outputs"][split])
   return {"task": task["name"], "counters": dict(counters), "seconds": time.time() - start,
+          "cpu_seconds": time.process_time() - cpu_start,
           "shards": {os.path.basename(task["outputs"][s]): dict(c) for s, c in counts.items()}}
 
 
@@ -210,10 +218,17 @@ def _settings_guard(output_dir: str, settings: dict) -> None:
       json.dump(settings, f, indent=1)
 
 
-def _default_num_shards(spec: str) -> int:
-  if spec == corpus.SHAKESPEARE or spec.startswith("tfds:"):
-    return 8 if spec == corpus.SHAKESPEARE else 256
-  return max(1, sum(os.path.getsize(p) for p in corpus.expand_files(spec)) // _BYTES_PER_SHARD + 1)
+def _default_num_shards(spec: str, data_dir: str | None) -> int:
+  """About `_BYTES_PER_SHARD` of input per shard (and at least one shard per core)."""
+  if spec == corpus.SHAKESPEARE:
+    num_bytes = 5 << 20
+  elif spec.startswith("tfds:"):
+    name, split, _ = corpus.parse_tfds_spec(spec)
+    info = corpus.tfds_builder(name, data_dir).info
+    num_bytes = sum(s.num_bytes for s in info.splits.values()) if split not in info.splits else info.splits[split].num_bytes
+  else:
+    num_bytes = sum(os.path.getsize(p) for p in corpus.expand_files(spec))
+  return max(os.cpu_count() or 1, num_bytes // _BYTES_PER_SHARD + 1)
 
 
 def _tasks(spec, output_dir, num_shards, eval_fraction, eval_spec, common, counters, data_dir, text_key):
@@ -250,7 +265,7 @@ def prepare_corpus(spec: str, output_dir: str, *, vocab_file: str | None = None,
                                      vocab_model, data_dir, text_key, vocab_sample_sentences)
   with open(tokenizer_file, "rb") as f:
     tokenizer_sha = hashlib.sha256(f.read()).hexdigest()
-  num_shards = num_shards or _default_num_shards(spec)
+  num_shards = num_shards or _default_num_shards(spec, data_dir)
   settings = dict(input=spec, eval_input=eval_spec, eval_fraction=eval_fraction, num_shards=num_shards,
                   do_lower_case=do_lower_case, text_key=text_key, tokenizer_sha256=tokenizer_sha)
   _settings_guard(output_dir, settings)
@@ -331,6 +346,7 @@ def _summarize(results, counters, tokenizer_file, do_lower_case, settings) -> di
       "settings": settings,
       # Time inside shard tasks, summed over workers (excludes process start-up and TF import).
       "worker_seconds": round(sum(r.get("seconds", 0.0) for r in results), 3),
+      "worker_cpu_seconds": round(sum(r.get("cpu_seconds", 0.0) for r in results), 3),
   }
 
 
@@ -347,7 +363,8 @@ def prepare_throughput(spec: str, vocab_file: str, output_dir: str, *, num_worke
           "tokens_per_s": round(stats["tokens"] / stats["seconds"]),
           # Tokenizing and writing only, with every worker busy: what a large corpus approaches.
           "tokens_per_s_steady": round(stats["tokens"] * workers / max(stats["worker_seconds"], 1e-9)),
-          "tokens_per_worker_s": round(stats["tokens"] / max(stats["worker_seconds"], 1e-9))}
+          # Per CPU-second of the workers: the per-core rate, independent of other load on the host.
+          "tokens_per_cpu_s": round(stats["tokens"] / max(stats["worker_cpu_seconds"], 1e-9))}
 
 
 def main(argv) -> None:
