@@ -31,10 +31,10 @@ _FEATURES = {"token_ids": tf.io.RaggedFeature(tf.int64), "sentence_lengths": tf.
 
 
 def shard_files(pattern: str, split: str) -> list[str]:
-  """A glob, or a prepared directory's `<split>-*.tfrecord`, sorted."""
+  """A glob, a prepared directory's `<split>-*.tfrecord` or a prefix's `-*.tfrecord`, sorted."""
   if tf.io.gfile.isdir(pattern):
     pattern = os.path.join(pattern, f"{split}-*.tfrecord")
-  return sorted(tf.io.gfile.glob(pattern))
+  return sorted(tf.io.gfile.glob(pattern)) or sorted(tf.io.gfile.glob(pattern + "-*.tfrecord"))
 
 
 def _is_held_out(file_index: int, record_index: np.ndarray, fraction: float) -> np.ndarray:
