@@ -128,25 +128,37 @@ def test_tfds_mock_data_with_prepared_metadata(tmp_path):
   assert len(documents) == 7 and all(isinstance(s, str) for d in documents for s in d)
 
 
-def test_tfds_real_prepared_dataset_and_even_parts(tmp_path):
+def prepare_tiny_tfds_dataset(data_dir: str) -> str:
+  """Prepares a 12-document TFDS dataset in `data_dir` (generated here, nothing downloaded); its spec."""
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
-  class BertJaxTinyText(tfds.core.GeneratorBasedBuilder):
-    VERSION = tfds.core.Version("1.0.0")
+  global _TINY_BUILDER
+  if _TINY_BUILDER is None:
 
-    def _info(self):
-      return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({"body": tfds.features.Text()}))
+    class BertJaxTinyText(tfds.core.GeneratorBasedBuilder):
+      VERSION = tfds.core.Version("1.0.0")
 
-    def _split_generators(self, dl_manager):
-      del dl_manager  # nothing to download
-      return {"train": self._generate_examples()}
+      def _info(self):
+        return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({"body": tfds.features.Text()}))
 
-    def _generate_examples(self):
-      for i in range(12):
-        yield i, {"body": f"Document {i} starts here. It has two sentences."}
+      def _split_generators(self, dl_manager):
+        del dl_manager  # nothing to download
+        return {"train": self._generate_examples()}
 
-  BertJaxTinyText(data_dir=str(tmp_path)).download_and_prepare()
-  spec = "tfds:bert_jax_tiny_text:train:body"
+      def _generate_examples(self):
+        for i in range(12):
+          yield i, {"body": f"Document {i} starts here. It has two sentences."}
+
+    _TINY_BUILDER = BertJaxTinyText
+  _TINY_BUILDER(data_dir=data_dir).download_and_prepare()
+  return "tfds:bert_jax_tiny_text:train:body"
+
+
+_TINY_BUILDER = None
+
+
+def test_tfds_real_prepared_dataset_and_even_parts(tmp_path):
+  spec = prepare_tiny_tfds_dataset(str(tmp_path))
   documents, _ = _read(spec, data_dir=str(tmp_path))
   assert sorted(documents) == sorted([[f"Document {i} starts here.", "It has two sentences."] for i in range(12)])
   assert sorted(_read_in_parts(spec, 3, data_dir=str(tmp_path))) == sorted(documents)

@@ -14,6 +14,7 @@ from bert_jax import corpus
 from bert_jax import prepare
 from bert_jax import tokenizer as tokenization
 from conftest import REPO_ROOT, shared_path
+import test_corpus
 
 
 def _records(pattern):
@@ -155,28 +156,11 @@ def test_cli_with_two_workers_on_news(tmp_path, vocab_file):
 
 
 def test_tfds_input_with_explicit_data_dir(tmp_path, vocab_file):
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-
-  class BertJaxTinyNews(tfds.core.GeneratorBasedBuilder):
-    VERSION = tfds.core.Version("1.0.0")
-
-    def _info(self):
-      return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({"text": tfds.features.Text()}))
-
-    def _split_generators(self, dl_manager):
-      del dl_manager  # nothing to download
-      return {"train": self._generate_examples()}
-
-    def _generate_examples(self):
-      for i in range(30):
-        yield i, {"text": f"Story {i} begins. It ends here."}
-
   data_dir = str(tmp_path / "tfds")
-  BertJaxTinyNews(data_dir=data_dir).download_and_prepare()
-  stats = prepare.prepare_corpus("tfds:bert_jax_tiny_news", str(tmp_path / "out"), vocab_file=vocab_file,
-                                 data_dir=data_dir, num_workers=1)
-  assert stats["documents"] == 30 and stats["sentences"] == 60
-  assert len(stats["shards"]) >= 1
+  spec = test_corpus.prepare_tiny_tfds_dataset(data_dir)
+  stats = prepare.prepare_corpus(spec, str(tmp_path / "out"), vocab_file=vocab_file, data_dir=data_dir,
+                                 num_workers=1)
+  assert stats["documents"] == 12 and stats["sentences"] == 24 and len(stats["shards"]) >= 1
   with pytest.raises(FileNotFoundError, match="not prepared"):
-    prepare.prepare_corpus("tfds:bert_jax_tiny_news", str(tmp_path / "out2"), vocab_file=vocab_file,
-                           data_dir=str(tmp_path / "empty"), num_workers=1)
+    prepare.prepare_corpus(spec, str(tmp_path / "out2"), vocab_file=vocab_file, data_dir=str(tmp_path / "empty"),
+                           num_workers=1)
