@@ -2,10 +2,11 @@
 
 WordPiece follows google-research/bert `tokenization.py` and Hugging Face `BertTokenizer` exactly
 (clean text, split CJK ideographs, lowercase + strip accents when uncased, split punctuation, greedy
-longest-match-first with `##`, words over 100 characters -> [UNK]). `_reference_tokenize` is the
-plain-Python statement of those rules; `encode_batch` runs the same rules through
-`tensorflow_text.FastBertTokenizer` (LinMaxMatch, Song et al. 2021), after a cheap Python check that
-sends the few texts where the two could differ to the reference path.
+longest-match-first with `##`, words over 100 characters -> [UNK]). `basic_tokenize` and
+`wordpiece_split` state those rules in plain Python (`tokenize`, `encode`); `encode_batch` runs
+them through `tensorflow_text.FastBertTokenizer` (LinMaxMatch, Song et al. 2021), after cheap
+rewrites where the two would differ (`_fast_form`); the rare text it cannot rewrite takes the
+Python path. Tests hold both paths to Hugging Face's ids and to each other.
 
     tok = load_tokenizer("vocab.txt")                 # or "spm.model", or a directory holding one
     ids, segment_ids = tok.encode_pair("A b.", "C d.", max_length=128)
