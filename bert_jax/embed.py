@@ -74,8 +74,9 @@ def read_examples(lines, tokenizer=None, max_length: int = 512) -> list:
 def embed_examples(cfg: model.BertConfig, params, examples, batch_size: int = 8) -> dict:
   """Runs the encoder over examples in length-sorted, padded batches; returns the .npz arrays."""
   encoder = model.BertEncoder(cfg)
-  run = jax.jit(lambda ids, mask, types: encoder.apply({"params": params}, ids, mask, types,
-                                                       output_hidden_states=True))
+  # Params are an argument, not a closure, so they are not folded into the compiled program as constants.
+  run = jax.jit(lambda p, ids, mask, types: encoder.apply({"params": p}, ids, mask, types,
+                                                          output_hidden_states=True))
   order = sorted(range(len(examples)), key=lambda i: len(examples[i][0]))
   arrays = {}
   for start in range(0, len(order), batch_size):
@@ -85,7 +86,7 @@ def embed_examples(cfg: model.BertConfig, params, examples, batch_size: int = 8)
     for row, i in enumerate(chunk):
       n = len(examples[i][0])
       ids[row, :n], types[row, :n], mask[row, :n] = examples[i][0], examples[i][1], 1
-    out = jax.device_get(run(ids, mask, types))
+    out = jax.device_get(run(params, ids, mask, types))
     for row, i in enumerate(chunk):
       n = len(examples[i][0])
       arrays[f"hidden_states_{i}"] = out["hidden_states"][:, row, :n].astype(np.float32)

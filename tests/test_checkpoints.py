@@ -27,8 +27,9 @@ def minilm():
 def reference_errors(cfg, bert_params, ref, per_example=True) -> dict:
   """Max abs errors against hf_reference.npz: per stored example, and the padded batch at real positions."""
   enc = model.BertEncoder(cfg)
-  run = jax.jit(lambda ids, mask, seg: enc.apply({"params": bert_params}, ids, mask, seg,
-                                                 output_hidden_states=True))
+  # Params as an argument, not a closure: constants would be folded into every compilation.
+  jitted = jax.jit(lambda p, *inputs: enc.apply({"params": p}, *inputs, output_hidden_states=True))
+  run = lambda *inputs: jitted(bert_params, *inputs)
   errors = {}
   i = 0
   while per_example and f"input_ids_{i}" in ref:
