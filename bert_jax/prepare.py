@@ -279,6 +279,11 @@ def prepare_corpus(spec: str, output_dir: str, *, vocab_file: str | None = None,
   stats["seconds"] = round(time.time() - start, 3)
   with open(os.path.join(output_dir, STATS_FILE), "w") as f:
     json.dump(stats, f, indent=1)
+  bad = {k: v for k, v in stats["bad_input"].items() if v}
+  if bad:
+    logging.warning("Bad input (skipped or repaired, see %s): %s", STATS_FILE, bad)
+  logging.info("%d documents, %d sentences, %d tokens in %.1f s", stats["documents"], stats["sentences"],
+               stats["tokens"], stats["seconds"])
   return stats
 
 
