@@ -174,10 +174,19 @@ def load_hf(path, scan_layers: bool = False, **config_overrides) -> tuple:
   path = pathlib.Path(path)
   hf_config = json.loads((path / "config.json").read_text())
   cfg = model.BertConfig.from_hf_dict(hf_config, scan_layers=scan_layers, **config_overrides)
+  return cfg, from_state_dict(cfg, read_safetensors(path), scan_layers=scan_layers)
+
+
+def read_safetensors(path: pathlib.Path) -> dict:
+  """All tensors of `model.safetensors`, or of the shards listed in `model.safetensors.index.json`."""
+  index = path / "model.safetensors.index.json"
+  if index.exists():
+    shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    return {k: v for shard in shards for k, v in load_file(str(path / shard)).items()}
   weights = path / "model.safetensors"
   if not weights.exists():
     raise FileNotFoundError(f"{weights} not found (only safetensors checkpoints are read)")
-  return cfg, from_state_dict(cfg, load_file(str(weights)), scan_layers=scan_layers)
+  return load_file(str(weights))
 
 
 def save_hf(path, cfg: model.BertConfig, params: dict, vocab_file=None) -> None:

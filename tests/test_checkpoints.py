@@ -177,6 +177,20 @@ def test_bad_checkpoints_are_errors_naming_the_tensor(tmp_path):
   assert set(loaded) == {"bert"}
 
 
+def test_sharded_safetensors_directory(tmp_path):
+  cfg, params = tiny_pretraining_params()
+  state = checkpoints_hf.to_state_dict(cfg, params)
+  names = sorted(state)
+  shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+  for shard, shard_names in shards.items():
+    save_file({n: state[n] for n in shard_names}, str(tmp_path / shard))
+  weight_map = {n: shard for shard, shard_names in shards.items() for n in shard_names}
+  (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+  (tmp_path / "config.json").write_text(json.dumps(cfg.to_hf_dict()))
+  _, loaded = checkpoints_hf.load_hf(tmp_path)
+  jax.tree.map(np.testing.assert_array_equal, loaded, params)
+
+
 def test_bfloat16_compute_close_to_reference(minilm):
   # bf16 activations (8-bit mantissa) with float32 params, softmax and LayerNorm statistics: measured
   # max 0.031, mean 0.0028 on outputs of mean magnitude 0.29.
