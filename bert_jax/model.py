@@ -114,15 +114,17 @@ class BertConfig:
 
 
 def dense_init(cfg: BertConfig, names: tuple):
-  # Truncated normal with stddev initializer_range, as google-research/bert.
+  """Truncated normal with stddev initializer_range (google-research/bert), with logical axis names."""
   return nn.with_logical_partitioning(nn.initializers.truncated_normal(cfg.initializer_range), names)
 
 
 def zeros(names: tuple):
+  """Zeros with logical axis names (biases)."""
   return nn.with_logical_partitioning(nn.initializers.zeros_init(), names)
 
 
 def layer_norm(cfg: BertConfig, name: str) -> nn.LayerNorm:
+  """LayerNorm over `embed` with BERT's epsilon."""
   # Statistics are computed in float32 by flax whatever cfg.dtype is; the exact two-pass variance
   # matches the reference to 1e-6.
   return nn.LayerNorm(epsilon=cfg.layer_norm_eps, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
@@ -154,10 +156,8 @@ class BertEmbeddings(nn.Module):
 
   def setup(self):
     cfg = self.config
-    init = lambda names: nn.with_logical_partitioning(
-        nn.initializers.truncated_normal(cfg.initializer_range), names)
     embed = lambda n, names, name: nn.Embed(n, cfg.hidden_size, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-                                            embedding_init=init(names), name=name)
+                                            embedding_init=dense_init(cfg, names), name=name)
     self.word_embeddings = embed(cfg.vocab_size, ("vocab", "embed"), "word_embeddings")
     self.position_embeddings = embed(cfg.max_position_embeddings, ("position", "embed"), "position_embeddings")
     self.token_type_embeddings = embed(cfg.type_vocab_size, ("type_vocab", "embed"), "token_type_embeddings")
