@@ -128,3 +128,19 @@ def test_sharded_forward_and_grad_match_single_device():
       jax.sharding.PartitionSpec(None, "fsdp", "tensor")
   np.testing.assert_allclose(got_loss, ref_loss, rtol=1e-5)
   jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5), got_grad, ref_grad)
+
+
+def test_every_param_has_logical_axis_names():
+  allowed = {"vocab", "embed", "mlp", "heads", "kv", "layers", "type_vocab", "position", None}
+  is_box = lambda x: isinstance(x, nn.LogicallyPartitioned)
+  for scan in (False, True):
+    cfg = tiny(scan_layers=scan)
+    boxed = jax.eval_shape(heads.BertForPreTraining(cfg).init, jax.random.key(0), pretraining_batch())["params"]
+    leaves = jax.tree_util.tree_flatten_with_path(boxed, is_leaf=is_box)[0]
+    # 16 per layer, embeddings 5, pooler 2, MLM 5, NSP 2.
+    assert len(leaves) == 16 * (1 if scan else cfg.num_layers) + 5 + 2 + 5 + 2
+    for path, leaf in leaves:
+      assert is_box(leaf), path
+      assert len(leaf.names) == leaf.value.ndim and set(leaf.names) <= allowed, (path, leaf.names)
+      in_stack = scan and "encoder" in jax.tree_util.keystr(path)
+      assert (leaf.names[0] == "layers") == in_stack, (path, leaf.names)
