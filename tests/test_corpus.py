@@ -5,6 +5,7 @@ import gzip
 import json
 import random
 
+import hypothesis
 import pytest
 
 from bert_jax import corpus
@@ -31,6 +32,16 @@ def test_split_sentences():
       "New paragraph without a period", "Él dijo.", "Über alles."]
   assert corpus.split_sentences("the U.S. Army. The U.S. He left.") == ["the U.S. Army.", "The U.S.", "He left."]
   assert corpus.split_sentences("") == [] and corpus.split_sentences(" \n\n ") == []
+
+
+@hypothesis.settings(max_examples=300, deadline=None)
+@hypothesis.given(hypothesis.strategies.lists(hypothesis.strategies.sampled_from(
+    list("aZ9 .!?\"')(\n\u00e9\u201c\u201d\u2026") + ["Mr", "U.S", "The", " "])))
+def test_split_sentences_keeps_every_character(pieces):
+  text = "".join(pieces)
+  sentences = corpus.split_sentences(text)
+  assert "".join("".join(sentences).split()) == "".join(text.split())
+  assert all(s and s == s.strip() and "\n" not in s for s in sentences)
 
 
 def _random_documents(n, seed=0):

@@ -1,9 +1,11 @@
 """Tokenizers: Hugging Face parity, BERT's tricky cases, fast path == reference path, training."""
 
+import functools
 import itertools
 import json
 import random
 
+import hypothesis
 import numpy as np
 import pytest
 
@@ -22,7 +24,9 @@ def _vocab(tmp_path, tokens, name="vocab.txt"):
 
 @pytest.fixture(scope="module")
 def minilm():
-  return T.load_tokenizer(shared_path("minilm", "vocab.txt"))
+  tok = T.load_tokenizer(shared_path("minilm", "vocab.txt"))
+  tok.encode_batch(["warm up"])  # imports TensorFlow here, not inside a timed or property test
+  return tok
 
 
 def test_hf_reference_ids_both_paths(minilm):
@@ -125,6 +129,21 @@ def test_fast_path_equals_reference_on_random_unicode(minilm, do_lower_case):
   assert lengths.tolist() == [len(e) for e in expected]
   assert ids.tolist() == list(itertools.chain.from_iterable(expected))
   assert sum(T._fast_form(t, do_lower_case) is not None for t in texts) >= 300  # both paths exercised
+
+
+@hypothesis.settings(max_examples=150, deadline=None, suppress_health_check=[hypothesis.HealthCheck.function_scoped_fixture])
+@hypothesis.given(texts=hypothesis.strategies.lists(hypothesis.strategies.text(max_size=40), min_size=1, max_size=20),
+                  do_lower_case=hypothesis.strategies.booleans())
+def test_fast_path_equals_reference_property(minilm, texts, do_lower_case):
+  tok = minilm if do_lower_case else _cased_minilm(minilm.vocab_file)
+  ids, lengths = tok.encode_batch(texts)
+  assert ids.tolist() == [i for t in texts for i in tok.encode(t)]
+  assert lengths.tolist() == [len(tok.encode(t)) for t in texts]
+
+
+@functools.lru_cache(maxsize=None)
+def _cased_minilm(vocab_file):
+  return T.WordPieceTokenizer(vocab_file, do_lower_case=False)
 
 
 def test_load_tokenizer_and_save(tmp_path, minilm):
