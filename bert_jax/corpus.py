@@ -27,7 +27,8 @@ from typing import Iterator
 
 COUNTERS = (
     "undecodable_lines",          # bytes that are not UTF-8 (decoded with U+FFFD, then dropped by the tokenizer)
-    "binary_files",               # files with NUL bytes in their first 8 KiB: skipped
+    "binary_files",               # files with NUL bytes in their first 8 KiB, or not gzip though .gz: skipped
+    "truncated_files",            # .gz files that end early: read up to the damage
     "long_lines",                 # sentences over `max_sentence_chars`: dropped
     "empty_documents",            # documents with no sentence left: dropped
     "single_sentence_documents",  # kept (usable as a random segment B), but worth knowing about
@@ -132,8 +133,11 @@ def _open(path: str):
 
 
 def _is_binary(path: str) -> bool:
-  with _open(path) as f:
-    return b"\x00" in f.read(8192)
+  try:
+    with _open(path) as f:
+      return b"\x00" in f.read(8192)
+  except (OSError, EOFError):  # gzip.BadGzipFile is an OSError
+    return True
 
 
 def expand_files(spec: str) -> list[str]:
@@ -155,13 +159,20 @@ def _lines(part: FileRange, counters) -> Iterator[tuple[int, str]]:
     if part.start > 0:
       f.seek(part.start - 1)
       pos = part.start - 1 + len(f.readline())
-    for raw in f:
+    while True:
+      try:
+        raw = f.readline()
+      except (OSError, EOFError):  # a damaged or truncated .gz
+        counters["truncated_files"] += 1
+        return
+      if not raw:
+        return
       try:
         line = raw.decode("utf-8")
       except UnicodeDecodeError:
         counters["undecodable_lines"] += 1
         line = raw.decode("utf-8", errors="replace")
-      yield pos, line
+      yield pos, line.removeprefix("\ufeff") if pos == 0 else line
       pos += len(raw)
 
 

@@ -104,6 +104,19 @@ def test_gzip_globs_directories_and_binary_files(tmp_path):
     _read(str(tmp_path / "nothing-*.txt"))
 
 
+def test_damaged_gzip_and_byte_order_mark(tmp_path):
+  rows = "".join(json.dumps({"text": f"Sentence {i}. Another one."}) + "\n" for i in range(2000))
+  data = gzip.compress(rows.encode())
+  (tmp_path / "truncated.jsonl.gz").write_bytes(data[:len(data) // 2])
+  (tmp_path / "not-gzip.jsonl.gz").write_bytes(b"plain text\n")
+  (tmp_path / "bom.jsonl").write_bytes(b"\xef\xbb\xbf" + json.dumps({"text": "With a BOM. Read."}).encode())
+  documents, counters = _read(str(tmp_path))
+  assert documents[0] == ["With a BOM.", "Read."]
+  assert 500 < len(documents) - 1 < 2000
+  assert documents[1:] == [[f"Sentence {i}.", "Another one."] for i in range(len(documents) - 1)]
+  assert counters["truncated_files"] == 1 and counters["binary_files"] == 1
+
+
 def test_shakespeare_from_the_installed_package():
   plays = corpus.shakespeare_plays()
   assert len(plays) == 38 and "tragedies/othello.md" in plays
