@@ -116,7 +116,7 @@ def train_step(state: TrainState, batch: Batch, rng: jax.Array, *, model, tx, co
   key = jax.random.fold_in(rng, state.step)
   grads, sums = _grads_and_sums(state.params, batch, key, model=model, config=config)
   loss = loss_from_sums(sums)
-  grad_norm = optax.global_norm(grads)
+  grad_norm = optax.tree.norm(grads)
   finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
 
   updates, opt_state = tx.update(grads, state.opt_state, state.params)

@@ -24,6 +24,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 
 from bert_jax import checkpointing
+from bert_jax import flops as flops_lib
 from bert_jax import heads
 from bert_jax import model as model_lib
 from bert_jax import optimizer as optimizer_lib
@@ -225,13 +226,6 @@ def restore_or_init(s: Setup, config, checkpointer: checkpointing.Checkpointer, 
   return state, "initialized from scratch"
 
 
-def flops_per_step(config, abstract_state) -> float:
-  """Model FLOPs of one train step (bert_jax/flops.py)."""
-  from bert_jax import flops  # pylint: disable=g-import-not-at-top
-  del abstract_state
-  return flops.train_flops_per_step(config)
-
-
 class MetricWriter:
   """Scalars to stdout, TensorBoard (`<workdir>/tensorboard`) and `<workdir>/metrics.jsonl` (process 0)."""
 
@@ -292,6 +286,21 @@ def evaluate(s: Setup, config, data_config, params) -> dict[str, float]:
   return summarize("eval", jax.device_get(totals)) if totals is not None else {}
 
 
+def _accumulate(interval: dict, metrics: dict) -> dict:
+  """Sums of the step metrics over a log interval; the longest non-finite streak in it."""
+  return {k: (jnp.maximum if k == "nonfinite_streak" else jnp.add)(interval[k], v) for k, v in metrics.items()}
+
+
+def _check_finite(scalars: dict, config, step: int, checkpoint_dir) -> None:
+  """The non-finite guard's stop: `max_nonfinite_steps` skipped steps in a row within a log interval."""
+  streak = scalars.get("train/nonfinite_streak", 0)
+  if streak >= config.max_nonfinite_steps:
+    raise FloatingPointError(
+        f"stopping at step {step}: {streak} steps in a row had a non-finite loss or gradient (updates "
+        f"skipped, {scalars['train/nonfinite_count']} in total). Lower optimizer.learning_rate, check the "
+        f"data, or resume from an earlier checkpoint in {checkpoint_dir}.")
+
+
 def _train_scalars(interval: dict, last: dict, num_steps: int) -> dict[str, float]:
   """Interval means of the summed step metrics; the schedule and counters as of the last step."""
   scalars = summarize("train", interval)
@@ -299,7 +308,7 @@ def _train_scalars(interval: dict, last: dict, num_steps: int) -> dict[str, floa
                   "train/grad_norm": float(interval["grad_norm"]) / num_steps,
                   "train/learning_rate": float(last["learning_rate"]),
                   "train/nonfinite_count": int(last["nonfinite_count"]),
-                  "train/nonfinite_streak": int(last["nonfinite_streak"])})
+                  "train/nonfinite_streak": int(interval["nonfinite_streak"])})   # longest in the interval
   return scalars
 
 
@@ -336,7 +345,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   step = int(state.step)   # the one host sync before the loop: a host-side step counter from here on
   logging.info("mesh %s; %s at step %d", dict(mesh.shape), origin, step)
   writer, preemption = MetricWriter(workdir), checkpointing.PreemptionWatcher()
-  flops = flops_per_step(config, s.abstract_state)
+  flops = flops_lib.train_flops_per_step(config)
   interval, interval_steps, mark = None, 0, time.time()
   results = {}
   try:
@@ -347,31 +356,26 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       batch = sharding.global_batch(next(train_iter), mesh)
       state, metrics = s.train_step(state, batch, dropout_rng)
       step += 1
-      interval = metrics if interval is None else jax.tree.map(jnp.add, interval, metrics)
+      interval = metrics if interval is None else _accumulate(interval, metrics)
       interval_steps += 1
       if config.profile_start_step >= 0 and step == config.profile_start_step + config.profile_steps:
         jax.block_until_ready(state)
         jax.profiler.stop_trace()
       last_step = step == config.train_steps
 
-      # -- Log: means over the interval, throughput, non-finite guard.
+      # -- Log (means over the interval, throughput) and evaluate on held-out data: one metrics object.
+      scalars = {}
       if step % config.log_every == 0 or last_step:
         interval, last = jax.device_get((interval, metrics))
-        results = _train_scalars(interval, last, interval_steps)
-        results.update(_perf_scalars(config, interval_steps, time.time() - mark, step, flops))
-        writer.write(step, results)
-        if last["nonfinite_streak"] >= config.max_nonfinite_steps:
-          raise FloatingPointError(
-              f"stopping at step {step}: {last['nonfinite_streak']} steps in a row had a non-finite loss or "
-              f"gradient (updates skipped, {last['nonfinite_count']} in total). Lower optimizer.learning_rate, "
-              f"check the data, or resume from an earlier checkpoint in {checkpointer.directory}.")
+        scalars.update(_train_scalars(interval, last, interval_steps))
+        scalars.update(_perf_scalars(config, interval_steps, time.time() - mark, step, flops))
         interval, interval_steps = None, 0
-
-      # -- Evaluate on held-out data.
       if config.eval_steps > 0 and (step % config.eval_every == 0 or last_step):
-        eval_scalars = evaluate(s, config, data_config, state.params)
-        writer.write(step, eval_scalars)
-        results.update(eval_scalars)
+        scalars.update(evaluate(s, config, data_config, state.params))
+      if scalars:
+        writer.write(step, scalars)
+        results.update(scalars)
+      _check_finite(scalars, config, step, checkpointer.directory)
 
       # -- Checkpoint: periodically, at the end, and at the step all hosts agree on after SIGTERM.
       preempted = preemption.reached(step)

@@ -103,6 +103,21 @@ def test_train_and_evaluate_end_to_end_then_resume(data_dir, tmp_path):
   assert sorted(train_losses(workdir)) == list(range(1, 16))
   assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["12", "15"]
 
+  # Another run initialized from it (as phase 2 from phase 1): full state continues at step 15 ...
+  phase2 = str(tmp_path / "phase2")
+  config.update({"init_from": os.path.join(workdir, "checkpoints"), "train_steps": 17})
+  train.train_and_evaluate(config, phase2)
+  assert sorted(train_losses(phase2)) == [16, 17]
+  lr = {m["step"]: m["train/learning_rate"] for m in read_metrics(phase2)}
+  assert lr[16] == pytest.approx(5e-3 * (1 - 15 / 100))   # the schedule continues
+  # ... params only start over at step 0 with fresh optimizer moments.
+  config.update({"init_from": os.path.join(workdir, "checkpoints", "12"), "init_from_params_only": True,
+                 "train_steps": 2})
+  train.train_and_evaluate(config, str(tmp_path / "params_only"))
+  params_only = train_losses(str(tmp_path / "params_only"))
+  assert sorted(params_only) == [1, 2]
+  assert params_only[1] < losses[1] - 0.2   # same first batch, trained parameters
+
 
 def test_nonfinite_step_is_skipped_and_counted(data_dir):
   config = tiny_config(data_dir)
