@@ -29,13 +29,14 @@ COUNTERS = (
     "undecodable_lines",          # bytes that are not UTF-8 (decoded with U+FFFD, then dropped by the tokenizer)
     "binary_files",               # files with NUL bytes in their first 8 KiB, or not gzip though .gz: skipped
     "truncated_files",            # .gz files that end early: read up to the damage
-    "long_lines",                 # sentences over `max_sentence_chars`: dropped
+    "long_lines",                 # sentences over `max_sentence_chars`, lines over MAX_LINE_BYTES: dropped
     "empty_documents",            # documents with no sentence left: dropped
     "single_sentence_documents",  # kept (usable as a random segment B), but worth knowing about
     "bad_json_lines",             # unparsable JSON lines: skipped
     "missing_text_field",         # JSON records without a string `text_key`: skipped
 )
 MAX_SENTENCE_CHARS = 20_000
+MAX_LINE_BYTES = 64 << 20  # a longer input line (a JSON record, a "sentence") is skipped and counted
 _JSON_SUFFIXES = (".jsonl", ".json", ".ndjson")
 SHAKESPEARE = "embedded:shakespeare"
 
@@ -152,16 +153,31 @@ def expand_files(spec: str) -> list[str]:
   return sorted(found)
 
 
+def _skip_line(f, head: bytes) -> int:
+  """Reads to the end of the line that starts with `head`, in bounded pieces; the bytes skipped."""
+  skipped = len(head)
+  while not head.endswith(b"\n"):
+    head = f.readline(MAX_LINE_BYTES)
+    if not head:
+      break
+    skipped += len(head)
+  return skipped
+
+
 def _lines(part: FileRange, counters) -> Iterator[tuple[int, str]]:
   """(byte offset, decoded line) from the first line starting at or after `part.start`."""
   with _open(part.path) as f:
     pos = 0
     if part.start > 0:
       f.seek(part.start - 1)
-      pos = part.start - 1 + len(f.readline())
+      pos = part.start - 1 + _skip_line(f, b"")
     while True:
       try:
-        raw = f.readline()
+        raw = f.readline(MAX_LINE_BYTES)
+        if len(raw) == MAX_LINE_BYTES and not raw.endswith(b"\n"):  # skipped, never held whole
+          counters["long_lines"] += 1
+          pos += _skip_line(f, raw)
+          continue
       except (OSError, EOFError):  # a damaged or truncated .gz
         counters["truncated_files"] += 1
         return

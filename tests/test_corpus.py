@@ -104,6 +104,16 @@ def test_gzip_globs_directories_and_binary_files(tmp_path):
     _read(str(tmp_path / "nothing-*.txt"))
 
 
+def test_absurdly_long_lines_are_skipped_without_reading_them_whole(tmp_path, monkeypatch):
+  monkeypatch.setattr(corpus, "MAX_LINE_BYTES", 100)
+  path = tmp_path / "corpus.txt"
+  path.write_text("First.\nSecond.\n" + "x" * 1000 + "\nThird.\n\n" + "y" * 250 + "\n\nNext doc.\n")
+  documents, counters = _read(str(path))
+  assert documents == [["First.", "Second.", "Third."], ["Next doc."]]
+  assert counters["long_lines"] == 2
+  assert _read_in_parts(str(path), 7) == documents
+
+
 def test_damaged_gzip_and_byte_order_mark(tmp_path):
   rows = "".join(json.dumps({"text": f"Sentence {i}. Another one."}) + "\n" for i in range(2000))
   data = gzip.compress(rows.encode())
