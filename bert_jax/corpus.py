@@ -106,7 +106,10 @@ def split_sentences(text: str) -> list[str]:
 
 @dataclasses.dataclass(frozen=True)
 class FileRange:
-  """Records of `path` whose first byte lies in [start, end); end None = to the end of the file."""
+  """The records of `path` that start in bytes [start, end) (end None: to the end of the file).
+
+  A JSON record starts at its line; a text-format document at the blank line before it (or byte 0).
+  """
   path: str
   start: int = 0
   end: int | None = None
