@@ -101,10 +101,11 @@ def _write_json(path: str, obj) -> None:
 # Running.
 
 
-def _run_group(config, group: list[dict], trial_dir, max_epochs: int | None, log) -> list[dict]:
+def _run_group(config, group: list[dict], trial_dir, max_epochs: int | None, log, fresh: bool) -> list[dict]:
+  """Trains `group` together; `fresh`: from scratch (else from each trial's `last/` of the rung before)."""
   dirs = [trial_dir(t) for t in group]
-  if max_epochs is None or not all(os.path.isdir(os.path.join(d, "last")) for d in dirs):
-    for d in dirs:  # a fresh start: drop whatever an interrupted attempt left
+  if fresh:
+    for d in dirs:  # drop whatever an interrupted attempt left
       shutil.rmtree(d, ignore_errors=True)
   log({"event": "start", "trials": [trial_name(t) for t in group], "max_epochs": max_epochs})
   results = trainer.finetune_trials([_trial_config(config, t) for t in group], dirs, max_epochs=max_epochs)
@@ -128,7 +129,7 @@ def run_sweep(config, workdir: str) -> list[dict]:
   if not s.successive_halving:
     pending = [t for t in trials if not is_done(t)]
     for group in _groups(pending, s.vmap_trials, s.max_trials_per_group):
-      for t, r in zip(group, _run_group(config, group, trial_dir, None, log)):
+      for t, r in zip(group, _run_group(config, group, trial_dir, None, log, fresh=True)):
         _write_json(os.path.join(trial_dir(t), DONE), r)
   else:
     _successive_halving(config, trials, trial_dir, is_done, log)
@@ -144,7 +145,7 @@ def _successive_halving(config, trials, trial_dir, is_done, log) -> None:
     marker = lambda t, r=rung: os.path.join(trial_dir(t), f"rung_{r}.json")
     pending = [t for t in alive if not is_done(t) and not os.path.isfile(marker(t))]
     for group in _groups(pending, s.vmap_trials, s.max_trials_per_group):
-      for t, r in zip(group, _run_group(config, group, trial_dir, budget, log)):
+      for t, r in zip(group, _run_group(config, group, trial_dir, budget, log, fresh=rung == 0)):
         _write_json(marker(t), r)
         if r["finished"]:
           _write_json(os.path.join(trial_dir(t), DONE), r)

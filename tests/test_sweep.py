@@ -1,0 +1,113 @@
+"""`bert-jax sweep`: trial lists, grouping, tables; and a real sweep killed mid-way and resumed."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from bert_jax.finetune import sweep
+from conftest import REPO_ROOT
+from test_finetune_train import make_sentiment_data, tiny_config
+from configs.finetune import sst2
+
+
+def test_default_grid_is_the_papers_with_every_seed():
+  config = sst2.get_config()
+  trials = sweep.make_trials(config)
+  assert len(trials) == 2 * 3 * 3 * 3  # batch x lr x epochs (Devlin et al. 2019, A.3) x seeds
+  assert {t["batch_size"] for t in trials} == {16, 32}
+  assert {t["learning_rate"] for t in trials} == {5e-5, 3e-5, 2e-5}
+  assert len({sweep.trial_name(t) for t in trials}) == len(trials)
+  groups = sweep._groups(trials, vmap=True, max_size=4)
+  assert sorted(sweep.trial_name(t) for g in groups for t in g) == sorted(sweep.trial_name(t) for t in trials)
+  for g in groups:
+    assert len(g) <= 4 and len({(t["batch_size"], t["num_epochs"]) for t in g}) == 1
+
+
+def test_random_search_samples_inside_the_grid_ranges():
+  config = sst2.get_config()
+  config.sweep.mode, config.sweep.num_random_trials, config.sweep.seeds = "random", 5, (0, 1)
+  trials = sweep.make_trials(config)
+  assert len(trials) == 10
+  assert all(2e-5 <= t["learning_rate"] <= 5e-5 and t["batch_size"] in (16, 32) for t in trials)
+  assert trials == sweep.make_trials(config)  # reproducible from sweep.random_seed
+
+
+def test_aggregate_mean_and_std_over_seeds():
+  rows = [{"batch_size": 16, "learning_rate": 1e-3, "num_epochs": 2, "seed": s, "status": "done", "best": b}
+          for s, b in ((0, 0.8), (1, 0.9))]
+  rows.append({"batch_size": 16, "learning_rate": 3e-3, "num_epochs": 2, "seed": 0, "status": "pruned",
+               "best": 0.99})
+  [agg] = sweep.aggregate(rows)  # pruned trials do not count
+  assert agg["n"] == 2 and agg["mean"] == pytest.approx(0.85) and agg["std"] == pytest.approx(0.0707, abs=1e-4)
+
+
+def sweep_test_config(data_dir: str):
+  """4 trials (2 learning rates x 2 seeds), 2 per vmapped group, successive halving with eta 2."""
+  c = tiny_config(data_dir)
+  c.model.num_layers, c.model.hidden_size, c.model.num_heads, c.model.intermediate_size = 1, 32, 2, 64
+  c.sweep.grid.batch_size, c.sweep.grid.num_epochs = (16,), (2,)
+  c.sweep.grid.learning_rate = (1e-3, 3e-3)
+  c.sweep.seeds = (0, 1)
+  c.sweep.max_trials_per_group = 2
+  c.sweep.successive_halving, c.sweep.halving_eta, c.sweep.halving_min_epochs = True, 2, 1
+  return c
+
+
+def _events(workdir):
+  with open(os.path.join(workdir, "sweep_log.jsonl")) as f:
+    return [json.loads(line) for line in f]
+
+
+def _stamp(path):
+  return os.stat(path).st_mtime_ns, open(path).read()
+
+
+@pytest.mark.slow
+def test_sweep_killed_midway_resumes_without_rerunning_finished_trials(tmp_path):
+  data_dir = make_sentiment_data(tmp_path / "data", n_train=64, n_dev=32)
+  config_file = tmp_path / "sweep_config.py"
+  config_file.write_text(f"import sys\nsys.path.insert(0, {str(REPO_ROOT / 'tests')!r})\n"
+                         "from test_sweep import sweep_test_config\n\n\n"
+                         f"def get_config():\n  return sweep_test_config({data_dir!r})\n")
+  workdir = str(tmp_path / "sweep")
+  proc = subprocess.Popen([sys.executable, "-m", "bert_jax.cli", "sweep", f"--config={config_file}",
+                           f"--workdir={workdir}"], cwd=REPO_ROOT, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL)
+  try:
+    deadline = time.time() + 600
+    while not (os.path.exists(os.path.join(workdir, "sweep_log.jsonl"))
+               and any(e["event"] == "end" for e in _events(workdir))):
+      assert proc.poll() is None and time.time() < deadline, "the sweep ended before its first group did"
+      time.sleep(0.2)
+  finally:
+    proc.kill()  # SIGKILL: no cleanup, as a preempted machine
+    proc.wait()
+  first = next(e for e in _events(workdir) if e["event"] == "end")["trials"]
+  markers = {t: os.path.join(workdir, "trials", t, "rung_0.json") for t in first}
+  before = {t: _stamp(m) for t, m in markers.items()}
+  assert not os.path.exists(os.path.join(workdir, "results.md"))
+
+  config = sweep_test_config(data_dir)
+  rows = sweep.run_sweep(config, workdir)
+  sweep.write_tables(rows, workdir, config.task)
+  assert sweep.plot_lr(rows, os.path.join(workdir, "lr.png"), config.task) == (
+      __import__("importlib").util.find_spec("matplotlib") is not None)
+
+  # The first group's rung 0 was not run again, and nothing else either: one start per (group, rung).
+  assert {t: _stamp(m) for t, m in markers.items()} == before
+  starts = [(tuple(e["trials"]), e["max_epochs"]) for e in _events(workdir) if e["event"] == "start"]
+  assert sum(t in trials for trials, budget in starts for t in first if budget == 1) == 2
+  assert sorted(r["status"] for r in rows) == ["done", "done", "pruned", "pruned"]
+  done = [r for r in rows if r["status"] == "done"]
+  assert all(r["epochs_run"] == 2 for r in done)
+  # The survivors continued from their rung-0 state: epoch-2 evaluation at step 8, no second step-4 one.
+  for r in done:
+    log = open(os.path.join(workdir, "trials", sweep.trial_name(r), "metrics.jsonl")).read().splitlines()
+    assert [json.loads(x)["step"] for x in log if "eval/accuracy" in x] == [4, 8]
+  table = open(os.path.join(workdir, "results.md")).read()
+  assert "| 16 |" in table and "**best**" in table and "2 done, 2 stopped by successive halving" in table
+  assert len(open(os.path.join(workdir, "trials.csv")).read().splitlines()) == 5
