@@ -37,9 +37,10 @@ def main(argv=None) -> None:
   if name not in SUBCOMMANDS:
     print(f"bert-jax: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
     sys.exit(2)
-  from absl import app  # pylint: disable=g-import-not-at-top
+  from absl import app, flags  # pylint: disable=g-import-not-at-top
 
   module = importlib.import_module(SUBCOMMANDS[name][0])
+  flags.adopt_module_key_flags(module)  # so that `--help` lists the command's own flags
   app.run(module.main, argv=[f"bert-jax {name}"] + rest)
 
 
