@@ -40,7 +40,9 @@ def main(argv=None) -> None:
   from absl import app, flags  # pylint: disable=g-import-not-at-top
 
   module = importlib.import_module(SUBCOMMANDS[name][0])
-  flags.adopt_module_key_flags(module)  # so that `--help` lists the command's own flags
+  # `--help` describes the key flags of the module named sys.argv[0]: make it the command's flags.
+  for flag in flags.FLAGS.get_key_flags_for_module(module):
+    flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
   app.run(module.main, argv=[f"bert-jax {name}"] + rest)
 
 
