@@ -16,7 +16,7 @@ MULTI = ["big", "--zone=ZONE", "--node-count=2"]
 PHASE1 = ["--", "bert-jax", "pretrain", "--config=configs/bert_large.py:phase1"]
 
 TAR = ("tar --exclude=.git --exclude=__pycache__ '--exclude=*.egg-info' --exclude=.pytest_cache "
-       "-czf /tmp/src.tgz -C /work/src .")
+       "-czf /tmp/src.tgz -C /home/me/src .")
 INSTALL = ('{ [ -x "$HOME/.local/bin/uv" ] || curl -LsSf https://astral.sh/uv/install.sh | sh; } && '
            '"$HOME/.local/bin/uv" venv --clear --python 3.11 "$HOME/bert_jax_venv" && '
            '"$HOME/.local/bin/uv" pip install --python "$HOME/bert_jax_venv/bin/python" '
@@ -85,7 +85,7 @@ def test_create_one_slice_queued_resource_uses_node_id(capsys):
 
 
 def test_setup_single_slice_from_local_copy(capsys):
-  assert dry(capsys, "setup", *SINGLE, "--source=/work/src", "--tarball=/tmp/src.tgz") == [
+  assert dry(capsys, "setup", *SINGLE, "--source=/home/me/src", "--tarball=/tmp/src.tgz") == [
       TAR,
       "gcloud compute tpus tpu-vm scp /tmp/src.tgz bert-large:bert_jax-src.tar.gz --zone=ZONE --quiet --worker=all",
       "gcloud compute tpus tpu-vm ssh bert-large --zone=ZONE --quiet --worker=all '--command=" + UNPACK + INSTALL + "'"]
@@ -162,7 +162,7 @@ def test_status_stop_delete_multislice(capsys):
 
 
 def test_supervise_dry_run_prints_the_plan(capsys):
-  lines = dry(capsys, "supervise", *SINGLE, "--accelerator-type=v3-128", "--spot", "--source=/work/src",
+  lines = dry(capsys, "supervise", *SINGLE, "--accelerator-type=v3-128", "--spot", "--source=/home/me/src",
               "--tarball=/tmp/src.tgz", *RUN_FLAGS, "--poll-seconds=120", *PHASE1)
   assert lines == [
       "# every 120 s: the slice's state, then the job's on worker 0",
