@@ -179,15 +179,15 @@ def wordpiece_split(word: str, vocab: dict, unk: str = UNK) -> list[str]:
 # * controls, NUL and U+FFFD: BERT deletes them, the fast normaliser maps controls to spaces, so
 #   they are deleted first (`_clean_text` is idempotent, so this changes nothing for the reference);
 # * the per-word limit: the fast path counts bytes, BERT characters of the normalised word. They
-#   agree on ASCII; other texts use a tokenizer without the limit, and any run of
-#   `_MAX_RUN_NON_ASCII` or more non-space characters (which normalisation could stretch past 100
-#   characters: NFD turns one Hangul syllable into three jamo) goes to the reference path;
+#   agree on ASCII; other texts use a tokenizer with a limit no word of 100 characters reaches,
+#   and go to the reference path if a run of non-space characters could hold a longer word once
+#   normalised (NFD turns one Hangul syllable into three jamo);
 # * CJK ideographs: not split by the fast pre-tokeniser, so they are padded with spaces first;
 # * when lowercasing, characters with a compatibility decomposition ("½", "™", "…": the fast
 #   normaliser applies NFKD where BERT applies NFD) or whose case folding differs from
 #   `str.lower` ("ß" -> "ss", final sigma).
-_MAX_RUN_NON_ASCII = 25
-_LONG_RUN_RE = re.compile(r"\S{%d}" % _MAX_RUN_NON_ASCII)
+# NFD (and lowercasing) turn a character into at most 4, so shorter runs stay within the limit.
+_LONG_RUN_RE = re.compile(r"\S{%d,}" % (MAX_CHARS_PER_WORD // 4))
 _FOLD_DIFFERS_RE = re.compile("[\u03a3" + re.escape(
     "".join(chr(c) for c in range(0x10000) if chr(c).casefold() != chr(c).lower())) + "]")
 
@@ -202,8 +202,10 @@ def _fast_form(text: str, do_lower_case: bool) -> str | None:
   if text.isascii():
     return text
   text = _CJK_RE.sub(r" \1 ", text)
-  if _LONG_RUN_RE.search(text):
-    return None
+  for run in _LONG_RUN_RE.findall(text):
+    normalised = _strip_accents(run.lower()) if do_lower_case else unicodedata.normalize("NFC", run)
+    if len(normalised) > MAX_CHARS_PER_WORD:
+      return None
   if do_lower_case and (not unicodedata.is_normalized("NFKC", text) or _FOLD_DIFFERS_RE.search(text)):
     return None
   return text

@@ -107,7 +107,7 @@ def _random_texts(n, seed):
       range(0xA0, 0x250), range(0x370, 0x400), range(0x400, 0x530), range(0x600, 0x700),
       range(0xAC00, 0xAC40), range(0x3040, 0x3100), range(0x2000, 0x2070), range(0x2100, 0x2200),
       range(0x1F600, 0x1F610), range(0x300, 0x370), range(0x4E00, 0x4E40), range(0xFF00, 0xFF60),
-      range(0xFB00, 0xFB10), [0x130, 0x3A3, 0x1E9E, 0xDF, 0xB5],
+      range(0xFB00, 0xFB10), range(0x900, 0x980), range(0xE00, 0xE60), [0x130, 0x3A3, 0x1E9E, 0xDF, 0xB5],
       [0, 1, 7, 0x7F, 0x85, 0xAD, 0x200B, 0xFFFD, 0xE000, 0x9, 0xA, 0xA0, 0x3000, 0xF900, 0x20000]]
   texts = []
   for _ in range(n):
@@ -117,7 +117,9 @@ def _random_texts(n, seed):
       if rng.random() < 0.3:
         chars.append(" ")
     texts.append("".join(chars))
-  return texts + ["a" * 100, "a" * 101, "\u00e9" * 60, "\uac00" * 40, "x" * 99 + "\u00e9"]
+  thai = "\u0e20\u0e32\u0e29\u0e32\u0e44\u0e17\u0e22\u0e40\u0e1b\u0e47\u0e19\u0e20\u0e32\u0e29\u0e32"
+  return texts + ["a" * 100, "a" * 101, "\u00e9" * 60, "\u00e9" * 101, "\uac00" * 30, "\uac00" * 40,
+                  "x" * 99 + "\u00e9", thai * 5, thai * 8]
 
 
 @pytest.mark.parametrize("do_lower_case", [True, False])
