@@ -1,0 +1,85 @@
+"""Two processes on 127.0.0.1 (jax.distributed, gloo CPU collectives) train, checkpoint and resume.
+
+Each process has 2 CPU devices; the 4 form one (data, fsdp, tensor) = (1, 2, 2) mesh, so the batch is
+split across processes and every step all-reduces between them.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from conftest import REPO_ROOT
+from test_train import data_dir  # noqa: F401  (the prepared-corpus fixture)
+
+WORKER = textwrap.dedent("""
+    import json, sys
+    process_id, port, data_dir, workdir, steps = sys.argv[1:]
+    import jax
+    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2,
+                               process_id=int(process_id), initialization_timeout=120)
+    from bert_jax import train
+    from test_train import tiny_config
+    config = tiny_config(data_dir, train_steps=int(steps), checkpoint_every=1000, eval_steps=0,
+                         **{"optimizer.total_steps": 20})
+    results = train.train_and_evaluate(config, workdir)
+    print("RESULT " + json.dumps({"processes": jax.process_count(), "devices": jax.device_count(),
+                                  "loss": results["train/loss"]}), flush=True)
+""")
+TIMEOUT_S = 300
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _launch_pair(data_dir, workdir, steps) -> list[dict]:
+  """Runs both processes to completion (or kills both); returns each one's RESULT line."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2",
+             PYTHONPATH=os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "tests")]))
+  port = _free_port()
+  procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(i), str(port), data_dir, workdir, str(steps)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+           for i in range(2)]
+  outputs = []
+  try:
+    for p in procs:
+      outputs.append(p.communicate(timeout=TIMEOUT_S)[0])
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+        p.wait()
+  results = []
+  for p, out in zip(procs, outputs):
+    assert p.returncode == 0, out[-3000:]
+    results.append(json.loads(next(l for l in out.splitlines() if l.startswith("RESULT "))[len("RESULT "):]))
+  return results
+
+
+def _logged_steps(workdir) -> list[int]:
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [m["step"] for m in map(json.loads, f) if "train/loss" in m]
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_two_processes_train_checkpoint_and_resume(data_dir, tmp_path):  # noqa: F811
+  workdir = str(tmp_path / "run")
+  first = _launch_pair(data_dir, workdir, steps=4)
+  assert [r["processes"] for r in first] == [2, 2] and [r["devices"] for r in first] == [4, 4]
+  # Both processes see the same globally reduced loss.
+  assert first[0]["loss"] == first[1]["loss"]
+  assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["4"]
+
+  second = _launch_pair(data_dir, workdir, steps=6)
+  assert second[0]["loss"] == second[1]["loss"]
+  # The second launch resumed at step 4: steps 1-4 are not trained (nor logged) again.
+  assert _logged_steps(workdir) == [1, 2, 3, 4, 5, 6]
+  assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["4", "6"]
