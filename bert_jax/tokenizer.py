@@ -232,7 +232,7 @@ class WordPieceTokenizer(_Tokenizer):
     self.do_lower_case = do_lower_case
     with open(self.vocab_file, encoding="utf-8") as f:
       self.inv_vocab = [line.rstrip("\n").rstrip("\r") for line in f]
-    self.vocab = {tok: i for i, tok in reversed(list(enumerate(self.inv_vocab)))}
+    self.vocab = {tok: i for i, tok in enumerate(self.inv_vocab)}  # a repeated token: the last id, as HF
     self.vocab_size = len(self.inv_vocab)
     self._set_specials(self.vocab.get)
     self._fast = {}  # built on first use: importing tensorflow_text costs seconds
