@@ -25,11 +25,15 @@ from bert_jax import checkpoints_tf
 from bert_jax import model
 
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Hugging Face or Google TF checkpoint directory.")
+# `input` and `do_lower_case` are also flags of `bert-jax prepare`. The CLI imports one subcommand
+# module only, but a process importing both (the test suite) must not fail on the duplicate name.
 _INPUT = flags.DEFINE_string("input", None,
-                             "JSON lines with `text` (+`text_b`) or `input_ids` (+`token_type_ids`).")
+                             "JSON lines with `text` (+`text_b`) or `input_ids` (+`token_type_ids`).",
+                             allow_override=True)
 _OUTPUT = flags.DEFINE_string("output", None, "Output .npz file.")
 _VOCAB = flags.DEFINE_string("vocab", None, "Vocabulary for text input; default: the checkpoint's vocab.txt.")
-_DO_LOWER_CASE = flags.DEFINE_bool("do_lower_case", True, "Lowercase text input (uncased models).")
+_DO_LOWER_CASE = flags.DEFINE_bool("do_lower_case", True, "Lowercase text input (uncased models).",
+                                   allow_override=True)
 _MAX_LENGTH = flags.DEFINE_integer("max_length", None, "Truncate text input; default max_position_embeddings.")
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 8, "Examples per forward pass.")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype.")
@@ -82,6 +86,9 @@ def embed_examples(cfg: model.BertConfig, params, examples, batch_size: int = 8)
   for start in range(0, len(order), batch_size):
     chunk = order[start:start + batch_size]
     length = -(-max(len(examples[i][0]) for i in chunk) // _LENGTH_BUCKET) * _LENGTH_BUCKET
+    # Never past the position table: an out-of-range position id embeds as NaN, which the attention
+    # would spread to the real positions (0 * NaN) however the padding is masked.
+    length = min(length, cfg.max_position_embeddings)
     ids, mask, types = (np.zeros((batch_size, length), np.int32) for _ in range(3))
     for row, i in enumerate(chunk):
       n = len(examples[i][0])

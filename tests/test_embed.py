@@ -5,10 +5,13 @@ import os
 import subprocess
 import sys
 
+import flax.linen as nn
+import jax
 import numpy as np
 import pytest
 
 from bert_jax import embed
+from bert_jax import model
 from tests.conftest import REPO_ROOT
 from tests.conftest import shared_path
 
@@ -63,3 +66,16 @@ def test_read_examples_errors_and_defaults():
     embed.read_examples(['{"input_ids": [1, 2, 3]}'], max_length=2)
   with pytest.raises(ValueError, match="3 input_ids but 2 token_type_ids"):
     embed.read_examples(['{"input_ids": [1, 2, 3], "token_type_ids": [0, 0]}'])
+
+
+def test_embed_examples_match_unpadded_forward_near_the_position_limit():
+  # 18 tokens bucket to 32 rows of padding, past a 20-position table: real positions must not change.
+  cfg = model.BertConfig.from_preset("tiny", vocab_size=32, max_position_embeddings=20, num_layers=1)
+  rng = np.random.default_rng(0)
+  examples = [(rng.integers(1, 32, n).astype(np.int32), np.zeros(n, np.int32)) for n in (18, 5)]
+  params = nn.unbox(model.BertEncoder(cfg).init(jax.random.key(0), examples[0][0][None])["params"])
+  arrays = embed.embed_examples(cfg, params, examples, batch_size=2)
+  for i, (ids, types) in enumerate(examples):
+    ref = model.BertEncoder(cfg).apply({"params": params}, ids[None], None, types[None], output_hidden_states=True)
+    np.testing.assert_allclose(arrays[f"hidden_states_{i}"], ref["hidden_states"][:, 0], atol=1e-5)
+    np.testing.assert_allclose(arrays[f"pooler_output_{i}"], ref["pooled_output"][0], atol=1e-5)
