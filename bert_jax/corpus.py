@@ -26,7 +26,7 @@ import re
 from typing import Iterator
 
 COUNTERS = (
-    "undecodable_lines",          # bytes that are not UTF-8 (decoded with U+FFFD, then dropped by the tokenizer)
+    "undecodable_lines",          # not UTF-8: decoded with U+FFFD (which the tokenizer drops)
     "binary_files",               # files with NUL bytes in their first 8 KiB, or not gzip though .gz: skipped
     "truncated_files",            # .gz files that end early: read up to the damage
     "long_lines",                 # sentences over `max_sentence_chars`, lines over MAX_LINE_BYTES: dropped

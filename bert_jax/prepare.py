@@ -35,19 +35,20 @@ import numpy as np
 from bert_jax import corpus
 from bert_jax import tokenizer as tokenization
 
-_INPUT = flags.DEFINE_string("input", None, "Corpus spec: file/glob/dir, tfds:name:split:key, embedded:shakespeare.")
+_INPUT = flags.DEFINE_string("input", None,
+                             "Corpus spec: file/glob/dir, tfds:name:split:key or embedded:shakespeare.")
 _OUTPUT_DIR = flags.DEFINE_string("output_dir", None, "Where shards, tokenizer and stats.json go.")
 _VOCAB_FILE = flags.DEFINE_string("vocab_file", None, "WordPiece vocab.txt or SentencePiece .model; "
                                   "when absent, one is trained on a sample of the corpus.")
 _DO_LOWER_CASE = flags.DEFINE_bool("do_lower_case", True, "Lowercase (and strip accents for WordPiece).")
-_VOCAB_SIZE = flags.DEFINE_integer("vocab_size", 30522, "Size of the vocabulary to train when no --vocab_file.")
+_VOCAB_SIZE = flags.DEFINE_integer("vocab_size", 30522, "Vocabulary size to train when no --vocab_file.")
 _VOCAB_MODEL = flags.DEFINE_enum("vocab_model", "wordpiece", ["wordpiece", "unigram", "bpe"],
                                  "Vocabulary to train when no --vocab_file.")
 _NUM_SHARDS = flags.DEFINE_integer("num_shards", None, "Output shards (default: about 64 MiB of input each).")
 _NUM_WORKERS = flags.DEFINE_integer("num_workers", None, "Worker processes (default: all cores).")
 _EVAL_FRACTION = flags.DEFINE_float("eval_fraction", 0.0, "Fraction of documents held out as eval.")
 _EVAL_INPUT = flags.DEFINE_string("eval_input", None, "A separate corpus spec for the eval split.")
-_DATA_DIR = flags.DEFINE_string("data_dir", None, "TFDS data_dir for tfds: specs (must hold the prepared dataset).")
+_DATA_DIR = flags.DEFINE_string("data_dir", None, "TFDS data_dir of tfds: specs (with the dataset prepared).")
 _TEXT_KEY = flags.DEFINE_string("text_key", "text", "JSON field holding a document's text.")
 
 STATS_FILE = "stats.json"
@@ -224,8 +225,8 @@ def _default_num_shards(spec: str, data_dir: str | None) -> int:
     num_bytes = 5 << 20
   elif spec.startswith("tfds:"):
     name, split, _ = corpus.parse_tfds_spec(spec)
-    info = corpus.tfds_builder(name, data_dir).info
-    num_bytes = sum(s.num_bytes for s in info.splits.values()) if split not in info.splits else info.splits[split].num_bytes
+    splits = corpus.tfds_builder(name, data_dir).info.splits
+    num_bytes = splits[split].num_bytes if split in splits else sum(s.num_bytes for s in splits.values())
   else:
     num_bytes = sum(os.path.getsize(p) for p in corpus.expand_files(spec))
   return max(os.cpu_count() or 1, num_bytes // _BYTES_PER_SHARD + 1)
@@ -233,7 +234,9 @@ def _default_num_shards(spec: str, data_dir: str | None) -> int:
 
 def _tasks(spec, output_dir, num_shards, eval_fraction, eval_spec, common, counters, data_dir, text_key):
   tasks = []
-  splits = [("train", spec, num_shards)] + ([("eval", eval_spec, max(1, num_shards // 16))] if eval_spec else [])
+  splits = [("train", spec, num_shards)]
+  if eval_spec:
+    splits.append(("eval", eval_spec, max(1, num_shards // 16)))
   for split, split_spec, n in splits:
     parts = corpus.plan(split_spec, n, data_dir=data_dir, text_key=text_key, counters=counters)
     for k, task_parts in enumerate(parts):
@@ -342,7 +345,8 @@ def _summarize(results, counters, tokenizer_file, do_lower_case, settings) -> di
       "documents": total["documents"], "sentences": total["sentences"], "tokens": total["tokens"],
       "splits": {s: {"documents": c["documents"], "sentences": c["sentences"], "tokens": c["tokens"]}
                  for s, c in splits.items()},
-      "shards": {n: {k: c.get(k, 0) for k in ("documents", "sentences", "tokens")} for n, c in shards.items()},
+      "shards": {n: {k: c.get(k, 0) for k in ("documents", "sentences", "tokens")}
+                 for n, c in shards.items()},
       "bad_input": {k: counters.get(k, 0) for k in corpus.COUNTERS + ("empty_sentences",)},
       "tokenizer": "wordpiece" if tokenizer_file.endswith(tokenization.VOCAB_FILE) else "sentencepiece",
       "tokenizer_file": os.path.basename(tokenizer_file),
@@ -382,4 +386,5 @@ def main(argv) -> None:
       train_vocab_size=_VOCAB_SIZE.value, vocab_model=_VOCAB_MODEL.value, num_shards=_NUM_SHARDS.value,
       num_workers=_NUM_WORKERS.value, eval_fraction=_EVAL_FRACTION.value, eval_spec=_EVAL_INPUT.value,
       data_dir=_DATA_DIR.value, text_key=_TEXT_KEY.value)
-  print(json.dumps({k: stats[k] for k in ("documents", "sentences", "tokens", "splits", "bad_input", "seconds")}))
+  summary = ("documents", "sentences", "tokens", "splits", "bad_input", "seconds")
+  print(json.dumps({k: stats[k] for k in summary}))

@@ -30,7 +30,8 @@ def test_split_sentences():
       "Mr. Smith went to Washington, D.C. on Jan. 5.", 'He paid $3.50 for "coffee."', "Then he left!",
       "The U.S. Senate met.", "It was 5 p.m.", "The end...", "Really?", '"Yes," said J. R. R. Tolkien.',
       "New paragraph without a period", "Él dijo.", "Über alles."]
-  assert corpus.split_sentences("the U.S. Army. The U.S. He left.") == ["the U.S. Army.", "The U.S.", "He left."]
+  assert corpus.split_sentences("the U.S. Army. The U.S. He left.") == [
+      "the U.S. Army.", "The U.S.", "He left."]
   assert corpus.split_sentences("") == [] and corpus.split_sentences(" \n\n ") == []
 
 
@@ -82,7 +83,8 @@ def test_json_lines_bad_input_counted(tmp_path):
   assert counters["long_lines"] == 1
   for n in (2, 5, 13):
     parts = corpus.plan(str(path), n, text_key="body")
-    assert [d for g in parts for p in g for d in corpus.read_part(p, text_key="body", max_sentence_chars=200)] == got
+    read = lambda p: corpus.read_part(p, text_key="body", max_sentence_chars=200)  # noqa: E731
+    assert [d for g in parts for p in g for d in read(p)] == got
 
 
 def test_gzip_globs_directories_and_binary_files(tmp_path):
@@ -173,7 +175,8 @@ def prepare_tiny_tfds_dataset(data_dir: str) -> str:
       VERSION = tfds.core.Version("1.0.0")
 
       def _info(self):
-        return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({"body": tfds.features.Text()}))
+        features = tfds.features.FeaturesDict({"body": tfds.features.Text()})
+        return tfds.core.DatasetInfo(builder=self, features=features)
 
       def _split_generators(self, dl_manager):
         del dl_manager  # nothing to download
@@ -194,5 +197,6 @@ _TINY_BUILDER = None
 def test_tfds_real_prepared_dataset_and_even_parts(tmp_path):
   spec = prepare_tiny_tfds_dataset(str(tmp_path))
   documents, _ = _read(spec, data_dir=str(tmp_path))
-  assert sorted(documents) == sorted([[f"Document {i} starts here.", "It has two sentences."] for i in range(12)])
+  expected = [[f"Document {i} starts here.", "It has two sentences."] for i in range(12)]
+  assert sorted(documents) == sorted(expected)
   assert sorted(_read_in_parts(spec, 3, data_dir=str(tmp_path))) == sorted(documents)

@@ -44,7 +44,8 @@ def small_corpus(tmp_path):
                    f"And a third one about {i * 7} items."} for i in range(60)]
   lines = [json.dumps(r).encode() for r in rows]
   lines[5:5] = [b"{broken", json.dumps({"title": "no text"}).encode(), json.dumps({"text": ""}).encode(),
-                b'{"text": "Latin-1 caf\xe9 bytes. Still read."}', json.dumps({"text": "Only one sentence."}).encode(),
+                b'{"text": "Latin-1 caf\xe9 bytes. Still read."}',
+                json.dumps({"text": "Only one sentence."}).encode(),
                 json.dumps({"text": "\x00\x01\u200b\n" + "Z" * 30_000}).encode()]
   path = tmp_path / "in" / "corpus.jsonl"
   path.parent.mkdir()
@@ -63,8 +64,8 @@ def test_round_trip_counts_and_bad_input(tmp_path, small_corpus, vocab_file):
   spec, documents, counters = small_corpus
   out = str(tmp_path / "out")
   stats = prepare.prepare_corpus(spec, out, vocab_file=vocab_file, num_shards=3, num_workers=1)
-  assert sorted(os.listdir(out)) == [".prepare", "stats.json", "train-00000-of-00003.tfrecord",
-                                     "train-00001-of-00003.tfrecord", "train-00002-of-00003.tfrecord", "vocab.txt"]
+  shards = [f"train-0000{k}-of-00003.tfrecord" for k in range(3)]
+  assert sorted(os.listdir(out)) == [".prepare", "stats.json"] + shards + ["vocab.txt"]
   tok = tokenization.load_tokenizer(out)
   assert isinstance(tok, tokenization.WordPieceTokenizer) and tok.vocab_size == 30522
   expected = [e for e in _expected(tok, documents) if e[1]]  # the control-only document has no tokens
@@ -126,7 +127,8 @@ def test_trains_a_vocabulary_when_none_is_given(tmp_path, vocab_model):
   stats = prepare.prepare_corpus(corpus.SHAKESPEARE, out, train_vocab_size=400, vocab_model=vocab_model,
                                  vocab_sample_sentences=3000, num_shards=2, num_workers=1)
   tok = tokenization.load_tokenizer(out)
-  expected_type = tokenization.WordPieceTokenizer if vocab_model == "wordpiece" else tokenization.SentencePieceTokenizer
+  expected_type = {"wordpiece": tokenization.WordPieceTokenizer,
+                   "unigram": tokenization.SentencePieceTokenizer}[vocab_model]
   assert isinstance(tok, expected_type) and stats["vocab_size"] == tok.vocab_size <= 400
   assert stats["documents"] > 700 and stats["tokens"] > 500_000
   records = _records(os.path.join(out, "train-00000-*"))
@@ -162,5 +164,5 @@ def test_tfds_input_with_explicit_data_dir(tmp_path, vocab_file):
                                  num_workers=1)
   assert stats["documents"] == 12 and stats["sentences"] == 24 and len(stats["shards"]) >= 1
   with pytest.raises(FileNotFoundError, match="not prepared"):
-    prepare.prepare_corpus(spec, str(tmp_path / "out2"), vocab_file=vocab_file, data_dir=str(tmp_path / "empty"),
-                           num_workers=1)
+    prepare.prepare_corpus(spec, str(tmp_path / "out2"), vocab_file=vocab_file,
+                           data_dir=str(tmp_path / "empty"), num_workers=1)

@@ -6,6 +6,7 @@ import json
 import random
 
 import hypothesis
+from hypothesis import strategies as st
 import numpy as np
 import pytest
 
@@ -47,7 +48,8 @@ def test_hf_reference_ids_both_paths(minilm):
 
 
 def test_special_ids_resolved_once(minilm):
-  assert (minilm.pad_id, minilm.unk_id, minilm.cls_id, minilm.sep_id, minilm.mask_id) == (0, 100, 101, 102, 103)
+  ids = (minilm.pad_id, minilm.unk_id, minilm.cls_id, minilm.sep_id, minilm.mask_id)
+  assert ids == (0, 100, 101, 102, 103)
   np.testing.assert_array_equal(minilm.special_ids, [0, 100, 101, 102, 103])
   table = minilm.word_start_table()
   assert table.shape == (minilm.vocab_size,) and table.dtype == bool
@@ -133,9 +135,9 @@ def test_fast_path_equals_reference_on_random_unicode(minilm, do_lower_case):
   assert sum(T._fast_form(t, do_lower_case) is not None for t in texts) >= 300  # both paths exercised
 
 
-@hypothesis.settings(max_examples=150, deadline=None, suppress_health_check=[hypothesis.HealthCheck.function_scoped_fixture])
-@hypothesis.given(texts=hypothesis.strategies.lists(hypothesis.strategies.text(max_size=40), min_size=1, max_size=20),
-                  do_lower_case=hypothesis.strategies.booleans())
+@hypothesis.settings(max_examples=150, deadline=None,
+                     suppress_health_check=[hypothesis.HealthCheck.function_scoped_fixture])
+@hypothesis.given(texts=st.lists(st.text(max_size=40), min_size=1, max_size=20), do_lower_case=st.booleans())
 def test_fast_path_equals_reference_property(minilm, texts, do_lower_case):
   tok = minilm if do_lower_case else _cased_minilm(minilm.vocab_file)
   ids, lengths = tok.encode_batch(texts)
@@ -205,7 +207,8 @@ def test_wordpiece_learner_merges_most_frequent_pairs():
   vocab = T._learn_wordpiece(counts, 100, min_count=2, max_alphabet=1000)
   alphabet = {"l", "n", "w", "##o", "##w", "##e", "##r", "##s", "##t", "##i", "##d"}
   assert vocab[:5] == SPECIALS and set(vocab[5:5 + len(alphabet)]) == alphabet
-  assert vocab[5 + len(alphabet):5 + len(alphabet) + 4] == ["##es", "##est", "##ow", "low"]  # ties: smaller pair first
+  first_merges = vocab[5 + len(alphabet):5 + len(alphabet) + 4]
+  assert first_merges == ["##es", "##est", "##ow", "low"]  # ties: the smaller pair first
   assert len(vocab) == len(set(vocab)) and "newest" in vocab  # merged while pairs occur twice or more
   assert T._count_words(["Hello, World!! 3.14 caf\u00e9"], True) == {
       "hello": 1, ",": 1, "world": 1, "!": 2, "3": 1, ".": 1, "14": 1, "cafe": 1}
