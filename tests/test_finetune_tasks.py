@@ -73,6 +73,15 @@ def test_reads_glue_tsv_formats(name, tmp_path):
   assert task.num_labels == (1 if name == "stsb" else 3 if name == "mnli" else 2)
 
 
+@pytest.mark.parametrize("name,filename", [("mrpc", "dev.tsv"), ("csv", "train.csv"), ("jsonl", "train.jsonl")])
+def test_byte_order_mark_is_not_part_of_the_first_column(name, filename, tmp_path):
+  rows = {"mrpc": _GLUE_FILES["mrpc"][0], "csv": ["label,sentence", "1,Fine."],
+          "jsonl": ['{"label": "1", "sentence": "Fine."}']}[name]
+  (tmp_path / filename).write_text("\ufeff" + "".join(r + "\n" for r in rows), encoding="utf-8")
+  task = tasks.get_task(name) if name == "mrpc" else tasks.get_task(name, labels=("0", "1"))
+  assert task.read(filename.split(".")[0], str(tmp_path))[0].label == "1"
+
+
 def test_glue_task_table():
   expected = {"cola": "mcc", "sst2": "accuracy", "mrpc": "f1", "stsb": "pearson", "qqp": "f1",
               "mnli": "accuracy", "qnli": "accuracy", "rte": "accuracy", "wnli": "accuracy",

@@ -42,14 +42,15 @@ def read_rows(path: str, delimiter: str | None = None) -> list[dict]:
   """Rows of a TSV/CSV with a header (as dicts), or of a JSON lines file.
 
   TSVs are read without quote handling, as google-research/bert `run_classifier.py` does for GLUE
-  (sentences there contain unbalanced quotes).
+  (sentences there contain unbalanced quotes). A UTF-8 byte-order mark (Windows and spreadsheet
+  exports) is dropped, so that it does not become part of the first column's name.
   """
   if path.endswith((".jsonl", ".json")):
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8-sig") as f:
       return [json.loads(line) for line in f if line.strip()]
   if delimiter is None:
     delimiter = "," if path.endswith(".csv") else "\t"
-  with open(path, encoding="utf-8", newline="") as f:
+  with open(path, encoding="utf-8-sig", newline="") as f:
     if delimiter == "\t":
       reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
     else:
@@ -101,7 +102,7 @@ def read_cola(path: str) -> list[PairExample]:
 def read_quora(path: str) -> list[PairExample]:
   """QQP: GLUE's TSV (header `id qid1 qid2 question1 question2 is_duplicate`, or `id question1
   question2` for test), or the headerless Quora release `is_duplicate question1 question2 id`."""
-  with open(path, encoding="utf-8") as f:
+  with open(path, encoding="utf-8-sig") as f:
     first = f.readline().rstrip("\n").split("\t")
   if "question1" in first:
     label = "is_duplicate" if "is_duplicate" in first else None
