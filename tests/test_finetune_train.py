@@ -30,6 +30,8 @@ def make_sentiment_data(directory, n_train=256, n_dev=64, seed=0) -> str:
         word = rng.choice(WORDS[:3] if y else WORDS[3:6])
         filler = " ".join(rng.choice(WORDS[6:], 4))
         f.write(f"{word} movie {filler}\t{y}\n")
+  with open(os.path.join(directory, "test.tsv"), "w") as f:  # GLUE test files: an index, no label
+    f.write("index\tsentence\n0\tgreat movie\n1\tawful plot\n")
   return str(directory)
 
 
@@ -79,6 +81,7 @@ def test_layerwise_decay_factors_agree_for_scanned_and_unscanned():
 def test_finetune_learns_then_two_stage_feature_based(data_dir, tmp_path):
   config = tiny_config(data_dir)
   config.layerwise_lr_decay = 0.9
+  config.predict_split = "test"
   results = trainer.finetune(config, str(tmp_path / "first"))
   assert results["finished"] and results["best"] >= 0.95, results
   log = _read_jsonl(tmp_path / "first" / "metrics.jsonl")
@@ -87,6 +90,9 @@ def test_finetune_learns_then_two_stage_feature_based(data_dir, tmp_path):
   assert losses[-1] < 0.5 * losses[0]
   preds = (tmp_path / "first" / "predictions_dev.tsv").read_text().splitlines()
   assert preds[0] == "index\tprediction" and len(preds) == 65
+  # Test split from the best checkpoint: the submission file.
+  assert (tmp_path / "first" / "predictions_test.tsv").read_text().splitlines() == [
+      "index\tprediction", "0\t1", "1\t0"]
 
   # Second stage from the first's best/: its encoder, frozen, under a new scalar mix and classifier.
   second = tiny_config(data_dir)

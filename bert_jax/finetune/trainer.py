@@ -289,12 +289,19 @@ def restore_last(state, shardings, workdirs):
 # Data: featurized numpy arrays, each trial its own shuffle per epoch (seed, epoch).
 
 
-def _load_split(task, split: str, config: Config, tokenizer, limit: int):
+@dataclasses.dataclass
+class _Split:
+  name: str
+  examples: list
+  features: dict  # numpy arrays [N, ...]
+  meta: dict
+
+
+def _load_split(task, split: str, config: Config, tokenizer, limit: int = 0) -> _Split:
   examples = task.read(split, config.data_dir)
   if limit:
     examples = examples[:limit]
-  features, meta = task.featurize(examples, tokenizer, config.max_seq_length)
-  return examples, features, meta
+  return _Split(split, examples, *task.featurize(examples, tokenizer, config.max_seq_length))
 
 
 def _train_batches(features: dict, seeds, epoch: int, batch_size: int, skip: int):
@@ -393,10 +400,8 @@ def finetune_trials(configs: list, workdirs: list, *, max_epochs: int | None = N
   task = tasks_lib.get_task(config.task, **config.task_opts)
   bert_cfg, encoder_params = load_encoder(config)
   tokenizer = load_tokenizer(config)
-  _, train_features, _ = _load_split(task, config.train_split, config, tokenizer, config.max_train_examples)
-  eval_split = config.eval_split or task.dev_splits[0]
-  eval_examples, eval_features, eval_meta = _load_split(task, eval_split, config, tokenizer,
-                                                        config.max_eval_examples)
+  train_features = _load_split(task, config.train_split, config, tokenizer, config.max_train_examples).features
+  dev = _load_split(task, config.eval_split or task.dev_splits[0], config, tokenizer, config.max_eval_examples)
   mesh, rules = sharding.create_mesh(config.mesh), sharding.logical_rules(config)
   if config.batch_size % sharding.data_parallel_size(mesh):
     raise ValueError(f"batch_size {config.batch_size} is not a multiple of the data-parallel size "
@@ -444,11 +449,13 @@ def finetune_trials(configs: list, workdirs: list, *, max_epochs: int | None = N
                          "time_s": round(time.time() - t0, 1)})
           loss_sum = jnp.zeros(len(configs))
         if step % eval_every == 0 or step == budget:
-          _evaluate(pred_fn, state, step, task, trackers, eval_examples, eval_features, eval_meta,
-                    eval_batch_size, eval_sharding, config, eval_split)
+          _evaluate(pred_fn, state, step, task, trackers, dev, eval_batch_size, eval_sharding, config)
         if step >= budget or all(t.stopped for t in trackers):
           break
-  finished = step >= total_steps
+    finished = step >= total_steps or all(t.stopped for t in trackers)
+    if finished and config.predict_split and config.keep_best_checkpoint:
+      _predict_with_best(pred_fn, task, _load_split(task, config.predict_split, config, tokenizer), trackers,
+                         eval_batch_size, eval_sharding)
   for w in workdirs:  # a finished run must not be "continued" from an older budget's state
     shutil.rmtree(os.path.join(w, "last"), ignore_errors=True)
   if not finished:
@@ -457,9 +464,8 @@ def finetune_trials(configs: list, workdirs: list, *, max_epochs: int | None = N
           for tr, c in zip(trackers, configs)]
 
 
-def _evaluate(pred_fn, state, step, task, trackers, examples, features, meta, batch_size, sharded, config,
-              split) -> None:
-  outputs = _predict(pred_fn, state["params"], features, batch_size, sharded)
+def _evaluate(pred_fn, state, step, task, trackers, dev: _Split, batch_size, sharded, config) -> None:
+  outputs = _predict(pred_fn, state["params"], dev.features, batch_size, sharded)
   for t, tracker in enumerate(trackers):
     if tracker.stopped:
       continue  # an early-stopped trial keeps its results; its slot still trains with the group
@@ -470,10 +476,19 @@ def _evaluate(pred_fn, state, step, task, trackers, examples, features, meta, ba
         ckpt.save(step, {"params": _trial(state["params"], t)})
         ckpt.close()
       if config.write_predictions:
-        task.write_predictions(os.path.join(tracker.workdir, _prediction_file(task, split)), outputs[t],
-                               examples, meta)
+        task.write_predictions(os.path.join(tracker.workdir, _prediction_file(task, dev.name)), outputs[t],
+                               dev.examples, dev.meta)
 
-    tracker.evaluated(step, task.evaluate(outputs[t], examples, meta), on_best)
+    tracker.evaluated(step, task.evaluate(outputs[t], dev.examples, dev.meta), on_best)
+
+
+def _predict_with_best(pred_fn, task, split: _Split, trackers, batch_size, sharded) -> None:
+  """Prediction files for `split` (e.g. GLUE test: the submission TSVs) from each trial's best/."""
+  best = [checkpointing.restore_params(os.path.join(t.workdir, "best")) for t in trackers]
+  outputs = _predict(pred_fn, jax.tree.map(lambda *xs: np.stack(xs), *best), split.features, batch_size, sharded)
+  for tracker, out in zip(trackers, outputs):
+    task.write_predictions(os.path.join(tracker.workdir, _prediction_file(task, split.name)), out,
+                           split.examples, split.meta)
 
 
 def _results(tracker, config, task, step, steps_per_epoch, total_steps, finished, seconds) -> dict:

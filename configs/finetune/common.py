@@ -58,7 +58,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.eval_every_steps = 0         # 0 = at the end of every epoch
   c.early_stopping_patience = 0  # evaluations without improvement before stopping; 0 = never
   c.keep_best_checkpoint = True
-  c.write_predictions = True
+  c.write_predictions = True    # the dev predictions of the best evaluation
+  c.predict_split = ""          # e.g. "test": predictions of the best checkpoint (GLUE submission files)
   c.log_every_steps = 50
   c.eval_batch_size = 0          # 0 = batch_size
 
