@@ -318,9 +318,7 @@ def _run(tasks, output_dir, num_workers, do_lower_case) -> list[dict]:
       _warm_up(output_dir, do_lower_case)
       finished = map(_write_shard, tasks)
     else:
-      # "spawn": the parent may hold TensorFlow state that must not be forked.
-      pool = stack.enter_context(multiprocessing.get_context("spawn").Pool(
-          num_workers, _warm_up, (output_dir, do_lower_case)))
+      pool = stack.enter_context(_worker_context().Pool(num_workers, _warm_up, (output_dir, do_lower_case)))
       finished = pool.imap_unordered(_write_shard, tasks)
     for result in finished:
       with open(_progress_path(output_dir, result["task"]), "w") as f:
@@ -330,6 +328,15 @@ def _run(tasks, output_dir, num_workers, do_lower_case) -> list[dict]:
       logging.info("[%d/%d shards] %s done; %d tokens so far, %.0f tokens/s", len(results), len(tasks),
                    result["task"], tokens, tokens / max(time.time() - start, 1e-9))
   return results
+
+
+def _worker_context():
+  """Workers are forked from a fresh server process that imported TensorFlow once, not from this
+  process (which may run TensorFlow or JAX threads that must not be forked), and do not import it
+  each (about 5 CPU-seconds apiece)."""
+  context = multiprocessing.get_context("forkserver")
+  context.set_forkserver_preload(["tensorflow_text", "bert_jax.prepare"])
+  return context
 
 
 def _summarize(results, counters, tokenizer_file, do_lower_case, settings) -> dict:

@@ -155,6 +155,12 @@ def test_cli_with_two_workers_on_news(tmp_path, vocab_file):
   documents = list(corpus.read_documents(news))
   first = _records(os.path.join(out, "train-00000-*"))[:50]
   assert first == _expected(tok, documents[:50])
+  serial = str(tmp_path / "serial")  # the same shards, byte for byte, without worker processes
+  prepare.prepare_corpus(news, serial, vocab_file=vocab_file, num_shards=4, num_workers=1)
+  for k in range(4):
+    name = prepare.shard_name("train", k, 4)
+    with open(os.path.join(out, name), "rb") as a, open(os.path.join(serial, name), "rb") as b:
+      assert a.read() == b.read(), name
 
 
 def test_tfds_input_with_explicit_data_dir(tmp_path, vocab_file):
