@@ -139,6 +139,9 @@ def run_sweep(config, workdir: str) -> list[dict]:
 def _successive_halving(config, trials, trial_dir, is_done, log) -> None:
   """Rung r trains the survivors to min_epochs * eta**r epochs; the best 1/eta go on."""
   s = config.sweep
+  if s.halving_eta < 2 or s.halving_min_epochs < 1:
+    raise ValueError(f"successive halving needs halving_eta >= 2 and halving_min_epochs >= 1, got "
+                     f"{s.halving_eta} and {s.halving_min_epochs}")
   alive = list(trials)
   for rung in itertools.count():
     budget = s.halving_min_epochs * s.halving_eta ** rung

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
+from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
 from bert_jax import checkpointing
@@ -313,6 +314,16 @@ def _train_batches(features: dict, seeds, epoch: int, batch_size: int, skip: int
     yield {k: v[rows] for k, v in features.items()}
 
 
+def _global(host_batch: dict, sharded: NamedSharding, batch_axis: int) -> dict:
+  """Global arrays from the full host batch: every process contributes its share of the rows."""
+  n, i = jax.process_count(), jax.process_index()
+  def one(v):
+    rows = v.shape[batch_axis] // n
+    local = np.take(v, np.arange(i * rows, (i + 1) * rows), axis=batch_axis)
+    return jax.make_array_from_process_local_data(sharded, local, v.shape)
+  return {k: one(v) for k, v in host_batch.items()}
+
+
 def _predict(pred_fn, params, features: dict, batch_size: int, sharded) -> list:
   """Model outputs on every feature, per trial: [T] trees of [N, ...] numpy (padding rows dropped)."""
   n, chunks = len(features["input_ids"]), []
@@ -320,7 +331,8 @@ def _predict(pred_fn, params, features: dict, batch_size: int, sharded) -> list:
     rows = np.arange(start, start + batch_size)
     real = min(batch_size, n - start)
     rows[real:] = 0  # pad the last batch with copies of row 0
-    out = pred_fn(params, {k: jax.device_put(v[rows], sharded) for k, v in features.items()})
+    out = pred_fn(params, _global({k: v[rows] for k, v in features.items()}, sharded, batch_axis=0))
+    out = multihost_utils.process_allgather(out, tiled=True)
     chunks.append(jax.tree.map(lambda x: np.asarray(x)[:, :real], out))
   outputs = jax.tree.map(lambda *xs: np.concatenate(xs, axis=1), *chunks)
   return [_trial(outputs, t) for t in range(len(jax.tree.leaves(outputs)[0]))]
@@ -439,7 +451,7 @@ def finetune_trials(configs: list, workdirs: list, *, max_epochs: int | None = N
     while step < budget and not all(t.stopped for t in trackers):
       epoch, skip = divmod(step, steps_per_epoch)
       for host_batch in _train_batches(train_features, [c.seed for c in configs], epoch, config.batch_size, skip):
-        state, sums = step_fn(state, {k: jax.device_put(v, batch_sharding) for k, v in host_batch.items()})
+        state, sums = step_fn(state, _global(host_batch, batch_sharding, batch_axis=1))
         loss_sum = loss_sum + sums["loss_sum"] / jnp.maximum(sums["weight"], 1.0)
         step += 1
         if step % config.log_every_steps == 0:
