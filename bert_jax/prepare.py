@@ -10,10 +10,12 @@ Output (read by `input_pipeline.py`):
   DIR/eval-00000-of-000NN.tfrecord    same, when an eval split is asked for
   DIR/vocab.txt or DIR/spm.model      the tokenizer, so `tokenizer.load_tokenizer(DIR)` works
   DIR/stats.json                      documents, sentences, tokens, per-shard counts, bad input
+  DIR/.prepare/                       the settings used and one record per finished shard task
 
 Each shard is tokenized by its own worker process from its own byte range of the input (see
-`corpus.plan`), so the corpus is streamed, never held in memory, and read once. A shard is written
-under a temporary name and renamed when complete; a re-run skips the shards already there.
+`corpus.plan`), so the corpus is streamed, never held in memory, and read once; the shards do not
+depend on the number of workers. A shard is written under a temporary name and renamed when
+complete; a re-run skips the shards already there (and refuses a directory made with other settings).
 """
 
 import collections
