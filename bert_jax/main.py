@@ -27,6 +27,7 @@ def _put_config_root_on_path(argv: list[str]) -> None:
 
 
 _put_config_root_on_path(sys.argv)
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")   # TensorFlow (data, summaries): no INFO chatter
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import app
@@ -58,6 +59,8 @@ def _needs_distributed(dist) -> bool:
 def main(argv) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)   # libraries' INFO lines would bury the progress lines
   config = _CONFIG.value
   dist = config.distributed
   if _needs_distributed(dist):

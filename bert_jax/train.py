@@ -19,7 +19,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding
 
@@ -343,7 +342,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   train_iter = create_iterator(data_config, config, split="train")
   state, origin = restore_or_init(s, config, checkpointer, train_iter, init_rng)
   step = int(state.step)   # the one host sync before the loop: a host-side step counter from here on
-  logging.info("mesh %s; %s at step %d", dict(mesh.shape), origin, step)
+  _say(f"mesh {dict(mesh.shape)} over {jax.device_count()} devices; {origin} at step {step}; "
+       f"training to step {config.train_steps}")
   writer, preemption = MetricWriter(workdir), checkpointing.PreemptionWatcher()
   flops = flops_lib.train_flops_per_step(config)
   interval, interval_steps, mark = None, 0, time.time()
@@ -382,8 +382,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       if step % config.checkpoint_every == 0 or last_step or preempted:
         checkpointer.save(step, state, train_iter.get_state())
       if preempted:
-        logging.warning("preemption signal: saved step %d, exiting", step)
-        print(f"preempted: saved checkpoint at step {step}", flush=True)
+        _say(f"preempted: saved checkpoint at step {step}, exiting")
         break
       if interval is None:   # just logged: time the next interval from here, after eval and saving
         mark = time.time()
@@ -391,4 +390,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     checkpointer.close()
     writer.close()
     preemption.close()
+  shown = {k: round(v, 4) for k, v in results.items() if k.startswith("eval/")}
+  _say(f"done at step {step}: {shown}; checkpoint {checkpointer.directory}/{checkpointer.latest_step()}, "
+       f"metrics {workdir}/metrics.jsonl, TensorBoard {workdir}/tensorboard")
   return results
+
+
+def _say(message: str) -> None:
+  """Progress for the person at the terminal (process 0 only), whatever the log verbosity."""
+  logging.info(message)
+  if jax.process_index() == 0:
+    print(message, flush=True)

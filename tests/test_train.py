@@ -21,10 +21,12 @@ from configs import tiny
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # A tiny model: small enough that a step is milliseconds on the fake 8-device CPU mesh.
+# Dropout is on: an exact resume must replay its keys.
 TINY = {"model.vocab_size": 128, "model.hidden_size": 32, "model.num_layers": 1, "model.num_heads": 2,
-        "model.intermediate_size": 64, "model.max_position_embeddings": 32, "data.seq_length": 32,
-        "data.max_predictions_per_seq": 5, "global_batch_size": 16, "optimizer.warmup_steps": 2,
-        "optimizer.learning_rate": 5e-3, "optimizer.total_steps": 100, "log_every": 1, "eval_every": 1000, "eval_steps": 2,
+        "model.intermediate_size": 64, "model.max_position_embeddings": 32, "model.hidden_dropout": 0.1,
+        "model.attention_dropout": 0.1, "data.seq_length": 32, "data.max_predictions_per_seq": 5,
+        "global_batch_size": 16, "optimizer.warmup_steps": 2, "optimizer.learning_rate": 5e-3,
+        "optimizer.total_steps": 100, "log_every": 1, "eval_every": 1000, "eval_steps": 2,
         "checkpoint_every": 1000, "mesh.fsdp": 2, "mesh.tensor": 2}
 
 
@@ -82,12 +84,24 @@ def train_losses(workdir) -> dict[int, float]:
   return {m["step"]: m["train/loss"] for m in read_metrics(workdir) if "train/loss" in m}
 
 
+def _tensorboard_tags(workdir) -> set[str]:
+  """Tags of the scalar summaries in the run's TensorBoard event files."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  tags = set()
+  for name in os.listdir(os.path.join(workdir, "tensorboard")):
+    for event in tf.compat.v1.train.summary_iterator(os.path.join(workdir, "tensorboard", name)):
+      tags |= {v.tag for v in event.summary.value if v.metadata.plugin_data.plugin_name == "scalars"}
+  return tags
+
+
 def test_train_and_evaluate_end_to_end_then_resume(data_dir, tmp_path):
   workdir = str(tmp_path / "run")
-  config = tiny_config(data_dir, train_steps=12)
+  config = tiny_config(data_dir, train_steps=12, profile_start_step=3, profile_steps=2)
   results = train.train_and_evaluate(config, workdir)
+  traces = [f for _, _, files in os.walk(os.path.join(workdir, "profile")) for f in files]
+  assert any(f.endswith(".xplane.pb") for f in traces)
   assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["12"]
-  assert any(f.startswith("events.out.tfevents") for f in os.listdir(os.path.join(workdir, "tensorboard")))
+  assert _tensorboard_tags(workdir) >= {"train/loss", "train/mlm_accuracy", "eval/mlm_accuracy", "perf/steps_per_sec"}
   lines = read_metrics(workdir)
   assert [m["step"] for m in lines if "train/loss" in m] == list(range(1, 13))
   for key in ("train/mlm_accuracy", "train/nsp_accuracy", "train/learning_rate", "perf/steps_per_sec",
@@ -220,3 +234,20 @@ def test_exact_resume_after_sigterm(data_dir, tmp_path, compilation_cache):
   assert sorted(b) == list(range(1, 2 * n + 1))
   assert [b[s] for s in range(n + 1, 2 * n + 1)] == [a[s] for s in range(n + 1, 2 * n + 1)]   # bit for bit
   assert b == a
+
+
+def test_embedded_corpus_is_prepared_once_into_the_workdir(tmp_path, monkeypatch):
+  calls = []
+
+  def fake_prepare(spec, output_dir, **kwargs):
+    calls.append((spec, output_dir, kwargs))
+    os.makedirs(output_dir, exist_ok=True)
+
+  monkeypatch.setattr(prepare, "prepare_corpus", fake_prepare)
+  config = tiny.get_config()
+  for _ in range(2):
+    data_config = train.prepared_data_config(config, str(tmp_path))
+  assert data_config.train_files == str(tmp_path / "data") and not data_config.vocab_file
+  assert calls == [("embedded:shakespeare", str(tmp_path / "data"),
+                    {"do_lower_case": True, "train_vocab_size": 2048, "eval_fraction": 0.02})]
+  assert config.data.train_files == "embedded:shakespeare"   # the config itself is left alone
