@@ -37,6 +37,7 @@ from bert_jax import model as model_lib
 from bert_jax import optimizer as optimizer_lib
 from bert_jax import sharding
 from bert_jax import tokenizer as tokenizer_lib
+from bert_jax import train
 from bert_jax.finetune import scalar_mix
 from bert_jax.finetune import tasks as tasks_lib
 
@@ -60,13 +61,6 @@ def detect_format(path: str) -> str:
   return "bert_jax"
 
 
-def _bert_config_from_fields(config: Config) -> model_lib.BertConfig:
-  """BertConfig from `config.model` (preset + the fields that are set) for runs without a checkpoint."""
-  names = {"hidden_dropout_rate": "hidden_dropout", "attention_dropout_rate": "attention_dropout"}
-  fields = {names.get(k, k): v for k, v in config.model.items() if k != "preset" and v is not None}
-  return model_lib.BertConfig.from_preset(config.model.preset or "base", **fields)
-
-
 def _bert_jax_config(config: Config, path: str) -> model_lib.BertConfig:
   candidates = [config.bert_config_json] + [os.path.join(d, "bert_config.json")
                                             for d in (path, os.path.dirname(path.rstrip("/")))]
@@ -74,14 +68,14 @@ def _bert_jax_config(config: Config, path: str) -> model_lib.BertConfig:
     if c and os.path.isfile(c):
       with open(c) as f:
         return model_lib.BertConfig.from_hf_dict(json.load(f))
-  return _bert_config_from_fields(config)
+  return train.bert_config(config)
 
 
 def load_encoder(config: Config) -> tuple[model_lib.BertConfig, dict | None]:
   """(BertConfig, encoder params as host arrays, or None without `init_checkpoint`)."""
   path = config.init_checkpoint
   if not path:
-    cfg, params = _bert_config_from_fields(config), None
+    cfg, params = train.bert_config(config), None  # `config.model`: a preset and the fields set
   else:
     fmt = detect_format(path) if config.init_checkpoint_format == "auto" else config.init_checkpoint_format
     if fmt == "hf":
@@ -98,8 +92,7 @@ def load_encoder(config: Config) -> tuple[model_lib.BertConfig, dict | None]:
     params = params.get("bert", params)
     # Either layout in, the configured layout out (both functions leave the other layout unchanged).
     params = model_lib.scan_params(params) if config.scan_layers else model_lib.unscan_params(params)
-  names = {"hidden_dropout_rate": "hidden_dropout", "attention_dropout_rate": "attention_dropout"}
-  dropout = {names[k]: config.model[k] for k in names if config.model.get(k) is not None}
+  dropout = {k: config.model[k] for k in ("hidden_dropout", "attention_dropout") if config.model.get(k) is not None}
   cfg = dataclasses.replace(cfg, dtype=config.dtype, scan_layers=config.scan_layers, **dropout)
   return cfg, params
 

@@ -32,8 +32,9 @@ def get_config() -> ml_collections.ConfigDict:
   c.bert_config_json = ""            # TF checkpoints and bert_jax checkpoints without a config
   c.vocab_file = ""                  # empty: vocab.txt / *.model beside the checkpoint
   c.do_lower_case = True
-  # Without a checkpoint (tests, from scratch): the model fields of a pretraining config.
-  c.model = common.model_config(preset="")
+  # The model of a pretraining config: its size when there is no checkpoint (tests, from scratch), its
+  # dropout rates (when set) in any case.
+  c.model = common.model_config(preset="base")
   c.dtype = "float32"          # compute dtype; "bfloat16" on TPU
   c.scan_layers = False
 
