@@ -224,6 +224,10 @@ def _merge(pieces, n: int) -> tuple[np.ndarray, np.ndarray]:
   return ids, lengths
 
 
+_DETOKENIZE = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
+               (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))
+
+
 class WordPieceTokenizer(_Tokenizer):
   """BERT WordPiece from a `vocab.txt` (one token per line, id = line number)."""
 
@@ -248,7 +252,10 @@ class WordPieceTokenizer(_Tokenizer):
 
   @staticmethod
   def _join(tokens: list[str]) -> str:
-    return " ".join(tokens).replace(" ##", "")
+    text = " ".join(tokens).replace(" ##", "")
+    for spaced, joined in _DETOKENIZE:  # as Hugging Face's `clean_up_tokenization_spaces`
+      text = text.replace(spaced, joined)
+    return text
 
   @staticmethod
   def _starts_word(token: str) -> bool:

@@ -75,14 +75,15 @@ def test_bert_basic_tokenizer_cases(tmp_path):
 
 
 def test_wordpiece_greedy_longest_match_and_unk(tmp_path):
-  tok = T.WordPieceTokenizer(_vocab(tmp_path, ["want", "##want", "##ed", "wa", "un", "runn", "##ing", ",",
-                                               "a", "##a"]))
+  tokens = ["want", "##want", "##ed", "wa", "un", "runn", "##ing", ",", "!", "a", "##a"]
+  tok = T.WordPieceTokenizer(_vocab(tmp_path, tokens))
   assert tok.tokenize("") == []
   assert tok.tokenize("UNwant\u00e9d,running") == ["un", "##want", "##ed", ",", "runn", "##ing"]
   assert tok.tokenize("unwantedX running") == ["[UNK]", "runn", "##ing"]
   assert tok.tokenize("a" * 100) == ["a"] + ["##a"] * 99
   assert tok.tokenize("a" * 101 + " want") == ["[UNK]", "want"]  # over 100 characters
   assert tok.decode(tok.encode("unwanted running")) == "unwanted running"
+  assert tok.decode(tok.encode("want, running!")) == "want, running!"
 
 
 def test_cased_vocab(tmp_path):
