@@ -135,3 +135,18 @@ def test_minilm_rotten_tomatoes_short_run(tmp_path):
   config.num_epochs, config.learning_rate = 1, 1e-4
   results = trainer.finetune(config, str(tmp_path))
   assert results["best"] >= 0.65, results
+
+
+def test_tracker_keeps_the_best_and_stops_after_patience(tmp_path):
+  tracker = trainer._Tracker(str(tmp_path), "accuracy", patience=2)
+  saved = []
+  for step, acc in enumerate([0.5, 0.7, 0.6, 0.7, 0.65]):
+    if tracker.stopped:
+      break
+    tracker.evaluated(step, {"accuracy": acc}, on_best=lambda step=step: saved.append(step))
+  assert saved == [0, 1] and tracker.best == 0.7 and tracker.best_step == 1
+  assert tracker.stopped and step == 4  # 0.6 and 0.7 (not better than 0.7) used up the patience
+  tracker.save()
+  resumed = trainer._Tracker(str(tmp_path), "accuracy", patience=2)
+  assert (resumed.best, resumed.best_step, resumed.stopped) == (0.7, 1, True)
+  assert len(_read_jsonl(tmp_path / "metrics.jsonl")) == 4
