@@ -25,6 +25,7 @@ import hashlib
 import itertools
 import json
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import sys
 import time
@@ -90,7 +91,7 @@ def _serialize(features: dict) -> bytes:
 
   return tf.train.Example(features=tf.train.Features(feature={
       name: tf.train.Feature(int64_list=tf.train.Int64List(value=values.tolist()))
-      for name, values in features.items()})).SerializeToString()
+      for name, values in features.items()})).SerializeToString(deterministic=True)  # same bytes every run
 
 
 def _is_eval(task_index: int, doc_index: int, eval_fraction: float) -> bool:
@@ -320,7 +321,7 @@ def _run(tasks, output_dir, num_workers, do_lower_case) -> list[dict]:
       _warm_up(output_dir, do_lower_case)
       finished = map(_write_shard, tasks)
     else:
-      pool = stack.enter_context(_worker_context().Pool(num_workers, _warm_up, (output_dir, do_lower_case)))
+      pool = stack.enter_context(_worker_pool(num_workers, output_dir, do_lower_case))
       finished = pool.imap_unordered(_write_shard, tasks)
     for result in finished:
       with open(_progress_path(output_dir, result["task"]), "w") as f:
@@ -332,13 +333,24 @@ def _run(tasks, output_dir, num_workers, do_lower_case) -> list[dict]:
   return results
 
 
-def _worker_context():
-  """Workers are forked from a fresh server process that imported TensorFlow once, not from this
-  process (which may run TensorFlow or JAX threads that must not be forked), and do not import it
-  each (about 5 CPU-seconds apiece)."""
+@contextlib.contextmanager
+def _worker_pool(num_workers: int, output_dir: str, do_lower_case: bool):
+  """Workers forked from a fresh server process that imported TensorFlow once.
+
+  Not forked from this process (which may run TensorFlow or JAX threads that must not be forked),
+  and not spawned either, which would import TensorFlow in each (about 5 CPU-seconds apiece).
+  """
   context = multiprocessing.get_context("forkserver")
   context.set_forkserver_preload(["tensorflow_text", "bert_jax.prepare"])
-  return context
+  try:
+    with context.Pool(num_workers, _warm_up, (output_dir, do_lower_case)) as pool:
+      yield pool
+  finally:
+    # Otherwise the server, and the GB of TensorFlow it holds, lives as long as this process: a
+    # whole training run when `train.py` prepares its corpus. It restarts if needed again.
+    stop = getattr(multiprocessing.forkserver._forkserver, "_stop", None)  # pylint: disable=protected-access
+    if stop is not None:
+      stop()
 
 
 def _summarize(results, counters, tokenizer_file, do_lower_case, settings) -> dict:
