@@ -110,12 +110,16 @@ def test_finetune_learns_then_two_stage_feature_based(data_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_stacked_trials_match_separate_runs(data_dir, tmp_path):
+def test_stacked_trials_one_per_device_group_match_separate_runs(data_dir, tmp_path):
   a, b = tiny_config(data_dir), tiny_config(data_dir)
   a.num_epochs = b.num_epochs = 1
   b.learning_rate, b.seed = 3e-3, 7
+  for c in (a, b):  # 2 groups of 4 devices, one trial each, its batch and parameters split 4 ways
+    c.trials_over_devices, c.mesh.data, c.mesh.fsdp = True, 2, 4
   together = trainer.finetune_trials([a, b], [str(tmp_path / "a"), str(tmp_path / "b")])
-  alone = trainer.finetune(b, str(tmp_path / "b_alone"))
+  alone_config = tiny_config(data_dir)  # every device, data parallel
+  alone_config.num_epochs, alone_config.learning_rate, alone_config.seed = 1, 3e-3, 7
+  alone = trainer.finetune(alone_config, str(tmp_path / "b_alone"))
   assert together[1]["best"] == alone["best"]
   jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=2e-5),
                _best_params(tmp_path / "b"), _best_params(tmp_path / "b_alone"))

@@ -9,7 +9,8 @@ rate {5e-5, 3e-5, 2e-5}, epochs {2, 3, 4}, each with every seed of `config.sweep
 * Every trial runs in `<workdir>/trials/<name>/`; `DONE` (its results as JSON) marks it finished, so an
   interrupted sweep run again skips finished trials and redoes only the others.
 * Trials differing only in learning rate and seed train together in one vmapped step
-  (`trainer.finetune_trials`), up to `sweep.max_trials_per_group` at once.
+  (`trainer.finetune_trials`), up to `sweep.max_trials_per_group` at once: each data parallel over all
+  devices, or with `--config.trials_over_devices` one trial per group of devices.
 * Successive halving (`sweep.successive_halving`; Jamieson and Talwalkar 2016): every trial first runs
   `halving_min_epochs` epochs, the best 1/eta by dev metric continue from their checkpoints for eta
   times as many, and so on until their full `num_epochs`; each rung leaves `rung_<r>.json`.

@@ -18,6 +18,7 @@ run stops on an epoch budget, continued by the next call), `bert_config.json`, t
 import dataclasses
 import functools
 import json
+import math
 import os
 import shutil
 import time
@@ -224,17 +225,34 @@ def predict_step(params, batch: dict, *, model):
 # Sharded state of T stacked trials.
 
 
-def _stacked(shardings):
-  """Shardings of one trial -> shardings with a leading, replicated trial axis."""
-  return jax.tree.map(lambda s: NamedSharding(s.mesh, PartitionSpec(None, *s.spec)), shardings)
+def _stacked(shardings, trial_axis):
+  """Shardings of one trial -> shardings with a leading trial axis (replicated, or over `trial_axis`)."""
+  return jax.tree.map(lambda s: NamedSharding(s.mesh, PartitionSpec(trial_axis, *s.spec)), shardings)
 
 
-def init_state(model, tx, configs, encoder_params, mesh, rules, seq_len: int):
+def _layout(config: Config, mesh, num_trials: int):
+  """(logical rules, mesh axis of the trial dimension, mesh axes of a trial's batch dimension).
+
+  By default every trial is data parallel over all devices. With `trials_over_devices` the trial axis
+  is split over the mesh's `data` axis, so each group of devices holds whole trials and splits their
+  batches over `fsdp` only.
+  """
+  rules = sharding.logical_rules(config)
+  if not config.trials_over_devices:
+    return rules, None, sharding.BATCH_AXES
+  if num_trials % mesh.shape["data"]:
+    raise ValueError(f"{num_trials} trials cannot be split over data={mesh.shape['data']} device groups")
+  rules = tuple((name, "fsdp" if name == "activation_batch" else axes) for name, axes in rules)
+  return rules, "data", ("fsdp",)
+
+
+def init_state(model, tx, configs, encoder_params, mesh, rules, seq_len: int, trial_axis=None):
   """The stacked state, built sharded (never whole on one device); returns (state, its shardings)."""
   ids = jnp.zeros((1, seq_len), jnp.int32)
   init_one = lambda rng: model.init({"params": rng, "dropout": rng}, ids, ids, ids)["params"]
   abstract = jax.eval_shape(init_one, jax.random.key(0))
-  param_shardings = _stacked(sharding.logical_to_shardings(nn.get_partition_spec(abstract), mesh, rules))
+  param_shardings = _stacked(sharding.logical_to_shardings(nn.get_partition_spec(abstract), mesh, rules),
+                             trial_axis)
   if encoder_params is not None:
     expected = jax.tree.map(lambda x: x.shape, jax.eval_shape(lambda r: nn.unbox(init_one(r)), jax.random.key(0))["bert"])
     got = jax.tree.map(lambda x: tuple(np.shape(x)), encoder_params)
@@ -407,10 +425,10 @@ def finetune_trials(configs: list, workdirs: list, *, max_epochs: int | None = N
   tokenizer = load_tokenizer(config)
   train_features = _load_split(task, config.train_split, config, tokenizer, config.max_train_examples).features
   dev = _load_split(task, config.eval_split or task.dev_splits[0], config, tokenizer, config.max_eval_examples)
-  mesh, rules = sharding.create_mesh(config.mesh), sharding.logical_rules(config)
-  if config.batch_size % sharding.data_parallel_size(mesh):
-    raise ValueError(f"batch_size {config.batch_size} is not a multiple of the data-parallel size "
-                     f"{sharding.data_parallel_size(mesh)}")
+  mesh = sharding.create_mesh(config.mesh)
+  rules, trial_axis, batch_axes = _layout(config, mesh, len(configs))
+  if config.batch_size % math.prod(mesh.shape[a] for a in batch_axes):
+    raise ValueError(f"batch_size {config.batch_size} does not split over the mesh axes {batch_axes}")
   steps_per_epoch = len(train_features["input_ids"]) // config.batch_size
   if not steps_per_epoch:
     raise ValueError(f"fewer training examples than batch_size {config.batch_size}")
@@ -426,12 +444,13 @@ def finetune_trials(configs: list, workdirs: list, *, max_epochs: int | None = N
     tokenizer.save(w)
   trackers = [_Tracker(w, task.primary_metric, config.early_stopping_patience) for w in workdirs]
 
-  batch_sharding = NamedSharding(mesh, PartitionSpec(None, sharding.BATCH_AXES))
-  eval_sharding = NamedSharding(mesh, PartitionSpec(sharding.BATCH_AXES))
+  batch_sharding = NamedSharding(mesh, PartitionSpec(trial_axis, batch_axes))
+  eval_sharding = NamedSharding(mesh, PartitionSpec(batch_axes))
   eval_batch_size = config.eval_batch_size or config.batch_size
   t0 = time.time()
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    state, shardings = init_state(model, tx, configs, encoder_params, mesh, rules, config.max_seq_length)
+    state, shardings = init_state(model, tx, configs, encoder_params, mesh, rules, config.max_seq_length,
+                                  trial_axis)
     restored = restore_last(state, shardings, workdirs)
     state = state if restored is None else restored
     step_fn = jax.jit(jax.vmap(functools.partial(train_step, model=model, tx=tx, kind=task.kind,

@@ -67,6 +67,9 @@ def get_config() -> ml_collections.ConfigDict:
   # Data parallel over every device by default (bert_jax/sharding.py).
   c.mesh = common.mesh_config()
   c.logical_axis_rules = common.LOGICAL_AXIS_RULES
+  # Trials trained together (sweeps): False = each data parallel over all devices; True = one trial
+  # per group of devices (the trial axis over `mesh.data`, each trial's batch over `mesh.fsdp`).
+  c.trials_over_devices = False
 
   c.sweep = sweep_config()
   return c
