@@ -111,3 +111,5 @@ def test_sweep_killed_midway_resumes_without_rerunning_finished_trials(tmp_path)
   table = open(os.path.join(workdir, "results.md")).read()
   assert "| 16 |" in table and "**best**" in table and "2 done, 2 stopped by successive halving" in table
   assert len(open(os.path.join(workdir, "trials.csv")).read().splitlines()) == 5
+  summary = sweep.summarize([workdir], str(tmp_path / "summary.md")).splitlines()
+  assert len(summary) == 3 and summary[2].startswith("| sst2 | accuracy | 16 |")

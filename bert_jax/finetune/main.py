@@ -34,12 +34,14 @@ from bert_jax.finetune import trainer
 CONFIG = config_flags.DEFINE_config_file("config", None, "A finetuning config, e.g. configs/finetune/sst2.py.")
 WORKDIR = flags.DEFINE_string("workdir", None, "Metrics, best checkpoint, predictions and results go here "
                               "(`bert-jax sweep`: one subdirectory per trial, and the results tables).")
-flags.mark_flags_as_required(["config", "workdir"])
+flags.mark_flags_as_required(["workdir"])  # and --config, checked in main (`sweep --summarize` needs none)
 
 
 def main(argv) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if CONFIG.value is None:
+    raise app.UsageError("--config is required")
   results = trainer.finetune(CONFIG.value, WORKDIR.value)
   print(json.dumps(results, indent=1))
 

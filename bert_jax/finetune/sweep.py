@@ -29,12 +29,15 @@ import time
 import numpy as np
 
 from absl import app
+from absl import flags
 from absl import logging
 
 # The --config and --workdir flags of `bert-jax finetune` (importing it also puts `configs/` on sys.path).
 from bert_jax.finetune import main as finetune_main
 from bert_jax.finetune import trainer
 
+_SUMMARIZE = flags.DEFINE_list("summarize", [], "Sweep directories: write <workdir>/summary.md, the best "
+                                "configuration of each (one per task), instead of running a sweep.")
 DONE = "DONE"
 HPARAMS = ("batch_size", "learning_rate", "num_epochs")
 
@@ -206,9 +209,9 @@ def write_tables(rows: list[dict], workdir: str, task: str) -> str:
     w.writeheader()
     w.writerows(rows)
   with open(os.path.join(workdir, "results.csv"), "w", newline="") as f:
-    w = csv.DictWriter(f, ["task", *HPARAMS, "n", "mean", "std"])
+    w = csv.DictWriter(f, ["task", "metric", *HPARAMS, "n", "mean", "std"])
     w.writeheader()
-    w.writerows({"task": task, **a} for a in agg)
+    w.writerows({"task": task, "metric": metric, **a} for a in agg)
   lines = [f"# Sweep: {task} (dev {metric}, mean +- std over seeds)", "",
            "| batch | lr | epochs | seeds | mean | std |", "|---:|---:|---:|---:|---:|---:|"]
   for i, a in enumerate(agg):
@@ -224,6 +227,21 @@ def write_tables(rows: list[dict], workdir: str, task: str) -> str:
               f"{b['num_epochs']} epochs: {metric} {b['mean']:.4f} +- {b['std']:.4f} (n={b['n']})."]
   text = "\n".join(lines) + "\n"
   with open(os.path.join(workdir, "results.md"), "w") as f:
+    f.write(text)
+  return text
+
+
+def summarize(sweep_dirs: list[str], path: str) -> str:
+  """The best configuration per task over several sweeps (their `results.csv`) as Markdown in `path`."""
+  lines = ["| task | dev metric | batch | lr | epochs | seeds | mean | std |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+  for d in sweep_dirs:
+    with open(os.path.join(d, "results.csv")) as f:
+      best = next(csv.DictReader(f), None)  # rows are sorted best first
+    if best:
+      lines.append(f"| {best['task']} | {best['metric']} | {best['batch_size']} | {float(best['learning_rate']):g} | "
+                   f"{best['num_epochs']} | {best['n']} | {float(best['mean']):.4f} | {float(best['std']):.4f} |")
+  text = "\n".join(lines) + "\n"
+  with open(path, "w") as f:
     f.write(text)
   return text
 
@@ -265,6 +283,12 @@ def main(argv) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   config, workdir = finetune_main.CONFIG.value, finetune_main.WORKDIR.value
+  if _SUMMARIZE.value:
+    os.makedirs(workdir, exist_ok=True)
+    print(summarize(_SUMMARIZE.value, os.path.join(workdir, "summary.md")))
+    return
+  if config is None:
+    raise app.UsageError("--config is required (unless --summarize)")
   rows = run_sweep(config, workdir)
   print(write_tables(rows, workdir, config.task))
   plot_lr(rows, os.path.join(workdir, "lr.png"), config.task)
