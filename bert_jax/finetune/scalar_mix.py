@@ -15,14 +15,18 @@ from bert_jax import model
 
 
 class ScalarMix(nn.Module):
-  """Softmax-normalised weights over [num_layers + 1, ...] hidden states, times a learned gamma."""
+  """Softmax-normalised weights over [num_layers + 1, ...] hidden states, times a learned gamma.
+
+  Params: `weights` [num_layers + 1] (logits of the mix), `scale` (gamma).
+  """
 
   @nn.compact
   def __call__(self, hidden_NBLH):
     n = hidden_NBLH.shape[0]
     # Zero logits: the mix starts as the plain average, as in AllenNLP's ScalarMix.
     weights = self.param("weights", nn.initializers.zeros_init(), (n,), jnp.float32)
-    gamma = self.param("gamma", nn.initializers.ones_init(), (), jnp.float32)
+    # Named "scale" (like LayerNorm's) so that optimizer.decay_mask exempts it from weight decay.
+    gamma = self.param("scale", nn.initializers.ones_init(), (), jnp.float32)
     w = jax.nn.softmax(weights)  # float32 on purpose: a handful of weights, normalised exactly
     mixed = jnp.einsum("n,n...->...", w, hidden_NBLH.astype(jnp.float32))
     return (gamma * mixed).astype(hidden_NBLH.dtype)
