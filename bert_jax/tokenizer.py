@@ -371,8 +371,13 @@ class SentencePieceTokenizer(_Tokenizer):
 
 
 def load_tokenizer(path: str, do_lower_case: bool = True):
-  """`vocab.txt` -> WordPiece, `*.model` -> SentencePiece, a directory -> the one file it holds."""
+  """`vocab.txt` -> WordPiece, `*.model` -> SentencePiece, a directory -> the one file it holds.
+
+  Remote paths (`gs://...`, anything with a scheme) are copied to a local temporary directory first.
+  """
   path = str(path)
+  if "://" in path:
+    path = _localize(path)
   if os.path.isdir(path):
     candidates = [os.path.join(path, VOCAB_FILE)] + sorted(
         os.path.join(path, f) for f in os.listdir(path) if f.endswith(".model"))
@@ -383,6 +388,19 @@ def load_tokenizer(path: str, do_lower_case: bool = True):
   if path.endswith(".model"):
     return SentencePieceTokenizer(path, do_lower_case)
   return WordPieceTokenizer(path, do_lower_case)
+
+
+def _localize(path: str) -> str:
+  """Copies a remote tokenizer file (or a directory's vocab.txt / *.model) to local disk."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (only for remote file systems)
+  gfile = tf.io.gfile
+  names = [path]
+  if gfile.isdir(path):
+    names = [os.path.join(path, f) for f in gfile.listdir(path) if f == VOCAB_FILE or f.endswith(".model")]
+  local = tempfile.mkdtemp(prefix="bert_jax_tokenizer-")
+  for name in names:
+    gfile.copy(name, os.path.join(local, os.path.basename(name.rstrip("/"))), overwrite=True)
+  return local if len(names) != 1 or gfile.isdir(path) else os.path.join(local, os.path.basename(path))
 
 
 # ---------------------------------------------------------------------------------------------

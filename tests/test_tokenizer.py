@@ -213,3 +213,17 @@ def test_wordpiece_learner_merges_most_frequent_pairs():
   assert len(vocab) == len(set(vocab)) and "newest" in vocab  # merged while pairs occur twice or more
   assert T._count_words(["Hello, World!! 3.14 caf\u00e9"], True) == {
       "hello": 1, ",": 1, "world": 1, "!": 2, "3": 1, ".": 1, "14": 1, "cafe": 1}
+
+
+def test_load_tokenizer_from_a_remote_file_system(tmp_path):
+  """Paths with a scheme go through tf.io.gfile (here the in-memory file system `ram://`)."""
+  import tensorflow as tf
+  from bert_jax import tokenizer
+  vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "hello", "world", "##s"]
+  tf.io.gfile.makedirs("ram://bert_jax_vocab")
+  with tf.io.gfile.GFile("ram://bert_jax_vocab/vocab.txt", "w") as f:
+    f.write("\n".join(vocab) + "\n")
+  for path in ("ram://bert_jax_vocab/vocab.txt", "ram://bert_jax_vocab"):
+    tok = tokenizer.load_tokenizer(path)
+    assert tok.encode("Hello worlds") == [5, 6, 7]
+    assert tok.mask_id == 4
