@@ -1,5 +1,8 @@
 """Encoder properties on tiny random models: sizes, layouts, masking, precision, remat, sharding."""
 
+import dataclasses
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -15,8 +18,30 @@ def tiny(**overrides):
   return model.BertConfig.from_preset("tiny", vocab_size=VOCAB, max_position_embeddings=32, **overrides)
 
 
-def init(cfg, ids):
-  return nn.unbox(model.BertEncoder(cfg).init(jax.random.key(0), ids)["params"])
+@functools.cache
+def _params(cfg):
+  # Compiling the initialisers costs seconds: each parameter shape set is initialised once per module.
+  ids = jnp.ones((1, 8), jnp.int32)
+  return nn.unbox(jax.jit(model.BertEncoder(cfg).init)(jax.random.key(0), ids)["params"])
+
+
+def init(cfg):
+  """The encoder's params for `cfg` (dropout rates and the compute dtype do not change them)."""
+  params = _params(dataclasses.replace(cfg, hidden_dropout=0.1, attention_dropout=0.1, dtype=jnp.float32))
+  return jax.tree.map(lambda x: x, params)  # fresh dicts: a test may edit its tree
+
+
+def apply(cfg, params, ids, mask, seg, *, deterministic=True, output_hidden_states=False, rngs=None, **arrays):
+  """`BertEncoder(cfg).apply` under jit: one compilation, not one per operation as in eager mode."""
+  return _jitted_apply(cfg, deterministic, output_hidden_states)(params, rngs, ids, mask, seg, arrays)
+
+
+@functools.cache
+def _jitted_apply(cfg, deterministic, output_hidden_states):
+  def fn(params, rngs, ids, mask, seg, arrays):
+    return model.BertEncoder(cfg).apply({"params": params}, ids, mask, seg, rngs=rngs, deterministic=deterministic,
+                                        output_hidden_states=output_hidden_states, **arrays)
+  return jax.jit(fn)
 
 
 def random_batch(rng, batch=2, length=12):
@@ -60,14 +85,13 @@ def test_hf_dict_round_trip():
 def test_output_shapes_and_pooled_positions():
   cfg = tiny()
   ids, mask, seg = random_batch(np.random.default_rng(0))
-  enc = model.BertEncoder(cfg)
-  params = init(cfg, ids)
-  out = enc.apply({"params": params}, ids, mask, seg, output_hidden_states=True)
+  params = init(cfg)
+  out = apply(cfg, params, ids, mask, seg, output_hidden_states=True)
   assert out["sequence_output"].shape == (2, 12, cfg.hidden_size)
   assert out["pooled_output"].shape == (2, cfg.hidden_size)
   assert out["hidden_states"].shape == (cfg.num_layers + 1, 2, 12, cfg.hidden_size)
   np.testing.assert_array_equal(out["hidden_states"][-1], out["sequence_output"])
-  pooled = enc.apply({"params": params}, ids, mask, seg, pooled_positions=np.array([[0, 5], [0, 7]]))
+  pooled = apply(cfg, params, ids, mask, seg, pooled_positions=np.array([[0, 5], [0, 7]]))
   assert pooled["pooled_output"].shape == (2, 2, cfg.hidden_size)
   np.testing.assert_allclose(pooled["pooled_output"][:, 0], out["pooled_output"], atol=1e-6)
 
@@ -75,13 +99,14 @@ def test_output_shapes_and_pooled_positions():
 def test_scanned_equals_unscanned_and_layouts_convert():
   ids, mask, seg = random_batch(np.random.default_rng(1))
   cfg = tiny()
-  params = init(cfg, ids)
+  params = init(cfg)
   scanned = model.scan_params(params)
   assert scanned["encoder"]["layers"]["intermediate"]["kernel"].shape == (2, 128, 512)
-  assert jax.tree.structure(scanned) == jax.tree.structure(init(tiny(scan_layers=True), ids))
+  scanned_shapes = jax.eval_shape(model.BertEncoder(tiny(scan_layers=True)).init, jax.random.key(0), ids)
+  assert jax.tree.structure(scanned) == jax.tree.structure(nn.unbox(scanned_shapes["params"]))
   jax.tree.map(np.testing.assert_array_equal, model.unscan_params(scanned), params)
-  run = lambda c, p: model.BertEncoder(c).apply({"params": p}, ids, mask, seg, output_hidden_states=True)
-  a, b = run(cfg, params), run(tiny(scan_layers=True), scanned)
+  a = apply(cfg, params, ids, mask, seg, output_hidden_states=True)
+  b = apply(tiny(scan_layers=True), scanned, ids, mask, seg, output_hidden_states=True)
   jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-5), a, b)
 
 
@@ -89,12 +114,11 @@ def test_padding_does_not_change_real_positions():
   cfg = tiny()
   rng = np.random.default_rng(2)
   ids, mask, seg = random_batch(rng, length=10)
-  params = init(cfg, ids)
-  enc = model.BertEncoder(cfg)
-  ref = enc.apply({"params": params}, ids, mask, seg)
+  params = init(cfg)
+  ref = apply(cfg, params, ids, mask, seg)
   pad = lambda x, v: np.concatenate([x, np.full((2, 6), v, np.int32)], axis=1)
   # Garbage ids and segment ids in the padding: only input_mask may decide.
-  padded = enc.apply({"params": params}, pad(ids, 7), pad(mask, 0), pad(seg, 1))
+  padded = apply(cfg, params, pad(ids, 7), pad(mask, 0), pad(seg, 1))
   np.testing.assert_allclose(padded["sequence_output"][:, :10], ref["sequence_output"], atol=1e-5)
   np.testing.assert_allclose(padded["pooled_output"], ref["pooled_output"], atol=1e-5)
 
@@ -109,7 +133,7 @@ def test_packed_examples_are_independent():
   position_ids = np.array([list(range(6)) + list(range(5)) + [0] * 3], np.int32)
   mask = (example_ids > 0).astype(np.int32)
   seg = np.zeros_like(ids)
-  params = init(cfg, ids)
+  params = init(cfg)
 
   def first_example_output(p):
     out = enc.apply({"params": p}, ids, mask, seg, position_ids=position_ids, example_ids=example_ids)
@@ -119,18 +143,18 @@ def test_packed_examples_are_independent():
   assert np.all(np.asarray(grad[b]) == 0.0)  # exactly zero, not merely small
   assert np.all(np.abs(np.asarray(grad[a])).max(axis=-1) > 0)
   # The second example packed equals the second example alone.
-  packed = enc.apply({"params": params}, ids, mask, seg, position_ids=position_ids, example_ids=example_ids,
-                     pooled_positions=np.array([[0, 6]]))
-  alone = enc.apply({"params": params}, b[None], np.ones((1, 5), np.int32), np.zeros((1, 5), np.int32))
+  packed = apply(cfg, params, ids, mask, seg, position_ids=position_ids, example_ids=example_ids,
+                 pooled_positions=np.array([[0, 6]]))
+  alone = apply(cfg, params, b[None], np.ones((1, 5), np.int32), np.zeros((1, 5), np.int32))
   np.testing.assert_allclose(packed["sequence_output"][0, 6:11], alone["sequence_output"][0], atol=1e-5)
   np.testing.assert_allclose(packed["pooled_output"][0, 1], alone["pooled_output"][0], atol=1e-5)
 
 
 def test_bfloat16_compute_close_to_float32():
   ids, mask, seg = random_batch(np.random.default_rng(3))
-  params = init(tiny(), ids)
-  f32 = model.BertEncoder(tiny()).apply({"params": params}, ids, mask, seg)
-  bf16 = model.BertEncoder(tiny(dtype=jnp.bfloat16)).apply({"params": params}, ids, mask, seg)
+  params = init(tiny())
+  f32 = apply(tiny(), params, ids, mask, seg)
+  bf16 = apply(tiny(dtype=jnp.bfloat16), params, ids, mask, seg)
   assert bf16["sequence_output"].dtype == jnp.bfloat16
   err = np.abs(np.asarray(bf16["sequence_output"], np.float32) - np.asarray(f32["sequence_output"]))
   # Outputs are LayerNorm-ed (unit scale); bf16 has an 8-bit mantissa (relative step 2^-8 = 0.004).
@@ -139,7 +163,7 @@ def test_bfloat16_compute_close_to_float32():
 
 def test_remat_does_not_change_gradients():
   ids, mask, seg = random_batch(np.random.default_rng(4))
-  params = init(tiny(), ids)
+  params = init(tiny())
 
   def loss_fn(cfg):
     return lambda p: jnp.sum(model.BertEncoder(cfg).apply({"params": p}, ids, mask, seg)["pooled_output"])
@@ -159,11 +183,9 @@ def test_attention_dropout_path_matches_fused_attention():
   ids, mask, seg = random_batch(np.random.default_rng(5))
   mask[1, 8:] = 0
   cfg = tiny(hidden_dropout=0.0, attention_dropout=1e-9)
-  params = init(cfg, ids)
-  enc = model.BertEncoder(cfg)
-  fused = enc.apply({"params": params}, ids, mask, seg)
-  explicit = enc.apply({"params": params}, ids, mask, seg, deterministic=False,
-                       rngs={"dropout": jax.random.key(0)})
+  params = init(cfg)
+  fused = apply(cfg, params, ids, mask, seg)
+  explicit = apply(cfg, params, ids, mask, seg, deterministic=False, rngs={"dropout": jax.random.key(0)})
   np.testing.assert_allclose(explicit["sequence_output"][0], fused["sequence_output"][0], atol=1e-5)
   np.testing.assert_allclose(explicit["sequence_output"][1, :8], fused["sequence_output"][1, :8], atol=1e-5)
 
@@ -171,9 +193,8 @@ def test_attention_dropout_path_matches_fused_attention():
 def test_dropout_active_only_when_not_deterministic():
   ids, mask, seg = random_batch(np.random.default_rng(6))
   cfg = tiny()
-  params = init(cfg, ids)
-  run = lambda key: model.BertEncoder(cfg).apply({"params": params}, ids, mask, seg, deterministic=False,
-                                                 rngs={"dropout": key})["sequence_output"]
+  params = init(cfg)
+  run = lambda key: apply(cfg, params, ids, mask, seg, deterministic=False, rngs={"dropout": key})["sequence_output"]
   assert not np.allclose(run(jax.random.key(0)), run(jax.random.key(1)))
 
 
