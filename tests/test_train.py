@@ -94,6 +94,7 @@ def _tensorboard_tags(workdir) -> set[str]:
   return tags
 
 
+@pytest.mark.slow
 def test_train_and_evaluate_end_to_end_then_resume(data_dir, tmp_path):
   workdir = str(tmp_path / "run")
   config = tiny_config(data_dir, train_steps=12, profile_start_step=3, profile_steps=2)
@@ -177,6 +178,7 @@ class _Resumable:
     return {}
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_matches_one_big_batch(data_dir):
   no_dropout = {"model.hidden_dropout": 0.0, "model.attention_dropout": 0.0}
   outs = []
