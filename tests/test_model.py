@@ -20,9 +20,10 @@ def tiny(**overrides):
 
 @functools.cache
 def _params(cfg):
-  # Compiling the initialisers costs seconds: each parameter shape set is initialised once per module.
+  # Each parameter shape set is initialised once per module. Eagerly: the initialiser ops compiled for
+  # one model (also in other test modules) serve the next, where a jitted init compiles them all again.
   ids = jnp.ones((1, 8), jnp.int32)
-  return nn.unbox(jax.jit(model.BertEncoder(cfg).init)(jax.random.key(0), ids)["params"])
+  return nn.unbox(model.BertEncoder(cfg).init(jax.random.key(0), ids)["params"])
 
 
 def init(cfg):
