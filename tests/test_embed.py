@@ -73,9 +73,13 @@ def test_embed_examples_match_unpadded_forward_near_the_position_limit():
   cfg = model.BertConfig.from_preset("tiny", vocab_size=32, max_position_embeddings=20, num_layers=1)
   rng = np.random.default_rng(0)
   examples = [(rng.integers(1, 32, n).astype(np.int32), np.zeros(n, np.int32)) for n in (18, 5)]
-  params = nn.unbox(model.BertEncoder(cfg).init(jax.random.key(0), examples[0][0][None])["params"])
+  # Random values of the right shapes: nothing to compile, unlike the initialisers.
+  shapes = jax.eval_shape(model.BertEncoder(cfg).init, jax.random.key(0), examples[0][0][None])["params"]
+  params = jax.tree.map(lambda s: rng.normal(0.0, 0.2, s.shape).astype(np.float32), nn.unbox(shapes))
   arrays = embed.embed_examples(cfg, params, examples, batch_size=2)
+  alone = jax.jit(lambda p, ids, types: model.BertEncoder(cfg).apply({"params": p}, ids, None, types,
+                                                                      output_hidden_states=True))
   for i, (ids, types) in enumerate(examples):
-    ref = model.BertEncoder(cfg).apply({"params": params}, ids[None], None, types[None], output_hidden_states=True)
+    ref = alone(params, ids[None], types[None])
     np.testing.assert_allclose(arrays[f"hidden_states_{i}"], ref["hidden_states"][:, 0], atol=1e-5)
     np.testing.assert_allclose(arrays[f"pooler_output_{i}"], ref["pooled_output"][0], atol=1e-5)
