@@ -154,3 +154,19 @@ def test_tracker_keeps_the_best_and_stops_after_patience(tmp_path):
   resumed = trainer._Tracker(str(tmp_path), "accuracy", patience=2)
   assert (resumed.best, resumed.best_step, resumed.stopped) == (0.7, 1, True)
   assert len(_read_jsonl(tmp_path / "metrics.jsonl")) == 4
+
+
+def test_loss_sums_of_every_task_kind():
+  ln = lambda x: float(np.log(x))
+  cls = trainer.loss_sums("classification", np.zeros((2, 2), np.float32), {"label": np.array([1, -1])})
+  assert float(cls["weight"]) == 1 and float(cls["loss_sum"]) == pytest.approx(ln(2))  # -1: unlabelled
+  reg = trainer.loss_sums("regression", np.array([[1.0], [3.0]], np.float32),
+                          {"label": np.array([0.0, np.nan], np.float32)})
+  assert (float(reg["loss_sum"]), float(reg["weight"])) == (1.0, 1.0)
+  tag = trainer.loss_sums("tagging", np.zeros((1, 2, 3), np.float32),
+                          {"label_ids": np.array([[0, 2]]), "label_weights": np.array([[1.0, 0.0]], np.float32)})
+  assert float(tag["weight"]) == 1 and float(tag["loss_sum"]) == pytest.approx(ln(3))  # first sub-token only
+  span = trainer.loss_sums("span", {"start_logits": np.zeros((1, 4), np.float32),
+                                    "end_logits": np.array([[0.0, 0.0, 50.0, 0.0]], np.float32)},
+                           {"start_positions": np.array([1]), "end_positions": np.array([2])})
+  assert float(span["weight"]) == 1 and float(span["loss_sum"]) == pytest.approx(0.5 * ln(4), abs=1e-5)
