@@ -274,13 +274,12 @@ def summarize(prefix: str, sums: dict[str, Any]) -> dict[str, float]:
   return out
 
 
-def evaluate(s: Setup, config, data_config, params) -> dict[str, float]:
-  """Loss sums over `config.eval_steps` held-out batches (the same batches every time)."""
-  eval_iter = create_iterator(data_config, config, split="eval")
+def evaluate(s: Setup, eval_iter, eval_start: dict, params) -> dict[str, float]:
+  """Loss sums over the held-out batches of `eval_iter`, replayed from `eval_start` every time."""
+  eval_iter.set_state(eval_start)
   totals = None
-  for _, host_batch in zip(range(config.eval_steps), eval_iter):
-    batch = sharding.global_batch(host_batch, s.mesh)
-    sums = s.eval_step(params, batch)
+  for host_batch in eval_iter:
+    sums = s.eval_step(params, sharding.global_batch(host_batch, s.mesh))
     totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
   return summarize("eval", jax.device_get(totals)) if totals is not None else {}
 
@@ -332,6 +331,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   Returns the scalars of the last log step and evaluation.
   """
   validate(config)
+  if config.init_from and "://" not in config.init_from and not os.path.exists(config.init_from):
+    raise ValueError(f"init_from {config.init_from!r} does not exist (phase 2: phase 1's <workdir>/checkpoints)")
   os.makedirs(workdir, exist_ok=True)
   mesh = sharding.create_mesh(config.mesh)
   data_config = prepared_data_config(config, workdir)
@@ -340,6 +341,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   checkpointer = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"), keep=config.keep_checkpoints,
                                             async_save=config.async_checkpointing)
   train_iter = create_iterator(data_config, config, split="train")
+  eval_iter = create_iterator(data_config, config, split="eval") if config.eval_steps > 0 else None
+  eval_start = eval_iter.get_state() if eval_iter is not None else None
   state, origin = restore_or_init(s, config, checkpointer, train_iter, init_rng)
   step = int(state.step)   # the one host sync before the loop: a host-side step counter from here on
   _say(f"mesh {dict(mesh.shape)} over {jax.device_count()} devices; {origin} at step {step}; "
@@ -371,7 +374,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         scalars.update(_perf_scalars(config, interval_steps, time.time() - mark, step, flops))
         interval, interval_steps = None, 0
       if config.eval_steps > 0 and (step % config.eval_every == 0 or last_step):
-        scalars.update(evaluate(s, config, data_config, state.params))
+        scalars.update(evaluate(s, eval_iter, eval_start, state.params))
       if scalars:
         writer.write(step, scalars)
         results.update(scalars)
