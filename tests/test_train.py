@@ -253,3 +253,21 @@ def test_embedded_corpus_is_prepared_once_into_the_workdir(tmp_path, monkeypatch
   assert calls == [("embedded:shakespeare", str(tmp_path / "data"),
                     {"do_lower_case": True, "train_vocab_size": 2048, "eval_fraction": 0.02})]
   assert config.data.train_files == "embedded:shakespeare"   # the config itself is left alone
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt, packing", [("nsp", True), ("full_sentences", False)])
+def test_packed_and_sentence_free_batches_train(data_dir, fmt, packing):
+  config = tiny_config(data_dir, **{"data.format": fmt, "data.packing": packing, "data.max_examples_per_row": 4,
+                                    "data.short_seq_prob": 0.9})   # short instances: several per packed row
+  s = train.setup(config, sharding.create_mesh(config.mesh))
+  host_batch = next(train.create_iterator(config.data, config, split="train"))
+  assert set(host_batch) == set(train.abstract_batch(config))
+  batch = sharding.global_batch(host_batch, s.mesh)
+  state, metrics = s.train_step(s.init(jax.random.key(0)), batch, jax.random.key(1))
+  metrics = jax.device_get(metrics)
+  assert np.isfinite(metrics["loss"]) and int(state.nonfinite_count) == 0
+  if packing:   # one NSP prediction per packed example, not per row
+    assert metrics["nsp_weight"] == host_batch["next_sentence_weights"].sum() >= config.global_batch_size
+  else:
+    assert "nsp_loss_sum" not in metrics
