@@ -69,6 +69,10 @@ def main(argv) -> None:
         num_processes=dist.num_processes if dist.num_processes > 0 else None,
         process_id=dist.process_id if dist.process_id >= 0 else None)
   logging.info("process %d/%d, %d devices", jax.process_index(), jax.process_count(), jax.device_count())
+  try:
+    train.validate(config)   # again inside train_and_evaluate; here to show the message without a traceback
+  except ValueError as e:
+    raise app.UsageError(str(e)) from e
   train.train_and_evaluate(config, _WORKDIR.value)
 
 
