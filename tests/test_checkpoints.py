@@ -1,6 +1,7 @@
 """Checkpoint interop: parity with Hugging Face outputs on real MiniLM weights, HF and TF round trips."""
 
 import dataclasses
+import functools
 import json
 
 import flax.linen as nn
@@ -24,12 +25,16 @@ def minilm():
   return path, np.load(path / "hf_reference.npz")
 
 
+@functools.cache
+def encoder_fn(cfg):
+  """The jitted encoder of `cfg`, shared by the tests (equal configs and shapes compile once)."""
+  # Params as an argument, not a closure: constants would be folded into every compilation.
+  return jax.jit(lambda p, *inputs: model.BertEncoder(cfg).apply({"params": p}, *inputs, output_hidden_states=True))
+
+
 def reference_errors(cfg, bert_params, ref, per_example=True) -> dict:
   """Max abs errors against hf_reference.npz: per stored example, and the padded batch at real positions."""
-  enc = model.BertEncoder(cfg)
-  # Params as an argument, not a closure: constants would be folded into every compilation.
-  jitted = jax.jit(lambda p, *inputs: enc.apply({"params": p}, *inputs, output_hidden_states=True))
-  run = lambda *inputs: jitted(bert_params, *inputs)
+  run = lambda *inputs: encoder_fn(cfg)(bert_params, *inputs)
   errors = {}
   i = 0
   while per_example and f"input_ids_{i}" in ref:
@@ -85,19 +90,16 @@ def test_google_tf_checkpoint_route_matches_reference(minilm, tmp_path):
   tf = pytest.importorskip("tensorflow")
   path, ref = minilm
   cfg, params = checkpoints_hf.load_hf(path)
-  # Written the way google-research/bert does: tf.compat.v1 variables and a Saver, optimizer slots included.
+  # Written with the tf.compat.v1 Saver of google-research/bert (by variable name, optimizer slots and
+  # global step included). Eager variables: a graph would hold every weight twice as a constant (16 s).
   state = checkpoints_hf.to_state_dict(cfg, params)
-  graph = tf.Graph()
-  with graph.as_default():
-    for hf_name, value in state.items():
-      tf_name, transpose = checkpoints_tf.hf_to_tf_name(hf_name)
-      tf.compat.v1.get_variable(tf_name, initializer=np.ascontiguousarray(value.T if transpose else value))
-      tf.compat.v1.get_variable(tf_name + "/adam_m", initializer=np.zeros_like(value))
-    tf.compat.v1.train.get_or_create_global_step()
-    with tf.compat.v1.Session() as sess:
-      sess.run(tf.compat.v1.global_variables_initializer())
-      names = {v.op.name for v in tf.compat.v1.global_variables()}
-      tf.compat.v1.train.Saver().save(sess, str(tmp_path / "bert_model.ckpt"))
+  variables = {"global_step": tf.Variable(0, dtype=tf.int64)}
+  for hf_name, value in state.items():
+    tf_name, transpose = checkpoints_tf.hf_to_tf_name(hf_name)
+    variables[tf_name] = tf.Variable(np.ascontiguousarray(value.T if transpose else value))
+    variables[tf_name + "/adam_m"] = tf.Variable(np.zeros_like(value))
+  tf.compat.v1.train.Saver(variables).save(None, str(tmp_path / "bert_model.ckpt"))
+  names = set(tf.train.load_checkpoint(str(tmp_path / "bert_model.ckpt")).get_variable_to_shape_map())
   assert {"bert/encoder/layer_0/attention/self/query/kernel", "bert/embeddings/LayerNorm/gamma",
           "bert/encoder/layer_5/output/dense/kernel", "bert/pooler/dense/bias"} <= names
   (tmp_path / "bert_config.json").write_text(json.dumps(cfg.to_hf_dict()))
@@ -107,12 +109,22 @@ def test_google_tf_checkpoint_route_matches_reference(minilm, tmp_path):
   print("max abs err, TF checkpoint:", assert_parity(cfg_tf, params_tf["bert"], ref, per_example=False))
 
 
-def tiny_pretraining_params(**overrides):
-  cfg = model.BertConfig.from_preset("tiny", vocab_size=50, max_position_embeddings=16, **overrides)
+@functools.cache
+def _tiny_pretraining_params():
+  # Compiling the initialisers costs seconds: done once for the module.
+  cfg = model.BertConfig.from_preset("tiny", vocab_size=50, max_position_embeddings=16)
   ids = np.ones((1, 4), np.int32)
   batch = {"input_ids": ids, "input_mask": ids, "segment_ids": ids, "masked_lm_positions": ids}
   params = jax.jit(heads.BertForPreTraining(cfg).init)(jax.random.key(0), batch)["params"]
   return cfg, jax.tree.map(np.asarray, nn.unbox(params))
+
+
+def tiny_pretraining_params(scan_layers=False):
+  """(config, numpy params) of a tiny BertForPreTraining, in the scanned or unscanned layout."""
+  cfg, params = _tiny_pretraining_params()
+  if scan_layers:
+    return dataclasses.replace(cfg, scan_layers=True), model.scan_params(params)
+  return cfg, jax.tree.map(lambda x: x, params)  # fresh dicts
 
 
 def test_heads_round_trip_through_hf_and_tf(tmp_path):
@@ -197,8 +209,8 @@ def test_bfloat16_compute_close_to_reference(minilm):
   path, ref = minilm
   cfg, params = checkpoints_hf.load_hf(path, dtype="bfloat16")
   mask = ref["batch_attention_mask"].astype(np.int32)
-  out = model.BertEncoder(cfg).apply({"params": params["bert"]}, ref["batch_input_ids"].astype(np.int32), mask,
-                                     ref["batch_token_type_ids"].astype(np.int32))
+  out = encoder_fn(cfg)(params["bert"], ref["batch_input_ids"].astype(np.int32), mask,
+                        ref["batch_token_type_ids"].astype(np.int32))
   assert out["sequence_output"].dtype == np.dtype("bfloat16")
   err = np.abs(np.asarray(out["sequence_output"], np.float32) - ref["batch_last_hidden_state"])[mask == 1]
   assert err.max() < 0.08 and err.mean() < 0.008, (err.max(), err.mean())

@@ -24,8 +24,9 @@ def test_transformers_loads_export_with_heads(tmp_path, monkeypatch):
   batch = {"input_ids": ids, "input_mask": mask, "segment_ids": seg}
   m = heads.BertForPreTraining(cfg, mlm_all_positions=True)
   params = jax.jit(m.init)(jax.random.key(3), batch)["params"]
-  ours = m.apply({"params": params}, batch)
-  hidden = model.BertEncoder(cfg).apply({"params": params["bert"]}, ids, mask, seg)
+  # Jitted: one compilation each instead of one per operation.
+  ours = jax.jit(lambda p, b: m.apply({"params": p}, b))(params, batch)
+  hidden = jax.jit(lambda p: model.BertEncoder(cfg).apply({"params": p}, ids, mask, seg))(params["bert"])
   checkpoints_hf.save_hf(tmp_path, cfg, params)
 
   as_torch = lambda x: torch.tensor(np.asarray(x, np.int64))
@@ -61,7 +62,8 @@ def test_import_of_a_transformers_saved_pretraining_model(tmp_path, monkeypatch)
   mask = (ids > 0).astype(np.int32)
   seg = np.array([[0, 0, 0, 0, 0, 1, 1, 0]], np.int32)
   batch = {"input_ids": ids, "input_mask": mask, "segment_ids": seg}
-  ours = heads.BertForPreTraining(cfg, mlm_all_positions=True).apply({"params": params}, batch)
+  m = heads.BertForPreTraining(cfg, mlm_all_positions=True)
+  ours = jax.jit(lambda p, b: m.apply({"params": p}, b))(params, batch)
   with torch.no_grad():
     as_torch = lambda x: torch.tensor(x, dtype=torch.long)
     hf = hf_model(input_ids=as_torch(ids), attention_mask=as_torch(mask), token_type_ids=as_torch(seg))
