@@ -290,6 +290,10 @@ class BertEncoder(nn.Module):
     if segment_ids is None:
       segment_ids = jnp.zeros_like(input_ids)
     if position_ids is None:
+      if input_ids.shape[-1] > self.config.max_position_embeddings:
+        # Out-of-range ids would embed as NaN (jnp.take fills), silently, not fail.
+        raise ValueError(f"sequence length {input_ids.shape[-1]} exceeds max_position_embeddings "
+                         f"{self.config.max_position_embeddings}")
       position_ids = jnp.broadcast_to(jnp.arange(input_ids.shape[-1]), input_ids.shape)
     x = self.embeddings(input_ids, segment_ids, position_ids, deterministic)
     x_emb = x

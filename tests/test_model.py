@@ -97,6 +97,12 @@ def test_output_shapes_and_pooled_positions():
   np.testing.assert_allclose(pooled["pooled_output"][:, 0], out["pooled_output"], atol=1e-6)
 
 
+def test_sequences_longer_than_the_position_table_are_an_error():
+  ids = np.ones((1, 33), np.int32)  # tiny() has 32 positions
+  with pytest.raises(ValueError, match="sequence length 33 exceeds max_position_embeddings 32"):
+    jax.eval_shape(model.BertEncoder(tiny()).init, jax.random.key(0), ids)
+
+
 def test_scanned_equals_unscanned_and_layouts_convert():
   ids, mask, seg = random_batch(np.random.default_rng(1))
   cfg = tiny()
