@@ -103,6 +103,7 @@ def _print(record: dict) -> None:
 
 
 def main(argv) -> None:
+  """`bert-jax bench data`: prepares the corpus (timed), then times the pipeline per length."""
   if len(argv) > 1:
     raise ValueError(f"unexpected arguments: {argv[1:]}")
   prepared = _PREPARED_DIR.value

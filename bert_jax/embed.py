@@ -113,6 +113,7 @@ def _tokenizer():
 
 
 def main(argv) -> None:
+  """`bert-jax embed`: reads --input, writes --output (see the module docstring)."""
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   for flag in (_CHECKPOINT, _INPUT, _OUTPUT):

@@ -121,6 +121,7 @@ class BatchMaker:
       return self._plans[epoch]
 
   def num_rows(self, epoch: int) -> int:
+    """Rows (batch rows, packed or not) in an epoch's plan."""
     return len(self.plan(epoch)[1]) - 1
 
   def output_spec(self) -> dict:
@@ -201,12 +202,14 @@ class PretrainIterator:
     return self
 
   def get_state(self) -> dict:
+    """The position of the next batch, and what it must be restored into (JSON-able)."""
     epoch, batch = self._position
     m = self.maker
     return {"epoch": int(epoch), "batch": int(batch), "seed": int(m.seed),
             "process_index": int(m.process_index), "rows_per_batch": int(m.rows_per_batch)}
 
   def set_state(self, state: dict) -> None:
+    """Continues from a `get_state()` of the same pipeline (seed, host, batch size)."""
     m = self.maker
     expected = {"seed": m.seed, "process_index": m.process_index, "rows_per_batch": m.rows_per_batch}
     mismatch = {k: (state[k], v) for k, v in expected.items() if k in state and state[k] != v}

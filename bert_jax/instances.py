@@ -31,6 +31,7 @@ class Documents:
 
   @property
   def num_documents(self) -> int:
+    """Number of documents D."""
     return len(self.doc_starts) - 1
 
   def document_of(self, token_offsets: np.ndarray) -> np.ndarray:
@@ -76,6 +77,7 @@ class Instances:
     return len(self.a_start)
 
   def take(self, index) -> "Instances":
+    """The instances at `index` (an index array or a boolean mask)."""
     return Instances(**{f.name: getattr(self, f.name)[index] for f in dataclasses.fields(self)})
 
   def lengths(self) -> np.ndarray:

@@ -60,6 +60,7 @@ class MaskingSpec:
 
   @classmethod
   def from_config(cls, data_config, tokenizer) -> "MaskingSpec":
+    """From the data config's masking fields and the tokenizer's special ids and word starts."""
     vocab = tokenizer.vocab_size
     is_special = np.zeros(vocab, bool)
     is_special[np.asarray(tokenizer.special_ids)] = True

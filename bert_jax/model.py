@@ -83,6 +83,7 @@ class BertConfig:
 
   @property
   def head_dim(self) -> int:
+    """Size of one attention head (hidden_size // num_heads)."""
     return self.hidden_size // self.num_heads
 
   @classmethod
@@ -138,6 +139,7 @@ def _constrain(x, *names):
 
 
 def gelu(cfg: BertConfig, x):
+  """The configured GELU: exact (erf) for "gelu", tanh approximation otherwise."""
   return nn.gelu(x, approximate=_GELU_APPROXIMATE[cfg.hidden_act])
 
 

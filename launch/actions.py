@@ -48,9 +48,11 @@ class Job:
       raise ValueError("give the workdir with --workdir, not inside the command")
 
   def argv(self) -> list[str]:
+    """The command with the --workdir flag appended."""
     return [*self.command, f"--workdir={self.workdir}"]
 
   def environment(self) -> dict[str, str]:
+    """Environment variables exported before the command."""
     env = dict(self.env)
     if self.compilation_cache:
       env["JAX_COMPILATION_CACHE_DIR"] = self.compilation_cache

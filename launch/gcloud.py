@@ -50,6 +50,7 @@ class Slice:
 
   @property
   def node_names(self) -> list[str]:
+    """The TPU VM node of each slice."""
     if self.node_count == 1:
       return [self.name]
     prefix = self.node_prefix or self.name
@@ -81,10 +82,12 @@ class Hardware:
 
   @property
   def generation(self) -> str:
+    """TPU generation, e.g. "v4" for v4-128 or --type=v4."""
     name = self.accelerator_type.rsplit("-", 1)[0] if self.accelerator_type else self.tpu_type
     return name.lower()
 
   def runtime(self) -> str:
+    """The --version / --runtime-version: given, or the generation's default."""
     if self.runtime_version:
       return self.runtime_version
     if self.generation not in RUNTIME_VERSIONS:
@@ -92,6 +95,7 @@ class Hardware:
     return RUNTIME_VERSIONS[self.generation]
 
   def shape_flags(self) -> list[str]:
+    """--accelerator-type, or --type and --topology."""
     if self.accelerator_type:
       return [f"--accelerator-type={self.accelerator_type}"]
     return [f"--type={self.tpu_type}", f"--topology={self.topology}"]

@@ -108,6 +108,7 @@ def job_state(job: str = "train") -> str:
 
 
 def tail(job: str = "train", lines: int = 100, follow: bool = False) -> str:
+  """Prints the last `lines` of a job's log; with `follow`, keeps printing (tail -F)."""
   return f"tail -n {lines}{' -F' if follow else ''} {_dq(f'{LOGS}/{check_job_name(job)}.log')}"
 
 

@@ -12,16 +12,19 @@ from typing import Protocol, TextIO
 
 @dataclasses.dataclass(frozen=True)
 class Result:
+  """Exit status and, when captured, output of one command."""
   returncode: int
   stdout: str = ""
   stderr: str = ""
 
   @property
   def ok(self) -> bool:
+    """Whether the command exited with status 0."""
     return self.returncode == 0
 
 
 class Runner(Protocol):
+  """Anything that runs (or prints) an argv: `Subprocess`, `DryRun`, or a test fake."""
 
   def __call__(self, argv: list[str], *, capture: bool = False) -> Result:
     """Runs argv; with `capture`, returns its output instead of showing it."""
@@ -46,4 +49,5 @@ class DryRun:
     return Result(0)
 
   def comment(self, text: str) -> None:
+    """Prints `# text` between the commands of a dry run."""
     print(f"# {text}", file=self.out or sys.stdout)

@@ -24,6 +24,7 @@ DEAD_QUEUED = {"SUSPENDED", "FAILED", actions.MISSING}    # a queued resource (S
 
 @dataclasses.dataclass(frozen=True)
 class Policy:
+  """How often to poll, how often to restart, and how to back off after failures."""
   poll_seconds: float = 300.0
   max_restarts: int = 20
   backoff_seconds: float = 60.0       # after a failed step, doubling up to max_backoff_seconds
@@ -37,6 +38,7 @@ def _stderr_log(message: str) -> None:
 
 @dataclasses.dataclass
 class Supervisor:
+  """The preemption-restart loop of one job on one slice (or queued resource)."""
   run: Runner
   tpu: gcloud.Slice
   hardware: gcloud.Hardware
@@ -53,6 +55,7 @@ class Supervisor:
 
   @property
   def dead_states(self) -> set[str]:
+    """States that mean the slice must be recreated."""
     return DEAD_QUEUED if self.tpu.queued else DEAD
 
   def supervise(self) -> int:

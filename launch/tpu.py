@@ -83,6 +83,7 @@ def _job_flag() -> argparse.ArgumentParser:
 
 
 def parser() -> argparse.ArgumentParser:
+  """The argument parser of every subcommand."""
   top = argparse.ArgumentParser(prog="python -m launch.tpu", description=__doc__,
                                 usage="python -m launch.tpu SUBCOMMAND NAME [flags] [-- command]",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -212,6 +213,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+  """Entry point of `python -m launch.tpu`; returns the exit code."""
   a = parse(list(sys.argv[1:] if argv is None else argv))
   try:
     return execute(a, DryRun() if a.dry_run else Subprocess())

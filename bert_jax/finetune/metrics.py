@@ -22,6 +22,7 @@ import numpy as np
 
 
 def accuracy(labels, preds) -> float:
+  """Fraction of predictions equal to the labels (0.0 when there are none)."""
   labels, preds = np.asarray(labels), np.asarray(preds)
   return float(np.mean(labels == preds)) if labels.size else 0.0
 
@@ -51,6 +52,7 @@ def matthews_corrcoef(labels, preds) -> float:
 
 
 def pearson(x, y) -> float:
+  """Pearson correlation (STS-B); 0.0 when either side is constant."""
   x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
   x, y = x - x.mean(), y - y.mean()
   denom = np.sqrt((x @ x) * (y @ y))
@@ -95,6 +97,7 @@ _PUNCTUATION = frozenset(string.punctuation)
 
 
 def squad_exact(prediction: str, gold: str) -> float:
+  """1.0 if the normalised texts are equal, else 0.0."""
   return float(normalize_answer(prediction) == normalize_answer(gold))
 
 

@@ -22,6 +22,7 @@ _SPLIT_FILES = {"train": ("train.txt", "eng.train"), "dev": ("dev.txt", "valid.t
 
 @dataclasses.dataclass(frozen=True)
 class NerExample:
+  """One sentence: its words and their NER tags."""
   guid: str
   words: tuple[str, ...]
   tags: tuple[str, ...]

@@ -127,6 +127,7 @@ def is_tfds(source: str) -> bool:
 
 
 def tfds_name(source: str, default: str | None) -> str:
+  """The dataset named by "tfds:<name>", else the task's default."""
   name = source[len("tfds:"):] if ":" in source else default
   if not name:
     raise ValueError("this task has no TFDS dataset; give 'tfds:<name>'")

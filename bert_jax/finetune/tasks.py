@@ -40,10 +40,12 @@ class Task:
 
   @property
   def num_labels(self) -> int:
+    """Outputs of the task's head: 1 for regression, else the number of labels."""
     return 1 if self.kind == "regression" else len(self.label_names)
 
   @property
   def dev_splits(self) -> tuple[str, ...]:
+    """The splits evaluated during finetuning (dev, or dev_matched/dev_mismatched)."""
     return tuple(s for s in self.splits if s.startswith("dev"))
 
   def read(self, split: str, source: str, data_dir: str | None = None) -> list:
