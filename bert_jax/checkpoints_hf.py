@@ -16,8 +16,9 @@ import shutil
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import save_file
 
 from bert_jax import heads
 from bert_jax import model
@@ -28,6 +29,10 @@ IGNORED = ("embeddings.position_ids",)
 TIED = {"cls.predictions.decoder.weight": "embeddings.word_embeddings.weight",
         "cls.predictions.decoder.bias": "cls.predictions.bias"}
 _PREFIX = "bert."
+# safetensors dtype names (its format spec). safetensors.numpy has no bfloat16, a common storage type.
+_SAFETENSORS_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
+                       "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
+                       "BOOL": np.bool_}
 
 
 def _transforms(cfg: model.BertConfig):
@@ -182,11 +187,31 @@ def read_safetensors(path: pathlib.Path) -> dict:
   index = path / "model.safetensors.index.json"
   if index.exists():
     shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    return {k: v for shard in shards for k, v in load_file(str(path / shard)).items()}
+    return {k: v for shard in shards for k, v in load_safetensors(path / shard).items()}
   weights = path / "model.safetensors"
   if not weights.exists():
     raise FileNotFoundError(f"{weights} not found (only safetensors checkpoints are read)")
-  return load_file(str(weights))
+  return load_safetensors(weights)
+
+
+def load_safetensors(file) -> dict:
+  """{name: numpy array} of one .safetensors file, bfloat16 tensors included (as ml_dtypes.bfloat16).
+
+  The format: an 8-byte little-endian header size, a JSON header {name: {dtype, shape, data_offsets}},
+  then the tensors' bytes.
+  """
+  data = memoryview(pathlib.Path(file).read_bytes())  # slices of it are views, not copies
+  size = int.from_bytes(data[:8], "little")
+  header = json.loads(bytes(data[8:8 + size]))
+  header.pop("__metadata__", None)
+  tensors = {}
+  for name, info in header.items():
+    if info["dtype"] not in _SAFETENSORS_DTYPES:
+      raise ValueError(f"{file}: tensor {name} has unsupported dtype {info['dtype']}")
+    start, end = info["data_offsets"]
+    buffer = data[8 + size + start:8 + size + end]
+    tensors[name] = np.frombuffer(buffer, _SAFETENSORS_DTYPES[info["dtype"]]).reshape(info["shape"])
+  return tensors
 
 
 def save_hf(path, cfg: model.BertConfig, params: dict, vocab_file=None) -> None:

@@ -6,6 +6,7 @@ import json
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
@@ -187,6 +188,20 @@ def test_bad_checkpoints_are_errors_naming_the_tensor(tmp_path):
   (tmp_path / "config.json").write_text(json.dumps(cfg.to_hf_dict()))
   _, loaded = checkpoints_hf.load_hf(tmp_path)
   assert set(loaded) == {"bert"}
+
+
+def test_bfloat16_and_float16_safetensors(tmp_path):
+  safetensors_flax = pytest.importorskip("safetensors.flax")
+  cfg, params = tiny_pretraining_params()
+  state = checkpoints_hf.to_state_dict(cfg, params)
+  for dtype in (jnp.bfloat16, jnp.float16):
+    stored = {k: jnp.asarray(v, dtype) for k, v in state.items()}
+    safetensors_flax.save_file(stored, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps(cfg.to_hf_dict()))
+    _, loaded = checkpoints_hf.load_hf(tmp_path)
+    rounded = jax.tree.map(lambda x: np.asarray(x, dtype).astype(np.float32), params)
+    jax.tree.map(np.testing.assert_array_equal, loaded, rounded)
+    assert loaded["bert"]["pooler"]["kernel"].dtype == np.float32
 
 
 def test_sharded_safetensors_directory(tmp_path):
