@@ -118,7 +118,8 @@ def time_report(compiled, chip: Chip, model_flops_per_device: float) -> dict[str
   step_s = max(compute_s, memory_s)
   return {
       "xla_flops": xla_flops, "xla_bytes_accessed": xla_bytes,
-      "xla_optimal_seconds": float(cost.get("optimal_seconds", -1.0)),
+      # XLA's own estimate, when it has one (negative values, seen for v5e, mean none).
+      "xla_optimal_seconds": optimal if (optimal := float(cost.get("optimal_seconds", -1.0))) > 0 else None,
       "model_flops": model_flops_per_device, "loop_factor": loop_factor,
       "peak_flops": peak, "hbm_bandwidth": bandwidth,
       "compute_seconds": compute_s, "memory_seconds": memory_s, "step_seconds": step_s,
