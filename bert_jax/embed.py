@@ -32,7 +32,8 @@ _INPUT = flags.DEFINE_string("input", None,
                              allow_override=True)
 _OUTPUT = flags.DEFINE_string("output", None, "Output .npz file.")
 _VOCAB = flags.DEFINE_string("vocab", None, "Vocabulary for text input; default: the checkpoint's vocab.txt.")
-_DO_LOWER_CASE = flags.DEFINE_bool("do_lower_case", True, "Lowercase text input (uncased models).",
+_DO_LOWER_CASE = flags.DEFINE_bool("do_lower_case", True, "Lowercase text input (uncased models); default: "
+                                   "the checkpoint's tokenizer_config.json if it says, else True.",
                                    allow_override=True)
 _MAX_LENGTH = flags.DEFINE_integer("max_length", None, "Truncate text input; default max_position_embeddings.")
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 8, "Examples per forward pass.")
@@ -103,13 +104,20 @@ def embed_examples(cfg: model.BertConfig, params, examples, batch_size: int = 8)
   return arrays
 
 
+def checkpoint_lower_case(checkpoint, default: bool = True) -> bool:
+  """`do_lower_case` of a Hugging Face directory's tokenizer_config.json (cased models say False)."""
+  path = pathlib.Path(checkpoint) / "tokenizer_config.json"
+  return bool(json.loads(path.read_text()).get("do_lower_case", default)) if path.exists() else default
+
+
 def _tokenizer():
   """The --vocab tokenizer, else the checkpoint's vocab.txt if any (input_ids input needs none)."""
   vocab = _VOCAB.value or pathlib.Path(_CHECKPOINT.value) / "vocab.txt"
   if _VOCAB.value is None and not vocab.exists():
     return None
   from bert_jax import tokenizer  # pylint: disable=g-import-not-at-top
-  return tokenizer.load_tokenizer(str(vocab), do_lower_case=_DO_LOWER_CASE.value)
+  lower = _DO_LOWER_CASE.value if _DO_LOWER_CASE.present else checkpoint_lower_case(_CHECKPOINT.value)
+  return tokenizer.load_tokenizer(str(vocab), do_lower_case=lower)
 
 
 def main(argv) -> None:

@@ -83,3 +83,9 @@ def test_embed_examples_match_unpadded_forward_near_the_position_limit():
     ref = alone(params, ids[None], types[None])
     np.testing.assert_allclose(arrays[f"hidden_states_{i}"], ref["hidden_states"][:, 0], atol=1e-5)
     np.testing.assert_allclose(arrays[f"pooler_output_{i}"], ref["pooled_output"][0], atol=1e-5)
+
+
+def test_lower_casing_follows_the_checkpoints_tokenizer_config(tmp_path):
+  assert embed.checkpoint_lower_case(tmp_path)  # no tokenizer_config.json: uncased, as BERT's default
+  (tmp_path / "tokenizer_config.json").write_text('{"do_lower_case": false, "model_max_length": 512}')
+  assert not embed.checkpoint_lower_case(tmp_path)
