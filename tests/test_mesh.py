@@ -14,6 +14,7 @@ def _config(data=-1, fsdp=1, tensor=1):
   c = tiny.get_config()
   c.model.vocab_size, c.model.hidden_size, c.model.intermediate_size = 256, 32, 64
   c.model.max_position_embeddings = c.data.seq_length = 32
+  c.model.hidden_dropout = c.model.attention_dropout = 0.1   # BERT's; the dropout key is then used
   c.data.max_predictions_per_seq = 5
   c.global_batch_size = 16
   c.mesh.data, c.mesh.fsdp, c.mesh.tensor = data, fsdp, tensor
