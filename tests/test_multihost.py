@@ -56,9 +56,11 @@ def _launch_pair(data_dir, workdir, steps) -> list[dict]:
       if p.poll() is None:
         p.kill()
         p.wait()
+  # One failing process leaves the other waiting in a collective: show the end of both outputs.
+  assert [p.returncode for p in procs] == [0, 0], "\n\n".join(
+      f"process {i} (exit {p.returncode}):\n{out[-2000:]}" for i, (p, out) in enumerate(zip(procs, outputs)))
   results = []
-  for p, out in zip(procs, outputs):
-    assert p.returncode == 0, out[-3000:]
+  for out in outputs:
     results.append(json.loads(next(l for l in out.splitlines() if l.startswith("RESULT "))[len("RESULT "):]))
   return results
 
