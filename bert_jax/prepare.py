@@ -37,6 +37,7 @@ import numpy as np
 
 from bert_jax import corpus
 from bert_jax import tokenizer as tokenization
+from bert_jax import vocab_training
 
 _INPUT = flags.DEFINE_string("input", None,
                              "Corpus spec: file/glob/dir, tfds:name:split:key or embedded:shakespeare.")
@@ -183,11 +184,11 @@ def _ensure_tokenizer(spec, output_dir, vocab_file, do_lower_case, vocab_size, v
   sample = _sample_sentences(spec, data_dir, text_key, sample_sentences)
   if vocab_model == "wordpiece":
     tmp = os.path.join(output_dir, tokenization.VOCAB_FILE + ".tmp")
-    tokenization.train_wordpiece(sample, vocab_size, tmp, do_lower_case=do_lower_case)
+    vocab_training.train_wordpiece(sample, vocab_size, tmp, do_lower_case=do_lower_case)
     os.replace(tmp, os.path.join(output_dir, tokenization.VOCAB_FILE))
     return os.path.join(output_dir, tokenization.VOCAB_FILE)
   prefix = os.path.join(output_dir, "spm.tmp")
-  tokenization.train_sentencepiece(sample, prefix, vocab_size, vocab_model, do_lower_case=do_lower_case)
+  vocab_training.train_sentencepiece(sample, prefix, vocab_size, vocab_model, do_lower_case=do_lower_case)
   os.replace(prefix + ".model", os.path.join(output_dir, tokenization.SPM_FILE))
   os.remove(prefix + ".vocab")
   return os.path.join(output_dir, tokenization.SPM_FILE)

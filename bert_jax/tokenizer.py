@@ -1,4 +1,4 @@
-"""WordPiece and SentencePiece tokenizers, the special tokens, and vocabulary training.
+"""WordPiece and SentencePiece tokenizers and the special tokens.
 
 WordPiece follows google-research/bert `tokenization.py` and Hugging Face `BertTokenizer` exactly
 (clean text, split CJK ideographs, lowercase + strip accents when uncased, split punctuation, greedy
@@ -7,13 +7,12 @@ longest-match-first with `##`, words over 100 characters -> [UNK]). `basic_token
 them through `tensorflow_text.FastBertTokenizer` (LinMaxMatch, Song et al. 2021), after cheap
 rewrites where the two would differ (`_fast_form`); the rare text it cannot rewrite takes the
 Python path. Tests hold both paths to Hugging Face's ids and to each other.
+Vocabularies are trained by `bert_jax.vocab_training`.
 
     tok = load_tokenizer("vocab.txt")                 # or "spm.model", or a directory holding one
     ids, segment_ids = tok.encode_pair("A b.", "C d.", max_length=128)
 """
 
-import collections
-import heapq
 import os
 import re
 import shutil
@@ -401,127 +400,3 @@ def _localize(path: str) -> str:
   for name in names:
     gfile.copy(name, os.path.join(local, os.path.basename(name.rstrip("/"))), overwrite=True)
   return local if len(names) != 1 or gfile.isdir(path) else os.path.join(local, os.path.basename(path))
-
-
-# ---------------------------------------------------------------------------------------------
-# Vocabulary training.
-
-
-def train_sentencepiece(files_or_iter, out_prefix: str, vocab_size: int, model_type: str = "unigram",
-                        do_lower_case: bool = True, character_coverage: float = 0.9999,
-                        input_sentence_size: int = 2_000_000) -> str:
-  """Trains a SentencePiece model with [PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4.
-
-  Args:
-    files_or_iter: text file paths (one sentence per line) or an iterable of sentences.
-    model_type: "unigram" or "bpe".
-  Returns:
-    the path of the `.model` file.
-  """
-  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
-
-  kwargs = dict(
-      model_prefix=out_prefix, vocab_size=vocab_size, model_type=model_type,
-      character_coverage=character_coverage, input_sentence_size=input_sentence_size,
-      shuffle_input_sentence=True, pad_id=0, unk_id=1, bos_id=-1, eos_id=-1,
-      pad_piece=PAD, unk_piece=UNK, control_symbols=[CLS, SEP, MASK],
-      # Lowercasing happens in the tokenizer, so the model only sees what it will be given.
-      normalization_rule_name="nmt_nfkc", hard_vocab_limit=False, minloglevel=2)
-  if isinstance(files_or_iter, (list, tuple)) and files_or_iter and all(
-      isinstance(f, (str, os.PathLike)) and os.path.isfile(f) for f in files_or_iter):
-    if do_lower_case:
-      files_or_iter = (line.rstrip("\n") for f in files_or_iter for line in open(f, encoding="utf-8"))
-    else:
-      spm.SentencePieceTrainer.train(input=[str(f) for f in files_or_iter], **kwargs)
-      return out_prefix + ".model"
-  lower = str.lower if do_lower_case else (lambda s: s)
-  sentences = (lower(s) for s in files_or_iter if s.strip())
-  spm.SentencePieceTrainer.train(sentence_iterator=sentences, **kwargs)
-  return out_prefix + ".model"
-
-
-_ASCII_WORD_RE = re.compile(r"[A-Za-z0-9]+|[!-/:-@\[-`{-~]")  # BERT's words, for printable ASCII
-
-
-def _count_words(texts: Iterable[str], do_lower_case: bool) -> collections.Counter:
-  """Counts of `basic_tokenize` words; printable ASCII (the bulk of most corpora) by one regex."""
-  counts = collections.Counter()
-  for text in texts:
-    if text.isascii() and text.isprintable():
-      counts.update(_ASCII_WORD_RE.findall(text.lower() if do_lower_case else text))
-    else:
-      counts.update(basic_tokenize(text, do_lower_case))
-  return counts
-
-
-def _learn_wordpiece(counts: dict, vocab_size: int, min_count: int, max_alphabet: int) -> list[str]:
-  """BPE merges over word pieces, continuation pieces marked `##` (as Hugging Face's WordPiece
-  trainer): start from characters, repeatedly add the most frequent adjacent pair as one piece."""
-  alphabet = collections.Counter()
-  for word, count in counts.items():
-    alphabet.update({c: count for c in word})
-  chars = {c for c, _ in alphabet.most_common(max_alphabet)}
-  words = [([w[0]] + ["##" + c for c in w[1:]], n) for w, n in counts.items() if set(w) <= chars]
-  vocab = list(SPECIAL_TOKENS) + sorted({p for pieces, _ in words for p in pieces} - set(SPECIAL_TOKENS))
-  pair_counts, where = collections.Counter(), collections.defaultdict(set)
-  for i, (pieces, n) in enumerate(words):
-    for pair in zip(pieces, pieces[1:]):
-      pair_counts[pair] += n
-      where[pair].add(i)
-  heap = [(-n, pair) for pair, n in pair_counts.items()]
-  heapq.heapify(heap)
-  while heap and len(vocab) < vocab_size:
-    n, pair = heapq.heappop(heap)
-    if -n != pair_counts.get(pair):
-      continue  # stale entry: the count changed since it was pushed
-    if -n < min_count:
-      break
-    merged = pair[0] + pair[1][2:]
-    vocab.append(merged)
-    changed = set()
-    for i in where.pop(pair):
-      pieces, count = words[i]
-      new = _merge_pair(pieces, pair, merged)
-      for old_pair in zip(pieces, pieces[1:]):
-        pair_counts[old_pair] -= count
-        changed.add(old_pair)
-      for new_pair in zip(new, new[1:]):
-        pair_counts[new_pair] += count
-        where[new_pair].add(i)
-        changed.add(new_pair)
-      words[i] = (new, count)
-    del pair_counts[pair]
-    for p in changed - {pair}:
-      heapq.heappush(heap, (-pair_counts[p], p))
-  return vocab
-
-
-def _merge_pair(pieces: list[str], pair: tuple[str, str], merged: str) -> list[str]:
-  out, i = [], 0
-  while i < len(pieces):
-    if i + 1 < len(pieces) and pieces[i] == pair[0] and pieces[i + 1] == pair[1]:
-      out.append(merged)
-      i += 2
-    else:
-      out.append(pieces[i])
-      i += 1
-  return out
-
-
-def train_wordpiece(texts: Iterable[str], vocab_size: int, out_file: str | None = None,
-                    do_lower_case: bool = True, min_count: int = 2, max_alphabet: int = 1000) -> str:
-  """Learns a WordPiece vocabulary of at most `vocab_size` (specials first: [PAD]=0 ... [MASK]=4).
-
-  Words are counted after the same `basic_tokenize` the tokenizer applies; pieces are then merged
-  BPE-style (`_learn_wordpiece`) until the vocabulary is full or no pair occurs `min_count` times.
-  Characters outside the `max_alphabet` most frequent ones are left out (they become [UNK]).
-
-  Returns:
-    the path of the written vocab file.
-  """
-  vocab = _learn_wordpiece(_count_words(texts, do_lower_case), vocab_size, min_count, max_alphabet)
-  if out_file is None:
-    out_file = os.path.join(tempfile.mkdtemp(prefix="wordpiece-"), VOCAB_FILE)
-  with open(out_file, "w", encoding="utf-8") as f:
-    f.write("".join(t + "\n" for t in vocab))
-  return out_file

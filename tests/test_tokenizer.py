@@ -12,6 +12,7 @@ import pytest
 
 from bert_jax import corpus
 from bert_jax import tokenizer as T
+from bert_jax import vocab_training as V
 from conftest import shared_path
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -172,7 +173,7 @@ def play_sentences():
 
 @pytest.mark.parametrize("model_type", ["unigram", "bpe"])
 def test_train_sentencepiece(tmp_path, play_sentences, model_type):
-  model = T.train_sentencepiece(play_sentences, str(tmp_path / "spm"), 400, model_type)
+  model = V.train_sentencepiece(play_sentences, str(tmp_path / "spm"), 400, model_type)
   tok = T.load_tokenizer(tmp_path)
   assert isinstance(tok, T.SentencePieceTokenizer) and model.endswith("spm.model")
   assert tok.vocab_size == 400
@@ -191,7 +192,7 @@ def test_train_sentencepiece(tmp_path, play_sentences, model_type):
 
 def test_train_wordpiece(tmp_path, play_sentences):
   sample = play_sentences[:1500]
-  path = T.train_wordpiece(sample, 300, str(tmp_path / "vocab.txt"))
+  path = V.train_wordpiece(sample, 300, str(tmp_path / "vocab.txt"))
   lines = (tmp_path / "vocab.txt").read_text(encoding="utf-8").splitlines()
   assert lines[:5] == SPECIALS
   assert 250 <= len(lines) <= 300
@@ -205,13 +206,13 @@ def test_train_wordpiece(tmp_path, play_sentences):
 
 def test_wordpiece_learner_merges_most_frequent_pairs():
   counts = {"low": 5, "lower": 2, "newest": 6, "widest": 3}  # Sennrich et al. 2016's example
-  vocab = T._learn_wordpiece(counts, 100, min_count=2, max_alphabet=1000)
+  vocab = V._learn_wordpiece(counts, 100, min_count=2, max_alphabet=1000)
   alphabet = {"l", "n", "w", "##o", "##w", "##e", "##r", "##s", "##t", "##i", "##d"}
   assert vocab[:5] == SPECIALS and set(vocab[5:5 + len(alphabet)]) == alphabet
   first_merges = vocab[5 + len(alphabet):5 + len(alphabet) + 4]
   assert first_merges == ["##es", "##est", "##ow", "low"]  # ties: the smaller pair first
   assert len(vocab) == len(set(vocab)) and "newest" in vocab  # merged while pairs occur twice or more
-  assert T._count_words(["Hello, World!! 3.14 caf\u00e9"], True) == {
+  assert V._count_words(["Hello, World!! 3.14 caf\u00e9"], True) == {
       "hello": 1, ",": 1, "world": 1, "!": 2, "3": 1, ".": 1, "14": 1, "cafe": 1}
 
 
