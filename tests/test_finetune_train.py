@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from bert_jax import checkpointing
+from bert_jax.finetune import init as finetune_init
 from bert_jax.finetune import trainer
 from configs.finetune import sst2
 from conftest import shared_path
@@ -97,8 +98,8 @@ def test_finetune_learns_then_two_stage_feature_based(data_dir, tmp_path):
   # Second stage from the first's best/: its encoder, frozen, under a new scalar mix and classifier.
   second = tiny_config(data_dir)
   second.init_checkpoint, second.vocab_file = str(tmp_path / "first" / "best"), ""
-  assert trainer.detect_format(second.init_checkpoint) == "bert_jax"
-  assert trainer.load_tokenizer(second).encode("good movie") == [5, 12]  # the copy in the workdir
+  assert finetune_init.detect_format(second.init_checkpoint) == "bert_jax"
+  assert finetune_init.load_tokenizer(second).encode("good movie") == [5, 12]  # the copy in the workdir
   second.scalar_mix = second.freeze_encoder = True
   second.num_epochs, second.learning_rate = 1, 1e-2
   results = trainer.finetune(second, str(tmp_path / "second"))

@@ -37,8 +37,7 @@ from bert_jax import heads
 from bert_jax import model as model_lib
 from bert_jax import optimizer as optimizer_lib
 from bert_jax import sharding
-from bert_jax import tokenizer as tokenizer_lib
-from bert_jax import train
+from bert_jax.finetune import init
 from bert_jax.finetune import scalar_mix
 from bert_jax.finetune import tasks as tasks_lib
 
@@ -49,64 +48,7 @@ PER_TRIAL = ("learning_rate", "seed")
 
 
 # ------------------------------------------------------------------------------------------------
-# Initial encoder: Hugging Face directory, Google TF checkpoint, bert_jax (pretrained or finetuned).
-
-
-def detect_format(path: str) -> str:
-  """"hf" (config.json + weights), "tf" (a `*.ckpt` prefix or a directory holding one) or "bert_jax"."""
-  if os.path.isfile(os.path.join(path, "config.json")) and not os.path.isfile(os.path.join(path, "bert_config.json")):
-    return "hf"
-  if os.path.isfile(path + ".index") or (os.path.isdir(path) and any(f.endswith(".ckpt.index")
-                                                                      for f in os.listdir(path))):
-    return "tf"
-  return "bert_jax"
-
-
-def _bert_jax_config(config: Config, path: str) -> model_lib.BertConfig:
-  candidates = [config.bert_config_json] + [os.path.join(d, "bert_config.json")
-                                            for d in (path, os.path.dirname(path.rstrip("/")))]
-  for c in candidates:
-    if c and os.path.isfile(c):
-      with open(c) as f:
-        return model_lib.BertConfig.from_hf_dict(json.load(f))
-  return train.bert_config(config)
-
-
-def load_encoder(config: Config) -> tuple[model_lib.BertConfig, dict | None]:
-  """(BertConfig, encoder params as host arrays, or None without `init_checkpoint`)."""
-  path = config.init_checkpoint
-  if not path:
-    cfg, params = train.bert_config(config), None  # `config.model`: a preset and the fields set
-  else:
-    fmt = detect_format(path) if config.init_checkpoint_format == "auto" else config.init_checkpoint_format
-    if fmt == "hf":
-      from bert_jax import checkpoints_hf  # pylint: disable=g-import-not-at-top
-      cfg, params = checkpoints_hf.load_hf(path)
-    elif fmt == "tf":
-      from bert_jax import checkpoints_tf  # pylint: disable=g-import-not-at-top
-      cfg, params = checkpoints_tf.load_tf(path, config.bert_config_json or None)
-    elif fmt in ("bert_jax", "finetuned"):
-      # A finetuned workdir's `best/` holds {"params": {"bert", <head>}}: only the encoder is kept.
-      cfg, params = _bert_jax_config(config, path), checkpointing.restore_params(path)
-    else:
-      raise ValueError(f"init_checkpoint_format {fmt!r}: use auto, hf, tf, bert_jax or finetuned")
-    params = params.get("bert", params)
-    # Either layout in, the configured layout out (both functions leave the other layout unchanged).
-    params = model_lib.scan_params(params) if config.scan_layers else model_lib.unscan_params(params)
-  dropout = {k: config.model[k] for k in ("hidden_dropout", "attention_dropout") if config.model.get(k) is not None}
-  cfg = dataclasses.replace(cfg, dtype=config.dtype, scan_layers=config.scan_layers, **dropout)
-  return cfg, params
-
-
-def load_tokenizer(config: Config):
-  path = config.vocab_file or config.init_checkpoint
-  if not path:
-    raise ValueError("set config.vocab_file (or init_checkpoint, whose directory holds the vocabulary)")
-  if not config.vocab_file and detect_format(path) == "tf" and not os.path.isdir(path):
-    path = os.path.dirname(path)
-  if os.path.isdir(path) and not any(f == "vocab.txt" or f.endswith(".model") for f in os.listdir(path)):
-    path = os.path.dirname(path.rstrip("/"))  # a finetuned `best/`: the tokenizer is in its workdir
-  return tokenizer_lib.load_tokenizer(path, config.do_lower_case)
+# Model: the encoder (its initial weights come from `init.load_encoder`) and one task head.
 
 
 def build_model(bert_cfg: model_lib.BertConfig, task, config: Config) -> nn.Module:
@@ -421,8 +363,8 @@ def finetune_trials(configs: list, workdirs: list, *, max_epochs: int | None = N
   _check_group(configs)
   config = configs[0]
   task = tasks_lib.get_task(config.task, **config.task_opts)
-  bert_cfg, encoder_params = load_encoder(config)
-  tokenizer = load_tokenizer(config)
+  bert_cfg, encoder_params = init.load_encoder(config)
+  tokenizer = init.load_tokenizer(config)
   train_features = _load_split(task, config.train_split, config, tokenizer, config.max_train_examples).features
   dev = _load_split(task, config.eval_split or task.dev_splits[0], config, tokenizer, config.max_eval_examples)
   mesh = sharding.create_mesh(config.mesh)
