@@ -8,25 +8,9 @@
 import os
 import sys
 
+from bert_jax import config_path
 
-def _put_config_root_on_path(argv: list[str]) -> None:
-  """Config files do `from configs import common`: make `configs/`'s parent (and the cwd) importable.
-
-  Runs at import, before absl parses --config (which executes the config file).
-  """
-  roots = [os.getcwd()]
-  for i, arg in enumerate(argv):
-    value = arg.split("=", 1)[1] if arg.startswith("--config=") else (
-        argv[i + 1] if arg == "--config" and i + 1 < len(argv) else None)
-    if value:
-      path = os.path.abspath(value.split(":", 1)[0])
-      roots.append(os.path.dirname(os.path.dirname(path)))
-  for root in roots:
-    if root not in sys.path:
-      sys.path.insert(0, root)
-
-
-_put_config_root_on_path(sys.argv)
+config_path.put_config_root_on_path(sys.argv)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")   # TensorFlow (data, summaries): no INFO chatter
 
 # pylint: disable=g-import-not-at-top,wrong-import-position

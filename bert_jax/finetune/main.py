@@ -8,21 +8,11 @@ The results (best dev metric, its step, wall time) are printed as JSON and writt
 """
 
 import json
-import os
 import sys
 
+from bert_jax import config_path
 
-def _put_config_root_on_path(argv: list[str]) -> None:
-  """Config files do `from configs import ...`: make the cwd and `configs/`'s parent importable
-  (before absl parses --config, which executes the file)."""
-  roots = [os.getcwd()]
-  for arg in argv:
-    if arg.startswith("--config="):
-      roots.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(arg[9:].split(":")[0])))))
-  sys.path[:0] = [r for r in roots if r not in sys.path]
-
-
-_put_config_root_on_path(sys.argv)
+config_path.put_config_root_on_path(sys.argv)
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import app
