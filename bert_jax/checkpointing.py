@@ -1,12 +1,14 @@
 """Checkpoints of the train state and the data iterator, with orbax: async, keep-K, resume, preemption.
 
-A checkpoint is `<dir>/<step>/{state, data}`: `state` the (sharded) TrainState, `data` the input
-iterator's state as JSON, so a resumed run continues with the very next batch. Orbax writes every save
+A checkpoint is `<dir>/<step>/{state, data}`: `state` the (sharded) TrainState, `data` every host's
+input iterator state as JSON (`{"hosts": [...]}`, in process order), so a resumed run continues with the
+very next batch on every host. Orbax writes every save
 into a temporary directory and renames it when complete: a save interrupted mid-write is never listed,
 so it can never become the latest step.
 """
 
 import base64
+import json
 import os
 import signal
 from typing import Any
@@ -29,6 +31,21 @@ def _decode(item: dict) -> Any:
   return base64.b64decode(item["b64"]) if "b64" in item else item["json"]
 
 
+def _gather_from_hosts(item: dict) -> list[dict]:
+  """Every host's JSON item, in process order (a collective: all hosts call it at the same step).
+
+  Each host reads its own share of the data, so each has its own iterator position to save.
+  """
+  if jax.process_count() == 1:
+    return [item]
+  encoded = np.frombuffer(json.dumps(item).encode("utf-8"), np.uint8)
+  longest = int(np.max(multihost_utils.process_allgather(np.array([encoded.size], np.int32))))
+  padded = np.zeros(longest, np.uint8)
+  padded[:encoded.size] = encoded
+  rows = np.asarray(multihost_utils.process_allgather(padded)).reshape(jax.process_count(), longest)
+  return [json.loads(bytes(row).rstrip(b"\0").decode("utf-8")) for row in rows]
+
+
 class Checkpointer:
   """`CheckpointManager` for items `state` (pytree) and `data` (JSON) under `directory`."""
 
@@ -44,7 +61,8 @@ class Checkpointer:
     """Starts saving (returns before the write ends when async); False if `step` is already saved."""
     if step in self.manager.all_steps():
       return False
-    args = ocp.args.Composite(state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(_encode(data_state)))
+    hosts = _gather_from_hosts(_encode(data_state))
+    args = ocp.args.Composite(state=ocp.args.StandardSave(state), data=ocp.args.JsonSave({"hosts": hosts}))
     return self.manager.save(step, args=args, force=True)
 
   def restore(self, abstract_state: Any, step: int | None = None) -> tuple[Any, Any]:
@@ -54,7 +72,11 @@ class Checkpointer:
       raise FileNotFoundError(f"no checkpoint in {self.directory}")
     args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore())
     restored = self.manager.restore(step, args=args)
-    return restored.state, _decode(restored.data)
+    hosts = restored.data["hosts"]
+    if len(hosts) != jax.process_count():
+      raise ValueError(f"checkpoint {self.directory}/{step} was written by {len(hosts)} hosts; this job has "
+                       f"{jax.process_count()}: the data position of each host cannot be carried over")
+    return restored.state, _decode(hosts[jax.process_index()])
 
   def wait(self) -> None:
     self.manager.wait_until_finished()
