@@ -24,9 +24,9 @@ from typing import Any
 from absl import flags
 from ml_collections import config_flags
 
-# Config files do `from configs import common`: run from the repository root, it must be importable.
-if os.getcwd() not in sys.path:
-  sys.path.insert(0, os.getcwd())
+from bert_jax import config_path
+
+config_path.put_config_root_on_path(sys.argv)   # config files do `from configs import common`
 
 GiB = 2**30
 

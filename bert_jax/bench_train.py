@@ -15,7 +15,6 @@ few large float32 matmuls. Batches are synthetic (random ids, 15% masked, packed
 """
 
 import json
-import os
 import statistics
 import sys
 import time
@@ -31,9 +30,9 @@ from bert_jax import flops
 from bert_jax import sharding
 from bert_jax import train
 
-# Config files do `from configs import common`: run from the repository root, it must be importable.
-if os.getcwd() not in sys.path:
-  sys.path.insert(0, os.getcwd())
+from bert_jax import config_path
+
+config_path.put_config_root_on_path(sys.argv)   # config files do `from configs import common`
 
 # Hugging Face's figures for the comparison model on this kind of machine (module docstring).
 HF_SECONDS_PER_STEP = {"flax": 1.81, "torch": 1.88}

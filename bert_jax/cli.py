@@ -38,6 +38,9 @@ def main(argv=None) -> None:
     print(f"bert-jax: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
     sys.exit(2)
   from absl import app, flags  # pylint: disable=g-import-not-at-top
+  from bert_jax import config_path  # pylint: disable=g-import-not-at-top
+
+  config_path.put_config_root_on_path(rest)  # configs import `configs.common`, from any working directory
 
   module = importlib.import_module(SUBCOMMANDS[name][0])
   # `--help` describes the key flags of the module named sys.argv[0]: make it the command's flags.
