@@ -174,3 +174,39 @@ def test_loss_sums_of_every_task_kind():
                                     "end_logits": np.array([[0.0, 0.0, 50.0, 0.0]], np.float32)},
                            {"start_positions": np.array([1]), "end_positions": np.array([2])})
   assert float(span["weight"]) == 1 and float(span["loss_sum"]) == pytest.approx(0.5 * ln(4), abs=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task, sample, metric", [("squad_v1", "squad.json", "f1"),
+                                                  ("conll2003", "conll2003.txt", "f1")])
+def test_span_and_tagging_tasks_train_end_to_end(tmp_path, task, sample, metric):
+  """SQuAD and CoNLL through the whole loop on the real format samples: train, evaluate, predict."""
+  from configs.finetune import conll2003, squad_v1  # pylint: disable=import-outside-toplevel
+  c = {"squad_v1": squad_v1, "conll2003": conll2003}[task].get_config()
+  # One file serves as train and dev; the samples are repeated so that a batch spans the 8 devices.
+  text = shared_path("tasks", "format_samples", sample).read_text(encoding="utf-8")
+  if task == "squad_v1":
+    squad = json.loads(text)
+    squad["data"] = [dict(article, title=f"{article['title']}_{i}") for i in range(4) for article in squad["data"]]
+    text = json.dumps(squad)
+  else:
+    text = "\n".join([text.rstrip("\n")] * 4) + "\n"
+  (tmp_path / sample).write_text(text, encoding="utf-8")
+  c.data_dir = str(tmp_path / sample)
+  c.vocab_file = str(shared_path("minilm", "vocab.txt"))
+  c.model.preset = "tiny"
+  c.model.max_position_embeddings = 128
+  c.max_seq_length = 128
+  if task == "squad_v1":
+    c.task_opts.doc_stride = 64
+  c.batch_size = 8
+  c.learning_rate = 1e-3
+  c.num_epochs = 2
+  c.log_every_steps = 1
+  workdir = tmp_path / "run"
+  results = trainer.finetune(c, str(workdir))
+  assert results["finished"] and results["step"] > 0
+  assert 0.0 <= results["best_metrics"][metric] <= 1.0
+  assert any(name.startswith("predictions") for name in os.listdir(workdir))
+  losses = [r["train/loss"] for r in _read_jsonl(workdir / "metrics.jsonl") if "train/loss" in r]
+  assert losses and all(np.isfinite(losses))
