@@ -304,11 +304,7 @@ class WordPieceTokenizer(_Tokenizer):
     return self._fast[ascii_only]
 
   def save(self, directory: str) -> str:
-    os.makedirs(directory, exist_ok=True)
-    dest = os.path.join(directory, VOCAB_FILE)
-    if os.path.abspath(dest) != os.path.abspath(self.vocab_file):
-      shutil.copyfile(self.vocab_file, dest)
-    return dest
+    return _copy_into(directory, self.vocab_file, VOCAB_FILE)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -362,11 +358,16 @@ class SentencePieceTokenizer(_Tokenizer):
     return token.startswith("\u2581")
 
   def save(self, directory: str) -> str:
-    os.makedirs(directory, exist_ok=True)
-    dest = os.path.join(directory, SPM_FILE)
-    if os.path.abspath(dest) != os.path.abspath(self.model_file):
-      shutil.copyfile(self.model_file, dest)
-    return dest
+    return _copy_into(directory, self.model_file, SPM_FILE)
+
+
+def _copy_into(directory: str, source: str, name: str) -> str:
+  """Copies a tokenizer's file into `directory` as `name` (`save` of both tokenizers); returns the copy."""
+  os.makedirs(directory, exist_ok=True)
+  dest = os.path.join(directory, name)
+  if os.path.abspath(dest) != os.path.abspath(source):
+    shutil.copyfile(source, dest)
+  return dest
 
 
 def load_tokenizer(path: str, do_lower_case: bool = True):
