@@ -64,19 +64,36 @@ def scale_by_adam(b1: float, b2: float, eps: float, bias_correction: bool = True
   return optax.GradientTransformation(init_fn, update_fn)
 
 
-_NO_DECAY_NAMES = ("bias", "scale")   # biases and LayerNorm's scale (flax names it "scale")
+def path_names(path) -> list[str]:
+  """The dict keys and attribute names along a tree path, less the `.value` of boxed (partitioned)
+  params; a dict key "value" (the attention's value projection) stays."""
+  names = []
+  for k in path:
+    if isinstance(k, jax.tree_util.DictKey):
+      names.append(str(k.key))
+    elif isinstance(k, jax.tree_util.GetAttrKey) and k.name != "value":
+      names.append(k.name)
+  return names
+
+
+def _decays(names: list[str]) -> bool:
+  """google-research/bert `_do_use_weight_decay`: no decay where the name matches "LayerNorm",
+  "layer_norm" or "bias" anywhere (a substring search over the whole variable name).
+
+  On our names: any key containing "bias" (`bias`, the MLM head's `output_bias`) or naming a layer
+  norm in any spelling ("LayerNorm", "layer_norm", "layernorm"), which takes LayerNorm's `scale` too.
+  A leaf named `scale` outside a layer norm is exempt as well: the reference has none, and ours is the
+  gamma of finetune/scalar_mix.py, a multiplier like LayerNorm's.
+  """
+  lowered = [n.lower() for n in names]
+  if lowered and lowered[-1] == "scale":
+    return False
+  return not any("bias" in n or "layernorm" in n.replace("_", "") for n in lowered)
 
 
 def decay_mask(params: Any) -> Any:
-  """True where weight decay applies: not biases, not LayerNorm parameters (as google-research/bert)."""
-
-  def decays(path, _):
-    keys = [str(getattr(k, "key", getattr(k, "name", ""))) for k in path]
-    keys = [k for k in keys if k and k != "value"]   # skip the `.value` of boxed (partitioned) params
-    in_layer_norm = any("layernorm" in k.lower().replace("_", "") for k in keys)
-    return not (in_layer_norm or (keys and keys[-1] in _NO_DECAY_NAMES))
-
-  return jax.tree_util.tree_map_with_path(decays, params)
+  """True where weight decay applies (`_decays` of the parameter's path)."""
+  return jax.tree_util.tree_map_with_path(lambda path, _: _decays(path_names(path)), params)
 
 
 def create_optimizer(opt_config) -> optax.GradientTransformation:

@@ -8,7 +8,8 @@ import numpy as np
 import optax
 import pytest
 
-from bert_jax import optimizer
+from bert_jax import heads, model, optimizer
+from bert_jax.finetune import scalar_mix
 from configs import common
 
 
@@ -96,6 +97,47 @@ def test_decay_mask_excludes_layer_norm_and_biases():
   assert mask == {"dense": {"kernel": True, "bias": False}, "layer_norm": {"scale": False, "bias": False}}
   boxed = {"mlm": {"layer_norm": {"scale": jnp.ones(2)}, "transform": {"kernel": jnp.ones((2, 2))}}}
   assert jax.tree.leaves(optimizer.decay_mask(boxed)) == [False, True]
+  # google-research/bert matches "bias", "LayerNorm" and "layer_norm" anywhere in the name.
+  names = {"output_bias": 0, "LayerNorm": {"gamma": 0}, "attention": {"value": {"kernel": 0}}}
+  assert optimizer.decay_mask(names) == {"output_bias": False, "LayerNorm": {"gamma": False},
+                                         "attention": {"value": {"kernel": True}}}
+
+
+_ENCODER_DECAYED = [
+    "bert/embeddings/position_embeddings/embedding", "bert/embeddings/token_type_embeddings/embedding",
+    "bert/embeddings/word_embeddings/embedding",
+    *(f"bert/encoder/layer_0/{m}/kernel" for m in ("attention/key", "attention/out", "attention/query",
+                                                    "attention/value", "intermediate", "output")),
+    "bert/pooler/kernel"]
+
+
+def _head_models(cfg):
+  """Every model with a head: pretraining (heads.py) and finetuning (heads.py, finetune/scalar_mix.py)."""
+  ids = jnp.zeros((1, 8), jnp.int32)
+  pretraining = ({"input_ids": ids, "input_mask": ids, "segment_ids": ids,
+                  "masked_lm_positions": jnp.zeros((1, 2), jnp.int32)},)
+  finetuning = (ids, ids, ids)
+  return {
+      "pretraining": (heads.BertForPreTraining(cfg), pretraining, ["mlm/transform/kernel", "nsp/kernel"]),
+      "pretraining_no_nsp": (heads.BertForPreTraining(cfg, use_nsp=False), pretraining, ["mlm/transform/kernel"]),
+      "sequence": (heads.BertForSequenceClassification(cfg, 3), finetuning, ["classifier/kernel"]),
+      "token": (heads.BertForTokenClassification(cfg, 5), finetuning, ["classifier/kernel"]),
+      "qa": (heads.BertForQuestionAnswering(cfg), finetuning, ["qa_outputs/kernel"]),
+      **{f"scalar_mix_{kind}": (scalar_mix.ScalarMixModel(cfg, kind, 3), finetuning,
+                                ["scalar_mix/weights", f"{head}/kernel"])
+         for kind, head in (("classification", "classifier"), ("token_classification", "classifier"),
+                            ("span", "qa_outputs"))},
+  }
+
+
+def test_only_kernels_and_embeddings_of_every_head_decay():
+  cfg = model.BertConfig.from_preset("tiny", vocab_size=64, max_position_embeddings=32, num_layers=1)
+  for name, (module, args, head_decayed) in _head_models(cfg).items():
+    params = jax.eval_shape(lambda m=module, a=args: m.init(jax.random.key(0), *a)["params"])
+    flat, _ = jax.tree_util.tree_flatten_with_path(optimizer.decay_mask(params))
+    decayed = sorted("/".join(optimizer.path_names(path)) for path, decays in flat if decays)
+    assert decayed == sorted(_ENCODER_DECAYED + head_decayed), name
+    assert len(flat) - len(decayed) >= 14, name   # 13 encoder biases and layer-norm leaves, >= 1 head bias
 
 
 def test_global_norm_clipping():
