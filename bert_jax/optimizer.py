@@ -110,3 +110,13 @@ def create_optimizer(opt_config) -> optax.GradientTransformation:
     raise ValueError(f"optimizer.name must be 'adamw' or 'lamb', got {opt_config.name!r}")
   parts.append(optax.scale_by_learning_rate(learning_rate_schedule(opt_config)))
   return optax.chain(*parts)
+
+
+def applied_learning_rate(opt_state: Any, opt_config) -> jax.Array:
+  """The learning rate the next update from `opt_state` applies: the schedule at the optimizer's own
+  step count (the count of its `scale_by_learning_rate`), which only applied updates advance."""
+  is_schedule = lambda x: isinstance(x, optax.ScaleByScheduleState)
+  counts = [s.count for s in jax.tree.leaves(opt_state, is_leaf=is_schedule) if is_schedule(s)]
+  if len(counts) != 1:
+    raise ValueError(f"expected one learning-rate schedule in the optimizer state, found {len(counts)}")
+  return learning_rate_schedule(opt_config)(counts[0])

@@ -111,7 +111,10 @@ def train_step(state: TrainState, batch: Batch, rng: jax.Array, *, model, tx, co
   """One optimizer step on the global batch -> (new state, metrics of this step).
 
   Dropout keys come from `fold_in(rng, state.step)`, so a resumed run replays the same randomness.
-  A step whose loss or gradient is not finite leaves params and optimizer state untouched.
+  A step whose loss or gradient is not finite leaves params and optimizer state untouched: `state.step`
+  counts it, the optimizer's own count (which drives the learning-rate schedule) does not. The logged
+  `learning_rate` is the schedule at the optimizer's count, i.e. the rate this step applies (or would
+  have applied, when skipped), so after skipped steps it trails `schedule(state.step)`.
   """
   key = jax.random.fold_in(rng, state.step)
   grads, sums = _grads_and_sums(state.params, batch, key, model=model, config=config)
@@ -129,7 +132,7 @@ def train_step(state: TrainState, batch: Batch, rng: jax.Array, *, model, tx, co
       nonfinite_count=state.nonfinite_count + (~finite).astype(jnp.int32),
       nonfinite_streak=jnp.where(finite, 0, state.nonfinite_streak + 1),
   )
-  lr = optimizer_lib.learning_rate_schedule(config.optimizer)(state.step)
+  lr = optimizer_lib.applied_learning_rate(state.opt_state, config.optimizer)
   metrics = dict(sums, loss=loss, grad_norm=grad_norm, learning_rate=lr,
                  nonfinite_count=new_state.nonfinite_count, nonfinite_streak=new_state.nonfinite_streak)
   return new_state, metrics
