@@ -2,7 +2,11 @@
 
 Three schemes choose what to predict: single tokens (Devlin et al. 2019, 3.1), whole words (the
 google-research/bert `--do_whole_word_mask` update) and SpanBERT spans (Joshi et al. 2020, 3.1).
-Chosen tokens become [MASK], a random token or stay themselves (80/10/10 by default).
+Chosen tokens become [MASK], a random token or stay themselves (80/10/10 by default). By default
+the choices are those of google-research/bert `create_masked_lm_predictions`: any real token but
+[CLS] and [SEP] may be chosen ([UNK] too, and a [MASK] or [PAD] id found in the text is an ordinary
+token), round(real tokens * masked_lm_prob) of them, and random replacements come from the whole
+vocabulary.
 
 Randomness is counter-based: every draw is a hash of a per-example key (`example_keys`) and a
 (stream, index) counter, so an example's mask depends only on (seed, epoch, host, example index),
@@ -43,11 +47,19 @@ def uniform(keys: np.ndarray, stream: int, width: int, offset: int = 0) -> np.nd
   return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
 
+BUDGETS = ("all_tokens", "maskable_tokens")
+RANDOM_TOKEN_POOLS = ("vocab", "non_special")
+
+
 @dataclasses.dataclass(frozen=True)
 class MaskingSpec:
-  """What `mask_batch` needs: the config's masking fields and the tokenizer's ids."""
+  """What `mask_batch` needs: the config's masking fields and the tokenizer's ids.
+
+  The defaults of `MaskingSpec.from_config` are google-research/bert's `create_masked_lm_predictions`;
+  docs/fidelity.md lists the switches that depart from it.
+  """
   mask_id: int
-  is_special: np.ndarray        # bool [vocab]: never masked ([CLS], [SEP], [PAD], ...)
+  never_mask: np.ndarray        # bool [vocab]: never chosen; the reference: [CLS] and [SEP] only
   word_start: np.ndarray        # bool [vocab]: token begins a word
   random_ids: np.ndarray        # int32: the pool of "random token" replacements
   masked_lm_prob: float = 0.15
@@ -57,26 +69,48 @@ class MaskingSpec:
   scheme: str = "token"         # "token" | "word" | "span"
   span_p: float = 0.2           # SpanBERT: span length in words ~ Geo(0.2) truncated at 10
   span_max_length: int = 10
+  budget: str = "all_tokens"    # BUDGETS: what round(n * masked_lm_prob) counts
 
   @classmethod
   def from_config(cls, data_config, tokenizer) -> "MaskingSpec":
     """From the data config's masking fields and the tokenizer's special ids and word starts."""
-    vocab = tokenizer.vocab_size
-    is_special = np.zeros(vocab, bool)
+    c = data_config
+    if c.masking_budget not in BUDGETS:
+      raise ValueError(f"data.masking_budget must be one of {BUDGETS}, got {c.masking_budget!r}")
+    if c.random_token_pool not in RANDOM_TOKEN_POOLS:
+      raise ValueError(f"data.random_token_pool must be one of {RANDOM_TOKEN_POOLS}, got {c.random_token_pool!r}")
+    is_special = np.zeros(tokenizer.vocab_size, bool)
     is_special[np.asarray(tokenizer.special_ids)] = True
-    scheme = "span" if data_config.span_masking else "word" if data_config.whole_word_masking else "token"
-    return cls(mask_id=tokenizer.mask_id, is_special=is_special,
-               word_start=np.asarray(tokenizer.word_start_table(), bool),
-               random_ids=np.flatnonzero(~is_special).astype(np.int32),
-               masked_lm_prob=data_config.masked_lm_prob,
-               max_predictions=data_config.max_predictions_per_seq,
-               mask_token_prob=data_config.mask_token_prob,
-               random_token_prob=data_config.random_token_prob, scheme=scheme,
-               span_p=data_config.span_p, span_max_length=data_config.span_max_length)
+    never_mask = np.zeros_like(is_special)
+    never_mask[[tokenizer.cls_id, tokenizer.sep_id]] = True
+    pool = np.arange(tokenizer.vocab_size) if c.random_token_pool == "vocab" else np.flatnonzero(~is_special)
+    scheme = "span" if c.span_masking else "word" if c.whole_word_masking else "token"
+    return cls(mask_id=tokenizer.mask_id, never_mask=never_mask if c.mask_unk else is_special,
+               word_start=np.asarray(tokenizer.word_start_table(), bool), random_ids=pool.astype(np.int32),
+               masked_lm_prob=c.masked_lm_prob, max_predictions=c.max_predictions_per_seq,
+               mask_token_prob=c.mask_token_prob, random_token_prob=c.random_token_prob, scheme=scheme,
+               span_p=c.span_p, span_max_length=c.span_max_length, budget=c.masking_budget)
+
+
+def prediction_budget(input_ids: np.ndarray, input_mask: np.ndarray, spec: MaskingSpec) -> np.ndarray:
+  """Tokens to predict per row: google-research/bert's `num_to_predict`,
+  min(max_predictions, max(1, round(len(tokens) * masked_lm_prob))), where `tokens` counts every
+  real token, [CLS] and [SEP] included; 0 where nothing can be chosen.
+
+  Each row is one example (the pipeline masks before packing), so the budget is per example.
+  With `budget="maskable_tokens"` only the tokens that may be chosen are counted.
+  """
+  real = input_mask.astype(bool)
+  candidates = real & ~spec.never_mask[input_ids]
+  n_candidates = candidates.sum(1)
+  counted = real.sum(1) if spec.budget == "all_tokens" else n_candidates
+  # np.rint rounds half to even, as Python's round() in the reference.
+  budget = np.minimum(spec.max_predictions, np.maximum(1, np.rint(counted * spec.masked_lm_prob)))
+  return np.where(n_candidates > 0, budget, 0).astype(np.int64)
 
 
 def mask_batch(input_ids: np.ndarray, input_mask: np.ndarray, keys: np.ndarray, spec: MaskingSpec):
-  """Chooses and corrupts the tokens to predict in each row.
+  """Chooses and corrupts the tokens to predict in each row (one example per row).
 
   Args:
     input_ids, input_mask: int [n, L].
@@ -86,11 +120,8 @@ def mask_batch(input_ids: np.ndarray, input_mask: np.ndarray, keys: np.ndarray, 
   Returns:
     (corrupted input_ids int32 [n, L], is_masked bool [n, L]); at most `max_predictions` per row.
   """
-  candidates = input_mask.astype(bool) & ~spec.is_special[input_ids]
-  n_candidates = candidates.sum(1)
-  # As google-research/bert: round(n * p), at least one, at most the cap; of maskable tokens only.
-  budget = np.minimum(spec.max_predictions, np.maximum(1, np.rint(n_candidates * spec.masked_lm_prob)))
-  budget = np.where(n_candidates > 0, budget, 0).astype(np.int64)
+  candidates = input_mask.astype(bool) & ~spec.never_mask[input_ids]
+  budget = prediction_budget(input_ids, input_mask, spec)
   length = input_ids.shape[1]
   if spec.scheme == "token":
     is_masked = _choose_tokens(candidates, budget, keys, spec.max_predictions)

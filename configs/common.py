@@ -21,6 +21,13 @@ def data_config() -> ml_collections.ConfigDict:
   d.masked_lm_prob = 0.15
   d.mask_token_prob = 0.8    # 80/10/10 as in Devlin et al. 2019, 3.1
   d.random_token_prob = 0.1
+  # Defaults are google-research/bert `create_masked_lm_predictions` (docs/fidelity.md). Predictions per
+  # example: round(masked_lm_prob * n) where n counts "all_tokens" ([CLS] and [SEP] too) or only the
+  # "maskable_tokens". mask_unk=False: no special token ([UNK], a [MASK] in the text) is ever chosen;
+  # [CLS] and [SEP] never are. Random replacements come from the whole "vocab" or its "non_special" ids.
+  d.masking_budget = "all_tokens"
+  d.mask_unk = True
+  d.random_token_pool = "vocab"
   d.whole_word_masking = False
   d.span_masking = False     # SpanBERT: geometric span lengths, p=0.2, max 10
   d.span_p = 0.2

@@ -1,26 +1,42 @@
-"""Dynamic masking on synthetic batches: budgets, 80/10/10, whole words, spans, determinism."""
+"""Dynamic masking on synthetic batches: google-research/bert's budget, candidates and replacements,
+the switches that depart from them, 80/10/10, whole words, spans, determinism."""
+
+import dataclasses
 
 import numpy as np
 import pytest
 
 from bert_jax import masking
+from configs import common
 
-VOCAB, PAD, CLS, SEP, MASK = 1000, 0, 2, 3, 4
-
-
-def _spec(**kwargs) -> masking.MaskingSpec:
-  is_special = np.zeros(VOCAB, bool)
-  is_special[:5] = True
-  word_start = np.arange(VOCAB) % 2 == 0  # even ids start a word, odd ids continue one
-  word_start[:5] = True
-  return masking.MaskingSpec(mask_id=MASK, is_special=is_special, word_start=word_start,
-                             random_ids=np.arange(5, VOCAB, dtype=np.int32), **kwargs)
+VOCAB, PAD, UNK, CLS, SEP, MASK = 1000, 0, 1, 2, 3, 4
+# The deviations docs/fidelity.md lists, all switched on: the masking of earlier versions.
+OLD_RULES = {"masking_budget": "maskable_tokens", "mask_unk": False, "random_token_pool": "non_special"}
 
 
-def _batch(n=512, length=128, seed=0):
-  """[CLS] A [SEP] B [SEP] [PAD]... rows of random lengths."""
+class _Tokenizer:
+  vocab_size, pad_id, unk_id, cls_id, sep_id, mask_id = VOCAB, PAD, UNK, CLS, SEP, MASK
+  special_ids = np.arange(5)
+
+  def word_start_table(self):
+    table = np.arange(VOCAB) % 2 == 0  # even ids start a word, odd ids continue one
+    table[:5] = True
+    return table
+
+
+def _spec(data=(), **fields) -> masking.MaskingSpec:
+  """`MaskingSpec.from_config` of the default data config with `data` overrides, then `fields`."""
+  c = common.data_config()
+  c.update(dict(data))
+  return dataclasses.replace(masking.MaskingSpec.from_config(c, _Tokenizer()), **fields)
+
+
+def _batch(n=512, length=128, seed=0, unk_rate=0.0, mask_rate=0.0):
+  """[CLS] A [SEP] B [SEP] [PAD]... rows of random lengths; text tokens are [UNK]/[MASK] at the given rates."""
   rng = np.random.default_rng(seed)
   ids = rng.integers(5, VOCAB, (n, length))
+  u = rng.random((n, length))
+  ids = np.where(u < unk_rate, UNK, np.where(u > 1 - mask_rate, MASK, ids))
   total = rng.integers(8, length + 1, n)
   la = rng.integers(1, total - 4)
   j = np.arange(length)[None, :]
@@ -34,13 +50,17 @@ def _keys(n, epoch=0):
   return masking.example_keys(0, epoch, 0, np.arange(n))
 
 
+def _candidates(ids, mask, spec):
+  return (mask == 1) & ~spec.never_mask[ids]
+
+
 def _words_of(ids, mask, spec):
-  """Word index per token (python reference): a word starts at a word-start piece or after a special."""
+  """Word index per token (python reference): a word starts at a word-start piece or after a non-candidate."""
   words = np.full(ids.shape, -1)
   for i in range(ids.shape[0]):
     w, prev_candidate = -1, False
     for j in range(ids.shape[1]):
-      candidate = bool(mask[i, j]) and not spec.is_special[ids[i, j]]
+      candidate = bool(mask[i, j]) and not spec.never_mask[ids[i, j]]
       if candidate and (spec.word_start[ids[i, j]] or not prev_candidate):
         w += 1
       if candidate:
@@ -49,23 +69,42 @@ def _words_of(ids, mask, spec):
   return words
 
 
-def test_token_masking_takes_fifteen_percent_of_maskable_tokens_and_never_specials():
+def test_token_masking_takes_fifteen_percent_of_real_tokens_never_cls_sep_or_padding():
   ids, mask = _batch()
   spec = _spec(max_predictions=128)
   corrupted, is_masked = masking.mask_batch(ids, mask, _keys(len(ids)), spec)
-  maskable = (mask == 1) & ~spec.is_special[ids]
-  expected = np.maximum(1, np.rint(maskable.sum(1) * 0.15))
-  np.testing.assert_array_equal(is_masked.sum(1), expected)
-  assert abs(is_masked.sum() / maskable.sum() - 0.15) < 0.01
-  assert not (is_masked & ~maskable).any()
+  np.testing.assert_array_equal(is_masked.sum(1), np.maximum(1, np.rint(mask.sum(1) * 0.15)))
+  assert abs(is_masked.sum() / mask.sum() - 0.15) < 0.01
+  assert not (is_masked & ~_candidates(ids, mask, spec)).any()
+  assert not np.isin(ids[is_masked], [CLS, SEP, PAD]).any()
   assert (corrupted[~is_masked] == ids[~is_masked]).all()
+
+
+@pytest.mark.parametrize("cap", [20, 80])
+def test_budget_is_the_reference_formula_for_every_length(cap):
+  """google-research/bert: min(max_predictions_per_seq, max(1, int(round(len(tokens) * masked_lm_prob))))
+  with [CLS] and [SEP] in `tokens`; rows [CLS] A [SEP] B [SEP] of 4..512 tokens."""
+  lengths = np.arange(4, 513)
+  j = np.arange(512)[None, :]
+  ids = np.where(j < lengths[:, None], 5 + j % 900, PAD)
+  ids[:, 0] = CLS
+  ids[np.arange(len(lengths)), lengths - 1] = SEP
+  ids[np.arange(len(lengths)), lengths // 2] = SEP
+  mask = (j < lengths[:, None]).astype(np.int32)
+  for rules, counted in (({}, lengths), (OLD_RULES, lengths - 3)):
+    _, is_masked = masking.mask_batch(ids, mask, _keys(len(ids)), _spec(rules, max_predictions=cap))
+    want = [min(cap, max(1, int(round(n * 0.15)))) for n in counted]
+    np.testing.assert_array_equal(is_masked.sum(1), want)
+  full = _spec(max_predictions=80)
+  assert masking.prediction_budget(ids[-1:], mask[-1:], full)[0] == 77   # round(512 * 0.15)
+  assert masking.prediction_budget(ids[-1:], mask[-1:], _spec(OLD_RULES, max_predictions=80))[0] == 76
+  assert masking.prediction_budget(ids[:1], np.zeros_like(mask[:1]), full)[0] == 0   # nothing to choose
 
 
 def test_cap_on_predictions():
   ids, mask = _batch()
   _, is_masked = masking.mask_batch(ids, mask, _keys(len(ids)), _spec(max_predictions=5))
-  maskable = ((mask == 1) & (ids > 4)).sum(1)
-  np.testing.assert_array_equal(is_masked.sum(1), np.minimum(5, np.maximum(1, np.rint(maskable * 0.15))))
+  np.testing.assert_array_equal(is_masked.sum(1), np.minimum(5, np.maximum(1, np.rint(mask.sum(1) * 0.15))))
 
 
 @pytest.mark.parametrize("mask_p,random_p", [(0.8, 0.1), (0.5, 0.3)])
@@ -79,7 +118,50 @@ def test_replacement_proportions(mask_p, random_p):
   assert abs((new == old).mean() - (1 - mask_p - random_p)) < 0.02
   replaced = (new != MASK) & (new != old)
   assert abs(replaced.mean() - random_p) < 0.02
-  assert not spec.is_special[new[replaced]].any()
+
+
+@pytest.mark.parametrize("pool", ["vocab", "non_special"])
+def test_random_replacements_come_from_the_whole_vocabulary(pool):
+  ids, mask = _batch(n=4096)
+  spec = _spec({"random_token_pool": pool}, max_predictions=128, mask_token_prob=0.0, random_token_prob=1.0)
+  corrupted, is_masked = masking.mask_batch(ids, mask, _keys(len(ids)), spec)
+  drawn = corrupted[is_masked]   # every chosen token got a random one (possibly itself)
+  assert len(drawn) > 40_000
+  counts = np.bincount(drawn, minlength=VOCAB)
+  if pool == "vocab":   # google-research/bert: vocab_words[randint(0, len(vocab_words) - 1)]
+    assert abs(counts[:5].sum() / len(drawn) - 5 / VOCAB) < 0.0015
+    assert (counts[:5] > 0).all()   # [PAD], [UNK], [CLS], [SEP], [MASK] each appear
+  else:
+    assert counts[:5].sum() == 0 and (counts[5:] > 0).all()
+
+
+def test_unk_and_mask_in_the_text_are_ordinary_tokens():
+  ids, mask = _batch(n=2048, unk_rate=0.1, mask_rate=0.05)
+  keys = _keys(len(ids))
+  _, is_masked = masking.mask_batch(ids, mask, keys, _spec(max_predictions=128))
+  rate = is_masked.sum() / _candidates(ids, mask, _spec()).sum()
+  for token in (UNK, MASK):
+    at_token = (mask == 1) & (ids == token)
+    assert at_token.sum() > 5_000
+    assert abs(is_masked[at_token].mean() - rate) < 0.01   # chosen as often as any other token
+  _, old = masking.mask_batch(ids, mask, keys, _spec({"mask_unk": False}, max_predictions=128))
+  assert not np.isin(ids[old], [UNK, MASK, CLS, SEP, PAD]).any()
+
+
+def test_old_rules_restore_the_earlier_masking():
+  ids, mask = _batch(unk_rate=0.05)
+  spec = _spec(OLD_RULES, max_predictions=128, mask_token_prob=0.0, random_token_prob=1.0)
+  corrupted, is_masked = masking.mask_batch(ids, mask, _keys(len(ids)), spec)
+  maskable = (mask == 1) & (ids >= 5)
+  np.testing.assert_array_equal(is_masked.sum(1), np.maximum(1, np.rint(maskable.sum(1) * 0.15)))
+  assert not (is_masked & ~maskable).any()
+  assert (corrupted[is_masked] >= 5).all()
+
+
+@pytest.mark.parametrize("field, value", [("masking_budget", "all"), ("random_token_pool", "specials")])
+def test_unknown_switch_values_are_rejected(field, value):
+  with pytest.raises(ValueError, match=field):
+    _spec({field: value})
 
 
 def test_masks_depend_only_on_each_examples_key():
@@ -106,7 +188,7 @@ def test_whole_word_masking_never_splits_a_word_and_is_the_greedy_scan():
     lengths = np.bincount(words[i][words[i] >= 0], minlength=n_words)
     for w in range(n_words):
       assert is_masked[i][words[i] == w].all() or not is_masked[i][words[i] == w].any()
-    budget = min(20, max(1, round(lengths.sum() * 0.15)))
+    budget = min(20, max(1, round(mask[i].sum() * 0.15)))  # [CLS] and [SEP] count
     expected, left = np.zeros(n_words, bool), budget
     for w in np.argsort(np.where(np.arange(len(order_u[i])) < n_words, order_u[i], 2.0))[:n_words]:
       if lengths[w] <= left:  # google-research/bert: skip a word that would exceed the budget
@@ -129,8 +211,8 @@ def test_span_masking_covers_whole_words_within_budget():
   spec = _spec(max_predictions=20, scheme="span")
   corrupted, is_masked = masking.mask_batch(ids, mask, _keys(len(ids)), spec)
   words = _words_of(ids, mask, spec)
-  maskable = (mask == 1) & ~spec.is_special[ids]
-  budget = np.minimum(20, np.maximum(1, np.rint(maskable.sum(1) * 0.15)))
+  maskable = _candidates(ids, mask, spec)
+  budget = np.minimum(20, np.maximum(1, np.rint(mask.sum(1) * 0.15)))
   assert (is_masked.sum(1) <= budget).all()
   assert is_masked.sum() > 0.9 * budget.sum()
   assert not (is_masked & ~maskable).any()
