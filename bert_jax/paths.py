@@ -1,0 +1,48 @@
+"""Paths a user types, made absolute once where they enter (the CLI flags and the config).
+
+Orbax refuses relative checkpoint paths, and a relative path read after a `chdir` (a subprocess, a
+thread pool, a library) means something else. So every command makes its path flags and its config's
+path fields absolute before anything else reads them. Remote paths (`gs://...`, any `scheme://`) and
+the spec prefixes the data readers understand (`embedded:`, `tfds:`) pass unchanged.
+"""
+
+import os
+
+import ml_collections
+
+_SPEC_PREFIXES = ("embedded:", "tfds:")
+
+# The path fields of each kind of config (dotted names; a missing field is skipped).
+PRETRAIN_FIELDS = ("init_from", "data.train_files", "data.eval_files", "data.vocab_file")
+FINETUNE_FIELDS = ("init_checkpoint", "bert_config_json", "vocab_file", "data_dir", "task_opts.tfds_data_dir")
+
+
+def absolute(path: str) -> str:
+  """`path` made absolute against the current directory; "", remote URLs and data specs unchanged.
+
+  Comma-separated lists (several corpora or shard globs) are handled item by item.
+  """
+  if not path:
+    return path
+  if "," in path:
+    return ",".join(absolute(p.strip()) for p in path.split(","))
+  if "://" in path or path.startswith(_SPEC_PREFIXES):
+    return path
+  return os.path.abspath(os.path.expanduser(path))
+
+
+def absolute_config(config: ml_collections.ConfigDict, fields) -> ml_collections.ConfigDict:
+  """`config` with the dotted `fields` that exist made absolute (in place; returns it)."""
+  for dotted in fields:
+    *parents, name = dotted.split(".")
+    node = config
+    for p in parents:
+      node = node.get(p) if isinstance(node, ml_collections.ConfigDict) else None
+    if not isinstance(node, ml_collections.ConfigDict) or name not in node:
+      continue
+    value = node[name]
+    if isinstance(value, str) and value != absolute(value):
+      with node.unlocked():
+        node[name] = absolute(value)
+  return config
+
