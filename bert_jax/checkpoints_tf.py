@@ -13,6 +13,7 @@ import re
 import numpy as np
 
 from bert_jax import checkpoints_hf
+from bert_jax import host_env
 from bert_jax import model
 
 # Optimizer slots and counters saved beside the weights by the original pretraining script.
@@ -58,7 +59,7 @@ def hf_to_tf_name(name: str) -> tuple:
 
 def _checkpoint_prefix(ckpt_path) -> str:
   """A checkpoint prefix, or a directory: its `checkpoint` state file, else its only `*.index`."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  tf = host_env.import_tensorflow()
   path = pathlib.Path(ckpt_path)
   if not path.is_dir():
     return str(path)
@@ -79,7 +80,7 @@ def load_tf(ckpt_path, bert_config_json=None, scan_layers: bool = False, **confi
     bert_config_json: defaults to `bert_config.json` beside the checkpoint.
     scan_layers: return the scanned layout.
   """
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  tf = host_env.import_tensorflow()
   prefix = _checkpoint_prefix(ckpt_path)
   config_path = pathlib.Path(bert_config_json or pathlib.Path(prefix).parent / "bert_config.json")
   cfg = model.BertConfig.from_hf_dict(json.loads(config_path.read_text()), scan_layers=scan_layers,
@@ -99,7 +100,7 @@ def load_tf(ckpt_path, bert_config_json=None, scan_layers: bool = False, **confi
 
 def save_tf(ckpt_prefix, cfg: model.BertConfig, params: dict) -> None:
   """Writes a TF checkpoint with Google's variable names, plus `bert_config.json` beside it."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  tf = host_env.import_tensorflow()
   names, tensors = [], []
   for hf_name, value in checkpoints_hf.to_state_dict(cfg, params).items():
     tf_name, transpose = hf_to_tf_name(hf_name.removeprefix("bert."))

@@ -1,7 +1,8 @@
 """The `bert-jax` command: one subcommand per module, imported lazily.
 
-Each subcommand module defines its own absl flags and a `main(argv)`; only the
-chosen one is imported, so flags of different subcommands never collide.
+Each subcommand module defines its own absl flags (at import, or in `define_flags()` when other code
+imports it as a library) and a `main(argv)`; only the chosen one is imported, so flags of different
+subcommands never collide.
 """
 
 import importlib
@@ -11,6 +12,7 @@ SUBCOMMANDS = {
     "pretrain": ("bert_jax.main", "Pretrain from a config (--config=configs/x.py[:arg] --workdir=DIR)."),
     "aot": ("bert_jax.aot", "Compile the train step ahead of time for a TPU topology; report memory and time."),
     "embed": ("bert_jax.embed", "Write every layer's hidden states for JSON-lines input to an .npz file."),
+    "fill-mask": ("bert_jax.fill_mask", "Print the most likely tokens at each [MASK] of texts (MLM head)."),
     "prepare": ("bert_jax.prepare", "Tokenize a corpus into sharded files for pretraining."),
     "finetune": ("bert_jax.finetune.main", "Finetune on a task (--config=configs/finetune/x.py)."),
     "sweep": ("bert_jax.finetune.sweep", "Hyperparameter sweep over finetuning runs with a results table."),
@@ -37,12 +39,16 @@ def main(argv=None) -> None:
   if name not in SUBCOMMANDS:
     print(f"bert-jax: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
     sys.exit(2)
+  from bert_jax import host_env  # pylint: disable=g-import-not-at-top
+  host_env.configure()   # before JAX or TensorFlow is imported
   from absl import app, flags  # pylint: disable=g-import-not-at-top
   from bert_jax import config_path  # pylint: disable=g-import-not-at-top
 
   config_path.put_config_root_on_path(rest)  # configs import `configs.common`, from any working directory
 
   module = importlib.import_module(SUBCOMMANDS[name][0])
+  if hasattr(module, "define_flags"):  # a library module too: its flags exist only when it is the command
+    module.define_flags()
   # `--help` describes the key flags of the module named sys.argv[0]: make it the command's flags.
   for flag in flags.FLAGS.get_key_flags_for_module(module):
     flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)

@@ -18,9 +18,10 @@ import threading
 
 import jax
 import numpy as np
-import tensorflow as tf
 
-from bert_jax import instances, masking
+from bert_jax import host_env, instances, masking
+
+tf = host_env.import_tensorflow()
 
 _EVAL_EPOCH = 1 << 40  # eval draws use an "epoch" no training run reaches
 _FEATURES = {"token_ids": tf.io.RaggedFeature(tf.int64), "sentence_lengths": tf.io.RaggedFeature(tf.int64)}

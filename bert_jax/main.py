@@ -9,9 +9,10 @@ import os
 import sys
 
 from bert_jax import config_path
+from bert_jax import host_env
 
 config_path.put_config_root_on_path(sys.argv)
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")   # TensorFlow (data, summaries): no INFO chatter
+host_env.configure()   # before JAX is imported: quiet on CPU hosts
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import app

@@ -36,6 +36,7 @@ from absl import logging
 import numpy as np
 
 from bert_jax import corpus
+from bert_jax import host_env
 from bert_jax import tokenizer as tokenization
 from bert_jax import vocab_training
 
@@ -81,14 +82,14 @@ def _tokenizer(path: str, do_lower_case: bool):
 
 def _warm_up(tokenizer_dir: str, do_lower_case: bool) -> None:
   """Pool initializer: pays for importing TensorFlow and building the tokenizer before timing starts."""
-  import tensorflow  # pylint: disable=g-import-not-at-top,unused-import
+  host_env.import_tensorflow()
 
   _tokenizer(tokenizer_dir, do_lower_case).encode_batch(["warm up"])
 
 
 def _serialize(features: dict) -> bytes:
   """A `tf.train.Example` of int64 features."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  tf = host_env.import_tensorflow()
 
   return tf.train.Example(features=tf.train.Features(feature={
       name: tf.train.Feature(int64_list=tf.train.Int64List(value=values.tolist()))
@@ -139,7 +140,7 @@ def _encode_documents(tok, documents, counters):
 
 def _write_shard(task) -> dict:
   """Writes the task's train (and eval) shard; returns its counts. Runs in a worker process."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  tf = host_env.import_tensorflow()
 
   start, cpu_start = time.time(), time.process_time()
   counters = collections.Counter()

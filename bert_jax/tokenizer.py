@@ -22,6 +22,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from bert_jax import host_env
+
 # The one place special tokens are named; every model and pipeline stage resolves ids through it.
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
@@ -294,7 +296,7 @@ class WordPieceTokenizer(_Tokenizer):
   def _fast_tokenizer(self, ascii_only: bool = False):
     """tensorflow_text's tokenizer; for ASCII its byte limit per word is BERT's character limit."""
     if ascii_only not in self._fast:
-      import tensorflow as tf  # pylint: disable=g-import-not-at-top
+      tf = host_env.import_tensorflow()
       import tensorflow_text as tf_text  # pylint: disable=g-import-not-at-top
 
       self._fast[ascii_only] = tf_text.FastBertTokenizer(
@@ -392,7 +394,7 @@ def load_tokenizer(path: str, do_lower_case: bool = True):
 
 def _localize(path: str) -> str:
   """Copies a remote tokenizer file (or a directory's vocab.txt / *.model) to local disk."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (only for remote file systems)
+  tf = host_env.import_tensorflow()   # only for remote file systems
   gfile = tf.io.gfile
   names = [path]
   if gfile.isdir(path):
