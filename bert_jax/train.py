@@ -8,7 +8,6 @@ names, the config's rules map those to the mesh, and `init` is jitted with those
 
 import dataclasses
 import functools
-import json
 import math
 import os
 import time
@@ -25,8 +24,10 @@ from jax.sharding import Mesh, NamedSharding
 from bert_jax import checkpointing
 from bert_jax import flops as flops_lib
 from bert_jax import heads
+from bert_jax import metrics_writer
 from bert_jax import model as model_lib
 from bert_jax import optimizer as optimizer_lib
+from bert_jax import paths
 from bert_jax import sharding
 from bert_jax import steps
 
@@ -225,41 +226,6 @@ def restore_or_init(s: Setup, config, checkpointer: checkpointing.Checkpointer, 
   return state, "initialized from scratch"
 
 
-class MetricWriter:
-  """Scalars to stdout, TensorBoard (`<workdir>/tensorboard`) and `<workdir>/metrics.jsonl` (process 0)."""
-
-  def __init__(self, workdir: str):
-    self.enabled = jax.process_index() == 0
-    if not self.enabled:
-      return
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    tf.config.set_visible_devices([], "GPU")   # TF only writes summaries here
-    self._tf = tf
-    self._summary = tf.summary.create_file_writer(os.path.join(workdir, "tensorboard"))
-    self._metadata = tf.compat.v1.SummaryMetadata()
-    self._metadata.plugin_data.plugin_name = "scalars"   # what TensorBoard's scalar plugin reads
-    self._metadata.data_class = 1                         # DATA_CLASS_SCALAR
-    self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a")
-
-  def write(self, step: int, scalars: dict[str, float]) -> None:
-    if not self.enabled:
-      return
-    with self._summary.as_default(step=step):
-      for name, value in scalars.items():
-        # tf.summary.scalar needs the tensorboard package; this writes the same event it would.
-        self._tf.summary.write(name, self._tf.constant(value, self._tf.float32), metadata=self._metadata)
-    self._summary.flush()
-    self._jsonl.write(json.dumps({"step": step, **scalars}) + "\n")
-    self._jsonl.flush()
-    shown = ", ".join(f"{k}={v:.4g}" for k, v in scalars.items() if not k.startswith("train/nonfinite"))
-    print(f"step {step}: {shown}", flush=True)
-
-  def close(self) -> None:
-    if self.enabled:
-      self._summary.close()
-      self._jsonl.close()
-
-
 def summarize(prefix: str, sums: dict[str, Any]) -> dict[str, float]:
   """Means from sums: MLM loss/accuracy/perplexity and NSP loss/accuracy."""
   sums = {k: float(v) for k, v in sums.items()}
@@ -330,6 +296,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
   Returns the scalars of the last log step and evaluation.
   """
+  # Orbax and every writer get absolute paths, whatever the caller typed (paths.py).
+  workdir = paths.absolute(workdir)
+  config = paths.absolute_config(config.copy_and_resolve_references(), paths.PRETRAIN_FIELDS)
   validate(config)
   if config.init_from and "://" not in config.init_from and not os.path.exists(config.init_from):
     raise ValueError(f"init_from {config.init_from!r} does not exist (phase 2: phase 1's <workdir>/checkpoints)")
@@ -347,7 +316,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   step = int(state.step)   # the one host sync before the loop: a host-side step counter from here on
   _say(f"mesh {dict(mesh.shape)} over {jax.device_count()} devices; {origin} at step {step}; "
        f"training to step {config.train_steps}")
-  writer, preemption = MetricWriter(workdir), checkpointing.PreemptionWatcher()
+  writer, preemption = metrics_writer.MetricWriter(workdir), checkpointing.PreemptionWatcher()
   flops = flops_lib.train_flops_per_step(config)
   interval, interval_steps, mark = None, 0, time.time()
   results = {}

@@ -34,8 +34,10 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from bert_jax import checkpointing
 from bert_jax import heads
+from bert_jax import metrics_writer
 from bert_jax import model as model_lib
 from bert_jax import optimizer as optimizer_lib
+from bert_jax import paths
 from bert_jax import sharding
 from bert_jax.finetune import init
 from bert_jax.finetune import scalar_mix
@@ -298,8 +300,9 @@ def _predict(pred_fn, params, features: dict, batch_size: int, sharded) -> list:
 class _Tracker:
   """One trial's log, best evaluation and patience; saved with `last/` so a continued run keeps them."""
 
-  def __init__(self, workdir: str, primary_metric: str, patience: int):
+  def __init__(self, workdir: str, primary_metric: str, patience: int, *, echo: bool = True):
     self.workdir, self.primary, self.patience = workdir, primary_metric, patience
+    self.writer = metrics_writer.MetricWriter(workdir, echo=echo)
     self.best, self.best_step, self.best_metrics, self.last_metrics = None, -1, {}, {}
     self.since_best, self.stopped = 0, False
     path = os.path.join(workdir, "tracker.json")
@@ -307,13 +310,12 @@ class _Tracker:
       with open(path) as f:
         self.__dict__.update(json.load(f))
 
-  def log(self, record: dict) -> None:
-    with open(os.path.join(self.workdir, "metrics.jsonl"), "a") as f:
-      f.write(json.dumps(record) + "\n")
+  def log(self, step: int, scalars: dict) -> None:
+    self.writer.write(step, scalars)
 
   def evaluated(self, step: int, metrics: dict, on_best) -> None:
     """Records an evaluation; calls `on_best()` when it is the best so far."""
-    self.log({"step": step, **{f"eval/{k}": v for k, v in metrics.items()}})
+    self.log(step, {f"eval/{k}": v for k, v in metrics.items()})
     self.last_metrics = metrics
     if self.best is None or metrics[self.primary] > self.best:  # every task's primary metric: higher is better
       self.best, self.best_step, self.best_metrics, self.since_best = metrics[self.primary], step, metrics, 0
@@ -323,6 +325,7 @@ class _Tracker:
       self.stopped = bool(self.patience) and self.since_best >= self.patience
 
   def save(self) -> None:
+    self.writer.close()
     keys = ("best", "best_step", "best_metrics", "last_metrics", "since_best", "stopped")
     with open(os.path.join(self.workdir, "tracker.json"), "w") as f:
       json.dump({k: getattr(self, k) for k in keys}, f)
@@ -360,6 +363,9 @@ def finetune_trials(configs: list, workdirs: list, *, max_epochs: int | None = N
   Returns:
     One results dict per trial (also `<workdir>/results.json`).
   """
+  # Orbax and every writer get absolute paths, whatever the caller typed (paths.py).
+  workdirs = [paths.absolute(w) for w in workdirs]
+  configs = [paths.absolute_config(c.copy_and_resolve_references(), paths.FINETUNE_FIELDS) for c in configs]
   _check_group(configs)
   config = configs[0]
   task = tasks_lib.get_task(config.task, **config.task_opts)
@@ -384,7 +390,9 @@ def finetune_trials(configs: list, workdirs: list, *, max_epochs: int | None = N
     with open(os.path.join(w, "bert_config.json"), "w") as f:
       json.dump(bert_cfg.to_hf_dict(), f, indent=1)
     tokenizer.save(w)
-  trackers = [_Tracker(w, task.primary_metric, config.early_stopping_patience) for w in workdirs]
+  # One trial prints its progress; trials trained together (sweeps) log to their files only.
+  trackers = [_Tracker(w, task.primary_metric, config.early_stopping_patience, echo=len(workdirs) == 1)
+              for w in workdirs]
 
   batch_sharding = NamedSharding(mesh, PartitionSpec(trial_axis, batch_axes))
   eval_sharding = NamedSharding(mesh, PartitionSpec(batch_axes))
@@ -411,8 +419,8 @@ def finetune_trials(configs: list, workdirs: list, *, max_epochs: int | None = N
         if step % config.log_every_steps == 0:
           losses = np.asarray(loss_sum) / config.log_every_steps  # the only host sync between evals
           for t, tracker in enumerate(trackers):
-            tracker.log({"step": step, "epoch": step / steps_per_epoch, "train/loss": float(losses[t]),
-                         "time_s": round(time.time() - t0, 1)})
+            tracker.log(step, {"epoch": step / steps_per_epoch, "train/loss": float(losses[t]),
+                               "time_s": round(time.time() - t0, 1)})
           loss_sum = jnp.zeros(len(configs))
         if step % eval_every == 0 or step == budget:
           _evaluate(pred_fn, state, step, task, trackers, dev, eval_batch_size, eval_sharding, config)
