@@ -5,14 +5,18 @@
     bert-jax pretrain --config=configs/bert_base.py:phase2 --workdir=gs://bucket/bert_base/phase2 \
         --config.init_from=gs://bucket/bert_base/phase1/checkpoints ...
 
+(`:phase1_tokens` in place of `:phase1` for the token-matched phase 1 below; phase 2 is the same.)
+
 Recipe (A.2): Adam, lr 1e-4, b1 0.9, b2 0.999, weight decay 0.01, 10k warmup steps then linear decay;
-dropout 0.1; 1M steps, of which the first 90% at sequence length 128 and the last 10% at 512 "to learn
-the positional embeddings". Batches of 128k tokens: "256 sequences * 512 tokens = 128,000 tokens/batch";
-we keep that token budget in phase 1 as 1024 sequences * 128 tokens (the paper gives the budget in tokens
-and does not state the phase-1 sequence count; equal tokens per step keeps the 1M-step / ~40-epoch
-schedule). 20 predictions per 128-token sequence and 80 per 512 (google-research/bert README). The
-optimizer omits Adam's bias correction as the original AdamWeightDecayOptimizer does. BERT-base was
-trained on "4 Cloud TPUs in Pod configuration (16 TPU chips total)", hence `topology = "v3:4x4"`.
+dropout 0.1; "batch size of 256 sequences (256 sequences * 512 tokens = 128,000 tokens/batch) for
+1,000,000 steps", of which the first 90% at sequence length 128 and the last 10% at 512 "to learn the
+positional embeddings". What the paper states is 256 sequences, so `:phase1` is 256 * 128 (32k tokens
+per batch) and `:phase2` 256 * 512. `:phase1_tokens` is an interpretation, not the paper's statement:
+1024 * 128, the 128k tokens per batch that the paper quotes for 512-token sequences, kept at length 128
+(equal tokens per step for the whole 1M-step schedule). 20 predictions per 128-token sequence and 80
+per 512 (google-research/bert README). The optimizer omits Adam's bias correction as the original
+AdamWeightDecayOptimizer does. BERT-base was trained on "4 Cloud TPUs in Pod configuration (16 TPU
+chips total)", hence `topology = "v3:4x4"`.
 
 Phase 2 restores phase 1's full final state (parameters, Adam moments, step 900k) and continues the one
 1M-step schedule; the data iterator starts fresh, since the sequence length changes.
@@ -21,28 +25,31 @@ Phase 2 restores phase 1's full final state (parameters, Adam moments, step 900k
 from configs import common
 
 TOTAL_STEPS = 1_000_000
-PHASE1_STEPS = 900_000   # 90% at seq 128 (A.2)
-TOKENS_PER_BATCH = 131_072
+PHASE1_STEPS = 900_000         # 90% at seq 128 (A.2)
+SEQUENCES_PER_BATCH = 256      # "batch size of 256 sequences" (A.2)
+TOKENS_PER_BATCH = 256 * 512   # "256 sequences * 512 tokens = 128,000 tokens/batch" (A.2)
+PHASES = ("phase1", "phase1_tokens", "phase2")
 
 
 def get_config(arg: str = "phase1", preset: str = "base"):
-  """`arg` is "phase1" (seq 128) or "phase2" (seq 512)."""
+  """`arg` is "phase1" (256 x 128, as A.2 states), "phase1_tokens" (1024 x 128, token-matched to
+  phase 2) or "phase2" (256 x 512)."""
+  if arg not in PHASES:
+    raise ValueError(f"unknown phase {arg!r}: use one of {PHASES}")
   c = common.pretrain_config()
   c.model.preset = preset
   c.optimizer.learning_rate = 1e-4
   c.optimizer.warmup_steps = 10_000
   c.optimizer.total_steps = TOTAL_STEPS
   c.optimizer.bias_correction = False
-  if arg == "phase1":
-    c.data.seq_length, c.data.max_predictions_per_seq = 128, 20
-    c.train_steps = PHASE1_STEPS
-  elif arg == "phase2":
+  if arg == "phase2":
     c.data.seq_length, c.data.max_predictions_per_seq = 512, 80
     c.train_steps = TOTAL_STEPS
     c.init_from = "PHASE1_WORKDIR/checkpoints"   # set with --config.init_from=...
   else:
-    raise ValueError(f"unknown phase {arg!r}: use phase1 or phase2")
-  c.global_batch_size = TOKENS_PER_BATCH // c.data.seq_length
+    c.data.seq_length, c.data.max_predictions_per_seq = 128, 20
+    c.train_steps = PHASE1_STEPS
+  c.global_batch_size = TOKENS_PER_BATCH // c.data.seq_length if arg == "phase1_tokens" else SEQUENCES_PER_BATCH
   c.topology = "v3:4x4"       # 16 chips (A.2)
   c.peak_flops_per_device = 61.5e12   # TPU v3: 123 TFLOP/s bf16 per chip, 2 cores = 2 JAX devices
   c.mesh.data, c.mesh.fsdp = -1, 1

@@ -18,8 +18,10 @@ from configs import bert_base, bert_large, roberta_base, roberta_large, tiny
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = {
     "bert_base.py:phase1": bert_base.get_config("phase1"),
+    "bert_base.py:phase1_tokens": bert_base.get_config("phase1_tokens"),
     "bert_base.py:phase2": bert_base.get_config("phase2"),
     "bert_large.py:phase1": bert_large.get_config("phase1"),
+    "bert_large.py:phase1_tokens": bert_large.get_config("phase1_tokens"),
     "bert_large.py:phase2": bert_large.get_config("phase2"),
     "roberta_base.py": roberta_base.get_config(),
     "roberta_large.py": roberta_large.get_config(),
@@ -58,17 +60,25 @@ def test_config_builds_its_abstract_sharded_train_state(name):
 
 @pytest.mark.parametrize("module", [bert_base, bert_large])
 def test_bert_paper_schedule(module):
-  """Devlin et al. 2019, A.2: 128k-token batches, 1M steps, 90% at seq 128, lr 1e-4, 10k warmup."""
-  p1, p2 = module.get_config("phase1"), module.get_config("phase2")
-  for c in (p1, p2):
-    assert c.global_batch_size * c.data.seq_length == 131_072
+  """Devlin et al. 2019, A.2: 256-sequence batches, 1M steps, 90% at seq 128, lr 1e-4, 10k warmup."""
+  p1, p1_tokens, p2 = (module.get_config(arg) for arg in ("phase1", "phase1_tokens", "phase2"))
+  for c in (p1, p1_tokens, p2):
     assert (c.optimizer.learning_rate, c.optimizer.warmup_steps, c.optimizer.total_steps) == (1e-4, 10_000, 10**6)
     assert (c.optimizer.b1, c.optimizer.b2, c.optimizer.weight_decay) == (0.9, 0.999, 0.01)
     assert c.data.format == "nsp" and not c.optimizer.bias_correction
-  assert (p1.data.seq_length, p1.data.max_predictions_per_seq, p1.train_steps) == (128, 20, 900_000)
+  for c in (p1, p1_tokens):
+    assert (c.data.seq_length, c.data.max_predictions_per_seq, c.train_steps) == (128, 20, 900_000)
   assert (p2.data.seq_length, p2.data.max_predictions_per_seq, p2.train_steps) == (512, 80, 1_000_000)
-  assert p2.global_batch_size == 256 and p2.init_from   # phase 2 continues phase 1
-  assert p1.topology == {bert_base: "v3:4x4", bert_large: "v3:8x8"}[module]   # 16 / 64 chips
+  # "batch size of 256 sequences (256 sequences * 512 tokens = 128,000 tokens/batch)": the literal
+  # reading in phase 1 and phase 2; phase1_tokens keeps phase 2's tokens per batch at seq 128.
+  tokens = lambda c: c.global_batch_size * c.data.seq_length
+  assert (p1.global_batch_size, tokens(p1)) == (256, 32_768)
+  assert (p1_tokens.global_batch_size, tokens(p1_tokens)) == (1024, 131_072)
+  assert (p2.global_batch_size, tokens(p2)) == (256, 131_072)
+  assert p2.init_from   # phase 2 continues phase 1
+  assert p1.topology == p1_tokens.topology == {bert_base: "v3:4x4", bert_large: "v3:8x8"}[module]   # 16 / 64 chips
+  with pytest.raises(ValueError, match="phase1_tokens"):
+    module.get_config("phase3")
 
 
 @pytest.mark.parametrize("module, lr, warmup", [(roberta_base, 6e-4, 24_000), (roberta_large, 4e-4, 30_000)])
