@@ -343,7 +343,7 @@ def _worker_pool(num_workers: int, output_dir: str, do_lower_case: bool):
   and not spawned either, which would import TensorFlow in each (about 5 CPU-seconds apiece).
   """
   context = multiprocessing.get_context("forkserver")
-  context.set_forkserver_preload(["tensorflow_text", "bert_jax.prepare"])
+  context.set_forkserver_preload(["bert_jax.quiet_tensorflow", "bert_jax.prepare"])
   try:
     with context.Pool(num_workers, _warm_up, (output_dir, do_lower_case)) as pool:
       yield pool
