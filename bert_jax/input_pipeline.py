@@ -301,16 +301,20 @@ def _split_documents(data_config, split: str, process_index: int, process_count:
                         eval_fraction=c.eval_fraction)
 
 
+def load_tokenizer(data_config):
+  """The tokenizer of `data_config`: `vocab_file`, else the one `prepare` saved beside the shards."""
+  from bert_jax import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  where = data_config.vocab_file or data_config.train_files
+  if not tf.io.gfile.isdir(where) and not data_config.vocab_file:
+    where = os.path.dirname(where)
+  return tokenizer_lib.load_tokenizer(where, data_config.do_lower_case)
+
+
 def _make_batch_maker(data_config, global_batch_size, process_index, process_count, split, tokenizer):
   process_index, process_count = _host(process_index, process_count)
   if global_batch_size % process_count:
     raise ValueError(f"global batch {global_batch_size} is not divisible by {process_count} hosts")
-  if tokenizer is None:
-    from bert_jax import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
-    where = data_config.vocab_file or data_config.train_files
-    if not tf.io.gfile.isdir(where) and not data_config.vocab_file:
-      where = os.path.dirname(where)
-    tokenizer = tokenizer_lib.load_tokenizer(where, data_config.do_lower_case)
+  tokenizer = load_tokenizer(data_config) if tokenizer is None else tokenizer
   docs = _split_documents(data_config, split, process_index, process_count)
   return BatchMaker(docs, tokenizer, data_config, global_batch_size // process_count, process_index)
 

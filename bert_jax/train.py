@@ -6,6 +6,7 @@ The train state is never built unsharded: `jax.eval_shape(init)` gives its shape
 names, the config's rules map those to the mesh, and `init` is jitted with those out_shardings.
 """
 
+import collections
 import dataclasses
 import functools
 import math
@@ -18,10 +19,12 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding
 
 from bert_jax import checkpointing
+from bert_jax import curves
 from bert_jax import flops as flops_lib
 from bert_jax import heads
 from bert_jax import metrics_writer
@@ -199,14 +202,29 @@ def sync_hosts(name: str) -> None:
     multihost_utils.sync_global_devices(name)
 
 
-def create_iterator(data_config, config, split: str):
+def load_tokenizer(data_config, config):
+  """The data's tokenizer, checked against the model before anything is compiled: an id past the
+  embedding table would train on garbage (NaN, or silently clipped rows)."""
+  from bert_jax import input_pipeline  # pylint: disable=g-import-not-at-top
+  tokenizer = input_pipeline.load_tokenizer(data_config)
+  vocab_size = bert_config(config).vocab_size
+  if tokenizer.vocab_size > vocab_size:
+    raise ValueError(
+        f"the tokenizer of {data_config.vocab_file or data_config.train_files!r} has {tokenizer.vocab_size} "
+        f"tokens but the model's embedding table has {vocab_size} (model.vocab_size): set "
+        f"--config.model.vocab_size={tokenizer.vocab_size} or use the vocabulary the data was prepared with")
+  return tokenizer
+
+
+def create_iterator(data_config, config, split: str, tokenizer=None):
   """The host-local batch iterator of `split`: endless and resumable for "train", the same
   `config.eval_steps` batches on every call for "eval" (bert_jax/input_pipeline.py)."""
   from bert_jax import input_pipeline  # pylint: disable=g-import-not-at-top
   if split == "eval":
     return input_pipeline.create_eval_iterator(data_config, global_batch_size=config.global_batch_size,
-                                               num_batches=config.eval_steps)
-  return input_pipeline.create_pretrain_iterator(data_config, global_batch_size=config.global_batch_size)
+                                               num_batches=config.eval_steps, tokenizer=tokenizer)
+  return input_pipeline.create_pretrain_iterator(data_config, global_batch_size=config.global_batch_size,
+                                                 tokenizer=tokenizer)
 
 
 def restore_or_init(s: Setup, config, checkpointer: checkpointing.Checkpointer, train_iter, rng):
@@ -241,13 +259,57 @@ def summarize(prefix: str, sums: dict[str, Any]) -> dict[str, float]:
 
 
 def evaluate(s: Setup, eval_iter, eval_start: dict, params) -> dict[str, float]:
-  """Loss sums over the held-out batches of `eval_iter`, replayed from `eval_start` every time."""
+  """Loss sums over the held-out batches of `eval_iter`, replayed from `eval_start` every time.
+
+  Also `eval/unigram_accuracy`: the accuracy of always predicting the most frequent target of these
+  very batches (their majority class, counted on this host's rows): the plateau a model that ignores
+  the context reaches, measured on the same data.
+  """
   eval_iter.set_state(eval_start)
-  totals = None
+  totals, counts = None, collections.Counter()
   for host_batch in eval_iter:
     sums = s.eval_step(params, sharding.global_batch(host_batch, s.mesh))
     totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
-  return summarize("eval", jax.device_get(totals)) if totals is not None else {}
+    real = np.asarray(host_batch["masked_lm_weights"]) > 0
+    counts.update(np.asarray(host_batch["masked_lm_ids"])[real].tolist())
+  if totals is None:
+    return {}
+  scalars = summarize("eval", jax.device_get(totals))
+  if counts:
+    scalars["eval/unigram_accuracy"] = max(counts.values()) / sum(counts.values())
+  return scalars
+
+
+def fill_mask_examples(config, params, tokenizer, eval_iter, eval_start, count: int) -> str:
+  """`count` held-out lines with one word masked: the word and the model's top 5 (bert_jax/fill_mask.py).
+
+  The word is the middle single-piece word of each row of the first held-out batch, shown with 12
+  tokens of context either side (the model sees the same); the lines are the same at every call.
+  """
+  from bert_jax import fill_mask  # pylint: disable=g-import-not-at-top
+  eval_iter.set_state(eval_start)
+  batch = next(iter(eval_iter))
+  ids = np.array(batch["input_ids"])
+  rows, slots = np.nonzero(batch["masked_lm_weights"])   # the masking of eval batches, undone
+  ids[rows, batch["masked_lm_positions"][rows, slots]] = batch["masked_lm_ids"][rows, slots]
+  starts = tokenizer.word_start_table()
+  texts, words = [], []
+  for row, mask in zip(ids, batch["input_mask"]):
+    line = [int(t) for t, m in zip(row, mask) if m and t not in (tokenizer.cls_id, tokenizer.sep_id)]
+    tokens = tokenizer.convert_ids_to_tokens(line)
+    single = [j for j, t in enumerate(tokens) if starts[line[j]] and t.isalpha() and len(t) > 2
+              and (j + 1 == len(line) or starts[line[j + 1]])]
+    if single and len(texts) < count:
+      j = single[len(single) // 2]
+      context = line[max(0, j - 12):j] + [tokenizer.mask_id] + line[j + 1:j + 13]   # a line's worth around it
+      texts.append(tokenizer.decode(context))
+      words.append(tokens[j])
+  predictions = fill_mask.predict(bert_config(config), jax.device_get(params), tokenizer, texts, top_k=5)
+  lines = []
+  for text, word, (candidates,) in zip(texts, words, predictions):
+    shown = "  ".join(f"{token} {prob:.2f}" for token, prob in candidates)
+    lines += [f"  {text}", f"    masked: {word!r}; top 5: {shown}"]
+  return "\n".join(lines)
 
 
 def _accumulate(interval: dict, metrics: dict) -> dict:
@@ -305,12 +367,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   os.makedirs(workdir, exist_ok=True)
   mesh = sharding.create_mesh(config.mesh)
   data_config = prepared_data_config(config, workdir)
+  tokenizer = load_tokenizer(data_config, config)
   s = setup(config, mesh)
   init_rng, dropout_rng = jax.random.split(jax.random.key(config.seed))
   checkpointer = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"), keep=config.keep_checkpoints,
                                             async_save=config.async_checkpointing)
-  train_iter = create_iterator(data_config, config, split="train")
-  eval_iter = create_iterator(data_config, config, split="eval") if config.eval_steps > 0 else None
+  train_iter = create_iterator(data_config, config, "train", tokenizer)
+  eval_iter = create_iterator(data_config, config, "eval", tokenizer) if config.eval_steps > 0 else None
   eval_start = eval_iter.get_state() if eval_iter is not None else None
   state, origin = restore_or_init(s, config, checkpointer, train_iter, init_rng)
   step = int(state.step)   # the one host sync before the loop: a host-side step counter from here on
@@ -363,8 +426,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     writer.close()
     preemption.close()
   shown = {k: round(v, 4) for k, v in results.items() if k.startswith("eval/")}
+  plot = curves.plot_pretraining(workdir) if jax.process_index() == 0 else None
+  if eval_iter is not None and config.fill_mask_examples > 0 and jax.process_count() == 1:
+    _say(f"fill-mask on held-out lines at step {step}:\n" + fill_mask_examples(
+        config, state.params, tokenizer, eval_iter, eval_start, config.fill_mask_examples))
+  if "eval/mlm_accuracy" in results:
+    _say(f"held-out MLM accuracy {results['eval/mlm_accuracy']:.3f}; always predicting the most frequent "
+         f"held-out target: {results['eval/unigram_accuracy']:.3f}")
   _say(f"done at step {step}: {shown}; checkpoint {checkpointer.directory}/{checkpointer.latest_step()}, "
-       f"metrics {workdir}/metrics.jsonl, TensorBoard {workdir}/tensorboard")
+       f"metrics {workdir}/metrics.jsonl, TensorBoard {workdir}/tensorboard, curves {plot}")
   return results
 
 

@@ -134,6 +134,7 @@ def pretrain_config() -> ml_collections.ConfigDict:
   c.log_every = 100
   c.eval_every = 10_000
   c.eval_steps = 20               # batches of `global_batch_size` per evaluation; 0 disables eval
+  c.fill_mask_examples = 3        # held-out lines with a masked word and the top 5, printed at the end
   c.max_nonfinite_steps = 10      # stop after this many non-finite steps in a row
   c.peak_flops_per_device = 0.0   # for MFU; 0 = not reported
   c.topology = ""                 # TPU topology the recipe was sized for (default of `bert-jax aot`)

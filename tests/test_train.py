@@ -271,3 +271,21 @@ def test_packed_and_sentence_free_batches_train(data_dir, fmt, packing):
     assert metrics["nsp_weight"] == host_batch["next_sentence_weights"].sum() >= config.global_batch_size
   else:
     assert "nsp_loss_sum" not in metrics
+
+
+def test_tokenizer_larger_than_the_embedding_table_stops_before_compiling(data_dir, tmp_path, monkeypatch):
+  compiled = []
+  monkeypatch.setattr(train, "setup", lambda *a, **k: compiled.append(1))
+  config = tiny_config(data_dir, **{"model.vocab_size": 64})   # the data's vocabulary: about 110 tokens
+  with pytest.raises(ValueError, match=r"has 1[0-9]{2} tokens but the model's embedding table has 64"):
+    train.train_and_evaluate(config, str(tmp_path / "run"))
+  assert not compiled
+
+
+def test_relative_workdir_and_paths_become_absolute(data_dir, tmp_path, monkeypatch):
+  """Orbax rejects relative paths: a relative --workdir and data path must still train and checkpoint."""
+  monkeypatch.chdir(tmp_path)
+  os.symlink(data_dir, tmp_path / "prepared")
+  config = tiny_config("prepared", train_steps=2, checkpoint_every=1, eval_steps=0)
+  train.train_and_evaluate(config, "runs/rel")
+  assert sorted(os.listdir(tmp_path / "runs" / "rel" / "checkpoints")) == ["1", "2"]

@@ -1,0 +1,50 @@
+"""A PNG of a run's learning curves, drawn from its `metrics.jsonl` (bert_jax/metrics_writer.py).
+
+    bert_jax.curves.plot_pretraining(workdir)   # -> <workdir>/curves.png
+
+Two panels: MLM loss and MLM accuracy, train (interval means) and held-out evaluation, with the
+held-out unigram baseline (always the most frequent target) as a dashed line when it was measured.
+"""
+
+import json
+import os
+
+
+def read_metrics(path: str) -> list[dict]:
+  """The records of a metrics.jsonl, in file order (a resumed run appends to the same file)."""
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def _series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
+  points = {r["step"]: r[key] for r in records if key in r}   # a replayed step keeps its last value
+  steps = sorted(points)
+  return steps, [points[s] for s in steps]
+
+
+def plot_pretraining(workdir: str, filename: str = "curves.png") -> str:
+  """Draws `<workdir>/metrics.jsonl` into `<workdir>/<filename>`; returns the PNG's path."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  records = read_metrics(os.path.join(workdir, "metrics.jsonl"))
+  fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+  for ax, metric, title in ((axes[0], "mlm_loss", "MLM loss"), (axes[1], "mlm_accuracy", "MLM accuracy")):
+    for split, style in (("train", "-"), ("eval", "o-")):
+      steps, values = _series(records, f"{split}/{metric}")
+      if steps:
+        ax.plot(steps, values, style, label="held-out" if split == "eval" else "train", markersize=4)
+    ax.set_title(title)
+    ax.set_xlabel("step")
+    ax.grid(alpha=0.3)
+  _, baseline = _series(records, "eval/unigram_accuracy")
+  if baseline:
+    axes[1].axhline(baseline[-1], linestyle="--", color="gray", label="held-out unigram baseline")
+  for ax in axes:
+    ax.legend()
+  fig.tight_layout()
+  path = os.path.join(workdir, filename)
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+  return path
