@@ -7,12 +7,11 @@ The feature-based use of BERT (Devlin et al. 2019, 5.3; ELMo-style layer mixing)
 Each input line is {"text": ..., "text_b": ... (optional)} or {"input_ids": [...], "token_type_ids": [...]
 (optional)}. The output holds, for example i (the i-th line): `hidden_states_{i}` [layers + 1, seq, hidden]
 (embeddings first), `last_hidden_state_{i}` [seq, hidden], `pooler_output_{i}` [hidden], and the
-`input_ids_{i}` / `token_type_ids_{i}` that were fed. DIR is a Hugging Face directory (config.json +
-model.safetensors) or a Google TF checkpoint directory (bert_config.json + bert_model.ckpt.*).
+`input_ids_{i}` / `token_type_ids_{i}` that were fed. DIR is any checkpoint `checkpoint_loader` reads: a
+Hugging Face directory, a Google TF checkpoint, a bert_jax pretraining run or a finetuned workdir.
 """
 
 import json
-import pathlib
 
 from absl import app
 from absl import flags
@@ -20,18 +19,18 @@ from absl import logging
 import jax
 import numpy as np
 
-from bert_jax import checkpoints_hf
-from bert_jax import checkpoints_tf
+from bert_jax import checkpoint_loader
 from bert_jax import model
 
-_CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Hugging Face or Google TF checkpoint directory.")
+_CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Hugging Face directory, Google TF checkpoint, bert_jax "
+                                  "pretraining run or finetuned workdir.")
 # `input` and `do_lower_case` are also flags of `bert-jax prepare`. The CLI imports one subcommand
 # module only, but a process importing both (the test suite) must not fail on the duplicate name.
 _INPUT = flags.DEFINE_string("input", None,
                              "JSON lines with `text` (+`text_b`) or `input_ids` (+`token_type_ids`).",
                              allow_override=True)
 _OUTPUT = flags.DEFINE_string("output", None, "Output .npz file.")
-_VOCAB = flags.DEFINE_string("vocab", None, "Vocabulary for text input; default: the checkpoint's vocab.txt.")
+_VOCAB = flags.DEFINE_string("vocab", None, "Vocabulary for text input; default: the checkpoint's.")
 _DO_LOWER_CASE = flags.DEFINE_bool("do_lower_case", True, "Lowercase text input (uncased models); default: "
                                    "the checkpoint's tokenizer_config.json if it says, else True.",
                                    allow_override=True)
@@ -40,16 +39,6 @@ _BATCH_SIZE = flags.DEFINE_integer("batch_size", 8, "Examples per forward pass."
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype.")
 
 _LENGTH_BUCKET = 16  # pad batches to a multiple of this: few shapes, few compilations
-
-
-def load_checkpoint(path, **config_overrides) -> tuple:
-  """(BertConfig, encoder params) from a Hugging Face or Google TF checkpoint directory."""
-  path = pathlib.Path(path)
-  if (path / "config.json").exists():
-    cfg, params = checkpoints_hf.load_hf(path, **config_overrides)
-  else:
-    cfg, params = checkpoints_tf.load_tf(path, **config_overrides)
-  return cfg, params["bert"]
 
 
 def read_examples(lines, tokenizer=None, max_length: int = 512) -> list:
@@ -104,20 +93,17 @@ def embed_examples(cfg: model.BertConfig, params, examples, batch_size: int = 8)
   return arrays
 
 
-def checkpoint_lower_case(checkpoint, default: bool = True) -> bool:
-  """`do_lower_case` of a Hugging Face directory's tokenizer_config.json (cased models say False)."""
-  path = pathlib.Path(checkpoint) / "tokenizer_config.json"
-  return bool(json.loads(path.read_text()).get("do_lower_case", default)) if path.exists() else default
-
-
 def _tokenizer():
-  """The --vocab tokenizer, else the checkpoint's vocab.txt if any (input_ids input needs none)."""
-  vocab = _VOCAB.value or pathlib.Path(_CHECKPOINT.value) / "vocab.txt"
-  if _VOCAB.value is None and not vocab.exists():
-    return None
-  from bert_jax import tokenizer  # pylint: disable=g-import-not-at-top
-  lower = _DO_LOWER_CASE.value if _DO_LOWER_CASE.present else checkpoint_lower_case(_CHECKPOINT.value)
-  return tokenizer.load_tokenizer(str(vocab), do_lower_case=lower)
+  """The --vocab tokenizer, else the checkpoint's; None if it has none (input_ids input needs none)."""
+  lower = _DO_LOWER_CASE.value if _DO_LOWER_CASE.present else None
+  if _VOCAB.value is not None:
+    from bert_jax import tokenizer  # pylint: disable=g-import-not-at-top
+    lower = checkpoint_loader.lower_case(_CHECKPOINT.value) if lower is None else lower
+    return tokenizer.load_tokenizer(_VOCAB.value, do_lower_case=lower)
+  try:
+    return checkpoint_loader.load_tokenizer(_CHECKPOINT.value, lower)
+  except FileNotFoundError:
+    return None  # text input, if any, then says it needs a vocabulary
 
 
 def main(argv) -> None:
@@ -127,9 +113,9 @@ def main(argv) -> None:
   for flag in (_CHECKPOINT, _INPUT, _OUTPUT):
     if flag.value is None:
       raise app.UsageError(f"--{flag.name} is required")
-  cfg, params = load_checkpoint(_CHECKPOINT.value, dtype=_DTYPE.value)
+  cfg, params = checkpoint_loader.load_model(_CHECKPOINT.value, dtype=_DTYPE.value)
   with open(_INPUT.value) as f:
     examples = read_examples(f, _tokenizer(), _MAX_LENGTH.value or cfg.max_position_embeddings)
-  arrays = embed_examples(cfg, params, examples, _BATCH_SIZE.value)
+  arrays = embed_examples(cfg, params["bert"], examples, _BATCH_SIZE.value)
   np.savez(_OUTPUT.value, **arrays)
   logging.info("wrote %d examples to %s", len(examples), _OUTPUT.value)

@@ -1,4 +1,5 @@
-"""`bert-jax embed` end to end on the MiniLM checkpoint, against transformers' reference outputs."""
+"""`bert-jax embed` end to end on the MiniLM checkpoint, against transformers' reference outputs, and on a
+bert_jax pretraining run."""
 
 import json
 import os
@@ -10,8 +11,10 @@ import jax
 import numpy as np
 import pytest
 
+from bert_jax import checkpoint_loader
 from bert_jax import embed
 from bert_jax import model
+from test_checkpoint_loader import trained_run
 from tests.conftest import REPO_ROOT
 from tests.conftest import shared_path
 
@@ -85,7 +88,15 @@ def test_embed_examples_match_unpadded_forward_near_the_position_limit():
     np.testing.assert_allclose(arrays[f"pooler_output_{i}"], ref["pooled_output"][0], atol=1e-5)
 
 
-def test_lower_casing_follows_the_checkpoints_tokenizer_config(tmp_path):
-  assert embed.checkpoint_lower_case(tmp_path)  # no tokenizer_config.json: uncased, as BERT's default
-  (tmp_path / "tokenizer_config.json").write_text('{"do_lower_case": false, "model_max_length": 512}')
-  assert not embed.checkpoint_lower_case(tmp_path)
+@pytest.mark.slow
+def test_embed_command_reads_a_pretraining_run(tmp_path_factory, tmp_path):
+  run = trained_run(tmp_path_factory)
+  lines = ['{"text": "the king keeps the crown ."}', '{"input_ids": [2, 7, 3]}']
+  (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
+  run_cli(f"--checkpoint={run}/checkpoints/10", f"--input={tmp_path / 'in.jsonl'}", f"--output={tmp_path / 'out.npz'}")
+  out = np.load(tmp_path / "out.npz")
+  cfg, params, tok = checkpoint_loader.load(run)
+  expected = embed.embed_examples(cfg, params["bert"], embed.read_examples(lines, tok), batch_size=8)
+  assert sorted(out) == sorted(expected) and out["hidden_states_0"].shape == (2, 8, 32)
+  for key, value in expected.items():
+    np.testing.assert_allclose(out[key], value, atol=1e-5, err_msg=key)

@@ -1,0 +1,192 @@
+"""Every checkpoint a user may name, found by one rule: its model config, params and tokenizer.
+
+    cfg, params, tok = checkpoint_loader.load("runs/bert_tiny")   # params {"bert", "mlm", "nsp"}
+
+A path is, checked in this order:
+  * a Hugging Face directory: config.json (+ model.safetensors), read by `checkpoints_hf`;
+  * a Google TF checkpoint: a `*.ckpt` prefix, or a directory holding one (`*.index`), with
+    bert_config.json beside it, read by `checkpoints_tf`;
+  * a bert_jax (orbax) checkpoint: a pretraining workdir, its `checkpoints/` or `checkpoints/<step>`; a
+    finetuned workdir, its `best/` or `best/<step>`. Its config is the bert_config.json of the nearest
+    directory above the steps: the workdir, where pretraining writes it at start (`write_run_record`)
+    and so does finetuning.
+The tokenizer (vocab.txt or a SentencePiece *.model) and tokenizer_config.json (`do_lower_case`) are read
+from the directory that holds the config. Params come back as host numpy arrays: the encoder under
+"bert" and whatever heads were saved ("mlm", "nsp", a finetuned head).
+"""
+
+import dataclasses
+import json
+import os
+import tempfile
+from typing import Any, NamedTuple
+
+from etils import epath
+import jax
+
+from bert_jax import model
+from bert_jax import tokenizer as tokenizer_lib
+
+KINDS = ("hf", "tf", "bert_jax")
+HF_CONFIG, CONFIG, TOKENIZER_CONFIG = "config.json", "bert_config.json", "tokenizer_config.json"
+# Where a workdir keeps its orbax checkpoints: pretraining (train.py), finetuning's best (finetune/trainer.py).
+_RUN_CHECKPOINTS = ("checkpoints", "best")
+_LOOKED_FOR = ("a Hugging Face directory (config.json + model.safetensors), a Google TF checkpoint (a *.ckpt "
+               "prefix or a directory holding *.index, with bert_config.json), a bert_jax pretraining run (its "
+               "workdir, checkpoints/ or checkpoints/<step>) or a finetuned workdir (or its best/)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Found:
+  """A located checkpoint."""
+  kind: str        # one of KINDS
+  checkpoint: str  # what its reader takes: the HF directory, TF prefix or directory, orbax directory or <dir>/<step>
+  directory: str   # the directory holding its config and tokenizer
+
+
+class Loaded(NamedTuple):
+  config: model.BertConfig
+  params: dict
+  tokenizer: Any
+
+
+def find(path, kind: str = "auto") -> Found:
+  """Where `path` (as a user types it) keeps its weights, config and tokenizer.
+
+  Args:
+    path: a checkpoint as the module docstring lists.
+    kind: "auto" (detect), or one of KINDS to skip detection.
+  Raises:
+    FileNotFoundError: `path` does not exist. ValueError: it is none of the kinds.
+  """
+  if kind not in ("auto",) + KINDS:
+    raise ValueError(f"checkpoint kind {kind!r}: one of auto, {', '.join(KINDS)}")
+  path = str(path) if "://" in str(path) else os.path.abspath(path)   # orbax wants absolute paths
+  p = epath.Path(path)
+  tf_prefix = epath.Path(path + ".index").exists()
+  if not p.exists() and not tf_prefix:
+    raise FileNotFoundError(f"checkpoint {path} does not exist")
+  if kind == "hf" or (kind == "auto" and (p / HF_CONFIG).exists()):
+    return Found("hf", path, path)
+  if kind == "tf" or (kind == "auto" and (tf_prefix or (p.is_dir() and any(p.glob("*.index"))))):
+    return Found("tf", path, path if p.is_dir() else str(p.parent))
+  orbax = _orbax_checkpoint(p)
+  if orbax is None:
+    raise ValueError(f"{path} is not a checkpoint: looked for {_LOOKED_FOR}")
+  steps = orbax if not _is_step(orbax) else orbax.parent
+  directory = next((d for d in (steps, steps.parent) if (d / CONFIG).exists()), steps.parent)
+  return Found("bert_jax", str(orbax), str(directory))
+
+
+def _is_step(p: epath.Path) -> bool:
+  return p.name.isdigit() and (p / "state").is_dir()   # <step>/state: checkpointing.Checkpointer's item
+
+
+def _has_steps(p: epath.Path) -> bool:
+  return p.is_dir() and any(_is_step(c) for c in p.iterdir())
+
+
+def _orbax_checkpoint(p: epath.Path) -> epath.Path | None:
+  """A step, a directory of steps, or a workdir's directory of steps; None if none."""
+  if _is_step(p) or _has_steps(p):
+    return p
+  return next((p / d for d in _RUN_CHECKPOINTS if _has_steps(p / d)), None)
+
+
+def _config_file(found: Found, bert_config_json: str | None) -> epath.Path:
+  config = epath.Path(bert_config_json or os.path.join(found.directory, CONFIG))
+  if not config.exists():
+    raise FileNotFoundError(
+        f"{found.checkpoint}: a {found.kind} checkpoint without its model config {config}; give its "
+        "bert_config.json (finetuning: config.bert_config_json). Pretraining runs write one into the workdir "
+        "at start (checkpoint_loader.write_run_record).")
+  return config
+
+
+def load_model(path, *, kind: str = "auto", bert_config_json: str | None = None, scan_layers: bool = False,
+               **config_overrides) -> tuple[model.BertConfig, dict]:
+  """(BertConfig, params) of the checkpoint at `path`; see `load`."""
+  return _read_model(find(path, kind), bert_config_json, scan_layers, config_overrides)
+
+
+def _read_model(found: Found, bert_config_json, scan_layers: bool, config_overrides: dict) -> tuple:
+  if found.kind == "hf":
+    from bert_jax import checkpoints_hf  # pylint: disable=g-import-not-at-top
+    cfg, params = checkpoints_hf.load_hf(found.checkpoint, **config_overrides)
+  elif found.kind == "tf":
+    from bert_jax import checkpoints_tf  # pylint: disable=g-import-not-at-top
+    config = _config_file(found, bert_config_json)
+    cfg, params = checkpoints_tf.load_tf(found.checkpoint, str(config), **config_overrides)
+  else:
+    from bert_jax import checkpointing  # pylint: disable=g-import-not-at-top
+    hf_dict = json.loads(_config_file(found, bert_config_json).read_text())
+    cfg = model.BertConfig.from_hf_dict(hf_dict, **config_overrides)
+    params = checkpointing.restore_params(found.checkpoint)
+  if "bert" not in params:
+    raise ValueError(f"{found.checkpoint}: no encoder params ('bert') in the checkpoint, only {sorted(params)}")
+  # Either layout in, the asked layout out (both functions leave the other layout unchanged).
+  params = model.scan_params(params) if scan_layers else model.unscan_params(params)
+  return dataclasses.replace(cfg, scan_layers=scan_layers), params
+
+
+def lower_case(path) -> bool:
+  """The checkpoint's tokenizer_config.json `do_lower_case` (cased models say False); True without one."""
+  return _lower_case(find(path).directory)
+
+
+def _lower_case(directory: str) -> bool:
+  config = epath.Path(directory) / TOKENIZER_CONFIG
+  return bool(json.loads(config.read_text()).get("do_lower_case", True)) if config.exists() else True
+
+
+def load_tokenizer(path, do_lower_case: bool | None = None):
+  """The checkpoint's tokenizer; `do_lower_case` None: as its tokenizer_config.json says.
+
+  Raises FileNotFoundError when its directory holds neither vocab.txt nor a SentencePiece *.model.
+  """
+  return _read_tokenizer(find(path), do_lower_case)
+
+
+def _read_tokenizer(found: Found, lower: bool | None):
+  return tokenizer_lib.load_tokenizer(found.directory, _lower_case(found.directory) if lower is None else lower)
+
+
+def load(path, *, kind: str = "auto", bert_config_json: str | None = None, scan_layers: bool = False,
+         do_lower_case: bool | None = None, **config_overrides) -> Loaded:
+  """(config, params, tokenizer) of the checkpoint at `path`.
+
+  Args:
+    path: a checkpoint as the module docstring lists; relative paths are from the working directory.
+    kind: "auto", or one of KINDS to skip detection.
+    bert_config_json: the model config of a TF or bert_jax checkpoint, if not the one beside it.
+    scan_layers: the params' layout (encoder layers stacked under `layers`), also set in the config.
+    do_lower_case: the tokenizer's; None: as the checkpoint's tokenizer_config.json says, else True.
+    **config_overrides: BertConfig fields to set (dtype, remat_policy, dropout...).
+  Returns:
+    Loaded(config, params as host numpy arrays {"bert", plus the saved heads}, tokenizer).
+  """
+  found = find(path, kind)
+  cfg, params = _read_model(found, bert_config_json, scan_layers, config_overrides)
+  return Loaded(cfg, params, _read_tokenizer(found, do_lower_case))
+
+
+def write_run_record(workdir: str, model_config: model.BertConfig, vocab_path: str, do_lower_case: bool) -> None:
+  """Writes what `load` reads beside a run's checkpoints: bert_config.json, the vocabulary and
+  tokenizer_config.json (`do_lower_case`). Process 0 writes; the other processes return.
+
+  Args:
+    workdir: the run's directory (local or remote, e.g. gs://).
+    model_config: the model trained.
+    vocab_path: vocab.txt, a SentencePiece *.model, or a directory holding one (a prepared data directory).
+    do_lower_case: whether text is lowercased before tokenizing.
+  """
+  if jax.process_index() != 0:
+    return
+  root = epath.Path(workdir)
+  root.mkdir(parents=True, exist_ok=True)
+  (root / CONFIG).write_text(json.dumps(model_config.to_hf_dict(), indent=2) + "\n")
+  with tempfile.TemporaryDirectory() as local:
+    # The tokenizer's `save` names the copy (vocab.txt or spm.model); then on to a possibly remote workdir.
+    saved = epath.Path(tokenizer_lib.load_tokenizer(vocab_path, do_lower_case).save(local))
+    saved.copy(root / saved.name, overwrite=True)
+  (root / TOKENIZER_CONFIG).write_text(json.dumps({"do_lower_case": do_lower_case}) + "\n")
