@@ -6,6 +6,7 @@ when saved from a model with heads (`BertForPreTraining`: `cls.predictions.*`, `
 
 The conversion is by explicit name table (`tensor_table`), so a missing, unexpected or misshapen tensor is
 an error naming it. The only tensors skipped are documented buffers and tied copies (`IGNORED`, `TIED`).
+A BertForMaskedLM checkpoint saves no pooler: ours is then newly initialised, as transformers does.
 """
 
 import dataclasses
@@ -13,6 +14,7 @@ import json
 import pathlib
 import shutil
 
+from absl import logging
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -124,6 +126,8 @@ def from_state_dict(cfg: model.BertConfig, state: dict, scan_layers: bool = Fals
   state = _canonical_names(state)
   mlm = any(n.startswith("cls.predictions.") for n in state)
   nsp = any(n.startswith("cls.seq_relationship.") for n in state)
+  if mlm and not any(n.startswith("pooler.") for n in state):
+    state.update(_initial_pooler(cfg))
   transforms, shapes = _transforms(cfg), expected_shapes(cfg, mlm, nsp)
   params, problems, used = {}, [], set(IGNORED)
   for name, path, kind in tensor_table(cfg, mlm, nsp):
@@ -151,6 +155,17 @@ def from_state_dict(cfg: model.BertConfig, state: dict, scan_layers: bool = Fals
   if problems:
     raise ValueError("checkpoint does not match the BERT config:\n  " + "\n  ".join(problems))
   return model.scan_params(params) if scan_layers else params
+
+
+def _initial_pooler(cfg: model.BertConfig) -> dict:
+  """A fresh pooler for a BertForMaskedLM checkpoint, which saves none (`add_pooling_layer=False`).
+
+  Initialised as transformers does when it loads one into a model with a pooler (normal, stddev
+  initializer_range; zero bias), from a fixed seed. Masked-token predictions do not use it.
+  """
+  logging.warning("checkpoint has an MLM head but no pooler (BertForMaskedLM): the pooler is newly initialised")
+  weight = np.random.default_rng(0).normal(0.0, cfg.initializer_range, (cfg.hidden_size, cfg.hidden_size))
+  return {"pooler.dense.weight": weight.astype(np.float32), "pooler.dense.bias": np.zeros(cfg.hidden_size, np.float32)}
 
 
 def to_state_dict(cfg: model.BertConfig, params: dict) -> dict:

@@ -1,0 +1,160 @@
+"""`bert-jax fill-mask`: the most likely tokens at each [MASK] of a text, from the pretraining MLM head.
+
+    bert-jax fill-mask --checkpoint=workdir/tiny "the king wears the [MASK] ." --top_k=5
+    bert-jax fill-mask --checkpoint=DIR --input=texts.txt --output=predictions.jsonl   # one text a line
+
+The checkpoint is any that `checkpoint_loader` reads and that kept its MLM head: a bert_jax pretraining
+run, a Hugging Face BertForPreTraining / BertForMaskedLM directory (`cls.predictions.*`), or a Google TF
+checkpoint (`cls/predictions/*`). `predict` is the library call (the pretraining loop's examples use it).
+`[MASK]` as typed becomes the mask token, whatever the tokenizer would make of the characters.
+"""
+
+import functools
+import json
+import re
+import sys
+
+from absl import app
+from absl import flags
+import jax
+import numpy as np
+
+from bert_jax import checkpoint_loader
+from bert_jax import heads
+from bert_jax import model
+from bert_jax import tokenizer as tokenizer_lib
+
+FLAGS = flags.FLAGS
+_LENGTH_BUCKET = 16  # pad batches to a multiple of this: few shapes, few compilations
+
+
+def define_flags() -> None:
+  """The command's flags, defined when the CLI runs it: importing `predict` defines none."""
+  flags.DEFINE_string("checkpoint", None, "Checkpoint with an MLM head (a bert_jax pretraining run, a Hugging "
+                      "Face or a Google TF checkpoint).")
+  flags.DEFINE_string("input", None, "Text file, one text with [MASK]s per line (instead of texts as arguments).")
+  flags.DEFINE_string("output", None, "Also write the predictions here, one JSON object per text.")
+  flags.DEFINE_integer("top_k", 5, "Tokens shown for each [MASK].")
+  flags.DEFINE_bool("do_lower_case", None, "Lowercase the text; default: the checkpoint's tokenizer_config.json, "
+                    "else True.")
+  flags.DEFINE_integer("batch_size", 8, "Texts per forward pass.")
+
+
+def encode(tokenizer, text: str, max_length: int) -> tuple[list[int], list[int]]:
+  """(`[CLS] text [SEP]` ids with the mask id where `[MASK]` is typed, the mask positions).
+
+  The tokenizer's own spelling of the mask token (`<mask>` in some SentencePiece models: what its
+  `decode` writes) is a mask too.
+  """
+  spellings = {tokenizer_lib.MASK, *tokenizer.convert_ids_to_tokens([tokenizer.mask_id])}
+  pieces = re.split("|".join(re.escape(s) for s in sorted(spellings)), text)
+  if len(pieces) == 1:
+    raise ValueError(f"no {tokenizer_lib.MASK} in {text!r}")
+  ids, positions = [tokenizer.cls_id], []
+  for i, piece in enumerate(pieces):
+    if i:
+      positions.append(len(ids))
+      ids.append(tokenizer.mask_id)
+    ids += tokenizer.encode(piece)
+  ids.append(tokenizer.sep_id)
+  if len(ids) > max_length:
+    raise ValueError(f"{len(ids)} tokens, more than the model's {max_length} positions: {text!r}")
+  return ids, positions
+
+
+@functools.cache
+def _top_k_fn(cfg: model.BertConfig, top_k: int, vocab_size: int):
+  """Jitted (params, batch) -> (probabilities, token ids), each [B, P, top_k], best first.
+
+  Only the tokenizer's `vocab_size` ids are candidates: a model's table may be padded past it.
+  """
+  mlm = heads.BertForPreTraining(cfg, use_nsp=False)  # the MLM head at `masked_lm_positions`
+
+  def top(params, batch):
+    logits = mlm.apply({"params": params}, batch)["mlm_logits"]   # [B, P, V] float32
+    probs = jax.nn.softmax(logits, axis=-1)   # float32 on purpose, over the model's whole vocabulary
+    return jax.lax.top_k(probs[..., :vocab_size], top_k)
+  return jax.jit(top)
+
+
+def predict(model_config: model.BertConfig, params: dict, tokenizer, texts, top_k: int = 5,
+            batch_size: int = 8) -> list[list[list[tuple[str, float]]]]:
+  """The `top_k` most likely tokens at each `[MASK]` of each text.
+
+  Args:
+    model_config: the model's config (its `scan_layers` must match the params' layout).
+    params: the pretraining params {"bert": ..., "mlm": ...} (other heads are ignored).
+    tokenizer: the checkpoint's tokenizer.
+    texts: strings, each with at least one `[MASK]`.
+    top_k: tokens per mask.
+    batch_size: texts per forward pass.
+  Returns:
+    Per text, per mask (in order), [(token, probability), ...] most likely first.
+  """
+  if "mlm" not in params:
+    raise ValueError(f"the checkpoint has no MLM head (its params hold {sorted(params)}, no 'mlm'): fill-mask "
+                     "needs one saved with its pretraining heads (HF BertForPreTraining / BertForMaskedLM)")
+  texts = list(texts)
+  encoded = [encode(tokenizer, t, model_config.max_position_embeddings) for t in texts]
+  run = _top_k_fn(model_config, top_k, min(tokenizer.vocab_size, model_config.vocab_size))
+  mlm_params = {"bert": params["bert"], "mlm": params["mlm"]}
+  num_masks = max((len(p) for _, p in encoded), default=0)   # one shape of positions per call
+  order = sorted(range(len(texts)), key=lambda i: len(encoded[i][0]))
+  results = [None] * len(texts)
+  for start in range(0, len(order), batch_size):
+    chunk = order[start:start + batch_size]
+    length = -(-max(len(encoded[i][0]) for i in chunk) // _LENGTH_BUCKET) * _LENGTH_BUCKET
+    length = min(length, model_config.max_position_embeddings)   # never past the position table
+    ids, mask = np.zeros((batch_size, length), np.int32), np.zeros((batch_size, length), np.int32)
+    positions = np.zeros((batch_size, num_masks), np.int32)
+    for row, i in enumerate(chunk):
+      n = len(encoded[i][0])
+      ids[row, :n], mask[row, :n] = encoded[i][0], 1
+      positions[row, :len(encoded[i][1])] = encoded[i][1]
+    batch = {"input_ids": ids, "input_mask": mask, "segment_ids": np.zeros_like(ids),
+             "masked_lm_positions": positions}
+    probs, token_ids = jax.device_get(run(mlm_params, batch))
+    for row, i in enumerate(chunk):
+      results[i] = [list(zip(tokenizer.convert_ids_to_tokens(token_ids[row, m]), probs[row, m].tolist()))
+                    for m in range(len(encoded[i][1]))]
+  return results
+
+
+def format_predictions(texts, predictions) -> str:
+  """The predictions for people: each text, then a line per [MASK] with its tokens and probabilities."""
+  lines = []
+  for text, masks in zip(texts, predictions):
+    lines.append(text)
+    for m, candidates in enumerate(masks, 1):
+      shown = "  ".join(f"{token} {prob:.3f}" for token, prob in candidates)
+      lines.append(f"  {tokenizer_lib.MASK} {m}: {shown}")
+  return "\n".join(lines)
+
+
+def _read_texts(argv) -> list[str]:
+  if FLAGS.input is not None and len(argv) > 1:
+    raise app.UsageError("give texts as arguments or --input, not both")
+  if FLAGS.input is None:
+    if len(argv) < 2:
+      raise app.UsageError('give texts with [MASK] as arguments ("the [MASK] sat .") or --input=FILE')
+    return argv[1:]
+  with open(FLAGS.input, encoding="utf-8") as f:
+    return [line.rstrip("\n") for line in f if line.strip()]
+
+
+def main(argv) -> None:
+  """`bert-jax fill-mask`: prints the predictions (see the module docstring)."""
+  if FLAGS.checkpoint is None:
+    raise app.UsageError("--checkpoint is required")
+  texts = _read_texts(argv)
+  try:
+    cfg, params, tokenizer = checkpoint_loader.load(FLAGS.checkpoint, do_lower_case=FLAGS.do_lower_case)
+    predictions = predict(cfg, params, tokenizer, texts, FLAGS.top_k, FLAGS.batch_size)
+  except (ValueError, FileNotFoundError) as e:  # a checkpoint or text that cannot be used: say why, briefly
+    sys.exit(f"bert-jax fill-mask: {e}")
+  print(format_predictions(texts, predictions))
+  if FLAGS.output is not None:
+    with open(FLAGS.output, "w", encoding="utf-8") as f:
+      for text, masks in zip(texts, predictions):
+        record = {"text": text, "masks": [[{"token": t, "prob": p} for t, p in c] for c in masks]}
+        f.write(json.dumps(record) + "\n")
