@@ -25,6 +25,7 @@ from etils import epath
 import jax
 
 from bert_jax import model
+from bert_jax import paths
 from bert_jax import tokenizer as tokenizer_lib
 
 KINDS = ("hf", "tf", "bert_jax")
@@ -61,7 +62,7 @@ def find(path, kind: str = "auto") -> Found:
   """
   if kind not in ("auto",) + KINDS:
     raise ValueError(f"checkpoint kind {kind!r}: one of auto, {', '.join(KINDS)}")
-  path = str(path) if "://" in str(path) else os.path.abspath(path)   # orbax wants absolute paths
+  path = paths.absolute(str(path))   # orbax wants absolute paths
   p = epath.Path(path)
   tf_prefix = epath.Path(path + ".index").exists()
   if not p.exists() and not tf_prefix:

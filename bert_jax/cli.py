@@ -5,6 +5,7 @@ imports it as a library) and a `main(argv)`; only the chosen one is imported, so
 subcommands never collide.
 """
 
+import functools
 import importlib
 import sys
 
@@ -52,7 +53,15 @@ def main(argv=None) -> None:
   # `--help` describes the key flags of the module named sys.argv[0]: make it the command's flags.
   for flag in flags.FLAGS.get_key_flags_for_module(module):
     flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
-  app.run(module.main, argv=[f"bert-jax {name}"] + rest)
+  app.run(functools.partial(_run, module.main), argv=[f"bert-jax {name}"] + rest)
+
+
+def _run(command_main, argv) -> None:
+  """The command, with library INFO logs (orbax writes dozens per checkpoint) off unless --verbosity."""
+  from absl import flags, logging  # pylint: disable=g-import-not-at-top
+  if not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)
+  command_main(argv)
 
 
 if __name__ == "__main__":

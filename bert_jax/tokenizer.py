@@ -305,6 +305,11 @@ class WordPieceTokenizer(_Tokenizer):
           token_out_type=tf.int32, lower_case_nfd_strip_accents=self.do_lower_case)
     return self._fast[ascii_only]
 
+  @property
+  def source_file(self) -> str:
+    """The file this tokenizer was read from (vocab.txt)."""
+    return self.vocab_file
+
   def save(self, directory: str) -> str:
     return _copy_into(directory, self.vocab_file, VOCAB_FILE)
 
@@ -358,6 +363,11 @@ class SentencePieceTokenizer(_Tokenizer):
   @staticmethod
   def _starts_word(token: str) -> bool:
     return token.startswith("\u2581")
+
+  @property
+  def source_file(self) -> str:
+    """The file this tokenizer was read from (the SentencePiece model)."""
+    return self.model_file
 
   def save(self, directory: str) -> str:
     return _copy_into(directory, self.model_file, SPM_FILE)

@@ -23,8 +23,10 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding
 
+from bert_jax import checkpoint_loader
 from bert_jax import checkpointing
 from bert_jax import curves
+from bert_jax import failures
 from bert_jax import flops as flops_lib
 from bert_jax import heads
 from bert_jax import metrics_writer
@@ -104,7 +106,30 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
   if config.global_batch_size % jax.process_count():
     problems.append(f"global_batch_size {config.global_batch_size} not divisible by {jax.process_count()} hosts")
   if problems:
-    raise ValueError("invalid config:\n  " + "\n  ".join(problems))
+    raise failures.UserError("invalid config:\n  " + "\n  ".join(problems))
+
+
+def check_inputs(config: ml_collections.ConfigDict) -> None:
+  """Stops a run whose data or `init_from` cannot be read, naming the field, before anything is compiled."""
+  from bert_jax import input_pipeline  # pylint: disable=g-import-not-at-top
+  d, problems = config.data, []
+  if not d.train_files:
+    problems.append("data.train_files is empty: set --config.data.train_files to a `bert-jax prepare` output "
+                    "directory (or a glob of its shards), or to embedded:shakespeare")
+  elif not d.train_files.startswith("embedded:") and not input_pipeline.shard_files(d.train_files, "train"):
+    problems.append(f"data.train_files {d.train_files!r} holds no prepared shards (train-*.tfrecord): give a "
+                    "`bert-jax prepare --output_dir` directory or a glob of its shards")
+  if d.eval_files and not input_pipeline.shard_files(d.eval_files, "eval"):
+    problems.append(f"data.eval_files {d.eval_files!r} holds no prepared shards (eval-*.tfrecord)")
+  if d.vocab_file and not input_pipeline.tf.io.gfile.exists(d.vocab_file):
+    problems.append(f"data.vocab_file {d.vocab_file!r} does not exist")
+  if config.init_from:
+    problem = checkpointing.checkpoint_problem(
+        config.init_from, ("state",) if config.init_from_params_only else ("state", "data"))
+    if problem:
+      problems.append(f"init_from: {problem} (phase 2 starts from phase 1's <workdir>/checkpoints)")
+  if problems:
+    raise failures.UserError("invalid inputs:\n  " + "\n  ".join(problems))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -229,10 +254,10 @@ def create_iterator(data_config, config, split: str, tokenizer=None):
 
 def restore_or_init(s: Setup, config, checkpointer: checkpointing.Checkpointer, train_iter, rng):
   """The run's latest checkpoint (state and data position), else `config.init_from`, else fresh."""
-  if checkpointer.latest_step() is not None:
-    state, data_state = checkpointer.restore(s.abstract_state)
+  state, data_state, step = checkpointer.restore_latest(s.abstract_state)   # skips unreadable steps
+  if step is not None:
     train_iter.set_state(data_state)
-    return state, f"resumed from {checkpointer.directory}/{checkpointer.latest_step()}"
+    return state, f"resumed from {checkpointer.directory}/{step}"
   state = s.init(rng)
   if config.init_from:
     if config.init_from_params_only:
@@ -317,14 +342,37 @@ def _accumulate(interval: dict, metrics: dict) -> dict:
   return {k: (jnp.maximum if k == "nonfinite_streak" else jnp.add)(interval[k], v) for k, v in metrics.items()}
 
 
-def _check_finite(scalars: dict, config, step: int, checkpoint_dir) -> None:
+def _check_finite(scalars: dict, config, step: int, checkpointer: checkpointing.Checkpointer) -> None:
   """The non-finite guard's stop: `max_nonfinite_steps` skipped steps in a row within a log interval."""
   streak = scalars.get("train/nonfinite_streak", 0)
   if streak >= config.max_nonfinite_steps:
-    raise FloatingPointError(
-        f"stopping at step {step}: {streak} steps in a row had a non-finite loss or gradient (updates "
-        f"skipped, {scalars['train/nonfinite_count']} in total). Lower optimizer.learning_rate, check the "
-        f"data, or resume from an earlier checkpoint in {checkpoint_dir}.")
+    raise failures.Diverged(
+        f"stopping at step {step}: {streak} steps in a row had a non-finite loss, gradient or update (skipped, "
+        f"{scalars['train/nonfinite_count']} in total). {_last_good(checkpointer)} Lower "
+        "optimizer.learning_rate, raise optimizer.eps if it is 0, or check the data.")
+
+
+def _last_good(checkpointer: checkpointing.Checkpointer) -> str:
+  """Where a restart would resume: no checkpoint is written inside a non-finite streak."""
+  try:
+    checkpointer.check(wait=True)
+  except failures.SaveFailed as e:
+    return f"The last save failed ({e})."
+  latest = checkpointer.latest_step()
+  if latest is None:
+    return "No checkpoint was written yet: a restart starts from the beginning (or init_from)."
+  return f"The last good checkpoint is {checkpointer.directory}/{latest}; a restart resumes from it."
+
+
+def _save(checkpointer: checkpointing.Checkpointer, step: int, state: TrainState, train_iter) -> bool:
+  """Saves unless the state is inside a non-finite streak (its parameters are those before the streak,
+  but a restart from it would replay the steps that failed)."""
+  streak = int(state.nonfinite_streak)   # a host sync, at save steps only
+  if streak:
+    _say(f"not saving step {step}: it ends a streak of {streak} non-finite steps. {_last_good(checkpointer)}")
+    return False
+  checkpointer.save(step, state, train_iter.get_state())
+  return True
 
 
 def _train_scalars(interval: dict, last: dict, num_steps: int) -> dict[str, float]:
@@ -362,12 +410,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   workdir = paths.absolute(workdir)
   config = paths.absolute_config(config.copy_and_resolve_references(), paths.PRETRAIN_FIELDS)
   validate(config)
-  if config.init_from and "://" not in config.init_from and not os.path.exists(config.init_from):
-    raise ValueError(f"init_from {config.init_from!r} does not exist (phase 2: phase 1's <workdir>/checkpoints)")
+  check_inputs(config)
   os.makedirs(workdir, exist_ok=True)
   mesh = sharding.create_mesh(config.mesh)
   data_config = prepared_data_config(config, workdir)
   tokenizer = load_tokenizer(data_config, config)
+  # The model config and tokenizer beside the checkpoints: embed, fill-mask and finetune read them.
+  checkpoint_loader.write_run_record(workdir, bert_config(config), tokenizer.source_file, tokenizer.do_lower_case)
   s = setup(config, mesh)
   init_rng, dropout_rng = jax.random.split(jax.random.key(config.seed))
   checkpointer = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"), keep=config.keep_checkpoints,
@@ -382,7 +431,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   writer, preemption = metrics_writer.MetricWriter(workdir), checkpointing.PreemptionWatcher()
   flops = flops_lib.train_flops_per_step(config)
   interval, interval_steps, mark = None, 0, time.time()
-  results = {}
+  results, peer_lost = {}, False
   try:
     while step < config.train_steps:
       # -- One step. No host sync here: metrics stay on device until a log step.
@@ -390,6 +439,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         jax.profiler.start_trace(os.path.join(workdir, "profile"))
       batch = sharding.global_batch(next(train_iter), mesh)
       state, metrics = s.train_step(state, batch, dropout_rng)
+      checkpointer.check()   # a save that failed in the background stops the run here, not at the next save
       step += 1
       interval = metrics if interval is None else _accumulate(interval, metrics)
       interval_steps += 1
@@ -410,21 +460,32 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       if scalars:
         writer.write(step, scalars)
         results.update(scalars)
-      _check_finite(scalars, config, step, checkpointer.directory)
+      _check_finite(scalars, config, step, checkpointer)
 
       # -- Checkpoint: periodically, at the end, and at the step all hosts agree on after SIGTERM.
       preempted = preemption.reached(step)
-      if step % config.checkpoint_every == 0 or last_step or preempted:
-        checkpointer.save(step, state, train_iter.get_state())
+      saved = (step % config.checkpoint_every == 0 or last_step or preempted) and _save(
+          checkpointer, step, state, train_iter)
       if preempted:
-        _say(f"preempted: saved checkpoint at step {step}, exiting")
+        _say(f"preempted: saved checkpoint at step {step}, exiting" if saved else
+             f"preempted at step {step}: {_last_good(checkpointer)} Exiting")
         break
       if interval is None:   # just logged: time the next interval from here, after eval and saving
         mark = time.time()
+  except jax.errors.JaxRuntimeError as e:
+    if jax.process_count() == 1:
+      raise
+    # A collective failed: another process is gone. Closing would wait for it in a barrier.
+    peer_lost = True
+    raise failures.PeerLost(
+        f"a collective failed after step {step} ({str(e).splitlines()[0][:300]}): another host of the job "
+        f"has died. Exiting with code {failures.RESTART} so that the supervisor restarts the whole job; it "
+        f"resumes from {checkpointer.directory}/{checkpointer.latest_step()}.") from e
   finally:
-    checkpointer.close()
-    writer.close()
-    preemption.close()
+    if not peer_lost:
+      checkpointer.close()
+      writer.close()
+      preemption.close()
   shown = {k: round(v, 4) for k, v in results.items() if k.startswith("eval/")}
   plot = curves.plot_pretraining(workdir) if jax.process_index() == 0 else None
   if eval_iter is not None and config.fill_mask_examples > 0 and jax.process_count() == 1:

@@ -32,6 +32,7 @@ import optax
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
+from bert_jax import checkpoint_loader
 from bert_jax import checkpointing
 from bert_jax import heads
 from bert_jax import metrics_writer
@@ -386,10 +387,8 @@ def finetune_trials(configs: list, workdirs: list, *, max_epochs: int | None = N
   model = build_model(bert_cfg, task, config)
   tx = build_optimizer(config, total_steps, bert_cfg.num_layers)
   for w in workdirs:
-    os.makedirs(w, exist_ok=True)
-    with open(os.path.join(w, "bert_config.json"), "w") as f:
-      json.dump(bert_cfg.to_hf_dict(), f, indent=1)
-    tokenizer.save(w)
+    # Model config, vocabulary and lower-casing beside best/: what checkpoint_loader reads back.
+    checkpoint_loader.write_run_record(w, bert_cfg, tokenizer.source_file, tokenizer.do_lower_case)
   # One trial prints its progress; trials trained together (sweeps) log to their files only.
   trackers = [_Tracker(w, task.primary_metric, config.early_stopping_patience, echo=len(workdirs) == 1)
               for w in workdirs]
