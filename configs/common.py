@@ -53,7 +53,7 @@ def model_config(preset: str = "base") -> ml_collections.ConfigDict:
   for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
                "max_position_embeddings", "type_vocab_size"):
     m[name] = ml_collections.config_dict.placeholder(int)
-  for name in ("hidden_dropout", "attention_dropout"):
+  for name in ("hidden_dropout", "attention_dropout", "initializer_range"):
     m[name] = ml_collections.config_dict.placeholder(float)
   m.scan_layers = False       # one compiled layer body (faster compiles for deep models)
   m.remat_policy = "none"     # or "full", "dots_saveable", "minimal" (model.REMAT_POLICIES)
@@ -145,5 +145,8 @@ def pretrain_config() -> ml_collections.ConfigDict:
   c.distributed.coordinator_address = ""
   c.distributed.num_processes = -1
   c.distributed.process_id = -1
+  # A peer that stops answering this long ends the other processes with exit code 75 ("restart the
+  # job", bert_jax/failures.py); one that dies outright is noticed at the next collective, at once.
+  c.distributed.heartbeat_timeout_seconds = 100
   c.lock()   # a misspelt field is an error, not a silently ignored new one
   return c

@@ -1,0 +1,49 @@
+"""User paths become absolute where they enter; commands start quietly on CPU hosts."""
+
+import os
+import subprocess
+import sys
+
+import ml_collections
+
+from bert_jax import host_env
+from bert_jax import paths
+
+
+def test_absolute_paths_and_the_ones_left_alone(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  assert paths.absolute("workdir/tiny") == str(tmp_path / "workdir" / "tiny")
+  assert paths.absolute("a/*.tfrecord,b") == f"{tmp_path}/a/*.tfrecord,{tmp_path}/b"
+  assert paths.absolute("~/x") == os.path.expanduser("~/x")
+  for unchanged in ("", "gs://bucket/run", "embedded:shakespeare", "tfds:wikipedia:train", "/abs/path"):
+    assert paths.absolute(unchanged) == unchanged
+
+
+def test_absolute_config_on_a_locked_config(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  c = ml_collections.ConfigDict({"init_from": "runs/p1", "data": {"train_files": "prepared", "vocab_file": ""}})
+  c.lock()
+  paths.absolute_config(c, paths.PRETRAIN_FIELDS)
+  assert c.init_from == str(tmp_path / "runs" / "p1")
+  assert c.data.train_files == str(tmp_path / "prepared")
+  assert c.data.vocab_file == "" and c.is_locked
+
+
+def test_configure_pins_jax_to_the_cpu_only_without_accelerators(monkeypatch):
+  for has, expected in ((False, "cpu"), (True, None)):
+    monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+    monkeypatch.setattr(host_env, "has_accelerator", lambda has=has: has)
+    host_env.configure()
+    assert os.environ.get("JAX_PLATFORMS") == expected
+  monkeypatch.setenv("JAX_PLATFORMS", "tpu")   # a user's choice is kept
+  monkeypatch.setattr(host_env, "has_accelerator", lambda: False)
+  host_env.configure()
+  assert os.environ["JAX_PLATFORMS"] == "tpu"
+
+
+def test_tensorflow_imports_silently_and_sees_no_gpu():
+  code = ("from bert_jax import host_env; host_env.configure(); tf = host_env.import_tensorflow(); "
+          "print(tf.config.get_visible_devices('GPU'))")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+  assert out.stdout.strip() == "[]"
+  assert out.stderr == "", out.stderr
