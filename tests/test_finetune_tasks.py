@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from bert_jax.finetune import tasks
+from bert_jax.finetune.readers import DataError
 from tests.conftest import shared_path
 
 
@@ -173,10 +174,31 @@ def test_generic_named_columns(fmt, lines, tmp_path, tokenizer):
   assert scores["pearson"] == pytest.approx(1.0) and scores["spearman"] == pytest.approx(1.0)
 
 
-def test_generic_needs_labels():
-  with pytest.raises(ValueError, match="labels"):
-    tasks.get_task("tsv", text_a="sentence", label="label")
-  assert tasks.get_task("generic", num_labels=3).label_names == ("0", "1", "2")
+def test_generic_labels_come_from_the_training_file(tmp_path):
+  _write(tmp_path / "train.csv", ["text,sentiment", "a,positive", "b,negative", "c,neutral", "d,positive"])
+  _write(tmp_path / "dev.csv", ["text,sentiment", "e,neutral", "f,angry"])
+  task = tasks.get_task("generic", text_a="text", label="sentiment")
+  assert task.label_names == () and task.kind == "classification"
+  train, dev = task.read("train", str(tmp_path)), task.read("dev", str(tmp_path))
+  path = task.file("train", str(tmp_path))
+  assert path == str(tmp_path / "train.csv")
+  resolved = task.with_labels_from(train, path)
+  assert resolved.label_names == ("negative", "neutral", "positive") and resolved.num_labels == 3  # sorted
+  assert resolved.primary_metric == "accuracy"
+  with pytest.raises(DataError, match=r"dev.csv: label 'angry' is not one the model was trained for"):
+    resolved.check_labelled(dev, task.file("dev", str(tmp_path)))
+  # Counted against num_labels when that is given; given labels keep their order.
+  assert tasks.get_task("generic", text_a="text", label="sentiment", num_labels=3).with_labels_from(
+      train, path).label_names == ("negative", "neutral", "positive")
+  with pytest.raises(DataError, match=r"3 distinct labels .*num_labels is 2.*task_opts.labels=negative,neutral"):
+    tasks.get_task("generic", text_a="text", label="sentiment", num_labels=2).with_labels_from(train, path)
+  given = tasks.get_task("generic", text_a="text", label="sentiment", labels="positive,negative,neutral")
+  assert given.with_labels_from(train, path).label_names == ("positive", "negative", "neutral")
+  with pytest.raises(DataError, match="'neutral' is not one"):
+    tasks.get_task("generic", text_a="text", label="sentiment", labels=["positive", "negative"]).with_labels_from(
+        train, path)
+  numbers = [tasks.readers.PairExample(str(i), "x", label=y) for i, y in enumerate(["10", "2", "1"])]
+  assert tasks.get_task("generic").with_labels_from(numbers, "f").label_names == ("1", "2", "10")
 
 
 def test_evaluate_and_write_predictions(tokenizer, tmp_path):

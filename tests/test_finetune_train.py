@@ -17,11 +17,16 @@ from conftest import shared_path
 WORDS = ["good", "great", "fine", "bad", "awful", "poor", "the", "movie", "was", "a", "plot", "and"]
 
 
-def make_sentiment_data(directory, n_train=256, n_dev=64, seed=0) -> str:
-  """train.tsv/dev.tsv (SST-2 format) whose label is told by one word; and a vocab.txt. Returns the dir."""
+def write_vocab(directory) -> None:
+  """vocab.txt of the special tokens and WORDS in `directory` (created)."""
   os.makedirs(directory, exist_ok=True)
   with open(os.path.join(directory, "vocab.txt"), "w") as f:
     f.write("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS) + "\n")
+
+
+def make_sentiment_data(directory, n_train=256, n_dev=64, seed=0) -> str:
+  """train.tsv/dev.tsv (SST-2 format) whose label is told by one word; and a vocab.txt. Returns the dir."""
+  write_vocab(directory)
   rng = np.random.default_rng(seed)
   for split, n in (("train", n_train), ("dev", n_dev)):
     with open(os.path.join(directory, f"{split}.tsv"), "w") as f:
@@ -36,10 +41,11 @@ def make_sentiment_data(directory, n_train=256, n_dev=64, seed=0) -> str:
   return str(directory)
 
 
-def tiny_config(data_dir: str):
-  c = sst2.get_config()
+def tiny_config(data_dir: str, config=None, vocab_file: str | None = None):
+  """`config` (default SST-2's) on a tiny model that trains in seconds; the vocabulary in `data_dir`."""
+  c = config or sst2.get_config()
   c.data_dir = data_dir
-  c.vocab_file = os.path.join(data_dir, "vocab.txt")
+  c.vocab_file = vocab_file or os.path.join(data_dir, "vocab.txt")
   c.model.preset = "tiny"
   c.model.vocab_size = 32
   c.model.max_position_embeddings = 32

@@ -4,7 +4,9 @@
         --config.init_checkpoint=/path/to/hf_or_tf_or_bert_jax_checkpoint --config.data_dir=/path/to/SST-2
 
 The results (best dev metric, its step, wall time) are printed as JSON and written to
-`<workdir>/results.json`; the per-step log is `<workdir>/metrics.jsonl`.
+`<workdir>/results.json`; the per-step log is `<workdir>/metrics.jsonl`. A data file that cannot be used
+(a missing column or label, an empty file, a label the training file does not have, a byte that is not
+UTF-8) stops the command before training with one paragraph naming it, and exit code 2.
 """
 
 import json
@@ -19,7 +21,10 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
+from bert_jax.finetune import readers
 from bert_jax.finetune import trainer
+
+_USER_ERROR = 2  # the data or the config is wrong: a rerun fails the same way
 
 CONFIG = config_flags.DEFINE_config_file("config", None, "A finetuning config, e.g. configs/finetune/sst2.py.")
 WORKDIR = flags.DEFINE_string("workdir", None, "Metrics, best checkpoint, predictions and results go here "
@@ -32,7 +37,11 @@ def main(argv) -> None:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if CONFIG.value is None:
     raise app.UsageError("--config is required")
-  results = trainer.finetune(CONFIG.value, WORKDIR.value)
+  try:
+    results = trainer.finetune(CONFIG.value, WORKDIR.value)
+  except (readers.DataError, FileNotFoundError) as e:
+    print(f"bert-jax finetune: {e}", file=sys.stderr)
+    sys.exit(_USER_ERROR)
   print(json.dumps(results, indent=1))
 
 

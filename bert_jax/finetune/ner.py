@@ -1,10 +1,14 @@
-"""CoNLL-2003 named entity recognition (Tjong Kim Sang & De Meulder 2003) as token tagging.
+"""Token tagging: CoNLL-2003 named entity recognition (Tjong Kim Sang & De Meulder 2003), and any tag set
+in the same file format (the generic `tagging` task: biomedical or legal NER, part of speech, ...).
 
 The files hold one word per line (`word POS chunk NER`), a blank line between sentences and
 `-DOCSTART-` lines between documents. Tags are IOB1 in the original release (B- only between two
 adjacent entities of one type); by default they are converted to BIO (IOB2) on reading, which leaves
 the entities, and so the entity-level scores, unchanged. As in Devlin et al. 2019, 5.3, a word's label
 sits on its first sub-token; the other sub-tokens carry weight 0 and are not predicted.
+
+Generic tagging reads the tag from `tag_column` (default the last) as written; its tag set is the
+training file's. Span F1 (conlleval / seqeval) is reported when the tags are BIO, token accuracy always.
 """
 
 import dataclasses
@@ -25,7 +29,7 @@ class NerExample:
   """One sentence: its words and their NER tags."""
   guid: str
   words: tuple[str, ...]
-  tags: tuple[str, ...]
+  tags: tuple[str, ...] | None  # None: text to tag (no gold tags)
 
 
 def label_names(scheme: str = "bio") -> tuple[str, ...]:
@@ -46,10 +50,20 @@ def iob1_to_bio(tags) -> list[str]:
   return out
 
 
-def parse_conll(lines, scheme: str = "bio") -> list[NerExample]:
-  """Sentences of CoNLL text: first column the word, last column the NER tag."""
+def is_bio(tags) -> bool:
+  """Whether a tag set is "O" plus B-/I-/E-/S- prefixed types, so that entity spans can be scored."""
+  tags = set(tags) - {"O"}
+  return bool(tags) and all(len(t) > 2 and t[:2] in ("B-", "I-", "E-", "S-") for t in tags)
+
+
+def parse_conll(lines, scheme: str = "bio", tag_column: int = -1, path: str = "<text>") -> list[NerExample]:
+  """Sentences of CoNLL text: first column the word, column `tag_column` (default the last) the tag.
+
+  `scheme` "bio" converts IOB1 tags to BIO, "iob1" or "" keeps them as written. A line with one column
+  only, or without the tag column, is a DataError naming `path` and the line.
+  """
   sentences, words, tags = [], [], []
-  for line in list(lines) + [""]:
+  for n, line in enumerate(list(lines) + [""], 1):
     line = line.strip()
     if not line or line.startswith("-DOCSTART-"):
       if words:
@@ -58,9 +72,31 @@ def parse_conll(lines, scheme: str = "bio") -> list[NerExample]:
         words, tags = [], []
       continue
     columns = line.split()
+    if len(columns) < 2 or not -len(columns) < tag_column < len(columns) or tag_column == 0:
+      raise readers.DataError(
+          f"{path}, line {n}: {len(columns)} column(s) {columns[:4]}; each line needs the token (first column) "
+          f"and its tag (column {tag_column}; set --config.task_opts.tag_column), a blank line between sentences.")
     words.append(columns[0])
-    tags.append(columns[-1])
+    tags.append(columns[tag_column])
   return sentences
+
+
+def locate(split: str, source: str) -> str:
+  """The file of `split`: `source` if a file, else in the directory `<split>.txt` or the common
+  distributions' names (`valid.txt`, `eng.testa` ...), then any `<split>.*`."""
+  if readers.is_tfds(source):
+    raise readers.DataError("tagging tasks read CoNLL-style text files; set --config.data_dir to their directory")
+  if os.path.isfile(source):
+    return source
+  if not os.path.isdir(source):
+    raise FileNotFoundError(f"{source or '(data_dir not set)'} does not exist: set --config.data_dir to the "
+                            f"directory holding {split}.txt (or to the file itself)")
+  names = _SPLIT_FILES.get(split, (f"{split}.txt",)) + tuple(
+      sorted(n for n in os.listdir(source) if n.split(".")[0] == split))
+  found = [os.path.join(source, n) for n in names if os.path.isfile(os.path.join(source, n))]
+  if not found:
+    raise FileNotFoundError(f"no {split} file ({', '.join(names[:3])} or {split}.*) in {source!r}")
+  return found[0]
 
 
 def read(split: str, source: str, data_dir: str | None = None, scheme: str = "bio"):
@@ -68,15 +104,15 @@ def read(split: str, source: str, data_dir: str | None = None, scheme: str = "bi
   del data_dir
   if readers.is_tfds(source):
     raise ValueError("conll2003 reads the original text files; give their path")
-  path = source
-  if os.path.isdir(source):
-    found = [os.path.join(source, n) for n in _SPLIT_FILES.get(split, (f"{split}.txt",))
-             if os.path.isfile(os.path.join(source, n))]
-    if not found:
-      raise FileNotFoundError(f"no {split} file ({_SPLIT_FILES.get(split)}) in {source!r}")
-    path = found[0]
-  with open(path, encoding="utf-8") as f:
-    return parse_conll(f, scheme)
+  path = locate(split, source)
+  return parse_conll(readers.read_text(path).splitlines(), scheme, path=path)
+
+
+def read_columns(split: str, source: str, data_dir: str | None = None, tag_column: int = -1):
+  """`split` of a generic tagging task: tags as written in column `tag_column` (see `locate`)."""
+  del data_dir
+  path = locate(split, source)
+  return parse_conll(readers.read_text(path).splitlines(), scheme="", tag_column=tag_column, path=path)
 
 
 def featurize(task, examples, tokenizer, max_seq_length, **opts):
@@ -98,12 +134,12 @@ def featurize(task, examples, tokenizer, max_seq_length, **opts):
   word_positions = []
   for row, ex in enumerate(examples):
     ids, positions = [tokenizer.cls_id], np.full([len(ex.words)], -1, np.int64)
-    for w, (word, tag) in enumerate(zip(ex.words, ex.tags)):
+    for w, (word, tag) in enumerate(zip(ex.words, ex.tags or [None] * len(ex.words))):
       pieces = tokenizer.encode(word) or [tokenizer.unk_id]  # every word needs a first sub-token
       if len(ids) + len(pieces) > max_seq_length - 1:
         break
       positions[w] = len(ids)
-      features["label_ids"][row, len(ids)] = index[tag]
+      features["label_ids"][row, len(ids)] = 0 if tag is None else index[tag]
       features["label_weights"][row, len(ids)] = 1.0
       ids.extend(pieces)
     ids.append(tokenizer.sep_id)
@@ -123,11 +159,16 @@ def decode(task, predictions, meta) -> list[list[str]]:
 
 
 def evaluate(task, predictions, examples, meta, **opts) -> dict:
-  """Entity-level precision/recall/F1 (conlleval), per-type F1, token accuracy."""
+  """Entity-level precision/recall/F1 (conlleval), per-type F1, token accuracy; token accuracy only
+  when the tags are not BIO (the task option `span_f1` False)."""
   del opts
-  predicted = decode(task, predictions, meta)
-  gold = [examples[i].tags for i in meta["example_index"]]
-  return metrics.entity_scores(gold, predicted)
+  return score(task, [examples[i].tags for i in meta["example_index"]], decode(task, predictions, meta))
+
+
+def score(task, gold, predicted) -> dict:
+  """The task's scores of predicted tag sequences against gold ones (see `evaluate`)."""
+  scores = metrics.entity_scores(gold, predicted)
+  return scores if task.options.get("span_f1", True) else {"token_accuracy": scores["token_accuracy"]}
 
 
 def write_predictions(task, path, predictions, examples, meta, **opts) -> None:
@@ -136,5 +177,5 @@ def write_predictions(task, path, predictions, examples, meta, **opts) -> None:
   with open(path, "w", encoding="utf-8") as f:
     for i, tags in zip(meta["example_index"], decode(task, predictions, meta)):
       ex = examples[i]
-      f.writelines(f"{w} {g} {p}\n" for w, g, p in zip(ex.words, ex.tags, tags))
+      f.writelines(f"{w} {g} {p}\n" for w, g, p in zip(ex.words, ex.tags or ["-"] * len(tags), tags))
       f.write("\n")

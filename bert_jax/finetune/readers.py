@@ -7,6 +7,7 @@ TFDS sources are read only from an explicit, already prepared `data_dir`: nothin
 
 import csv
 import dataclasses
+import io
 import json
 import logging
 import os
@@ -15,6 +16,10 @@ import sys
 from bert_jax import corpus
 
 csv.field_size_limit(sys.maxsize)  # some GLUE/QQP fields exceed the 128 KiB default
+
+
+class DataError(ValueError):
+  """A data file or a task option that cannot be used; the message names it and says what to do."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +40,29 @@ def resolve_file(source: str, split: str, extensions=(".tsv",)) -> str:
     path = os.path.join(source, split + ext)
     if os.path.isfile(path):
       return path
-  raise FileNotFoundError(f"no {split}{'|'.join(extensions)} in {source!r}")
+  if not source:
+    raise DataError(f"no data: set --config.data_dir to the directory holding {split}{extensions[0]} "
+                    "(or to the file itself)")
+  if not os.path.isdir(source):
+    raise FileNotFoundError(f"{source} does not exist: set --config.data_dir to the directory holding "
+                            f"{split}{extensions[0]} (or to the file itself)")
+  held = ", ".join(sorted(os.listdir(source))[:10]) or "nothing"
+  raise FileNotFoundError(f"no {split}{'|'.join(extensions)} in {source!r} (it holds {held})")
+
+
+def read_text(path: str) -> str:
+  """The whole file as text: UTF-8, a byte-order mark dropped; other encodings are a DataError naming
+  the file, the line and the byte."""
+  with open(path, "rb") as f:
+    data = f.read()
+  try:
+    return data.decode("utf-8-sig")
+  except UnicodeDecodeError as e:
+    line = data.count(b"\n", 0, e.start) + 1
+    raise DataError(
+        f"{path}, line {line}: byte 0x{data[e.start]:02x} is not UTF-8 (the file was saved in another "
+        "encoding, e.g. Latin-1 or Windows-1252). Save it as UTF-8, e.g. `iconv -f latin1 -t utf-8 "
+        f"{os.path.basename(path)} > fixed{os.path.splitext(path)[1]}`.") from None
 
 
 def read_rows(path: str, delimiter: str | None = None) -> list[dict]:
@@ -43,47 +70,93 @@ def read_rows(path: str, delimiter: str | None = None) -> list[dict]:
 
   TSVs are read without quote handling, as google-research/bert `run_classifier.py` does for GLUE
   (sentences there contain unbalanced quotes). A UTF-8 byte-order mark (Windows and spreadsheet
-  exports) is dropped, so that it does not become part of the first column's name.
+  exports) is dropped, so that it does not become part of the first column's name. An empty file, a
+  line that is not JSON and a file that is not UTF-8 are DataErrors naming the file.
   """
+  text = read_text(path)
+  if not text.strip():
+    raise DataError(f"{path} is empty: it needs a header line naming the columns, then one example a "
+                    "line (JSON lines: one object a line).")
   if path.endswith((".jsonl", ".json")):
-    with open(path, encoding="utf-8-sig") as f:
-      return [json.loads(line) for line in f if line.strip()]
+    return [_json_row(path, n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
   if delimiter is None:
     delimiter = "," if path.endswith(".csv") else "\t"
-  with open(path, encoding="utf-8-sig", newline="") as f:
-    if delimiter == "\t":
-      reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
-    else:
-      reader = csv.reader(f, delimiter=delimiter)
-    header = next(reader)
-    rows, malformed = [], 0
-    for row in reader:
-      if len(row) < len(header):
-        malformed += 1
-        continue
-      rows.append(dict(zip(header, row)))
+  f = io.StringIO(text, newline="")
+  if delimiter == "\t":
+    reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+  else:
+    reader = csv.reader(f, delimiter=delimiter)
+  header = next(reader)
+  rows, malformed = [], 0
+  for row in reader:
+    if len(row) < len(header):
+      malformed += 1
+      continue
+    rows.append(dict(zip(header, row)))
   if malformed:
     logging.warning("%s: skipped %d rows with fewer than %d fields", path, malformed, len(header))
   return rows
 
 
+def _json_row(path: str, n: int, line: str) -> dict:
+  try:
+    row = json.loads(line)
+  except json.JSONDecodeError as e:
+    raise DataError(f"{path}, line {n}: not JSON ({e.msg}); a JSON lines file holds one object a line.") from None
+  if not isinstance(row, dict):
+    raise DataError(f"{path}, line {n}: a JSON {type(row).__name__}, not an object with named fields.")
+  return row
+
+
+def check_columns(path: str, rows, columns: dict, label: str | None, labelled: bool) -> None:
+  """Raises a DataError when `rows` (of `path`) is empty or lacks a named column.
+
+  Args:
+    columns: {task option: column name} of the text columns every row needs (e.g. {"text_a": "sentence"}).
+    label: the label column; needed when `labelled` (training and dev files), optional otherwise.
+  """
+  if not rows:
+    raise DataError(f"{path} has a header line but no examples: give it at least one example a line.")
+  present = set().union(*(r.keys() for r in rows)) if path.endswith((".jsonl", ".json")) else set(rows[0])
+  need = dict(columns, **({"label": label} if label and labelled else {}))
+  for option, name in need.items():
+    if name not in present:
+      what = "label" if option == "label" else "text"
+      raise DataError(
+          f"{path} has no {what} column {name!r} (its columns: {', '.join(sorted(present))}). Name the "
+          f"column that holds the {what} with --config.task_opts.{option}=COLUMN"
+          + (", or give a file with its labels: training and dev files need them." if what == "label" else "."))
+
+
 def examples_from_rows(rows, text_a: str, text_b: str | None, label: str | None,
                        guid: str | None = None, regression: bool = False,
-                       skip_labels=()) -> list[PairExample]:
+                       skip_labels=(), path: str = "") -> list[PairExample]:
   """PairExamples from dict rows with the named columns; rows whose label is in `skip_labels` are
   dropped (SNLI/MNLI mark examples without annotator consensus "-"). A missing label column
-  (test files) gives label None."""
+  (test files) gives label None; a missing text or a label that is not a number (regression) is a
+  DataError naming the row of `path`."""
   examples = []
   for i, row in enumerate(rows):
     value = row.get(label) if label else None
     if value is not None and str(value) in skip_labels:
       continue
     if value is not None:
-      value = float(value) if regression else str(value)
+      value = _regression_target(path, i, value) if regression else str(value)
+    missing = [c for c in (text_a, text_b) if c and row.get(c) is None]
+    if missing:
+      raise DataError(f"{path}, example {i + 1}: no {missing[0]!r} field; every example needs its text.")
     examples.append(PairExample(
         guid=str(row.get(guid, i)) if guid else str(i), text_a=str(row[text_a]),
         text_b=str(row[text_b]) if text_b else None, label=value))
   return examples
+
+
+def _regression_target(path: str, i: int, value) -> float:
+  try:
+    return float(value)
+  except ValueError:
+    raise DataError(f"{path}, example {i + 1}: label {value!r} is not a number, and the task is regression "
+                    "(num_labels=1). Give num_labels=0 (or the labels) for classification.") from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -92,8 +165,7 @@ def examples_from_rows(rows, text_a: str, text_b: str | None, label: str | None,
 
 def read_cola(path: str) -> list[PairExample]:
   """CoLA: train/dev have no header (source, label, original label, sentence); test has one."""
-  with open(path, encoding="utf-8", newline="") as f:
-    rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+  rows = list(csv.reader(io.StringIO(read_text(path), newline=""), delimiter="\t", quoting=csv.QUOTE_NONE))
   if rows and rows[0][:2] == ["index", "sentence"]:
     return [PairExample(guid=r[0], text_a=r[1]) for r in rows[1:]]
   return [PairExample(guid=str(i), text_a=r[3], label=r[1]) for i, r in enumerate(rows)]
@@ -102,13 +174,12 @@ def read_cola(path: str) -> list[PairExample]:
 def read_quora(path: str) -> list[PairExample]:
   """QQP: GLUE's TSV (header `id qid1 qid2 question1 question2 is_duplicate`, or `id question1
   question2` for test), or the headerless Quora release `is_duplicate question1 question2 id`."""
-  with open(path, encoding="utf-8-sig") as f:
-    first = f.readline().rstrip("\n").split("\t")
+  text = read_text(path)
+  first = text.split("\n", 1)[0].rstrip("\r").split("\t")
   if "question1" in first:
     label = "is_duplicate" if "is_duplicate" in first else None
-    return examples_from_rows(read_rows(path), "question1", "question2", label, guid="id")
-  with open(path, encoding="utf-8", newline="") as f:
-    rows = [r for r in csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE) if r]
+    return examples_from_rows(read_rows(path), "question1", "question2", label, guid="id", path=path)
+  rows = [r for r in csv.reader(io.StringIO(text, newline=""), delimiter="\t", quoting=csv.QUOTE_NONE) if r]
   return [PairExample(guid=r[3] if len(r) > 3 else str(i), text_a=r[1], text_b=r[2], label=r[0])
           for i, r in enumerate(rows)]
 

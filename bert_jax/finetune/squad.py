@@ -82,8 +82,11 @@ def make_example(qas_id, question, context, answers, answer_starts, is_impossibl
 
 def read_json(path: str) -> list[SquadExample]:
   """Examples of a SQuAD JSON file (v1.1 or v2.0; `is_impossible` is read when present)."""
-  with open(path, encoding="utf-8") as f:
-    data = json.load(f)["data"]
+  try:
+    data = json.loads(readers.read_text(path))["data"]
+  except (json.JSONDecodeError, KeyError, TypeError) as e:
+    raise readers.DataError(f"{path} is not a SQuAD file ({type(e).__name__}: {e}); it holds "
+                            '{"data": [{"paragraphs": [{"context": ..., "qas": [...]}]}]}.') from None
   examples = []
   for article in data:
     for paragraph in article["paragraphs"]:
@@ -308,7 +311,8 @@ def decode(predictions, examples, meta, n_best_size=20, max_answer_length=30, ve
   return answers, best_non_null, null_diffs
 
 
-def _decode_opts(task, opts) -> dict:
+def decode_opts(task, opts) -> dict:
+  """`decode`'s keyword arguments: `opts`, else the task's options, else run_squad.py's defaults."""
   return {"n_best_size": task.option("n_best_size", opts, 20),
           "max_answer_length": task.option("max_answer_length", opts, 30),
           "version": task.option("version", opts, "v1.1"),
@@ -331,10 +335,10 @@ def best_null_threshold(best_non_null: dict, null_diffs: dict, gold: dict, score
 
 def evaluate(task, predictions, examples, meta, **opts) -> dict:
   """Official EM/F1; for v2.0 also HasAns/NoAns splits and the best no-answer threshold on this set."""
-  decode_opts = _decode_opts(task, opts)
-  answers, best_non_null, null_diffs = decode(predictions, examples, meta, **decode_opts)
+  options = decode_opts(task, opts)
+  answers, best_non_null, null_diffs = decode(predictions, examples, meta, **options)
   gold = {ex.qas_id: list(ex.answers) for ex in examples}
-  version = decode_opts["version"]
+  version = options["version"]
   result = metrics.squad_scores(answers, gold, version)
   if version == "v2.0":
     f1 = functools.partial(metrics.squad_f1, version=version)
@@ -346,10 +350,10 @@ def evaluate(task, predictions, examples, meta, **opts) -> dict:
 
 def write_predictions(task, path, predictions, examples, meta, **opts) -> None:
   """predictions JSON {qid: text}; for v2.0 also `<path stem>_null_odds.json` {qid: null score diff}."""
-  decode_opts = _decode_opts(task, opts)
-  answers, _, null_diffs = decode(predictions, examples, meta, **decode_opts)
+  options = decode_opts(task, opts)
+  answers, _, null_diffs = decode(predictions, examples, meta, **options)
   with open(path, "w", encoding="utf-8") as f:
     json.dump(answers, f, indent=2, ensure_ascii=False)
-  if decode_opts["version"] == "v2.0":
+  if options["version"] == "v2.0":
     with open(os.path.splitext(path)[0] + "_null_odds.json", "w", encoding="utf-8") as f:
       json.dump(null_diffs, f, indent=2)

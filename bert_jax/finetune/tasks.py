@@ -37,6 +37,7 @@ class Task:
   reader: Callable[..., list]           # (split, source, data_dir) -> examples
   metric_names: tuple[str, ...] = ()    # classification/regression: what `evaluate` reports
   options: dict = dataclasses.field(default_factory=dict, hash=False)  # kind-specific defaults
+  locate: Callable[[str, str], str] | None = None  # (split, source) -> the file read, for messages
 
   @property
   def num_labels(self) -> int:
@@ -68,6 +69,64 @@ class Task:
   def option(self, key: str, opts: dict, default: Any = None) -> Any:
     """`opts[key]`, else the task option, else `default`."""
     return opts.get(key, self.options.get(key, default))
+
+  def file(self, split: str, source: str) -> str:
+    """The file `read(split, source)` reads (`source` when the task cannot tell), for messages."""
+    if self.locate is None or readers.is_tfds(source):
+      return f"{source} ({split})" if readers.is_tfds(source) else source
+    try:
+      return self.locate(split, source)
+    except (FileNotFoundError, readers.DataError):
+      return source
+
+  def with_labels_from(self, examples, path: str) -> "Task":
+    """The task, with the sorted label set of `examples` (the training file `path`) when it has none.
+
+    Generic classification and tagging read their labels from the training data; every other task
+    keeps its own. Raises DataError when `examples` hold no labels, an empty one, a label outside a
+    given set, or a number of labels other than `num_labels`.
+    """
+    labels = _labels_of(self, examples, path)
+    if self.kind not in ("classification", "tagging") or self.label_names:
+      self.check_labelled(examples, path)
+      return self
+    names = _sorted_labels(labels)
+    wanted = self.options.get("num_labels") or 0
+    if wanted and len(names) != wanted:
+      raise readers.DataError(
+          f"{path} holds {len(names)} distinct labels {list(names)[:20]} but task_opts.num_labels is {wanted}. "
+          "Leave num_labels out (the labels are read from the training file), or name them with "
+          "--config.task_opts.labels=" + ",".join(names[:3]) + ("..." if len(names) > 3 else ""))
+    if len(names) < 2 and self.kind == "classification":
+      raise readers.DataError(f"{path}: every example has label {names[0]!r}; a classifier needs two labels "
+                              "or more in its training file.")
+    return self.with_label_names(names)
+
+  def with_label_names(self, names) -> "Task":
+    """The task with the label set `names` (generic classification and tagging), and the metrics it implies."""
+    names, options = tuple(names), dict(self.options)
+    if self.kind == "tagging":
+      options["span_f1"] = ner.is_bio(names)
+      metric_names = ()
+      primary = options.get("primary_metric") or ("f1" if options["span_f1"] else "token_accuracy")
+    else:
+      metric_names = ("accuracy", "f1", "mcc") if len(names) == 2 else ("accuracy",)
+      primary = options.get("primary_metric") or "accuracy"
+    return dataclasses.replace(self, label_names=names, options=options, metric_names=metric_names,
+                               primary_metric=primary)
+
+  def check_labelled(self, examples, path: str) -> None:
+    """Raises DataError unless every example of `path` has a label the task knows (training, dev)."""
+    labels = _labels_of(self, examples, path)
+    if self.kind in ("classification", "tagging") and self.label_names:
+      unknown = sorted(set(labels) - set(self.label_names))
+      if unknown:
+        raise readers.DataError(
+            f"{path}: label {unknown[0]!r}" + (f" (and {len(unknown) - 1} more: {unknown[1:6]})" if len(unknown) > 1
+                                              else "")
+            + f" is not one the model was trained for {list(self.label_names)[:20]}. The label set is the "
+            "training file's: add examples of it there, fix the label, or give every label with "
+            "--config.task_opts.labels=a,b,c.")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -127,8 +186,39 @@ def _label_array(task, examples) -> np.ndarray:
   index = {name: i for i, name in enumerate(task.label_names)}
   unknown = {e.label for e in examples if e.label is not None and e.label not in index}
   if unknown:
-    raise ValueError(f"{task.name}: labels {sorted(unknown)[:5]} not in {task.label_names}")
+    raise readers.DataError(f"{task.name}: labels {sorted(unknown)[:5]} not in {task.label_names}")
   return np.array([-1 if e.label is None else index[e.label] for e in examples], np.int32)
+
+
+def _labels_of(task, examples, path: str) -> list:
+  """Every label of `examples` (tagging: every tag); DataError naming the first example without one."""
+  if not examples:
+    raise readers.DataError(f"{path} holds no examples.")
+  if task.kind == "span":
+    return []
+  if task.kind == "tagging":
+    missing = next((i for i, e in enumerate(examples) if e.tags is None), None)
+    labels = [t for e in examples if e.tags is not None for t in e.tags]
+  else:
+    missing = next((i for i, e in enumerate(examples) if e.label is None
+                    or (task.kind == "regression" and np.isnan(e.label))), None)
+    labels = [e.label for e in examples if e.label is not None]
+  if missing is not None:
+    raise readers.DataError(f"{path}: example {missing + 1} has no label; training and dev files need one "
+                            "on every example.")
+  if task.kind == "classification" and "" in labels:
+    raise readers.DataError(f"{path}: example {labels.index('') + 1} has an empty label; give every example "
+                            "its label.")
+  return labels
+
+
+def _sorted_labels(labels) -> tuple[str, ...]:
+  """Distinct labels in order: by value when all are numbers ("2" before "10"), else as text."""
+  names = set(labels)
+  try:
+    return tuple(sorted(names, key=float))
+  except ValueError:
+    return tuple(sorted(names))
 
 
 _METRICS = {"accuracy": metrics.accuracy, "f1": metrics.f1_binary, "mcc": metrics.matthews_corrcoef,
@@ -143,7 +233,10 @@ _IMPL = {"classification": _Pairs, "regression": _Pairs, "span": squad, "tagging
 def _read_columns(split, source, data_dir, *, text_a, text_b, label, regression=False, guid=None,
                   skip_labels=(), tfds_name=None, tfds_text=None, label_names=(),
                   special=None, extensions=(".tsv",)):
-  """Local file/dir (by named columns, or a `special` reader), or TFDS `glue/*`."""
+  """Local file/dir (by named columns, or a `special` reader), or TFDS `glue/*`.
+
+  Training and dev splits need their label column; other splits (test, new text) may lack it.
+  """
   if readers.is_tfds(source):
     name = readers.tfds_name(source, tfds_name)
     a, b = tfds_text or (text_a, text_b)
@@ -152,7 +245,9 @@ def _read_columns(split, source, data_dir, *, text_a, text_b, label, regression=
   if special is not None and not path.endswith(".jsonl"):
     return special(path)
   rows = readers.read_rows(path)
-  return readers.examples_from_rows(rows, text_a, text_b, label, guid, regression, skip_labels)
+  texts = {"text_a": text_a, **({"text_b": text_b} if text_b else {})}
+  readers.check_columns(path, rows, texts, label, labelled=split.startswith(("train", "dev")))
+  return readers.examples_from_rows(rows, text_a, text_b, label, guid, regression, skip_labels, path)
 
 
 def _glue(name, text_a, text_b, label, label_names=("0", "1"), metric_names=("accuracy",),
@@ -164,7 +259,8 @@ def _glue(name, text_a, text_b, label, label_names=("0", "1"), metric_names=("ac
       extensions=(".tsv", ".jsonl"), **columns)
   return Task(name=name, kind="regression" if regression else "classification",
               label_names=tuple(label_names), primary_metric=metric_names[0], splits=splits,
-              reader=reader, metric_names=metric_names)
+              reader=reader, metric_names=metric_names,
+              locate=lambda split, source: readers.resolve_file(source, split, (".tsv", ".jsonl")))
 
 
 _NLI = ("contradiction", "entailment", "neutral")  # google-research/bert run_classifier.py order
@@ -195,23 +291,56 @@ _TASKS = {
 
 def _generic(fmt, *, text_a="sentence", text_b=None, label="label", labels=None, num_labels=None,
              guid=None, splits=("train", "dev"), skip_labels=(), primary_metric=None, **options):
-  """Classification (`labels`, or `num_labels` >= 2 -> "0".."n-1") or regression (`num_labels=1`)
-  from TSV/CSV (with a header) or JSON lines files with the named columns."""
-  if labels is None and num_labels is None:
-    raise ValueError("generic task: give `labels` (classification) or `num_labels` (1 = regression)")
-  if labels is None:
-    labels = () if num_labels == 1 else tuple(str(i) for i in range(num_labels))
-  regression = not labels
+  """Classification or regression (`num_labels=1`) from TSV/CSV (with a header) or JSON lines files
+  with the named columns.
+
+  Classification labels are `labels` (a sequence, or one comma-separated string) in that order, else
+  the training file's distinct labels, sorted (`Task.with_labels_from`; their count must equal
+  `num_labels` when that is given).
+  """
+  labels = parse_labels(labels)
+  regression = num_labels == 1
+  if regression and labels:
+    raise readers.DataError(f"task_opts: labels {list(labels)} and num_labels=1 (regression); give one or the other")
+  if labels and num_labels and len(labels) != num_labels:
+    raise readers.DataError(f"task_opts: {len(labels)} labels {list(labels)} but num_labels={num_labels}")
   exts = {"tsv": (".tsv",), "csv": (".csv",), "jsonl": (".jsonl",)}.get(fmt, (".tsv", ".csv", ".jsonl"))
   reader = functools.partial(_read_columns, text_a=text_a, text_b=text_b or None, label=label,
                              regression=regression, guid=guid, skip_labels=tuple(skip_labels),
-                             label_names=tuple(labels), extensions=exts)
+                             label_names=labels, extensions=exts)
   metric_names = ("pearson", "spearman") if regression else (
       ("accuracy", "f1", "mcc") if len(labels) == 2 else ("accuracy",))
-  return Task(name=fmt, kind="regression" if regression else "classification",
-              label_names=tuple(str(x) for x in labels),
+  return Task(name=fmt, kind="regression" if regression else "classification", label_names=labels,
               primary_metric=primary_metric or metric_names[0], splits=tuple(splits), reader=reader,
-              metric_names=metric_names, options=options)
+              metric_names=metric_names,
+              options={"text_a": text_a, "text_b": text_b or None, "label": label, "num_labels": num_labels,
+                       "primary_metric": primary_metric, **options},
+              locate=lambda split, source: readers.resolve_file(source, split, exts))
+
+
+def parse_labels(labels) -> tuple[str, ...]:
+  """A label set as the config gives it ("a,b,c", a sequence, "" or None) -> a tuple of names."""
+  if not labels:
+    return ()
+  if isinstance(labels, str):
+    labels = labels.split(",")
+  names = tuple(str(x).strip() for x in labels)
+  if len(set(names)) != len(names) or "" in names:
+    raise readers.DataError(f"task_opts.labels {list(names)}: every label once, none empty")
+  return names
+
+
+def _tagging(*, tag_column=-1, labels=None, splits=("train", "dev"), primary_metric=None, **options) -> Task:
+  """Token tagging with any tag set from CoNLL-style files (`ner.read_columns`): the training file's
+  tags unless `labels` are given; span F1 when they are BIO, token accuracy always."""
+  labels = parse_labels(labels)
+  span_f1 = ner.is_bio(labels)
+  return Task(name="tagging", kind="tagging", label_names=labels,
+              primary_metric=primary_metric or ("f1" if span_f1 else "token_accuracy"), splits=tuple(splits),
+              reader=functools.partial(ner.read_columns, tag_column=int(tag_column)),
+              options={"tag_column": int(tag_column), "span_f1": span_f1, "primary_metric": primary_metric,
+                       **options},
+              locate=ner.locate)
 
 
 def _squad(version: str, options: dict) -> Task:
@@ -219,18 +348,21 @@ def _squad(version: str, options: dict) -> Task:
   return Task(name="squad_v1" if version == "v1.1" else "squad_v2", kind="span",
               label_names=("start", "end"), primary_metric="f1", splits=("train", "dev"),
               reader=functools.partial(squad.read, version=version),
-              options={"version": version, **options})
+              options={"version": version, **options},
+              locate=lambda split, source: readers.resolve_file(source, split, (".json", f"-{version}.json")))
 
 
 def get_task(name: str, **options) -> Task:
   """The task called `name`; `options` set task defaults (e.g. `doc_stride`, `tfds_data_dir`).
 
-  Names: cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte, wnli, snli, squad_v1, squad_v2, conll2003, and
-  tsv / csv / jsonl / generic (named columns: see `_generic`).
+  Names: cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte, wnli, snli, squad_v1, squad_v2, conll2003,
+  tsv / csv / jsonl / generic (named columns: see `_generic`) and tagging (any tag set: `_tagging`).
   """
   name = name.lower().replace("-", "").replace(".", "").replace("_", "")
   if name in ("tsv", "csv", "jsonl", "generic"):
     return _generic(name, **options)
+  if name == "tagging":
+    return _tagging(**options)
   if name in _TASKS:
     return dataclasses.replace(_TASKS[name](), options=options)
   if name in ("squadv1", "squadv11", "squad"):
@@ -241,6 +373,14 @@ def get_task(name: str, **options) -> Task:
     scheme = options.get("tag_scheme", "bio")
     return Task(name="conll2003", kind="tagging", label_names=ner.label_names(scheme),
                 primary_metric="f1", splits=("train", "dev", "test"),
-                reader=functools.partial(ner.read, scheme=scheme), options=options)
+                reader=functools.partial(ner.read, scheme=scheme), options=options, locate=ner.locate)
   raise ValueError(f"unknown task {name!r}; known: {sorted(_TASKS)} + squad_v1, squad_v2, "
-                   "conll2003, tsv, csv, jsonl")
+                   "conll2003, tsv, csv, jsonl, tagging")
+
+
+def from_record(record: dict) -> Task:
+  """The task a finetuned workdir's task.json describes (`trainer.TASK_FILE`), its label set included."""
+  task = get_task(record["task"], **record.get("task_opts", {}))
+  if task.kind in ("classification", "tagging") and not task.label_names:
+    task = task.with_label_names(record["label_names"])
+  return task

@@ -12,7 +12,11 @@ same code with one trial.
 Workdir: `metrics.jsonl` (one JSON object per log or evaluation), `best/` (parameters of the best
 evaluation, a checkpoint `init_checkpoint` accepts: two-stage finetuning), `last/` (full state when a
 run stops on an epoch budget, continued by the next call), `bert_config.json`, the tokenizer,
+`task.json` (the task, its options and label set: what `bert-jax predict` and `export` read),
 `results.json` and the task's prediction file.
+
+Every data file is read and checked (labels present and known, columns named, UTF-8) before the
+checkpoint is loaded or anything compiles; a problem is a `readers.DataError` naming the file.
 """
 
 import dataclasses
@@ -29,6 +33,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
+from etils import epath
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -46,6 +51,7 @@ from bert_jax.finetune import tasks as tasks_lib
 
 Config = ml_collections.ConfigDict
 RESULTS_FILE = "results.json"
+TASK_FILE = "task.json"
 # Hyperparameters that may differ between trials trained together.
 PER_TRIAL = ("learning_rate", "seed")
 
@@ -54,8 +60,9 @@ PER_TRIAL = ("learning_rate", "seed")
 # Model: the encoder (its initial weights come from `init.load_encoder`) and one task head.
 
 
-def build_model(bert_cfg: model_lib.BertConfig, task, config: Config) -> nn.Module:
-  if config.scalar_mix:
+def build_model(bert_cfg: model_lib.BertConfig, task, scalar_mix: bool = False) -> nn.Module:
+  """The encoder with the task's head (or a scalar mix of its layers feeding the head)."""
+  if scalar_mix:
     return scalar_mix.ScalarMixModel(bert_cfg, task.kind, task.num_labels)
   if task.kind in ("classification", "regression"):
     return heads.BertForSequenceClassification(bert_cfg, task.num_labels)
@@ -254,11 +261,37 @@ class _Split:
   meta: dict
 
 
-def _load_split(task, split: str, config: Config, tokenizer, limit: int = 0) -> _Split:
-  examples = task.read(split, config.data_dir)
-  if limit:
-    examples = examples[:limit]
-  return _Split(split, examples, *task.featurize(examples, tokenizer, config.max_seq_length))
+def _read_data(task, config: Config, tokenizer):
+  """(task with its label set, train, dev, and the `predict_split` or None), every file read and checked.
+
+  The label set of generic tasks is the training file's; dev labels must be among it.
+  """
+  def read(split, limit=0):
+    return task.read(split, config.data_dir)[:limit or None], task.file(split, config.data_dir)
+
+  def featurize(split, examples):
+    return _Split(split, examples, *task.featurize(examples, tokenizer, config.max_seq_length))
+
+  train_examples, train_file = read(config.train_split, config.max_train_examples)
+  task = task.with_labels_from(train_examples, train_file)
+  dev_split = config.eval_split or task.dev_splits[0]
+  dev_examples, dev_file = read(dev_split, config.max_eval_examples)
+  task.check_labelled(dev_examples, dev_file)
+  to_predict = None
+  if config.predict_split and config.keep_best_checkpoint:
+    to_predict = featurize(config.predict_split, read(config.predict_split)[0])
+  return task, featurize(config.train_split, train_examples), featurize(dev_split, dev_examples), to_predict
+
+
+def write_task_record(workdir: str, task, config: Config) -> None:
+  """task.json: what `tasks.from_record` needs to rebuild the task (its label set included) and its
+  model's head, beside the run record of `checkpoint_loader.write_run_record`."""
+  if jax.process_index() != 0:
+    return
+  record = {"task": config.task, "task_opts": config.task_opts.to_dict(), "kind": task.kind,
+            "label_names": list(task.label_names), "primary_metric": task.primary_metric,
+            "max_seq_length": config.max_seq_length, "scalar_mix": config.scalar_mix}
+  (epath.Path(workdir) / TASK_FILE).write_text(json.dumps(record, indent=1) + "\n")
 
 
 def _train_batches(features: dict, seeds, epoch: int, batch_size: int, skip: int):
@@ -370,10 +403,10 @@ def finetune_trials(configs: list, workdirs: list, *, max_epochs: int | None = N
   _check_group(configs)
   config = configs[0]
   task = tasks_lib.get_task(config.task, **config.task_opts)
-  bert_cfg, encoder_params = init.load_encoder(config)
   tokenizer = init.load_tokenizer(config)
-  train_features = _load_split(task, config.train_split, config, tokenizer, config.max_train_examples).features
-  dev = _load_split(task, config.eval_split or task.dev_splits[0], config, tokenizer, config.max_eval_examples)
+  task, train, dev, to_predict = _read_data(task, config, tokenizer)  # data errors before the model is loaded
+  train_features = train.features
+  bert_cfg, encoder_params = init.load_encoder(config)
   mesh = sharding.create_mesh(config.mesh)
   rules, trial_axis, batch_axes = _layout(config, mesh, len(configs))
   if config.batch_size % math.prod(mesh.shape[a] for a in batch_axes):
@@ -384,11 +417,12 @@ def finetune_trials(configs: list, workdirs: list, *, max_epochs: int | None = N
   total_steps = steps_per_epoch * config.num_epochs
   budget = total_steps if max_epochs is None else min(total_steps, steps_per_epoch * max_epochs)
   eval_every = config.eval_every_steps or steps_per_epoch
-  model = build_model(bert_cfg, task, config)
+  model = build_model(bert_cfg, task, config.scalar_mix)
   tx = build_optimizer(config, total_steps, bert_cfg.num_layers)
   for w in workdirs:
     # Model config, vocabulary and lower-casing beside best/: what checkpoint_loader reads back.
     checkpoint_loader.write_run_record(w, bert_cfg, tokenizer.source_file, tokenizer.do_lower_case)
+    write_task_record(w, task, config)
   # One trial prints its progress; trials trained together (sweeps) log to their files only.
   trackers = [_Tracker(w, task.primary_metric, config.early_stopping_patience, echo=len(workdirs) == 1)
               for w in workdirs]
@@ -426,9 +460,8 @@ def finetune_trials(configs: list, workdirs: list, *, max_epochs: int | None = N
         if step >= budget or all(t.stopped for t in trackers):
           break
     finished = step >= total_steps or all(t.stopped for t in trackers)
-    if finished and config.predict_split and config.keep_best_checkpoint:
-      _predict_with_best(pred_fn, task, _load_split(task, config.predict_split, config, tokenizer), trackers,
-                         eval_batch_size, eval_sharding)
+    if finished and to_predict is not None:
+      _predict_with_best(pred_fn, task, to_predict, trackers, eval_batch_size, eval_sharding)
   for w in workdirs:  # a finished run must not be "continued" from an older budget's state
     shutil.rmtree(os.path.join(w, "last"), ignore_errors=True)
   if not finished:

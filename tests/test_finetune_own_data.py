@@ -1,0 +1,139 @@
+"""A user's own files through `configs/finetune/generic.py`: string labels read from the training file,
+the label set saved with the model, and every unusable file stopped before training with its name."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from bert_jax.finetune import readers
+from bert_jax.finetune import trainer
+from configs.finetune import generic
+from test_finetune_train import WORDS, tiny_config, write_vocab
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SENTIMENTS = {"negative": WORDS[3:6], "neutral": ("the", "plot", "and"), "positive": WORDS[:3]}
+
+
+def make_tweets(directory, n_train=48, n_dev=16, seed=0) -> str:
+  """train.csv/dev.csv with `text` and `sentiment` (negative/neutral/positive) columns, and a vocab.txt."""
+  write_vocab(directory)
+  rng = np.random.default_rng(seed)
+  for split, n in (("train", n_train), ("dev", n_dev)):
+    with open(os.path.join(directory, f"{split}.csv"), "w") as f:
+      f.write("id,text,sentiment\n")
+      for i in range(n):
+        label = sorted(SENTIMENTS)[i % 3]
+        f.write(f"{i},{rng.choice(SENTIMENTS[label])} movie {' '.join(rng.choice(WORDS[6:], 3))},{label}\n")
+  return str(directory)
+
+
+def tweet_config(data_dir, **task_opts):
+  c = tiny_config(data_dir, generic.get_config("single"))
+  c.task_opts.text_a, c.task_opts.label = "text", "sentiment"
+  c.task_opts.update(task_opts)
+  c.num_epochs, c.max_train_examples = 1, 0
+  return c
+
+
+@pytest.fixture(scope="module")
+def tweets(tmp_path_factory):
+  return make_tweets(tmp_path_factory.mktemp("tweets"))
+
+
+def _user_env():
+  return {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device, as a user has
+
+
+@pytest.mark.slow
+def test_tweets_as_typed_on_the_command_line(tweets, tmp_path):
+  """The issue's command: string labels, num_labels=3 (checked against the file's three labels)."""
+  argv = [sys.executable, "-m", "bert_jax.cli", "finetune", "--config=configs/finetune/generic.py:single",
+          f"--workdir={tmp_path}/run", f"--config.data_dir={tweets}", "--config.task_opts.text_a=text",
+          "--config.task_opts.label=sentiment", "--config.task_opts.num_labels=3",
+          f"--config.vocab_file={tweets}/vocab.txt", "--config.model.preset=tiny", "--config.model.vocab_size=32",
+          "--config.model.max_position_embeddings=32", "--config.max_seq_length=16", "--config.batch_size=16",
+          "--config.num_epochs=1"]
+  run = subprocess.run(argv, cwd=ROOT, env=_user_env(), capture_output=True, text=True, timeout=600)
+  assert run.returncode == 0, run.stderr[-3000:]
+  record = json.loads((tmp_path / "run" / "task.json").read_text())
+  assert record["label_names"] == ["negative", "neutral", "positive"] and record["kind"] == "classification"
+  assert json.loads((tmp_path / "run" / "results.json").read_text())["finished"]
+
+
+@pytest.mark.slow
+def test_tweets_without_num_labels_and_with_labels_given(tweets, tmp_path):
+  results = trainer.finetune(tweet_config(tweets), str(tmp_path / "read"))
+  assert results["finished"] and set(results["best_metrics"]) == {"accuracy"}
+  read = json.loads((tmp_path / "read" / "task.json").read_text())
+  assert read["label_names"] == ["negative", "neutral", "positive"]
+  trainer.finetune(tweet_config(tweets, labels="positive,neutral,negative"), str(tmp_path / "given"))
+  given = json.loads((tmp_path / "given" / "task.json").read_text())
+  assert given["label_names"] == ["positive", "neutral", "negative"]  # ids in the order given
+
+
+# ------------------------------------------------------------------------------------------------
+# Unusable files: one paragraph naming the file and what to do, before the model is loaded.
+
+
+def _copy(src, dst, **replace):
+  """The tweet files in `dst`, with `replace[name]` (bytes) instead of file `name`."""
+  os.makedirs(dst, exist_ok=True)
+  for name in os.listdir(src):
+    with open(os.path.join(src, name), "rb") as f:
+      data = f.read()
+    with open(os.path.join(dst, name), "wb") as f:
+      f.write(replace.get(name.replace(".", "_"), data))
+  return str(dst)
+
+
+def _drop_column(path, column) -> bytes:
+  with open(path) as f:
+    rows = [line.rstrip("\n").split(",") for line in f]
+  keep = [i for i, name in enumerate(rows[0]) if name != column]
+  return "".join(",".join(r[i] for i in keep) + "\n" for r in rows).encode()
+
+
+def _bad_files(tweets):
+  train, dev = os.path.join(tweets, "train.csv"), os.path.join(tweets, "dev.csv")
+  with open(dev, "rb") as f:
+    dev_bytes = f.read()
+  return {
+      "train_without_labels": ({"train_csv": _drop_column(train, "sentiment")}, {},
+                               r"train.csv has no label column 'sentiment' \(its columns: id, text\)"),
+      "misspelt_label_option": ({}, {"label": "sentimnet"}, r"train.csv has no label column 'sentimnet'.*"
+                                r"--config.task_opts.label=COLUMN"),
+      "dev_without_labels": ({"dev_csv": _drop_column(dev, "sentiment")}, {}, r"dev.csv has no label column"),
+      "empty_dev": ({"dev_csv": b""}, {}, r"dev.csv is empty: it needs a header line"),
+      "header_only_dev": ({"dev_csv": b"id,text,sentiment\n"}, {}, r"dev.csv has a header line but no examples"),
+      "latin1_byte": ({"dev_csv": dev_bytes.replace(b"movie", b"caf\xe9", 1)}, {},
+                      r"dev.csv, line 2: byte 0xe9 is not UTF-8.*iconv"),
+      "dev_label_unseen": ({"dev_csv": dev_bytes.replace(b"neutral", b"angry", 1)}, {},
+                           r"dev.csv: label 'angry' is not one the model was trained for"),
+  }
+
+
+@pytest.mark.parametrize("case", ["train_without_labels", "misspelt_label_option", "dev_without_labels",
+                                  "empty_dev", "header_only_dev", "latin1_byte", "dev_label_unseen"])
+def test_unusable_files_stop_before_training_naming_the_file(tweets, tmp_path, case):
+  files, opts, message = _bad_files(tweets)[case]
+  config = tweet_config(_copy(tweets, tmp_path / "data", **files), **opts)
+  with pytest.raises(readers.DataError, match=message) as error:
+    trainer.finetune(config, str(tmp_path / "run"))
+  assert "\n" not in str(error.value)  # one paragraph
+  assert not os.path.exists(tmp_path / "run")  # nothing loaded, compiled or written
+
+
+@pytest.mark.slow
+def test_the_command_prints_the_paragraph_without_a_traceback(tweets, tmp_path):
+  data = _copy(tweets, tmp_path / "data", dev_csv=b"id,text,sentiment\n")
+  argv = [sys.executable, "-m", "bert_jax.cli", "finetune", "--config=configs/finetune/generic.py:single",
+          f"--workdir={tmp_path}/run", f"--config.data_dir={data}", "--config.task_opts.text_a=text",
+          "--config.task_opts.label=sentiment", f"--config.vocab_file={data}/vocab.txt"]
+  run = subprocess.run(argv, cwd=ROOT, env=_user_env(), capture_output=True, text=True, timeout=300)
+  assert run.returncode == 2
+  assert "Traceback" not in run.stderr
+  assert run.stderr.strip().splitlines()[-1].startswith("bert-jax finetune: ") and "dev.csv has a header" in run.stderr
