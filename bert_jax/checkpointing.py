@@ -5,19 +5,28 @@ input iterator state as JSON (`{"hosts": [...]}`, in process order), so a resume
 very next batch on every host. Orbax writes every save
 into a temporary directory and renames it when complete: a save interrupted mid-write is never listed,
 so it can never become the latest step.
+
+Failures: a save that fails (a full disk ...) raises `failures.SaveFailed` at the next `check()` (the
+loop calls it every step) or `save()`, and its temporary directory is removed; the checkpoints
+written before are left as they are. A step that cannot be read back (a truncated or garbled file)
+is moved aside by `restore_latest` with a warning, and the newest readable one is restored.
 """
 
 import base64
 import json
 import os
 import signal
+import time
 from typing import Any
 
+from absl import logging
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
+
+from bert_jax import failures
 
 
 def _encode(data_state: Any) -> dict:
@@ -50,20 +59,89 @@ class Checkpointer:
   """`CheckpointManager` for items `state` (pytree) and `data` (JSON) under `directory`."""
 
   def __init__(self, directory: str, *, keep: int | None = 3, async_save: bool = True):
-    options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save, create=True)
+    # Temporary directories of saves cut short by a killed process are removed on creation.
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save, create=True,
+                                           cleanup_tmp_directories=True)
     self.directory = epath.Path(directory)
     self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "data"))
+    self._in_flight = None    # the step of a save still being written in the background
+    self._failed = False
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
 
   def save(self, step: int, state: Any, data_state: Any = None) -> bool:
-    """Starts saving (returns before the write ends when async); False if `step` is already saved."""
+    """Starts saving (returns before the write ends when async); False if `step` is already saved.
+
+    Raises `failures.SaveFailed` when this save, or the one before it, failed.
+    """
+    self.check(wait=True)
     if step in self.manager.all_steps():
       return False
     hosts = _gather_from_hosts(_encode(data_state))
     args = ocp.args.Composite(state=ocp.args.StandardSave(state), data=ocp.args.JsonSave({"hosts": hosts}))
-    return self.manager.save(step, args=args, force=True)
+    try:
+      saved = self.manager.save(step, args=args, force=True)
+    except Exception as e:  # pylint: disable=broad-except  (the synchronous part of the write)
+      self._fail(step, e)
+    self._in_flight = step
+    self.check()
+    return saved
+
+  def check(self, wait: bool = False) -> None:
+    """Raises `failures.SaveFailed` if the last save failed; without `wait`, only once it has ended.
+
+    Cheap (no waiting, no collective) while a save is still being written: call it every step.
+    """
+    if self._in_flight is None or (not wait and self.manager.is_saving_in_progress()):
+      return
+    step, self._in_flight = self._in_flight, None
+    try:
+      self.manager.wait_until_finished()
+    except Exception as e:  # pylint: disable=broad-except
+      self._fail(step, e)
+
+  def _fail(self, step: int, error: Exception) -> None:
+    self._failed = True
+    self._wait_for_writes()
+    removed = self._remove_temporary(step)
+    kept = sorted(int(p.name) for p in self.directory.iterdir() if p.name.isdigit())   # on disk, not orbax's list
+    message = " ".join(f"{type(error).__name__}: {error}".split())[:400]
+    raise failures.SaveFailed(
+        f"saving checkpoint {self.directory}/{step} failed ({message}). Training stopped here; "
+        f"{len(removed)} temporary director{'y' if len(removed) == 1 else 'ies'} removed; the checkpoints "
+        f"written before are intact: {kept or 'none'}. Free space or fix write access to {self.directory}, "
+        "then start the same command again: it resumes from the latest of them.") from error
+
+  def _wait_for_writes(self, timeout_s: float = 60.0) -> None:
+    """Lets the other writes of a failed save end before their directory is removed under them.
+
+    Orbax stops waiting at the first write that fails; the others are reachable only through its
+    internals (hence the getattr: with another orbax version this waits for nothing).
+    """
+    async_manager = getattr(getattr(self.manager, "_checkpointer", None), "_async_manager", None)
+    deadline = time.time() + timeout_s
+    for future in getattr(async_manager, "_commit_futures", None) or ():
+      try:
+        future.result(timeout=max(0.0, deadline - time.time()))
+      except Exception:  # pylint: disable=broad-except  (the failure being reported, or one like it)
+        pass
+
+  def _remove_temporary(self, step: int) -> list[str]:
+    """Removes the step's `*.orbax-checkpoint-tmp*` directories (process 0: the directory is shared)."""
+    if jax.process_index() != 0:
+      return []
+    removed = []
+    for path in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"):
+      try:
+        if path.is_dir():
+          path.rmtree()
+        else:
+          path.unlink()
+        removed.append(os.fspath(path))
+      except OSError as e:
+        logging.warning("could not remove %s: %s", path, e)
+    return removed
 
   def restore(self, abstract_state: Any, step: int | None = None) -> tuple[Any, Any]:
     """(state laid out as `abstract_state`'s shardings, data iterator state) at `step` (default latest)."""
@@ -74,15 +152,55 @@ class Checkpointer:
     restored = self.manager.restore(step, args=args)
     hosts = restored.data["hosts"]
     if len(hosts) != jax.process_count():
-      raise ValueError(f"checkpoint {self.directory}/{step} was written by {len(hosts)} hosts; this job has "
-                       f"{jax.process_count()}: the data position of each host cannot be carried over")
+      raise failures.UserError(
+          f"checkpoint {self.directory}/{step} was written by {len(hosts)} hosts; this job has "
+          f"{jax.process_count()}: the data position of each host cannot be carried over")
     return restored.state, _decode(hosts[jax.process_index()])
+
+  def restore_latest(self, abstract_state: Any, move_aside: bool = True) -> tuple[Any, Any, int | None]:
+    """(state, data state, step) of the newest step every host can read; (None, None, None) if none.
+
+    A step that cannot be read (a truncated or garbled file, a missing item) is skipped with a
+    warning naming it, and with `move_aside` renamed to `<step>.unreadable-<time>` so that it is
+    neither restored nor counted as a kept checkpoint again.
+    """
+    for step in sorted(self.manager.all_steps(), reverse=True):
+      try:
+        state, data_state = self.restore(abstract_state, step)
+        error = None
+      except failures.UserError:
+        raise
+      except Exception as e:  # pylint: disable=broad-except  (orbax, tensorstore, json: many kinds)
+        state = data_state = None
+        error = " ".join(f"{type(e).__name__}: {e}".split())[:300]
+      errors = _gather_from_hosts({"error": error})
+      if not any(e["error"] for e in errors):
+        return state, data_state, step
+      error = next(e["error"] for e in errors if e["error"])
+      where = f"{self.directory}/{step}"
+      if move_aside:
+        where += f", moved to {self._move_aside(step)}"
+      logging.warning("checkpoint %s (step %d) is unreadable, skipped (%s)", where, step, error)
+      if jax.process_index() == 0:
+        print(f"warning: checkpoint {where} (step {step}) is unreadable and was skipped: {error}", flush=True)
+    return None, None, None
+
+  def _move_aside(self, step: int) -> str:
+    target = self.directory / f"{step}.unreadable-{time.strftime('%Y%m%dT%H%M%S')}"
+    if jax.process_index() == 0:
+      (self.directory / str(step)).rename(target)
+    if jax.process_count() > 1:
+      multihost_utils.sync_global_devices(f"checkpoint {step} moved aside")
+    self.manager.reload()
+    return os.fspath(target)
 
   def wait(self) -> None:
     self.manager.wait_until_finished()
 
   def close(self) -> None:
-    self.manager.wait_until_finished()
+    if self._failed:   # the failure was reported; waiting would raise it again
+      return
+    self.check(wait=True)
     self.manager.close()
 
 
@@ -100,10 +218,33 @@ def restore_state(path: str, abstract_state: Any) -> Any:
   directory, step = split_path(path)
   checkpointer = Checkpointer(directory, keep=None, async_save=False)
   try:
-    state, _ = checkpointer.restore(abstract_state, step)
+    if step is None:   # the newest readable step; another run's directory is left as it is
+      state, _, step = checkpointer.restore_latest(abstract_state, move_aside=False)
+      if step is None:
+        raise failures.UserError(f"{path} holds no readable checkpoint")
+    else:
+      state, _ = checkpointer.restore(abstract_state, step)
   finally:
     checkpointer.close()
   return state
+
+
+def checkpoint_problem(path: str, items: tuple[str, ...] = ("state", "data")) -> str | None:
+  """Why `path` (`<dir>` or `<dir>/<step>`) is not a `bert-jax pretrain` checkpoint; None if it is one."""
+  directory, step = split_path(path)
+  root = epath.Path(directory)
+  if not (root / str(step) if step is not None else root).exists():
+    return f"{path} does not exist"
+  if step is None:
+    steps = sorted(int(p.name) for p in root.iterdir() if p.name.isdigit() and p.is_dir())
+    if not steps:
+      hint = f" (a run's checkpoints are in {path}/checkpoints)" if (root / "checkpoints").exists() else ""
+      return f"{path} holds no checkpoint steps (numbered directories){hint}"
+    step = steps[-1]
+  missing = [item for item in items if not (root / str(step) / item).exists()]
+  if missing:
+    return f"{directory}/{step} has no {' or '.join(missing)}: it is not a `bert-jax pretrain` checkpoint"
+  return None
 
 
 def restore_params(path: str, abstract_params: Any = None) -> Any:

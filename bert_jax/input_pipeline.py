@@ -13,18 +13,22 @@ replays the stream exactly.
     it.set_state(state)                   # in a fresh process: the same next batches
 """
 
+import json
 import os
 import threading
 
 import jax
 import numpy as np
 
-from bert_jax import host_env, instances, masking
+from bert_jax import failures, host_env, instances, masking
 
 tf = host_env.import_tensorflow()
 
 _EVAL_EPOCH = 1 << 40  # eval draws use an "epoch" no training run reaches
 _FEATURES = {"token_ids": tf.io.RaggedFeature(tf.int64), "sentence_lengths": tf.io.RaggedFeature(tf.int64)}
+_STATS_FILE = "stats.json"   # prepare.STATS_FILE: per-shard documents, tokens and bytes
+_REPAIR = ("Delete the shard and run the same `bert-jax prepare` command again: it rewrites only the missing "
+           "shards (a corpus prepared into <workdir>/data: delete that directory).")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -32,9 +36,14 @@ _FEATURES = {"token_ids": tf.io.RaggedFeature(tf.int64), "sentence_lengths": tf.
 
 
 def shard_files(pattern: str, split: str) -> list[str]:
-  """A glob, a prepared directory's `<split>-*.tfrecord` or a prefix's `-*.tfrecord`, sorted."""
+  """A glob, a prepared directory's `<split>-*.tfrecord` or a prefix's `-*.tfrecord`, sorted.
+
+  A directory must hold every shard of the split that its stats.json lists (DataError otherwise).
+  """
   if tf.io.gfile.isdir(pattern):
-    pattern = os.path.join(pattern, f"{split}-*.tfrecord")
+    files = sorted(tf.io.gfile.glob(os.path.join(pattern, f"{split}-*.tfrecord")))
+    _check_complete(pattern, split, files)
+    return files
   return sorted(tf.io.gfile.glob(pattern)) or sorted(tf.io.gfile.glob(pattern + "-*.tfrecord"))
 
 
@@ -56,13 +65,17 @@ def load_documents(files: list[str], process_index: int = 0, process_count: int 
   by_file = len(files) >= process_count
   tokens, sentence_lengths, sentences_per_doc = [], [], []
   doc_counter = 0
+  recorded = _recorded_shards(files)
   for file_index, path in enumerate(files):
     if by_file and file_index % process_count != process_index:
       continue
-    record = 0
-    for batch in tf.data.TFRecordDataset(path).batch(4096).map(lambda x: tf.io.parse_example(x, _FEATURES)):
+    expected = recorded.get(path)
+    _check_size(path, expected)
+    record, num_tokens = 0, 0
+    for batch in _read_shard(path):
       doc_tokens, doc_sentences = batch["token_ids"], batch["sentence_lengths"]
       n = int(doc_tokens.nrows())
+      num_tokens += int(doc_tokens.flat_values.shape[0])
       keep = np.ones(n, bool) if by_file else (doc_counter + np.arange(n)) % process_count == process_index
       if held_out is not None:
         keep &= _is_held_out(file_index, record + np.arange(n), eval_fraction) == held_out
@@ -73,7 +86,69 @@ def load_documents(files: list[str], process_index: int = 0, process_count: int 
       tokens.append(doc_tokens.flat_values.numpy()[token_keep].astype(np.int32))
       sentence_lengths.append(doc_sentences.flat_values.numpy()[np.repeat(keep, sentence_counts)])
       sentences_per_doc.append(sentence_counts[keep])
+    _check_counts(path, expected, {"documents": record, "tokens": num_tokens})
   return _as_documents(tokens, sentence_lengths, sentences_per_doc)
+
+
+def _read_shard(path: str):
+  """The parsed documents of a shard in batches; a damaged file raises DataError naming it."""
+  batches = iter(tf.data.TFRecordDataset(path).batch(4096).map(lambda x: tf.io.parse_example(x, _FEATURES)))
+  while True:
+    try:
+      yield next(batches)
+    except StopIteration:
+      return
+    except tf.errors.OpError as e:   # DataLossError: truncated or corrupted record; parse errors
+      raise failures.DataError(f"prepared shard {path} cannot be read: {e.message.splitlines()[0]}. "
+                               f"{_REPAIR}") from None
+
+
+def _recorded_shards(files: list[str]) -> dict[str, tuple[str, dict]]:
+  """{path: (stats.json path, its counts)} for the files that `bert-jax prepare` recorded."""
+  recorded = {}
+  for directory in sorted({os.path.dirname(f) for f in files}):
+    stats_path = os.path.join(directory, _STATS_FILE)
+    if not tf.io.gfile.exists(stats_path):
+      continue   # shards made by other tools: nothing to check against
+    with tf.io.gfile.GFile(stats_path) as f:
+      shards = json.load(f).get("shards", {})
+    recorded.update({f: (stats_path, shards[os.path.basename(f)]) for f in files
+                     if os.path.dirname(f) == directory and os.path.basename(f) in shards})
+  return recorded
+
+
+def _check_size(path: str, expected: tuple[str, dict] | None) -> None:
+  """Before reading: a shard's size against the one recorded (stats of older `prepare` runs have none)."""
+  if expected is None or "bytes" not in expected[1]:
+    return
+  size = tf.io.gfile.stat(path).length
+  if size != expected[1]["bytes"]:
+    raise failures.DataError(f"prepared shard {path} has {size} bytes but {expected[0]} records "
+                             f"{expected[1]['bytes']}: it was cut short or replaced. {_REPAIR}")
+
+
+def _check_counts(path: str, expected: tuple[str, dict] | None, found: dict[str, int]) -> None:
+  """After reading: the documents and tokens read against those recorded."""
+  if expected is None:
+    return
+  for key, value in found.items():
+    if key in expected[1] and expected[1][key] != value:
+      raise failures.DataError(f"prepared shard {path} holds {value} {key} but {expected[0]} records "
+                               f"{expected[1][key]}: it was cut short or replaced. {_REPAIR}")
+
+
+def _check_complete(directory: str, split: str, files: list[str]) -> None:
+  """Every `split` shard that stats.json lists in a prepared directory is there."""
+  stats_path = os.path.join(directory, _STATS_FILE)
+  if not tf.io.gfile.exists(stats_path):
+    return
+  with tf.io.gfile.GFile(stats_path) as f:
+    listed = [name for name in json.load(f).get("shards", {}) if name.startswith(f"{split}-")]
+  missing = sorted(set(listed) - {os.path.basename(p) for p in files})
+  if missing:
+    raise failures.DataError(f"{directory} lacks {len(missing)} of the {len(listed)} {split} shards listed in "
+                             f"{stats_path}: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}. "
+                             f"{_REPAIR}")
 
 
 def _as_documents(tokens, sentence_lengths, sentences_per_doc) -> instances.Documents:
@@ -292,7 +367,7 @@ def _split_documents(data_config, split: str, process_index: int, process_count:
     return load_documents(eval_files, process_index, process_count)
   train_files = shard_files(c.train_files, "train")
   if not train_files:
-    raise FileNotFoundError(f"no prepared shards match {c.train_files!r}")
+    raise failures.UserError(f"no prepared shards match data.train_files {c.train_files!r}")
   if eval_files or c.eval_fraction <= 0:
     if split == "eval":
       raise ValueError("no eval data: set data.eval_files or data.eval_fraction > 0")

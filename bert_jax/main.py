@@ -3,10 +3,14 @@
     bert-jax pretrain --config=configs/tiny.py --workdir=/tmp/bert_tiny
     bert-jax pretrain --config=configs/bert_large.py:phase2 --workdir=DIR --config.init_from=PHASE1/checkpoints
     python -m bert_jax.main --config=configs/tiny.py --workdir=/tmp/bert_tiny --config.train_steps=100
+
+A mistake in the config, a path or the data ends the command with one paragraph on stderr and exit
+code 2, before anything is compiled; the other exit codes are listed in bert_jax/failures.py.
 """
 
 import os
 import sys
+import threading
 
 from bert_jax import config_path
 from bert_jax import host_env
@@ -21,12 +25,39 @@ from absl import logging
 import jax
 from ml_collections import config_flags
 
+from bert_jax import failures
 from bert_jax import train
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/tiny.py or configs/bert_large.py:phase2.",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, metrics.jsonl and TensorBoard logs go here.")
 flags.mark_flags_as_required(["config", "workdir"])
+_PROG = "bert-jax pretrain"
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing, with a misspelt `--config.` field as one line (exit 2) instead of tracebacks."""
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    message = " ".join(str(e).split())
+  except (AttributeError, KeyError) as e:   # ml_collections: an override of a field the config lacks
+    while e.args and isinstance(e.args[0], BaseException):
+      e = e.args[0]
+    text = " ".join(str(e.args[0] if e.args else e).split())
+    message = f"unknown config field {text} Every field is defined in configs/common.py."
+  failures.say_and_exit(failures.UserError(message), prefix=_PROG)
+  return []
+
+
+class _NoLibraryTracebacks(logging.logging.Filter):
+  """Orbax logs every failed background write with a traceback before the run reports the failure in
+  one paragraph (failures.SaveFailed): its lines stay, their tracebacks go (--verbosity keeps them)."""
+
+  def filter(self, record) -> bool:
+    if record.exc_info and f"{os.sep}orbax{os.sep}" in record.pathname:
+      record.exc_info, record.exc_text = None, None
+    return True
 
 
 def _needs_distributed(dist) -> bool:
@@ -36,9 +67,27 @@ def _needs_distributed(dist) -> bool:
   if dist.initialize == "no":
     return False
   if dist.initialize != "auto":
-    raise ValueError(f"distributed.initialize must be auto, yes or no; got {dist.initialize!r}")
+    raise failures.UserError(f"distributed.initialize must be auto, yes or no; got {dist.initialize!r}")
   hosts = os.environ.get("TPU_WORKER_HOSTNAMES", "")
   return bool(dist.coordinator_address) or "," in hosts or "MEGASCALE_COORDINATOR_ADDRESS" in os.environ
+
+
+def initialize_distributed(dist) -> threading.Event:
+  """`jax.distributed.initialize` when the job has several processes, and a watch on its peers.
+
+  In recoverable mode the coordination service reports a dead process instead of aborting every
+  other one with a C++ stack trace; `failures.watch_peers` then ends this process with exit code
+  `failures.RESTART` within `heartbeat_timeout_seconds` (sooner when a collective fails first).
+  """
+  if not _needs_distributed(dist):
+    return threading.Event()
+  jax.config.update("jax_enable_recoverability", True)
+  jax.distributed.initialize(
+      coordinator_address=dist.coordinator_address or None,
+      num_processes=dist.num_processes if dist.num_processes > 0 else None,
+      process_id=dist.process_id if dist.process_id >= 0 else None,
+      heartbeat_timeout_seconds=dist.heartbeat_timeout_seconds)
+  return failures.watch_peers(dist.heartbeat_timeout_seconds, prefix=_PROG)
 
 
 def main(argv) -> None:
@@ -46,20 +95,18 @@ def main(argv) -> None:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)   # libraries' INFO lines would bury the progress lines
+    logging.get_absl_handler().addFilter(_NoLibraryTracebacks())
   config = _CONFIG.value
-  dist = config.distributed
-  if _needs_distributed(dist):
-    jax.distributed.initialize(
-        coordinator_address=dist.coordinator_address or None,
-        num_processes=dist.num_processes if dist.num_processes > 0 else None,
-        process_id=dist.process_id if dist.process_id >= 0 else None)
-  logging.info("process %d/%d, %d devices", jax.process_index(), jax.process_count(), jax.device_count())
+  stop_watching = threading.Event()
   try:
-    train.validate(config)   # again inside train_and_evaluate; here to show the message without a traceback
-  except ValueError as e:
-    raise app.UsageError(str(e)) from e
-  train.train_and_evaluate(config, _WORKDIR.value)
+    stop_watching = initialize_distributed(config.distributed)
+    logging.info("process %d/%d, %d devices", jax.process_index(), jax.process_count(), jax.device_count())
+    train.train_and_evaluate(config, _WORKDIR.value)   # checks config and inputs before compiling
+  except failures.RunError as e:
+    failures.say_and_exit(e, prefix=_PROG if jax.process_count() == 1 else f"{_PROG} (process {jax.process_index()})")
+  finally:
+    stop_watching.set()   # the peers end now too: not a lost peer
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -9,7 +9,8 @@ Output (read by `input_pipeline.py`):
                                       `sentence_lengths` (tokens per sentence)
   DIR/eval-00000-of-000NN.tfrecord    same, when an eval split is asked for
   DIR/vocab.txt or DIR/spm.model      the tokenizer, so `tokenizer.load_tokenizer(DIR)` works
-  DIR/stats.json                      documents, sentences, tokens, per-shard counts, bad input
+  DIR/stats.json                      documents, sentences, tokens, per-shard counts and bytes (the
+                                      reader checks every shard against them), bad input
   DIR/.prepare/                       the settings used and one record per finished shard task
 
 Each shard is tokenized by its own worker process from its own byte range of the input (see
@@ -162,6 +163,7 @@ def _write_shard(task) -> dict:
   for split, writer in writers.items():
     writer.close()
     os.replace(tmp[split], task["outputs"][split])
+    counts[split]["bytes"] = os.path.getsize(task["outputs"][split])   # the reader checks it (stats.json)
   return {"task": task["name"], "counters": dict(counters), "seconds": time.time() - start,
           "cpu_seconds": time.process_time() - cpu_start,
           "shards": {os.path.basename(task["outputs"][s]): dict(c) for s, c in counts.items()}}
@@ -368,8 +370,9 @@ def _summarize(results, counters, tokenizer_file, do_lower_case, settings) -> di
       "documents": total["documents"], "sentences": total["sentences"], "tokens": total["tokens"],
       "splits": {s: {"documents": c["documents"], "sentences": c["sentences"], "tokens": c["tokens"]}
                  for s, c in splits.items()},
+      # What the input pipeline checks every shard against when it reads it (bytes: not in older runs).
       "shards": {n: {k: c.get(k, 0) for k in ("documents", "sentences", "tokens")}
-                 for n, c in shards.items()},
+                    | ({"bytes": c["bytes"]} if "bytes" in c else {}) for n, c in shards.items()},
       "bad_input": {k: counters.get(k, 0) for k in corpus.COUNTERS + ("empty_sentences",)},
       "tokenizer": "wordpiece" if tokenizer_file.endswith(tokenization.VOCAB_FILE) else "sentencepiece",
       "tokenizer_file": os.path.basename(tokenizer_file),

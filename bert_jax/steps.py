@@ -111,8 +111,10 @@ def train_step(state: TrainState, batch: Batch, rng: jax.Array, *, model, tx, co
   """One optimizer step on the global batch -> (new state, metrics of this step).
 
   Dropout keys come from `fold_in(rng, state.step)`, so a resumed run replays the same randomness.
-  A step whose loss or gradient is not finite leaves params and optimizer state untouched: `state.step`
-  counts it, the optimizer's own count (which drives the learning-rate schedule) does not. The logged
+  A step whose loss, gradient, update or new parameters are not all finite leaves params and optimizer
+  state untouched (an update can be NaN while loss and gradient are finite, e.g. with Adam's eps = 0
+  and a zero gradient): `state.step` counts it, the optimizer's own count (which drives the
+  learning-rate schedule) does not. So the parameters of a TrainState are always finite. The logged
   `learning_rate` is the schedule at the optimizer's count, i.e. the rate this step applies (or would
   have applied, when skipped), so after skipped steps it trails `schedule(state.step)`.
   """
@@ -120,10 +122,9 @@ def train_step(state: TrainState, batch: Batch, rng: jax.Array, *, model, tx, co
   grads, sums = _grads_and_sums(state.params, batch, key, model=model, config=config)
   loss = loss_from_sums(sums)
   grad_norm = optax.tree.norm(grads)
-  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
+  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & _all_finite(updates) & _all_finite(params)
   keep_new = lambda new, old: jnp.where(finite, new, old)
   new_state = state.replace(
       step=state.step + 1,
@@ -136,6 +137,12 @@ def train_step(state: TrainState, batch: Batch, rng: jax.Array, *, model, tx, co
   metrics = dict(sums, loss=loss, grad_norm=grad_norm, learning_rate=lr,
                  nonfinite_count=new_state.nonfinite_count, nonfinite_streak=new_state.nonfinite_streak)
   return new_state, metrics
+
+
+def _all_finite(tree) -> jax.Array:
+  """True when every element of every array in `tree` is finite (a scalar; reduced per array)."""
+  leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]
+  return jnp.all(jnp.stack(leaves)) if leaves else jnp.bool_(True)
 
 
 def eval_step(params, batch: Batch, *, model, config) -> dict[str, jax.Array]:

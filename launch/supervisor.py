@@ -4,8 +4,9 @@ Every `poll_seconds` the supervisor reads the slice's state (and, while it is up
 worker 0). When the slice is gone, PREEMPTED or TERMINATED (a queued resource: SUSPENDED or FAILED),
 it deletes and recreates it, sets the workers up again and restarts the same command; the job then
 resumes from the latest checkpoint in its GCS workdir by itself. A job that exits with an error (or
-"preempted") on a slice that is still up is restarted in place. It stops when the job exits with
-status 0, or after `max_restarts` restarts. Clock and sleep are injected, so tests never wait.
+"preempted", or RESTART_EXIT_CODE: a peer host died) on a slice that is still up is restarted in place.
+It stops when the job exits with status 0, with a code that a restart cannot fix (FINAL_EXIT_CODES: a
+user error, a diverged run), or after `max_restarts` restarts. Clock and sleep are injected, so tests never wait.
 """
 
 import dataclasses
@@ -16,6 +17,10 @@ from typing import Callable
 from launch import actions
 from launch import gcloud
 from launch.runner import DryRun, Runner
+
+# Exit codes of `bert-jax pretrain` (bert_jax/failures.py; a test keeps the two in step).
+RESTART_EXIT_CODE = 75          # a peer host of the job died: restart the whole job, it resumes
+FINAL_EXIT_CODES = {2: "a config, path or data error", 3: "the run diverged (non-finite steps)"}
 
 UP = {"READY", "ACTIVE"}
 DEAD = {"PREEMPTED", "TERMINATED", actions.MISSING}       # a TPU VM node
@@ -34,6 +39,12 @@ class Policy:
 def _stderr_log(message: str) -> None:
   print(f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} supervise: {message}",
         file=sys.stderr, flush=True)
+
+
+def _exit_code(status: str) -> int | None:
+  """3 for "exit 3"; None for "exit preempted", "running", "none"."""
+  word = status.split()[-1] if status.startswith("exit ") else ""
+  return int(word) if word.isdigit() else None
 
 
 @dataclasses.dataclass
@@ -59,7 +70,8 @@ class Supervisor:
     return DEAD_QUEUED if self.tpu.queued else DEAD
 
   def supervise(self) -> int:
-    """Runs until the job succeeds (returns 0) or the restarts are used up (returns 1)."""
+    """Runs until the job succeeds (returns 0), fails for good (its exit code) or the restarts are used
+    up (returns 1)."""
     first, last_state = True, None
     while True:
       state = actions.slice_state(self.run, self.tpu)
@@ -99,8 +111,14 @@ class Supervisor:
     if status == "exit 0":
       self.log(f"job {self.job.name} finished (exit 0)")
       return 0
+    code = _exit_code(status)
+    if code in FINAL_EXIT_CODES:
+      self.log(f"job {self.job.name} ended ({status}: {FINAL_EXIT_CODES[code]}); a restart would fail the same "
+               "way: not restarting, see the job's log")
+      return code
     if status.startswith("exit") or status == "none":
-      if not self._count_restart(f"job {self.job.name} ended ({status}) on a live slice"):
+      why = ": a peer host died" if code == RESTART_EXIT_CODE else ""
+      if not self._count_restart(f"job {self.job.name} ended ({status}{why}) on a live slice"):
         return 1
       self._launch()
     return None

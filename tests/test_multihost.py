@@ -1,4 +1,5 @@
-"""Two processes on 127.0.0.1 (jax.distributed, gloo CPU collectives) train, checkpoint and resume.
+"""Two processes on 127.0.0.1 (jax.distributed, gloo CPU collectives) train, checkpoint and resume;
+when one dies or hangs, the other exits for a restart within the heartbeat timeout.
 
 Each process has 2 CPU devices; the 4 form one (data, fsdp, tensor) = (1, 2, 2) mesh, so the batch is
 split across processes and every step all-reduces between them.
@@ -6,10 +7,12 @@ split across processes and every step all-reduces between them.
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -85,3 +88,50 @@ def test_two_processes_train_checkpoint_and_resume(data_dir, tmp_path):  # noqa:
   # The second launch resumed at step 4: steps 1-4 are not trained (nor logged) again.
   assert _logged_steps(workdir) == [1, 2, 3, 4, 5, 6]
   assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["4", "6"]
+
+
+def _cli(process_id: int, port: int, data_dir, workdir, heartbeat_s: int) -> list[str]:  # noqa: F811
+  """`bert-jax pretrain` as one process of a two-process job (the tiny config, endless)."""
+  from test_train import TINY  # pylint: disable=g-import-not-at-top
+  changes = {**TINY, "data.train_files": data_dir, "train_steps": 100_000, "checkpoint_every": 4, "eval_steps": 0,
+             "distributed.coordinator_address": f"127.0.0.1:{port}", "distributed.num_processes": 2,
+             "distributed.process_id": process_id, "distributed.heartbeat_timeout_seconds": heartbeat_s}
+  return [sys.executable, "-m", "bert_jax.main", f"--config={REPO_ROOT}/configs/tiny.py", f"--workdir={workdir}",
+          *[f"--config.{k}={v}" for k, v in changes.items()]]
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("how", ["killed", "hung"])
+def test_survivor_of_a_dead_peer_exits_for_a_restart_within_the_bound(how, data_dir, tmp_path):  # noqa: F811
+  """Process 1 is killed (its sockets close) or stopped (it hangs, a host gone silent) after step 6:
+  process 0 exits with the "restart the job" code and one message, within the heartbeat timeout."""
+  from bert_jax import failures  # pylint: disable=g-import-not-at-top
+  workdir, heartbeat_s = str(tmp_path / "run"), 10
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2")
+  port = _free_port()
+  procs = [subprocess.Popen(_cli(i, port, data_dir, workdir, heartbeat_s), cwd=REPO_ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+  try:
+    deadline = time.time() + TIMEOUT_S
+    while time.time() < deadline and all(p.poll() is None for p in procs):
+      if os.path.exists(os.path.join(workdir, "metrics.jsonl")) and max(_logged_steps(workdir), default=0) >= 6:
+        break
+      time.sleep(0.05)
+    assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
+    procs[1].send_signal(signal.SIGKILL if how == "killed" else signal.SIGSTOP)
+    start = time.time()
+    out, err = procs[0].communicate(timeout=TIMEOUT_S)
+    seconds = time.time() - start
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+        p.wait()
+  assert procs[0].returncode == failures.RESTART, err[-3000:]
+  assert seconds < heartbeat_s + 5, seconds
+  lines = [l for l in err.splitlines() if l.startswith("bert-jax")]
+  assert len(lines) == 1 and "Exiting with code 75 so that the supervisor restarts the whole job" in lines[0], err
+  assert "Traceback" not in err and "Check failure" not in err, err[-3000:]
+  assert "4" in os.listdir(os.path.join(workdir, "checkpoints"))   # the checkpoint before is intact
+  print(f"{how}: process 0 exited with {procs[0].returncode} after {seconds:.1f} s: {lines[0]}")

@@ -1,0 +1,232 @@
+"""Each way a pretraining run fails, on the tiny config: one message naming the file, field or step
+(before compiling where it can be known), the exit code of its kind, and no checkpoint written before
+is lost. A two-process run that loses a host is in test_multihost.py."""
+
+import errno
+import glob
+import os
+import shutil
+import struct
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from orbax.checkpoint._src.handlers import json_checkpoint_handler
+
+from bert_jax import checkpointing
+from bert_jax import failures
+from bert_jax import sharding
+from bert_jax import train
+from test_train import REPO, TINY, compilation_cache, data_dir, read_metrics, tiny_config  # noqa: F401
+
+# Token types 2 and 3 never occur: their embedding rows get exactly zero gradient, and Adam with
+# optimizer.eps = 0 makes their update 0 / 0 while loss and gradient stay finite.
+RUN = {"train_steps": 4, "checkpoint_every": 2, "keep_checkpoints": 3, "eval_steps": 0, "fill_mask_examples": 0,
+       "model.type_vocab_size": 4}
+
+
+@pytest.fixture(scope="module")
+def trained(data_dir, tmp_path_factory):  # noqa: F811
+  """A run of 4 steps with checkpoints at steps 2 and 4; tests break a copy of it."""
+  workdir = str(tmp_path_factory.mktemp("trained") / "run")
+  train.train_and_evaluate(tiny_config(data_dir, **RUN), workdir)
+  return workdir
+
+
+def _copy(path, tmp_path, name="run") -> str:
+  shutil.copytree(path, tmp_path / name, symlinks=True)
+  return str(tmp_path / name)
+
+
+def _checkpoints(workdir) -> list[str]:
+  return sorted(os.listdir(os.path.join(workdir, "checkpoints")))
+
+
+def _params_are_finite(workdir, step) -> bool:
+  params = checkpointing.restore_params(os.path.join(workdir, "checkpoints", str(step)))
+  return all(np.isfinite(x).all() for x in jax.tree.leaves(params))
+
+
+def _record_ends(path) -> list[int]:
+  """Byte offsets where the records of a TFRecord file end (length, crc, data, crc)."""
+  ends, offset, data = [], 0, open(path, "rb").read()
+  while offset < len(data):
+    offset += 8 + 4 + struct.unpack("<Q", data[offset:offset + 8])[0] + 4
+    ends.append(offset)
+  return ends
+
+
+# ---------------------------------------------------------------------------------------------
+# Rotten data: every shard is checked against what `prepare` recorded in stats.json.
+
+
+def _cut_at_record(path, stats=None):
+  ends = _record_ends(path)
+  with open(path, "r+b") as f:
+    f.truncate(ends[len(ends) // 2 - 1])
+  if stats:   # stats.json of an older `prepare`, without sizes: the document count catches it
+    text = open(stats).read()
+    import json  # pylint: disable=g-import-not-at-top
+    content = json.loads(text)
+    for shard in content["shards"].values():
+      shard.pop("bytes", None)
+    open(stats, "w").write(json.dumps(content))
+
+
+def _garble(path, stats=None):
+  del stats
+  data = bytearray(open(path, "rb").read())
+  data[len(data) // 2] ^= 0xFF   # same size: the record's CRC catches it
+  open(path, "wb").write(bytes(data))
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda shard, stats: _cut_at_record(shard), r"has \d+ bytes but .*stats.json records \d+: it was cut short"),
+    (_cut_at_record, r"holds 18 documents but .*stats.json records 37: it was cut short"),
+    (_garble, "cannot be read: .*corrupted record"),
+])
+def test_damaged_shard_is_named_before_training(damage, message, data_dir, trained, tmp_path):  # noqa: F811
+  data = _copy(data_dir, tmp_path, "data")
+  shard = os.path.join(data, "train-00000-of-00002.tfrecord")
+  damage(shard, os.path.join(data, "stats.json"))
+  workdir = _copy(trained, tmp_path)
+  with pytest.raises(failures.DataError, match=f"prepared shard {shard} {message}") as raised:
+    train.train_and_evaluate(tiny_config(data, **dict(RUN, train_steps=6)), workdir)
+  assert "Delete the shard and run the same `bert-jax prepare`" in str(raised.value)
+  assert raised.value.exit_code == failures.USER_ERROR
+  assert _checkpoints(workdir) == ["2", "4"]
+
+
+def test_missing_shard_is_named(data_dir, tmp_path):  # noqa: F811
+  data = _copy(data_dir, tmp_path, "data")
+  os.remove(os.path.join(data, "train-00001-of-00002.tfrecord"))
+  with pytest.raises(failures.DataError, match=r"lacks 1 of the 2 train shards .*: train-00001-of-00002.tfrecord"):
+    train.train_and_evaluate(tiny_config(data, **RUN), str(tmp_path / "run"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Non-finite state: the guard looks at the update and the new parameters too.
+
+
+def test_nan_update_with_finite_loss_and_gradient_is_skipped(data_dir):  # noqa: F811
+  config = tiny_config(data_dir, **RUN, **{"optimizer.eps": 0.0})
+  s = train.setup(config, sharding.create_mesh(config.mesh))
+  state = s.init(jax.random.key(0))
+  batch = sharding.global_batch(next(train.create_iterator(config.data, config, "train")), s.mesh)
+  before = jax.device_get(state.params)
+  new, metrics = s.train_step(state, batch, jax.random.key(1))
+  assert np.isfinite(float(metrics["loss"])) and np.isfinite(float(metrics["grad_norm"]))
+  assert int(new.nonfinite_count) == 1 and int(new.nonfinite_streak) == 1
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(new.params), before)
+
+
+def test_no_checkpoint_inside_a_nonfinite_streak_and_the_stop_names_the_last_good_one(data_dir, trained, tmp_path):  # noqa: F811
+  workdir = _copy(trained, tmp_path)
+  config = tiny_config(data_dir, **dict(RUN, train_steps=20, checkpoint_every=1, max_nonfinite_steps=3),
+                       **{"optimizer.eps": 0.0})
+  with pytest.raises(failures.Diverged, match=r"stopping at step 7: 3 steps in a row had a non-finite loss, "
+                     r"gradient or update .* The last good checkpoint is .*/checkpoints/4; a restart resumes "
+                     r"from it") as raised:
+    train.train_and_evaluate(config, workdir)
+  assert raised.value.exit_code == failures.DIVERGED
+  assert _checkpoints(workdir) == ["2", "4"]   # steps 5 and 6, inside the streak, were not saved
+  assert _params_are_finite(workdir, 4)
+  assert [m["train/nonfinite_count"] for m in read_metrics(workdir) if m["step"] > 4] == [1, 2, 3]
+
+
+# ---------------------------------------------------------------------------------------------
+# A failed save (a full disk): the run stops at once, earlier checkpoints and no temporary files stay.
+
+
+def test_failed_async_save_stops_the_run_at_once(data_dir, trained, tmp_path, monkeypatch):  # noqa: F811
+  async def disk_full(self, x, directory):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+  # The iterator position (the checkpoint's "data" item) is written in the background, like the state.
+  monkeypatch.setattr(json_checkpoint_handler.JsonCheckpointHandler, "_save_fn", disk_full)
+  workdir = _copy(trained, tmp_path)
+  config = tiny_config(data_dir, **dict(RUN, train_steps=40, keep_checkpoints=2))
+  with pytest.raises(failures.SaveFailed, match=r"saving checkpoint .*/checkpoints/6 failed \(.*No space left on "
+                     r"device.*\)\. Training stopped here; 1 temporary directory removed; the checkpoints "
+                     r"written before are intact: \[2, 4\]"):
+    train.train_and_evaluate(config, workdir)
+  # keep_checkpoints=2 would have dropped step 2 once step 6 was complete: it never was.
+  assert _checkpoints(workdir) == ["2", "4"]
+  assert max(m["step"] for m in read_metrics(workdir)) <= 8   # at once, not at the next save (step 8)
+  assert _params_are_finite(workdir, 4)
+
+
+# ---------------------------------------------------------------------------------------------
+# An unreadable latest checkpoint: skipped with a warning, the newest readable one restored.
+
+
+def _truncate_a_state_file(step_dir):
+  path, = glob.glob(os.path.join(step_dir, "state", "d", "*"))   # the arrays, after orbax merged the hosts' files
+  with open(path, "r+b") as f:
+    f.truncate(os.path.getsize(path) // 2)
+
+
+@pytest.mark.parametrize("damage", [
+    _truncate_a_state_file,
+    lambda step_dir: shutil.rmtree(os.path.join(step_dir, "state")),
+    lambda step_dir: open(os.path.join(step_dir, "data", "metadata"), "w").write('{"hosts": [{"js'),
+], ids=["truncated_state_file", "deleted_state", "garbled_data_metadata"])
+def test_unreadable_latest_checkpoint_is_skipped(damage, data_dir, trained, tmp_path, capsys):  # noqa: F811
+  workdir = _copy(trained, tmp_path)
+  damage(os.path.join(workdir, "checkpoints", "4"))
+  train.train_and_evaluate(tiny_config(data_dir, **dict(RUN, train_steps=6)), workdir)
+  out = capsys.readouterr().out
+  assert f"warning: checkpoint {workdir}/checkpoints/4, moved to {workdir}/checkpoints/4.unreadable-" in out
+  assert "(step 4) is unreadable and was skipped" in out
+  assert f"resumed from {workdir}/checkpoints/2 at step 2" in out
+  assert [m["step"] for m in read_metrics(workdir)][-4:] == [3, 4, 5, 6]
+  assert [c for c in _checkpoints(workdir) if c.isdigit()] == ["2", "4", "6"]
+  assert len([c for c in _checkpoints(workdir) if c.startswith("4.unreadable-")]) == 1   # kept, for a look
+
+
+# ---------------------------------------------------------------------------------------------
+# Config errors: one line from the CLI, exit code 2, before compiling, the workdir untouched.
+
+
+def test_config_errors_are_one_line_before_compiling(data_dir, trained, tmp_path):  # noqa: F811
+  unrelated = tmp_path / "unrelated"
+  (unrelated / "notes").mkdir(parents=True)
+  cases = {
+      "--config.train_stepz=3": 'unknown config field \'train_stepz\' Did you mean "train_steps"',
+      "--config.data.train_files=": "data.train_files is empty: set --config.data.train_files",
+      f"--config.data.train_files={tmp_path}/nowhere": f"data.train_files '{tmp_path}/nowhere' holds no prepared shards",
+      f"--config.init_from={unrelated}": f"init_from: {unrelated} holds no checkpoint steps",
+  }
+  workdir = _copy(trained, tmp_path)
+  before = _checkpoints(workdir)
+  overrides = [f"--config.{k}={v}" for k, v in {**TINY, **RUN, "data.train_files": data_dir}.items()]
+  procs = {flag: subprocess.Popen(
+      [sys.executable, "-m", "bert_jax.main", f"--config={REPO}/configs/tiny.py", f"--workdir={workdir}",
+       *overrides, flag], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+      for flag in cases}
+  for flag, proc in procs.items():
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == failures.USER_ERROR, (flag, out, err)
+    assert cases[flag] in err and "Traceback" not in err + out, (flag, err)
+    assert "mesh" not in out, (flag, out)   # stopped before the setup line, hence before compiling
+  assert _checkpoints(workdir) == before
+
+
+def test_supervisor_restarts_after_a_lost_peer_and_not_after_a_user_error():
+  from launch import supervisor  # pylint: disable=g-import-not-at-top
+  from test_launch_supervisor import SINGLE, V3, FakeGcloud, make  # pylint: disable=g-import-not-at-top
+  assert supervisor.RESTART_EXIT_CODE == failures.RESTART
+  assert set(supervisor.FINAL_EXIT_CODES) == {failures.USER_ERROR, failures.DIVERGED}
+
+  fake = FakeGcloud(states=["READY"] * 4, jobs=["running", f"exit {failures.RESTART}", "running", "exit 0"])
+  sup, _, logs = make(SINGLE, V3, fake)
+  assert sup.supervise() == 0
+  assert f"job train ended (exit {failures.RESTART}: a peer host died) on a live slice: restart 1/20" in logs
+  for code in (failures.USER_ERROR, failures.DIVERGED):
+    fake = FakeGcloud(states=["READY"] * 2, jobs=["running", f"exit {code}"])
+    sup, _, logs = make(SINGLE, V3, fake)
+    assert sup.supervise() == code and sup.restarts == 0
+    assert "a restart would fail the same way: not restarting" in logs[-1]
