@@ -53,7 +53,9 @@ def main(argv=None) -> None:
   # `--help` describes the key flags of the module named sys.argv[0]: make it the command's flags.
   for flag in flags.FLAGS.get_key_flags_for_module(module):
     flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
-  app.run(functools.partial(_run, module.main), argv=[f"bert-jax {name}"] + rest)
+  # A command may parse its own flags, e.g. to turn a misspelt config field into one line (main.py).
+  parser = {"flags_parser": module.parse_flags} if hasattr(module, "parse_flags") else {}
+  app.run(functools.partial(_run, module.main), argv=[f"bert-jax {name}"] + rest, **parser)
 
 
 def _run(command_main, argv) -> None:

@@ -44,7 +44,7 @@ def parse_flags(argv: list[str]) -> list[str]:
   except (AttributeError, KeyError) as e:   # ml_collections: an override of a field the config lacks
     while e.args and isinstance(e.args[0], BaseException):
       e = e.args[0]
-    text = " ".join(str(e.args[0] if e.args else e).split())
+    text = ". ".join(" ".join(line.split()) for line in str(e.args[0] if e.args else e).splitlines() if line.strip())
     message = f"unknown config field {text} Every field is defined in configs/common.py."
   failures.say_and_exit(failures.UserError(message), prefix=_PROG)
   return []

@@ -195,7 +195,7 @@ def test_config_errors_are_one_line_before_compiling(data_dir, trained, tmp_path
   unrelated = tmp_path / "unrelated"
   (unrelated / "notes").mkdir(parents=True)
   cases = {
-      "--config.train_stepz=3": 'unknown config field \'train_stepz\' Did you mean "train_steps"',
+      "--config.train_stepz=3": 'unknown config field \'train_stepz\'. Did you mean "train_steps"',
       "--config.data.train_files=": "data.train_files is empty: set --config.data.train_files",
       f"--config.data.train_files={tmp_path}/nowhere": f"data.train_files '{tmp_path}/nowhere' holds no prepared shards",
       f"--config.init_from={unrelated}": f"init_from: {unrelated} holds no checkpoint steps",
