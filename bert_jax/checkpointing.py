@@ -157,14 +157,18 @@ class Checkpointer:
           f"{jax.process_count()}: the data position of each host cannot be carried over")
     return restored.state, _decode(hosts[jax.process_index()])
 
-  def restore_latest(self, abstract_state: Any, move_aside: bool = True) -> tuple[Any, Any, int | None]:
-    """(state, data state, step) of the newest step every host can read; (None, None, None) if none.
+  def restore_latest(self, abstract_state: Any, move_aside: bool = True,
+                     at_most: int | None = None) -> tuple[Any, Any, int | None]:
+    """(state, data state, step) of the newest step (up to `at_most`) every host can read; (None, None,
+    None) if there is none.
 
     A step that cannot be read (a truncated or garbled file, a missing item) is skipped with a
     warning naming it, and with `move_aside` renamed to `<step>.unreadable-<time>` so that it is
     neither restored nor counted as a kept checkpoint again.
     """
     for step in sorted(self.manager.all_steps(), reverse=True):
+      if at_most is not None and step > at_most:
+        continue
       try:
         state, data_state = self.restore(abstract_state, step)
         error = None

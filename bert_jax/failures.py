@@ -8,11 +8,15 @@
   75  RESTART     another host of the job died (EX_TEMPFAIL): restart the whole job, it resumes
   1   anything else, e.g. a checkpoint that could not be written: restarted, with backoff
 
+The optional loss-spike guard (`LossSpikeGuard`) keeps a run going instead: it goes back to the last
+checkpoint before a spike and skips the batches that caused it.
+
 A dead host is noticed two ways: a collective of the train step fails (the loop turns that into
 `PeerLost`), or, when a host hangs instead of dying, `watch_peers` sees it drop out of the
 coordination service after `heartbeat_timeout_seconds` and ends this process.
 """
 
+import math
 import os
 import sys
 import threading
@@ -95,3 +99,62 @@ def watch_peers(timeout_s: float, poll_s: float = 1.0, prefix: str = "bert-jax")
 
   threading.Thread(target=watch, name="watch_peers", daemon=True).start()
   return stop
+
+
+class LossSpikeGuard:
+  """The loss-spike guard of the loop (on when `config.loss_spike_factor` > 0).
+
+  A log interval whose mean train loss exceeds `factor` x the running mean of the intervals before
+  it (an exponential moving average, from the `warmup`-th interval on) is a spike: `undo` restores
+  the newest checkpoint written before the interval, and `next_batch` jumps over the interval's
+  batches when the data stream reaches them again. After `max_spikes` spikes the run stops.
+  """
+
+  def __init__(self, factor: float, max_spikes: int, warmup: int = 3, decay: float = 0.9):
+    self.factor, self.max_spikes, self.warmup, self.decay = factor, max_spikes, warmup, decay
+    self.mean, self.intervals, self.spikes, self.skipped = None, 0, 0, 0
+    self._start, self._skip = None, None   # (first step, data position) of the interval; (from, to)
+
+  def start_interval(self, step: int, train_iter) -> None:
+    """Called before the first step of each log interval."""
+    if self.factor > 0:
+      self._start = (step, train_iter.get_state())
+
+  def next_batch(self, train_iter):
+    """The next batch of `train_iter`, past the batches of an undone spike."""
+    if self._skip is not None and train_iter.get_state() == self._skip[0]:
+      train_iter.set_state(self._skip[1])
+      self._skip = None
+    return next(train_iter)
+
+  def is_spike(self, loss: float) -> bool:
+    """Whether an interval's mean loss is a spike; otherwise it joins the running mean."""
+    if self.factor <= 0 or not math.isfinite(loss):   # non-finite steps are the other guard's
+      return False
+    if self.intervals >= self.warmup and loss > self.factor * self.mean:
+      return True
+    self.mean = loss if self.mean is None else self.decay * self.mean + (1 - self.decay) * loss
+    self.intervals += 1
+    return False
+
+  def scalars(self) -> dict[str, int]:
+    return {"train/loss_spikes": self.spikes, "train/spike_skipped_batches": self.skipped} if self.factor > 0 else {}
+
+  def undo(self, checkpointer, abstract_state, train_iter, step: int, loss: float):
+    """((state, its step) or None, a line saying what happened) after a spike at `step`."""
+    first, position = self._start
+    what = f"loss {loss:.4g} at step {step} is more than {self.factor:g} x the running mean {self.mean:.4g}"
+    if self.spikes >= self.max_spikes:
+      raise Diverged(f"stopping at step {step}: {what}, a spike after {self.spikes} others (max_loss_spikes). "
+                     f"The latest checkpoint is {checkpointer.directory}/{checkpointer.latest_step()}. Lower "
+                     "optimizer.learning_rate or check the data.")
+    checkpointer.check(wait=True)
+    state, data_state, good = checkpointer.restore_latest(abstract_state, move_aside=False, at_most=first - 1)
+    if good is None:
+      return None, f"{what}, but no checkpoint precedes step {first}: going on"
+    self.spikes += 1
+    self.skipped += step - first + 1
+    self._skip = (position, train_iter.get_state())
+    train_iter.set_state(data_state)
+    return (state, good), (f"loss spike {self.spikes}/{self.max_spikes}: {what}; back to "
+                           f"{checkpointer.directory}/{good}, the batches of steps {first}-{step} will be skipped")

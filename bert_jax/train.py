@@ -432,12 +432,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   flops = flops_lib.train_flops_per_step(config)
   interval, interval_steps, mark = None, 0, time.time()
   results, peer_lost = {}, False
+  spikes = failures.LossSpikeGuard(config.loss_spike_factor, config.max_loss_spikes)
   try:
     while step < config.train_steps:
       # -- One step. No host sync here: metrics stay on device until a log step.
       if step == config.profile_start_step:
         jax.profiler.start_trace(os.path.join(workdir, "profile"))
-      batch = sharding.global_batch(next(train_iter), mesh)
+      if interval is None:
+        spikes.start_interval(step + 1, train_iter)
+      batch = sharding.global_batch(spikes.next_batch(train_iter), mesh)
       state, metrics = s.train_step(state, batch, dropout_rng)
       checkpointer.check()   # a save that failed in the background stops the run here, not at the next save
       step += 1
@@ -449,22 +452,29 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       last_step = step == config.train_steps
 
       # -- Log (means over the interval, throughput) and evaluate on held-out data: one metrics object.
-      scalars = {}
+      scalars, spiked = {}, False
       if step % config.log_every == 0 or last_step:
         interval, last = jax.device_get((interval, metrics))
         scalars.update(_train_scalars(interval, last, interval_steps))
         scalars.update(_perf_scalars(config, interval_steps, time.time() - mark, step, flops))
         interval, interval_steps = None, 0
+        spiked = spikes.is_spike(scalars["train/loss"])
+        scalars.update(spikes.scalars())   # counters, when the guard is on
       if config.eval_steps > 0 and (step % config.eval_every == 0 or last_step):
         scalars.update(evaluate(s, eval_iter, eval_start, state.params))
       if scalars:
         writer.write(step, scalars)
         results.update(scalars)
       _check_finite(scalars, config, step, checkpointer)
+      if spiked:   # back to the last checkpoint before this interval, whose batches are then skipped
+        undone, message = spikes.undo(checkpointer, s.abstract_state, train_iter, step, scalars["train/loss"])
+        _say(message)
+        writer.write(step, spikes.scalars())
+        state, step = undone or (state, step)
 
       # -- Checkpoint: periodically, at the end, and at the step all hosts agree on after SIGTERM.
       preempted = preemption.reached(step)
-      saved = (step % config.checkpoint_every == 0 or last_step or preempted) and _save(
+      saved = not spiked and (step % config.checkpoint_every == 0 or last_step or preempted) and _save(
           checkpointer, step, state, train_iter)
       if preempted:
         _say(f"preempted: saved checkpoint at step {step}, exiting" if saved else

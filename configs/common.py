@@ -136,6 +136,11 @@ def pretrain_config() -> ml_collections.ConfigDict:
   c.eval_steps = 20               # batches of `global_batch_size` per evaluation; 0 disables eval
   c.fill_mask_examples = 3        # held-out lines with a masked word and the top 5, printed at the end
   c.max_nonfinite_steps = 10      # stop after this many non-finite steps in a row
+  # Loss-spike guard, off at 0: a log interval whose mean loss exceeds this factor x the running mean of
+  # the intervals before goes back to the last checkpoint before it and skips its batches (counted in
+  # train/loss_spikes); the next spike after `max_loss_spikes` of them stops the run.
+  c.loss_spike_factor = 0.0
+  c.max_loss_spikes = 3
   c.peak_flops_per_device = 0.0   # for MFU; 0 = not reported
   c.topology = ""                 # TPU topology the recipe was sized for (default of `bert-jax aot`)
   c.profile_start_step = -1       # >= 0: trace `profile_steps` steps from here into workdir/profile

@@ -5,6 +5,7 @@ is lost. A two-process run that loses a host is in test_multihost.py."""
 import errno
 import glob
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -135,6 +136,56 @@ def test_no_checkpoint_inside_a_nonfinite_streak_and_the_stop_names_the_last_goo
   assert _checkpoints(workdir) == ["2", "4"]   # steps 5 and 6, inside the streak, were not saved
   assert _params_are_finite(workdir, 4)
   assert [m["train/nonfinite_count"] for m in read_metrics(workdir) if m["step"] > 4] == [1, 2, 3]
+
+
+class _PoisonsOneBatch:
+  """The training stream with the labels of its `nth` batch (and of that position, if drawn again)
+  replaced by [PAD]: that step's loss jumps while staying finite."""
+
+  def __init__(self, iterator, nth: int):
+    self.iterator, self.nth, self.poisoned, self.drawn = iterator, nth, None, 0
+
+  def get_state(self):
+    return self.iterator.get_state()
+
+  def set_state(self, state):
+    self.iterator.set_state(state)
+
+  def __next__(self):
+    position = self.get_state()
+    self.drawn += 1
+    if self.drawn == self.nth:
+      self.poisoned = position
+    batch = next(self.iterator)
+    if position == self.poisoned:
+      batch = dict(batch, masked_lm_ids=np.zeros_like(batch["masked_lm_ids"]))
+    return batch
+
+
+def test_loss_spike_goes_back_to_the_last_checkpoint_and_skips_its_batches(data_dir, trained, tmp_path,  # noqa: F811
+                                                                          monkeypatch, capsys):
+  create_iterator, streams = train.create_iterator, []
+
+  def poisoned(data_config, config, split, tokenizer=None):
+    it = create_iterator(data_config, config, split, tokenizer)
+    if split == "train":
+      streams.append(it := _PoisonsOneBatch(it, nth=4))   # the batch of step 8 (resumed at step 4)
+    return it
+
+  monkeypatch.setattr(train, "create_iterator", poisoned)
+  workdir = _copy(trained, tmp_path)
+  config = tiny_config(data_dir, **dict(RUN, train_steps=12, keep_checkpoints=10, loss_spike_factor=1.1))
+  train.train_and_evaluate(config, workdir)
+  out = capsys.readouterr().out
+  assert re.search(r"loss spike 1/3: loss [\d.]+ at step 8 is more than 1.1 x the running mean [\d.]+; back to "
+                   f"{workdir}/checkpoints/6, the batches of steps 8-8 will be skipped", out), out
+  lines = read_metrics(workdir)
+  logged = [(m["step"], m["train/loss"]) for m in lines if "train/loss" in m and m["step"] > 4]
+  assert [step for step, _ in logged] == [5, 6, 7, 8, 7, 8, 9, 10, 11, 12]
+  assert logged[2] == logged[4] and logged[3][1] > logged[5][1]   # step 7 replayed exactly; 8 without the spike
+  assert lines[-1]["train/loss_spikes"] == 1 and lines[-1]["train/spike_skipped_batches"] == 1
+  assert streams[0].drawn == 4 + 6   # steps 5-8, then 7-12 again with the batch after the poisoned one for 8
+  assert _checkpoints(workdir) == ["10", "12", "2", "4", "6", "8"]
 
 
 # ---------------------------------------------------------------------------------------------
