@@ -17,6 +17,7 @@ SUBCOMMANDS = {
     "prepare": ("bert_jax.prepare", "Tokenize a corpus into sharded files for pretraining."),
     "finetune": ("bert_jax.finetune.main", "Finetune on a task (--config=configs/finetune/x.py)."),
     "sweep": ("bert_jax.finetune.sweep", "Hyperparameter sweep over finetuning runs with a results table."),
+    "predict": ("bert_jax.predict", "Run a finetuned workdir on new text (JSONL/TSV/CSV): labels, values, tags, spans."),
     "bench data": ("bert_jax.bench_data", "Benchmark the input pipeline and `prepare`; prints JSON lines."),
     "bench train": ("bert_jax.bench_train", "Benchmark the train step (step time, tokens/s, MFU); prints JSON."),
 }

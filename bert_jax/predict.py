@@ -1,0 +1,268 @@
+"""`bert-jax predict`: a finetuned model on new text.
+
+    bert-jax predict --checkpoint=runs/tweets --input=new_tweets.csv --output=predictions.jsonl
+
+The checkpoint is a finetuned workdir (or its `best/`): its `task.json` names the task, its options
+and label set, so the input is read as the training files were (the same text columns) and the ids
+map back to the same labels. Input: JSON lines, TSV or CSV with the task's text columns (or those named
+by `--text_a`/`--text_b`); for tagging, `tokens` (a list of words) or `text` (split on whitespace), or
+CoNLL-style lines; for question answering, `question` and `context` (and an `id`), or a SQuAD JSON file.
+Output, one record per input example, as JSON lines or (by the extension of `--output`) TSV/CSV:
+
+  classification  {"id", "label", "probabilities": {label: p}}
+  regression      {"id", "value"}
+  tagging         {"id", "words", "tags"}           one tag per word
+  span            {"id", "answer"}                  the answer text ("" for no answer, SQuAD v2.0)
+
+When every input example has its label, the task's metrics are printed too (the same numbers as the
+finetuning's evaluation on that file). `Predictor` is the library call (the Python API uses it).
+"""
+
+import csv
+import dataclasses
+import functools
+import json
+import os
+import sys
+
+from absl import app
+from absl import flags
+from etils import epath
+import jax
+import numpy as np
+
+from bert_jax import checkpoint_loader
+from bert_jax import model as model_lib
+from bert_jax.finetune import metrics
+from bert_jax.finetune import ner
+from bert_jax.finetune import readers
+from bert_jax.finetune import squad
+from bert_jax.finetune import tasks as tasks_lib
+from bert_jax.finetune import trainer
+
+FLAGS = flags.FLAGS
+_CHUNK = 2048          # examples featurized at a time: memory stays flat on large files
+_PROGRESS_FROM = 2048  # a progress bar on stderr from this many examples on
+
+
+def define_flags() -> None:
+  """The command's flags, defined when the CLI runs it: importing `predict` defines none."""
+  flags.DEFINE_string("checkpoint", None, "A finetuned workdir (bert-jax finetune), or its best/.")
+  flags.DEFINE_string("input", None, "JSON lines, TSV or CSV (tagging: also CoNLL-style; QA: also SQuAD JSON).")
+  flags.DEFINE_string("output", None, "Where the predictions go: .jsonl (default), .tsv or .csv.")
+  flags.DEFINE_integer("batch_size", 64, "Examples per forward pass.")
+  flags.DEFINE_string("text_a", None, "The input's text column, if not the training files' one.")
+  flags.DEFINE_string("text_b", None, "The input's second text column (sentence pairs), if not the training files'.")
+
+
+@dataclasses.dataclass
+class Predictor:
+  """A finetuned model with its task: `read` an input file, `predict` its examples, `score` them."""
+
+  task: tasks_lib.Task
+  model_config: model_lib.BertConfig
+  params: dict
+  tokenizer: object
+  max_seq_length: int
+  scalar_mix: bool = False
+
+  @classmethod
+  def load(cls, path, text_a: str | None = None, text_b: str | None = None) -> "Predictor":
+    """The finetuned checkpoint at `path` (a workdir or its best/); `text_a`/`text_b` rename the text columns."""
+    return cls.from_loaded(checkpoint_loader.load(path), task_record(path), text_a, text_b)
+
+  @classmethod
+  def from_loaded(cls, loaded: checkpoint_loader.Loaded, record: dict, text_a=None, text_b=None) -> "Predictor":
+    """From what `checkpoint_loader.load` gave and the workdir's task.json (`task_record`)."""
+    opts = dict(record.get("task_opts", {}))
+    opts.update({k: v for k, v in (("text_a", text_a), ("text_b", text_b)) if v is not None})
+    task = tasks_lib.from_record(dict(record, task_opts=opts))
+    return cls(task, loaded.config, loaded.params, loaded.tokenizer, record["max_seq_length"],
+               record.get("scalar_mix", False))
+
+  def read(self, path: str) -> list:
+    """The examples of an input file (see the module docstring)."""
+    path = os.path.abspath(os.path.expanduser(path))
+    if not os.path.isfile(path):
+      raise FileNotFoundError(f"input {path} does not exist")
+    if self.task.kind == "tagging":
+      return read_words(path, self.task.options.get("tag_column", -1))
+    if self.task.kind == "span" and path.endswith((".jsonl", ".tsv", ".csv")):
+      return [squad.make_example(r.get("id", str(i)), r["question"], r["context"], [], [])
+              for i, r in enumerate(_rows_with(path, ("question", "context")))]
+    return self.task.read("predict", path)
+
+  def predict(self, examples, batch_size: int = 64, progress: bool = False) -> list[dict]:
+    """One record per example (see the module docstring), in input order."""
+    run = _forward(trainer.build_model(self.model_config, self.task, self.scalar_mix))
+    bar = _progress(len(examples)) if progress else None
+    results = []
+    for start in range(0, len(examples), _CHUNK):
+      chunk = examples[start:start + _CHUNK]
+      features, meta = self.task.featurize(chunk, self.tokenizer, self.max_seq_length)
+      outputs = _outputs(run, self.params, features, batch_size)
+      results += _decode(self.task, outputs, chunk, meta)
+      if bar is not None:
+        bar.update(len(chunk))
+    if bar is not None:
+      bar.close()
+    return results
+
+  def score(self, examples, results) -> dict | None:
+    """The task's metrics of `results` when every example has its label, else None."""
+    kind = self.task.kind
+    if kind == "span":
+      gold = {e.qas_id: list(e.answers) for e in examples}
+      if not all(gold.values()):
+        return None
+      answers = {e.qas_id: r["answer"] for e, r in zip(examples, results)}
+      return metrics.squad_scores(answers, gold, self.task.option("version", {}, "v1.1"))
+    if kind == "tagging":
+      if any(e.tags is None for e in examples):
+        return None
+      return ner.score(self.task, [e.tags for e in examples], [r["tags"] for r in results])
+    if any(e.label is None for e in examples):
+      return None
+    outputs = np.array([r["value"] if kind == "regression" else
+                        [r["probabilities"][n] for n in self.task.label_names] for r in results])
+    return self.task.evaluate(outputs, examples, {"example_index": np.arange(len(examples))})
+
+
+def task_record(path) -> dict:
+  """The task.json of the finetuned workdir holding checkpoint `path`."""
+  found = checkpoint_loader.find(path)
+  record = epath.Path(found.directory) / trainer.TASK_FILE
+  if not record.exists():
+    raise FileNotFoundError(
+        f"{path} is not a finetuned workdir: {record} is missing. `bert-jax predict` needs the workdir of "
+        "`bert-jax finetune` (it writes task.json: the task, its text columns and label set).")
+  return json.loads(record.read_text())
+
+
+# ------------------------------------------------------------------------------------------------
+# Reading, running, decoding.
+
+
+def _rows_with(path: str, columns) -> list[dict]:
+  rows = readers.read_rows(path)
+  readers.check_columns(path, rows, {c: c for c in columns}, None, labelled=False)
+  return rows
+
+
+def read_words(path: str, tag_column: int = -1) -> list[ner.NerExample]:
+  """Sentences to tag: CoNLL-style lines (a word per line, or the training files' columns), or JSON lines /
+  TSV / CSV rows with `tokens` (a list of words) or `text` (split on whitespace), and optional `tags`."""
+  if not path.endswith((".jsonl", ".json", ".tsv", ".csv")):
+    lines = readers.read_text(path).splitlines()
+    if all(len(line.split()) <= 1 for line in lines):   # words only: no gold tags
+      lines = [f"{line.strip()} _" if line.strip() else "" for line in lines]
+      return [dataclasses.replace(e, tags=None) for e in ner.parse_conll(lines, scheme="", path=path)]
+    return ner.parse_conll(lines, scheme="", tag_column=tag_column, path=path)
+  rows = readers.read_rows(path)
+  if not rows or not all("tokens" in r or "text" in r for r in rows):
+    raise readers.DataError(f"{path}: every example needs `tokens` (a list of words) or `text` to tag.")
+  examples = []
+  for i, r in enumerate(rows):
+    words = r["tokens"] if "tokens" in r else str(r["text"]).split()
+    tags = r.get("tags")
+    examples.append(ner.NerExample(str(r.get("id", i)), tuple(words), tuple(tags) if tags else None))
+  return examples
+
+
+def _forward(module):
+  """Jitted (params, features) -> the head's outputs; params are an argument, not baked-in constants."""
+  return jax.jit(functools.partial(trainer.predict_step, model=module))
+
+
+def _outputs(run, params, features: dict, batch_size: int):
+  """The model's outputs on every feature row (numpy), in batches of one shape (the last padded)."""
+  n, chunks = len(features["input_ids"]), []
+  inputs = {k: features[k] for k in ("input_ids", "input_mask", "segment_ids")}
+  for start in range(0, n, batch_size):
+    rows = np.arange(start, start + batch_size)
+    real = min(batch_size, n - start)
+    rows[real:] = start  # pad with copies of the first row: one compiled shape
+    out = jax.device_get(run(params, {k: v[rows] for k, v in inputs.items()}))
+    chunks.append(jax.tree.map(lambda x, real=real: np.asarray(x)[:real], out))
+  return jax.tree.map(lambda *xs: np.concatenate(xs), *chunks)
+
+
+def _softmax(logits):
+  z = np.exp(logits - logits.max(-1, keepdims=True))
+  return z / z.sum(-1, keepdims=True)
+
+
+def _decode(task, outputs, examples, meta) -> list[dict]:
+  kind = task.kind
+  if kind == "classification":
+    probs = _softmax(np.asarray(outputs, np.float64))
+    return [{"id": e.guid, "label": task.label_names[int(p.argmax())],
+             "probabilities": {n: float(x) for n, x in zip(task.label_names, p)}} for e, p in zip(examples, probs)]
+  if kind == "regression":
+    return [{"id": e.guid, "value": float(v)} for e, v in zip(examples, np.asarray(outputs).reshape(-1))]
+  if kind == "tagging":
+    return [{"id": e.guid, "words": list(e.words), "tags": tags}
+            for e, tags in zip(examples, ner.decode(task, outputs, meta))]
+  answers, _, _ = squad.decode(outputs, examples, meta, **squad.decode_opts(task, {}))
+  return [{"id": e.qas_id, "answer": answers[e.qas_id]} for e in examples]
+
+
+def _progress(total: int):
+  if total < _PROGRESS_FROM:
+    return None
+  try:
+    from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return None
+  return tqdm(total=total, unit="ex", file=sys.stderr, desc="predict")
+
+
+# ------------------------------------------------------------------------------------------------
+# Writing.
+
+
+def write(path: str, results: list[dict]) -> None:
+  """JSON lines, or TSV/CSV (by extension): a column per field, probabilities as `p_<label>`."""
+  if not path.endswith((".tsv", ".csv")):
+    with open(path, "w", encoding="utf-8") as f:
+      f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in results)
+    return
+  rows = [_flat(r) for r in results]
+  header = list(rows[0]) if rows else ["id"]
+  with open(path, "w", encoding="utf-8", newline="") as f:
+    writer = csv.DictWriter(f, header, delimiter="\t" if path.endswith(".tsv") else ",",
+                            **({"quoting": csv.QUOTE_NONE, "escapechar": "\\"} if path.endswith(".tsv") else {}))
+    writer.writeheader()
+    writer.writerows(rows)
+
+
+def _flat(record: dict) -> dict:
+  out = {}
+  for key, value in record.items():
+    if isinstance(value, dict):
+      out.update({f"p_{k}": f"{v:.6f}" for k, v in value.items()})
+    elif isinstance(value, list):
+      out[key] = " ".join(value)
+    else:
+      out[key] = value
+  return out
+
+
+def main(argv) -> None:
+  """`bert-jax predict` (see the module docstring)."""
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  for name in ("checkpoint", "input", "output"):
+    if FLAGS[name].value is None:
+      raise app.UsageError(f"--{name} is required")
+  try:
+    predictor = Predictor.load(FLAGS.checkpoint, FLAGS.text_a, FLAGS.text_b)
+    examples = predictor.read(FLAGS.input)
+  except (readers.DataError, FileNotFoundError, ValueError) as e:  # the user's files: say which and why
+    print(f"bert-jax predict: {e}", file=sys.stderr)
+    sys.exit(2)
+  results = predictor.predict(examples, FLAGS.batch_size, progress=True)
+  write(FLAGS.output, results)
+  scores = predictor.score(examples, results)
+  summary = {"examples": len(results), "output": os.path.abspath(FLAGS.output)}
+  print(json.dumps(summary | ({"metrics": scores} if scores is not None else {}), indent=1))

@@ -1,0 +1,94 @@
+"""`bert-jax predict` on finetuned workdirs: the finetuning's own dev accuracy again, tags, answer spans."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from bert_jax import predict
+from bert_jax.finetune import readers
+from bert_jax.finetune import trainer
+from configs.finetune import generic, squad_v1, sst2
+from conftest import shared_path
+from test_finetune_tagging import make_tagging_data
+from test_finetune_train import tiny_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _tiny_on_minilm_vocab(config, data_dir, max_seq_length):
+  c = tiny_config(data_dir, config, vocab_file=str(shared_path("minilm", "vocab.txt")))
+  c.model.vocab_size, c.model.max_position_embeddings, c.max_seq_length = 30522, max_seq_length, max_seq_length
+  return c
+
+
+@pytest.mark.slow
+def test_predict_gives_the_finetuning_dev_accuracy_on_rotten_tomatoes(tmp_path):
+  """A short finetune (MiniLM, 30 steps on 960 sentences), then the command on the whole dev file."""
+  data = shared_path("tasks", "rotten_tomatoes")
+  c = sst2.get_config()
+  c.init_checkpoint, c.data_dir = str(shared_path("minilm")), str(data)
+  c.max_seq_length, c.max_train_examples, c.num_epochs, c.learning_rate = 40, 960, 1, 2e-4
+  results = trainer.finetune(c, str(tmp_path / "run"))
+  argv = [sys.executable, "-m", "bert_jax.cli", "predict", f"--checkpoint={tmp_path}/run",
+          f"--input={data}/dev.tsv", f"--output={tmp_path}/dev_predictions.tsv"]
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  run = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  assert run.returncode == 0, run.stderr[-3000:]
+  summary = json.loads(run.stdout[run.stdout.index("{"):])
+  print("finetune dev accuracy", results["best_metrics"]["accuracy"], "predict", summary["metrics"]["accuracy"])
+  assert summary["examples"] == 1000
+  assert summary["metrics"]["accuracy"] == results["best_metrics"]["accuracy"] > 0.6  # above the 0.597 majority
+  rows = readers.read_rows(str(tmp_path / "dev_predictions.tsv"))
+  assert len(rows) == 1000 and set(rows[0]) == {"id", "label", "p_0", "p_1"}
+  finetuning = readers.read_rows(str(tmp_path / "run" / "predictions_dev.tsv"))  # the best evaluation's
+  assert [r["label"] for r in rows] == [r["prediction"] for r in finetuning]
+  assert abs(float(rows[0]["p_0"]) + float(rows[0]["p_1"]) - 1.0) < 1e-5
+
+
+@pytest.mark.slow
+def test_predict_writes_tags_per_word_on_a_tagging_workdir(tmp_path):
+  data = make_tagging_data(tmp_path / "data")
+  c = _tiny_on_minilm_vocab(generic.get_config("tagging"), data, 32)
+  c.batch_size, c.num_epochs, c.learning_rate = 8, 4, 3e-3
+  results = trainer.finetune(c, str(tmp_path / "run"))
+  predictor = predict.Predictor.load(str(tmp_path / "run"))
+  (tmp_path / "new.jsonl").write_text('{"tokens": ["Ekeus", "lives", "in", "Baghdad", "."]}\n'
+                                      '{"text": "U.N. official heads for Seattle"}\n')
+  examples = predictor.read(str(tmp_path / "new.jsonl"))
+  out = predictor.predict(examples, batch_size=4)
+  assert [r["words"] for r in out] == [["Ekeus", "lives", "in", "Baghdad", "."],
+                                       ["U.N.", "official", "heads", "for", "Seattle"]]
+  assert all(len(r["tags"]) == len(r["words"]) for r in out)
+  assert {t for r in out for t in r["tags"]} <= {"B-AGENCY", "B-HUMAN", "B-SITE", "O"}
+  # The dev file itself (with its tags): the finetuning's own scores.
+  dev = predictor.read(os.path.join(data, "dev.conll"))
+  scores = predictor.score(dev, predictor.predict(dev))
+  assert scores["token_accuracy"] == pytest.approx(results["last_metrics"]["token_accuracy"])
+  predict.write(str(tmp_path / "tags.tsv"), out)
+  assert (tmp_path / "tags.tsv").read_text().splitlines()[0] == "id\twords\ttags"
+
+
+@pytest.mark.slow
+def test_predict_writes_answer_spans_on_a_qa_workdir(tmp_path):
+  squad = json.loads(shared_path("tasks", "format_samples", "squad.json").read_text(encoding="utf-8"))
+  squad["data"] = [dict(article, title=f"{article['title']}_{i}") for i in range(4) for article in squad["data"]]
+  (tmp_path / "squad.json").write_text(json.dumps(squad), encoding="utf-8")
+  c = _tiny_on_minilm_vocab(squad_v1.get_config(), str(tmp_path / "squad.json"), 128)
+  c.task_opts.doc_stride, c.batch_size, c.num_epochs = 64, 8, 1
+  trainer.finetune(c, str(tmp_path / "run"))
+  predictor = predict.Predictor.load(str(tmp_path / "run" / "best"))
+  paragraph = squad["data"][0]["paragraphs"][0]
+  question = paragraph["qas"][0]["question"]
+  (tmp_path / "questions.jsonl").write_text(json.dumps({"id": "q1", "question": question,
+                                                        "context": paragraph["context"]}) + "\n")
+  (result,) = predictor.predict(predictor.read(str(tmp_path / "questions.jsonl")))
+  assert result["id"] == "q1" and result["answer"] and result["answer"] in paragraph["context"]
+
+
+def test_a_pretraining_checkpoint_is_not_a_finetuned_workdir(tmp_path):
+  (tmp_path / "config.json").write_text("{}")
+  with pytest.raises(FileNotFoundError, match="not a finetuned workdir.*task.json"):
+    predict.task_record(str(tmp_path))
