@@ -6,7 +6,7 @@
   2   USER_ERROR  the config, a path or the data is wrong: a restart would fail the same way
   3   DIVERGED    non-finite steps in a row: a restart would replay them from the same checkpoint
   75  RESTART     another host of the job died (EX_TEMPFAIL): restart the whole job, it resumes
-  1   anything else, e.g. a checkpoint that could not be written: restarted, with backoff
+  1   anything else, e.g. a checkpoint that could not be written: restarted
 
 The optional loss-spike guard (`LossSpikeGuard`) keeps a run going instead: it goes back to the last
 checkpoint before a spike and skips the batches that caused it.
@@ -85,13 +85,15 @@ def watch_peers(timeout_s: float, poll_s: float = 1.0, prefix: str = "bert-jax")
   everyone = list(range(distributed.global_state.num_processes))
 
   def watch():
+    unanswered_since = None
     while not stop.wait(poll_s):
       try:
-        live = client.get_live_nodes(everyone)
-      except Exception as e:  # pylint: disable=broad-except  (the coordinator itself is gone)
-        live, why = {}, f"the coordinator does not answer ({str(e).splitlines()[0][:200]})"
-      else:
+        live, unanswered_since = client.get_live_nodes(everyone), None
         why = f"process(es) {sorted(set(everyone) - set(live))} stopped answering for {timeout_s:g} s"
+      except Exception as e:  # pylint: disable=broad-except  (the coordinator is gone, or a hiccup)
+        unanswered_since = unanswered_since or time.time()
+        live = everyone if time.time() - unanswered_since < timeout_s else {}
+        why = f"the coordinator did not answer for {timeout_s:g} s ({str(e).splitlines()[0][:200]})"
       if len(live) < len(everyone) and not stop.is_set():
         say_and_exit(PeerLost(f"a peer host of this job is gone: {why}. Exiting with code {RESTART} so "
                               "that the supervisor restarts the whole job; it resumes from the latest "

@@ -4,6 +4,7 @@ is lost. A two-process run that loses a host is in test_multihost.py."""
 
 import errno
 import glob
+import json
 import os
 import re
 import shutil
@@ -64,17 +65,17 @@ def _record_ends(path) -> list[int]:
 # Rotten data: every shard is checked against what `prepare` recorded in stats.json.
 
 
-def _cut_at_record(path, stats=None):
+def _cut_at_record(path, stats=None, inside=0):
   ends = _record_ends(path)
   with open(path, "r+b") as f:
-    f.truncate(ends[len(ends) // 2 - 1])
-  if stats:   # stats.json of an older `prepare`, without sizes: the document count catches it
-    text = open(stats).read()
-    import json  # pylint: disable=g-import-not-at-top
-    content = json.loads(text)
+    f.truncate(ends[len(ends) // 2 - 1] + inside)
+  if stats:   # stats.json of an older `prepare`, without sizes: the reader itself sees the damage
+    with open(stats) as f:
+      content = json.load(f)
     for shard in content["shards"].values():
       shard.pop("bytes", None)
-    open(stats, "w").write(json.dumps(content))
+    with open(stats, "w") as f:
+      json.dump(content, f)
 
 
 def _garble(path, stats=None):
@@ -87,8 +88,9 @@ def _garble(path, stats=None):
 @pytest.mark.parametrize("damage, message", [
     (lambda shard, stats: _cut_at_record(shard), r"has \d+ bytes but .*stats.json records \d+: it was cut short"),
     (_cut_at_record, r"holds 18 documents but .*stats.json records 37: it was cut short"),
+    (lambda shard, stats: _cut_at_record(shard, stats, inside=30), "cannot be read: .*truncated record"),
     (_garble, "cannot be read: .*corrupted record"),
-])
+], ids=["cut_at_a_record", "cut_at_a_record_older_stats", "cut_inside_a_record_older_stats", "garbled"])
 def test_damaged_shard_is_named_before_training(damage, message, data_dir, trained, tmp_path):  # noqa: F811
   data = _copy(data_dir, tmp_path, "data")
   shard = os.path.join(data, "train-00000-of-00002.tfrecord")
@@ -124,7 +126,8 @@ def test_nan_update_with_finite_loss_and_gradient_is_skipped(data_dir):  # noqa:
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(new.params), before)
 
 
-def test_no_checkpoint_inside_a_nonfinite_streak_and_the_stop_names_the_last_good_one(data_dir, trained, tmp_path):  # noqa: F811
+def test_no_checkpoint_inside_a_nonfinite_streak(data_dir, trained, tmp_path):  # noqa: F811
+  """And the stop names the last good checkpoint."""
   workdir = _copy(trained, tmp_path)
   config = tiny_config(data_dir, **dict(RUN, train_steps=20, checkpoint_every=1, max_nonfinite_steps=3),
                        **{"optimizer.eps": 0.0})
@@ -248,7 +251,8 @@ def test_config_errors_are_one_line_before_compiling(data_dir, trained, tmp_path
   cases = {
       "--config.train_stepz=3": 'unknown config field \'train_stepz\'. Did you mean "train_steps"',
       "--config.data.train_files=": "data.train_files is empty: set --config.data.train_files",
-      f"--config.data.train_files={tmp_path}/nowhere": f"data.train_files '{tmp_path}/nowhere' holds no prepared shards",
+      f"--config.data.train_files={tmp_path}/nowhere":
+          f"data.train_files '{tmp_path}/nowhere' holds no prepared shards",
       f"--config.init_from={unrelated}": f"init_from: {unrelated} holds no checkpoint steps",
   }
   workdir = _copy(trained, tmp_path)
