@@ -213,6 +213,29 @@ def test_failed_async_save_stops_the_run_at_once(data_dir, trained, tmp_path, mo
   assert _params_are_finite(workdir, 4)
 
 
+@pytest.mark.slow
+def test_failed_save_from_the_cli_is_one_paragraph_without_tracebacks(data_dir, trained, tmp_path):  # noqa: F811
+  workdir = _copy(trained, tmp_path)
+  overrides = [f"--config.{k}={v}" for k, v in {**TINY, **RUN, "data.train_files": data_dir, "train_steps": 40}.items()]
+  script = f"""
+import errno, sys
+from absl import app
+from orbax.checkpoint._src.handlers import json_checkpoint_handler
+async def disk_full(self, x, directory):
+  raise OSError(errno.ENOSPC, "No space left on device")
+json_checkpoint_handler.JsonCheckpointHandler._save_fn = disk_full
+from bert_jax import main
+sys.argv = ["bert-jax pretrain", "--config={REPO}/configs/tiny.py", "--workdir={workdir}", *{overrides!r}]
+app.run(main.main, flags_parser=main.parse_flags)
+"""
+  done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert done.returncode == 1, done.stderr[-3000:]
+  ours = [line for line in done.stderr.splitlines() if line.startswith("bert-jax pretrain:")]
+  assert len(ours) == 1 and f"saving checkpoint {workdir}/checkpoints/6 failed" in ours[0], done.stderr[-3000:]
+  assert "Traceback" not in done.stderr, done.stderr[-3000:]
+  assert _checkpoints(workdir) == ["2", "4"]
+
+
 # ---------------------------------------------------------------------------------------------
 # An unreadable latest checkpoint: skipped with a warning, the newest readable one restored.
 
