@@ -2,11 +2,14 @@
 
 A Hugging Face directory holds `config.json`, `model.safetensors` and usually `vocab.txt`. Tensor names
 are those of `transformers` `BertModel` (`embeddings.word_embeddings.weight`, ...), with a `bert.` prefix
-when saved from a model with heads (`BertForPreTraining`: `cls.predictions.*`, `cls.seq_relationship.*`).
+when saved from a model with heads (`BertForPreTraining`: `cls.predictions.*`, `cls.seq_relationship.*`;
+the finetuning heads `BertForSequenceClassification` / `BertForTokenClassification`: `classifier.*`,
+`BertForQuestionAnswering`: `qa_outputs.*`, ours under the same names in the params).
 
 The conversion is by explicit name table (`tensor_table`), so a missing, unexpected or misshapen tensor is
 an error naming it. The only tensors skipped are documented buffers and tied copies (`IGNORED`, `TIED`).
-A BertForMaskedLM checkpoint saves no pooler: ours is then newly initialised, as transformers does.
+A BertForMaskedLM, BertForTokenClassification or BertForQuestionAnswering checkpoint saves no pooler:
+ours is then newly initialised, as transformers does.
 """
 
 import dataclasses
@@ -31,6 +34,9 @@ IGNORED = ("embeddings.position_ids",)
 TIED = {"cls.predictions.decoder.weight": "embeddings.word_embeddings.weight",
         "cls.predictions.decoder.bias": "cls.predictions.bias"}
 _PREFIX = "bert."
+# Finetuning heads: our params key = the HF tensor prefix. Saved at the top level, beside `bert.`.
+HEADS = ("classifier", "qa_outputs")
+_TOP_LEVEL = ("cls.",) + tuple(f"{h}." for h in HEADS)
 # safetensors dtype names (its format spec). safetensors.numpy has no bfloat16, a common storage type.
 _SAFETENSORS_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
                        "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
@@ -57,8 +63,12 @@ def _layer_norm(hf: str, path: tuple):
   return [(f"{hf}.weight", path + ("scale",), "plain"), (f"{hf}.bias", path + ("bias",), "plain")]
 
 
-def tensor_table(cfg: model.BertConfig, mlm: bool = False, nsp: bool = False):
-  """[(hf_name, param path, kind)] for the unscanned layout; encoder names are without the `bert.` prefix."""
+def tensor_table(cfg: model.BertConfig, mlm: bool = False, nsp: bool = False, head: str | None = None,
+                 pooler: bool = True):
+  """[(hf_name, param path, kind)] for the unscanned layout; encoder names are without the `bert.` prefix.
+
+  `head`: one of HEADS (a finetuning head); `pooler` False for the classes that save none.
+  """
   emb = ("bert", "embeddings")
   table = [(f"embeddings.{t}.weight", emb + (t, "embedding"), "plain")
            for t in ("word_embeddings", "position_embeddings", "token_type_embeddings")]
@@ -74,7 +84,10 @@ def tensor_table(cfg: model.BertConfig, mlm: bool = False, nsp: bool = False):
     table += _dense(f"{hf}intermediate.dense", ours + ("intermediate",))
     table += _dense(f"{hf}output.dense", ours + ("output",))
     table += _layer_norm(f"{hf}output.LayerNorm", ours + ("output_layer_norm",))
-  table += _dense("pooler.dense", ("bert", "pooler"))
+  if pooler:
+    table += _dense("pooler.dense", ("bert", "pooler"))
+  if head is not None:
+    table += _dense(head, (head,))
   if mlm:
     table += _dense("cls.predictions.transform.dense", ("mlm", "transform"))
     table += _layer_norm("cls.predictions.transform.LayerNorm", ("mlm", "layer_norm"))
@@ -126,11 +139,15 @@ def from_state_dict(cfg: model.BertConfig, state: dict, scan_layers: bool = Fals
   state = _canonical_names(state)
   mlm = any(n.startswith("cls.predictions.") for n in state)
   nsp = any(n.startswith("cls.seq_relationship.") for n in state)
-  if mlm and not any(n.startswith("pooler.") for n in state):
+  head = next((h for h in HEADS if f"{h}.weight" in state and f"{h}.bias" in state), None)
+  if (mlm or head) and not any(n.startswith("pooler.") for n in state):
     state.update(_initial_pooler(cfg))
   transforms, shapes = _transforms(cfg), expected_shapes(cfg, mlm, nsp)
+  if head is not None:  # as many outputs as the checkpoint's head has (labels; 2 for start/end)
+    outputs = state[f"{head}.weight"].shape[0]
+    shapes.update({(head, "kernel"): (cfg.hidden_size, outputs), (head, "bias"): (outputs,)})
   params, problems, used = {}, [], set(IGNORED)
-  for name, path, kind in tensor_table(cfg, mlm, nsp):
+  for name, path, kind in tensor_table(cfg, mlm, nsp, head):
     if name not in state:
       problems.append(f"missing tensor {file_name(name)} (for {'/'.join(path)})")
       continue
@@ -158,27 +175,33 @@ def from_state_dict(cfg: model.BertConfig, state: dict, scan_layers: bool = Fals
 
 
 def _initial_pooler(cfg: model.BertConfig) -> dict:
-  """A fresh pooler for a BertForMaskedLM checkpoint, which saves none (`add_pooling_layer=False`).
+  """A fresh pooler for a checkpoint that saves none (`add_pooling_layer=False`: BertForMaskedLM,
+  BertForTokenClassification, BertForQuestionAnswering).
 
   Initialised as transformers does when it loads one into a model with a pooler (normal, stddev
-  initializer_range; zero bias), from a fixed seed. Masked-token predictions do not use it.
+  initializer_range; zero bias), from a fixed seed. Masked tokens, tags and spans do not use it.
   """
-  logging.warning("checkpoint has an MLM head but no pooler (BertForMaskedLM): the pooler is newly initialised")
+  logging.warning("checkpoint has a head but no pooler (BertForMaskedLM, token classification or QA): the "
+                  "pooler is newly initialised")
   weight = np.random.default_rng(0).normal(0.0, cfg.initializer_range, (cfg.hidden_size, cfg.hidden_size))
   return {"pooler.dense.weight": weight.astype(np.float32), "pooler.dense.bias": np.zeros(cfg.hidden_size, np.float32)}
 
 
-def to_state_dict(cfg: model.BertConfig, params: dict) -> dict:
-  """Params (either layout) -> HF tensors; the `bert.` prefix is used when heads are present."""
+def to_state_dict(cfg: model.BertConfig, params: dict, pooler: bool = True) -> dict:
+  """Params (either layout) -> HF tensors; the `bert.` prefix is used when heads are present.
+
+  `pooler` False leaves the pooler out (the HF token classification and QA classes have none).
+  """
   params = jax.tree.map(np.asarray, model.unscan_params(nn.unbox(params)))
   mlm, nsp = "mlm" in params, "nsp" in params
-  prefix = _PREFIX if (mlm or nsp) else ""
+  head = next((h for h in HEADS if h in params), None)
+  prefix = _PREFIX if (mlm or nsp or head) else ""
   transforms, state = _transforms(cfg), {}
-  for name, path, kind in tensor_table(cfg, mlm, nsp):
+  for name, path, kind in tensor_table(cfg, mlm, nsp, head, pooler):
     value = params
     for key in path:
       value = value[key]
-    full = name if name.startswith("cls.") else prefix + name
+    full = name if name.startswith(_TOP_LEVEL) else prefix + name
     state[full] = np.ascontiguousarray(transforms[kind][1](value), dtype=np.float32)
   return state
 
@@ -229,14 +252,21 @@ def load_safetensors(file) -> dict:
   return tensors
 
 
-def save_hf(path, cfg: model.BertConfig, params: dict, vocab_file=None) -> None:
-  """Writes config.json, model.safetensors and (if given) vocab.txt, loadable by transformers."""
+def save_hf(path, cfg: model.BertConfig, params: dict, vocab_file=None, config_fields: dict | None = None,
+            pooler: bool = True) -> None:
+  """Writes config.json, model.safetensors and (if given) vocab.txt, loadable by transformers.
+
+  Args:
+    config_fields: set in config.json over ours (a head's `architectures`, `id2label`, `label2id` ...).
+    pooler: False leaves the pooler out (BertForTokenClassification and BertForQuestionAnswering have none).
+  """
   path = pathlib.Path(path)
   path.mkdir(parents=True, exist_ok=True)
-  state = to_state_dict(cfg, params)
+  state = to_state_dict(cfg, params, pooler)
   hf_config = cfg.to_hf_dict()
   if not any(n.startswith("cls.") for n in state):
     hf_config["architectures"] = ["BertModel"]
+  hf_config.update(config_fields or {})
   (path / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
   save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
   if vocab_file is not None:

@@ -18,6 +18,7 @@ SUBCOMMANDS = {
     "finetune": ("bert_jax.finetune.main", "Finetune on a task (--config=configs/finetune/x.py)."),
     "sweep": ("bert_jax.finetune.sweep", "Hyperparameter sweep over finetuning runs with a results table."),
     "predict": ("bert_jax.predict", "Run a finetuned workdir on new text (JSONL/TSV/CSV): labels, values, tags, spans."),
+    "export": ("bert_jax.export", "Write a checkpoint as a Hugging Face directory (finetuned: its head's class)."),
     "bench data": ("bert_jax.bench_data", "Benchmark the input pipeline and `prepare`; prints JSON lines."),
     "bench train": ("bert_jax.bench_train", "Benchmark the train step (step time, tokens/s, MFU); prints JSON."),
 }

@@ -27,7 +27,6 @@ import sys
 
 from absl import app
 from absl import flags
-from etils import epath
 import jax
 import numpy as np
 
@@ -129,14 +128,13 @@ class Predictor:
 
 
 def task_record(path) -> dict:
-  """The task.json of the finetuned workdir holding checkpoint `path`."""
-  found = checkpoint_loader.find(path)
-  record = epath.Path(found.directory) / trainer.TASK_FILE
-  if not record.exists():
+  """The task.json of the finetuned workdir holding checkpoint `path`; FileNotFoundError without one."""
+  record = trainer.read_task_record(path)
+  if record is None:
     raise FileNotFoundError(
-        f"{path} is not a finetuned workdir: {record} is missing. `bert-jax predict` needs the workdir of "
-        "`bert-jax finetune` (it writes task.json: the task, its text columns and label set).")
-  return json.loads(record.read_text())
+        f"{path} is not a finetuned workdir: it has no {trainer.TASK_FILE}. `bert-jax predict` needs the workdir "
+        "of `bert-jax finetune` (task.json there names the task, its text columns and label set).")
+  return record
 
 
 # ------------------------------------------------------------------------------------------------

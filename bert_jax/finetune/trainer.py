@@ -294,6 +294,12 @@ def write_task_record(workdir: str, task, config: Config) -> None:
   (epath.Path(workdir) / TASK_FILE).write_text(json.dumps(record, indent=1) + "\n")
 
 
+def read_task_record(checkpoint) -> dict | None:
+  """The task.json of the finetuned workdir holding `checkpoint` (the workdir, best/ ...), or None."""
+  record = epath.Path(checkpoint_loader.find(checkpoint).directory) / TASK_FILE
+  return json.loads(record.read_text()) if record.exists() else None
+
+
 def _train_batches(features: dict, seeds, epoch: int, batch_size: int, skip: int):
   """Host batches [T, B, ...] of one epoch from step `skip` on; trial t reads its own permutation."""
   n = len(features["input_ids"])

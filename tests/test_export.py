@@ -1,0 +1,104 @@
+"""`bert-jax export`: finetuned heads as Hugging Face classes with their label maps. The comparisons with
+`transformers` skip cleanly without torch/transformers."""
+
+import json
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+
+from bert_jax import checkpoint_loader
+from bert_jax import checkpoints_hf
+from bert_jax import export
+from bert_jax import heads
+from bert_jax import model
+from bert_jax import predict
+from bert_jax.finetune import trainer
+from test_finetune_own_data import make_tweets, tweet_config
+
+TEXTS = ["great movie the plot", "awful movie and the plot", "the plot and"]
+
+
+@pytest.fixture(scope="module")
+def tweets_workdir(tmp_path_factory):
+  """A tiny classifier finetuned on negative/neutral/positive tweets (one epoch)."""
+  root = tmp_path_factory.mktemp("export")
+  workdir = str(root / "run")
+  trainer.finetune(tweet_config(make_tweets(root / "data")), workdir)
+  return workdir
+
+
+def _ours(workdir, texts):
+  """Our logits [N, C] and the input ids of `texts`, from the finetuned workdir."""
+  p = predict.Predictor.load(workdir)
+  ids = [p.tokenizer.encode_pair(t, max_length=p.max_seq_length)[0] for t in texts]
+  batch = np.zeros((len(texts), max(map(len, ids))), np.int32)
+  for i, row in enumerate(ids):
+    batch[i, :len(row)] = row
+  mask = (batch != p.tokenizer.pad_id).astype(np.int32)
+  logits = trainer.build_model(p.model_config, p.task).apply({"params": p.params}, batch, mask, np.zeros_like(batch))
+  return np.asarray(logits), batch, mask
+
+
+@pytest.mark.slow
+def test_exported_classifier_reads_back_with_its_labels(tweets_workdir, tmp_path):
+  assert export.export(tweets_workdir, tmp_path / "hf") == "BertForSequenceClassification"
+  config = json.loads((tmp_path / "hf" / "config.json").read_text())
+  assert config["id2label"] == {"0": "negative", "1": "neutral", "2": "positive"}
+  assert config["label2id"] == {"negative": 0, "neutral": 1, "positive": 2}
+  back = checkpoint_loader.load(tmp_path / "hf")
+  ours = checkpoint_loader.load(tweets_workdir)
+  jax.tree.map(np.testing.assert_array_equal, back.params, ours.params)  # encoder, pooler and classifier
+  assert back.tokenizer.encode(TEXTS[0]) == ours.tokenizer.encode(TEXTS[0])
+
+
+@pytest.mark.slow
+def test_exported_classifier_in_transformers_same_logits_and_labels(tweets_workdir, tmp_path, monkeypatch):
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+  export.export(tweets_workdir, tmp_path / "hf")
+  ours, ids, mask = _ours(tweets_workdir, TEXTS)
+  hf_model = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "hf").eval()
+  assert type(hf_model).__name__ == "BertForSequenceClassification"
+  assert hf_model.config.id2label == {0: "negative", 1: "neutral", 2: "positive"}
+  tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+  encoded = tokenizer(TEXTS, padding=True, return_tensors="pt")
+  np.testing.assert_array_equal(encoded["input_ids"].numpy(), ids)  # the exported vocabulary and casing
+  with torch.no_grad():
+    logits = hf_model(**encoded).logits.numpy()
+  error = float(np.abs(logits - ours).max())
+  print("exported classifier: max abs logit error vs transformers", error)
+  assert error <= 1e-4
+  served = transformers.pipeline("text-classification", model=str(tmp_path / "hf"), tokenizer=tokenizer)(TEXTS[0])
+  assert served[0]["label"] == ["negative", "neutral", "positive"][int(ours[0].argmax())]
+
+
+@pytest.mark.parametrize("head, kind", [("classifier", "tagging"), ("qa_outputs", "span")])
+def test_token_and_qa_heads_export_without_a_pooler_and_read_back(tmp_path, head, kind):
+  cfg = model.BertConfig.from_preset("tiny", vocab_size=40, max_position_embeddings=16)
+  module = {"tagging": heads.BertForTokenClassification(cfg, 5), "span": heads.BertForQuestionAnswering(cfg)}[kind]
+  ids = np.array([[2, 7, 9, 11, 3, 0]], np.int32)
+  params = nn.unbox(jax.jit(module.init)(jax.random.key(0), ids, (ids > 0).astype(np.int32), np.zeros_like(ids)))["params"]
+  record = {"kind": kind, "label_names": ["O", "B-A", "I-A", "B-B", "I-B"] if kind == "tagging" else []}
+  checkpoints_hf.save_hf(tmp_path, cfg, params, config_fields=export.head_config(record), pooler=False)
+  state = checkpoints_hf.read_safetensors(tmp_path)
+  assert f"{head}.weight" in state and not any("pooler" in n for n in state)
+  _, back = checkpoints_hf.load_hf(tmp_path)  # a fresh pooler, as transformers gives these classes none
+  np.testing.assert_array_equal(back[head]["kernel"], params[head]["kernel"])
+  config = json.loads((tmp_path / "config.json").read_text())
+  assert config["architectures"] == [export.ARCHITECTURES[kind]]
+  if kind == "tagging":
+    assert config["id2label"]["1"] == "B-A"
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  hf_class = getattr(transformers, export.ARCHITECTURES[kind])
+  hf_model = hf_class.from_pretrained(tmp_path).eval()
+  with torch.no_grad():
+    out = hf_model(input_ids=torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(ids > 0, dtype=torch.long))
+  ours = module.apply({"params": params}, ids, (ids > 0).astype(np.int32), np.zeros_like(ids))
+  if kind == "tagging":
+    np.testing.assert_allclose(out.logits.numpy()[0, :5], np.asarray(ours)[0, :5], atol=1e-4)
+  else:
+    np.testing.assert_allclose(out.start_logits.numpy()[0, :5], np.asarray(ours["start_logits"])[0, :5], atol=1e-4)
