@@ -99,7 +99,7 @@ class Predictor:
     for start in range(0, len(examples), _CHUNK):
       chunk = examples[start:start + _CHUNK]
       features, meta = self.task.featurize(chunk, self.tokenizer, self.max_seq_length)
-      outputs = _outputs(run, self.params, features, batch_size)
+      outputs = run_batches(run, self.params, features, batch_size)
       results += _decode(self.task, outputs, chunk, meta)
       if bar is not None:
         bar.update(len(chunk))
@@ -172,8 +172,8 @@ def _forward(module):
   return jax.jit(functools.partial(trainer.predict_step, model=module))
 
 
-def _outputs(run, params, features: dict, batch_size: int):
-  """The model's outputs on every feature row (numpy), in batches of one shape (the last padded)."""
+def run_batches(run, params, features: dict, batch_size: int):
+  """`run(params, batch)` on every row of `features` in batches of one shape (the last padded); numpy."""
   n, chunks = len(features["input_ids"]), []
   inputs = {k: features[k] for k in ("input_ids", "input_mask", "segment_ids")}
   for start in range(0, n, batch_size):
