@@ -31,6 +31,7 @@ import jax
 import numpy as np
 
 from bert_jax import checkpoint_loader
+from bert_jax import failures
 from bert_jax import model as model_lib
 from bert_jax.finetune import metrics
 from bert_jax.finetune import ner
@@ -256,9 +257,8 @@ def main(argv) -> None:
   try:
     predictor = Predictor.load(FLAGS.checkpoint, FLAGS.text_a, FLAGS.text_b)
     examples = predictor.read(FLAGS.input)
-  except (readers.DataError, FileNotFoundError, ValueError) as e:  # the user's files: say which and why
-    print(f"bert-jax predict: {e}", file=sys.stderr)
-    sys.exit(2)
+  except (FileNotFoundError, ValueError) as e:  # the user's files (readers.DataError ...): say which and why
+    failures.say_and_exit(failures.UserError(str(e)), prefix="bert-jax predict")
   results = predictor.predict(examples, FLAGS.batch_size, progress=True)
   write(FLAGS.output, results)
   scores = predictor.score(examples, results)

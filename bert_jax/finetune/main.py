@@ -21,10 +21,8 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
-from bert_jax.finetune import readers
+from bert_jax import failures
 from bert_jax.finetune import trainer
-
-_USER_ERROR = 2  # the data or the config is wrong: a rerun fails the same way
 
 CONFIG = config_flags.DEFINE_config_file("config", None, "A finetuning config, e.g. configs/finetune/sst2.py.")
 WORKDIR = flags.DEFINE_string("workdir", None, "Metrics, best checkpoint, predictions and results go here "
@@ -39,9 +37,10 @@ def main(argv) -> None:
     raise app.UsageError("--config is required")
   try:
     results = trainer.finetune(CONFIG.value, WORKDIR.value)
-  except (readers.DataError, FileNotFoundError) as e:
-    print(f"bert-jax finetune: {e}", file=sys.stderr)
-    sys.exit(_USER_ERROR)
+  except failures.UserError as e:   # the data or a task option (readers.DataError): no traceback
+    failures.say_and_exit(e, prefix="bert-jax finetune")
+  except FileNotFoundError as e:    # a data_dir or file that is not there
+    failures.say_and_exit(failures.UserError(str(e)), prefix="bert-jax finetune")
   print(json.dumps(results, indent=1))
 
 

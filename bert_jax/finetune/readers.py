@@ -14,12 +14,16 @@ import os
 import sys
 
 from bert_jax import corpus
+from bert_jax import failures
 
 csv.field_size_limit(sys.maxsize)  # some GLUE/QQP fields exceed the 128 KiB default
 
 
-class DataError(ValueError):
-  """A data file or a task option that cannot be used; the message names it and says what to do."""
+class DataError(failures.UserError):
+  """A data file or a task option that cannot be used; the message names it and says what to do.
+
+  A ValueError, and a `failures.UserError`: the command prints it as one paragraph and exits 2.
+  """
 
 
 @dataclasses.dataclass(frozen=True)

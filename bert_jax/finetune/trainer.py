@@ -60,9 +60,9 @@ PER_TRIAL = ("learning_rate", "seed")
 # Model: the encoder (its initial weights come from `init.load_encoder`) and one task head.
 
 
-def build_model(bert_cfg: model_lib.BertConfig, task, scalar_mix: bool = False) -> nn.Module:
+def build_model(bert_cfg: model_lib.BertConfig, task, use_scalar_mix: bool = False) -> nn.Module:
   """The encoder with the task's head (or a scalar mix of its layers feeding the head)."""
-  if scalar_mix:
+  if use_scalar_mix:
     return scalar_mix.ScalarMixModel(bert_cfg, task.kind, task.num_labels)
   if task.kind in ("classification", "regression"):
     return heads.BertForSequenceClassification(bert_cfg, task.num_labels)
