@@ -160,15 +160,15 @@ class Checkpointer:
   def restore_latest(self, abstract_state: Any, move_aside: bool = True,
                      at_most: int | None = None) -> tuple[Any, Any, int | None]:
     """(state, data state, step) of the newest step (up to `at_most`) every host can read; (None, None,
-    None) if there is none.
+    None) when there is no step.
 
-    A step that cannot be read (a truncated or garbled file, a missing item) is skipped with a
-    warning naming it, and with `move_aside` renamed to `<step>.unreadable-<time>` so that it is
-    neither restored nor counted as a kept checkpoint again.
+    Steps newer than it that cannot be read (a truncated or garbled file, a missing item) are skipped
+    with a warning naming them, and with `move_aside` renamed to `<step>.unreadable-<time>` so that
+    they are neither restored nor kept as checkpoints again. When no step can be read, nothing is
+    moved: the config more likely differs from the one they were written with (UserError).
     """
-    for step in sorted(self.manager.all_steps(), reverse=True):
-      if at_most is not None and step > at_most:
-        continue
+    unreadable = []
+    for step in sorted((s for s in self.manager.all_steps() if at_most is None or s <= at_most), reverse=True):
       try:
         state, data_state = self.restore(abstract_state, step)
         error = None
@@ -177,17 +177,27 @@ class Checkpointer:
       except Exception as e:  # pylint: disable=broad-except  (orbax, tensorstore, json: many kinds)
         state = data_state = None
         error = " ".join(f"{type(e).__name__}: {e}".split())[:300]
-      errors = _gather_from_hosts({"error": error})
-      if not any(e["error"] for e in errors):
+      errors = [e["error"] for e in _gather_from_hosts({"error": error}) if e["error"]]
+      if not errors:
+        for bad, why in unreadable:
+          self._skip_unreadable(bad, why, move_aside)
         return state, data_state, step
-      error = next(e["error"] for e in errors if e["error"])
-      where = f"{self.directory}/{step}"
-      if move_aside:
-        where += f", moved to {self._move_aside(step)}"
-      logging.warning("checkpoint %s (step %d) is unreadable, skipped (%s)", where, step, error)
-      if jax.process_index() == 0:
-        print(f"warning: checkpoint {where} (step {step}) is unreadable and was skipped: {error}", flush=True)
+      unreadable.append((step, errors[0]))
+    if unreadable:
+      step, error = unreadable[0]
+      raise failures.UserError(
+          f"none of the {len(unreadable)} checkpoints in {self.directory} can be restored; the latest, "
+          f"step {step}: {error}. If the model or optimizer config changed since they were written, run "
+          "with the config they were written with; if they are damaged, move them away to start over.")
     return None, None, None
+
+  def _skip_unreadable(self, step: int, error: str, move_aside: bool) -> None:
+    where = f"{self.directory}/{step}"
+    if move_aside:
+      where += f", moved to {self._move_aside(step)}"
+    logging.warning("checkpoint %s (step %d) is unreadable, skipped (%s)", where, step, error)
+    if jax.process_index() == 0:
+      print(f"warning: checkpoint {where} (step {step}) is unreadable and was skipped: {error}", flush=True)
 
   def _move_aside(self, step: int) -> str:
     target = self.directory / f"{step}.unreadable-{time.strftime('%Y%m%dT%H%M%S')}"
@@ -225,7 +235,7 @@ def restore_state(path: str, abstract_state: Any) -> Any:
     if step is None:   # the newest readable step; another run's directory is left as it is
       state, _, step = checkpointer.restore_latest(abstract_state, move_aside=False)
       if step is None:
-        raise failures.UserError(f"{path} holds no readable checkpoint")
+        raise failures.UserError(f"{path} holds no checkpoint")
     else:
       state, _ = checkpointer.restore(abstract_state, step)
   finally:

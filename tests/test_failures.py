@@ -264,6 +264,15 @@ def test_unreadable_latest_checkpoint_is_skipped(damage, data_dir, trained, tmp_
   assert len([c for c in _checkpoints(workdir) if c.startswith("4.unreadable-")]) == 1   # kept, for a look
 
 
+def test_checkpoints_of_another_config_are_not_taken_for_damaged_ones(data_dir, trained, tmp_path):  # noqa: F811
+  workdir = _copy(trained, tmp_path)
+  config = tiny_config(data_dir, **dict(RUN, train_steps=6), **{"model.intermediate_size": 96})
+  with pytest.raises(failures.UserError, match=r"none of the 2 checkpoints in .* can be restored; the latest, step "
+                     r"4: .* If the model or optimizer config changed"):
+    train.train_and_evaluate(config, workdir)
+  assert _checkpoints(workdir) == ["2", "4"]   # nothing moved aside
+
+
 # ---------------------------------------------------------------------------------------------
 # Config errors: one line from the CLI, exit code 2, before compiling, the workdir untouched.
 
