@@ -133,14 +133,18 @@ class Checkpointer:
       return []
     removed = []
     for path in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"):
-      try:
-        if path.is_dir():
-          path.rmtree()
-        else:
-          path.unlink()
-        removed.append(os.fspath(path))
-      except OSError as e:
-        logging.warning("could not remove %s: %s", path, e)
+      for attempt in range(20):   # writes still ending (a synchronous save's) may add files meanwhile
+        try:
+          if path.is_dir():
+            path.rmtree()
+          elif path.exists():
+            path.unlink()
+          removed.append(os.fspath(path))
+          break
+        except OSError as e:
+          if attempt == 19:
+            logging.warning("could not remove %s: %s", path, e)
+          time.sleep(0.25)
     return removed
 
   def restore(self, abstract_state: Any, step: int | None = None) -> tuple[Any, Any]:

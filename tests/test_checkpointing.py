@@ -1,5 +1,5 @@
 """Checkpointer: sharded round trip with the data-iterator state, keep-K, restore_params, SIGTERM,
-and a save killed mid-write never becoming the latest checkpoint."""
+a save killed mid-write never becoming the latest checkpoint, a failed save, init_from checks."""
 
 import os
 import signal
@@ -10,6 +10,7 @@ import textwrap
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from bert_jax import checkpointing
@@ -112,3 +113,36 @@ def test_sigterm_sets_the_preemption_flag():
 def test_split_path():
   assert checkpointing.split_path("/w/checkpoints/") == ("/w/checkpoints", None)
   assert checkpointing.split_path("/w/checkpoints/900000") == ("/w/checkpoints", 900000)
+
+
+def test_failed_save_raises_once_and_leaves_earlier_steps_and_no_temporary_files(tmp_path, monkeypatch):
+  from orbax.checkpoint._src.handlers import json_checkpoint_handler  # pylint: disable=g-import-not-at-top
+  from bert_jax import failures  # pylint: disable=g-import-not-at-top
+
+  async def disk_full(self, x, directory):
+    raise OSError(28, "No space left on device")
+
+  for async_save in (True, False):
+    directory = tmp_path / f"async_{async_save}"
+    ckpt = checkpointing.Checkpointer(str(directory), keep=1, async_save=async_save)
+    ckpt.save(1, {"w": jnp.ones(4)}, {"batch": 1})
+    ckpt.wait()
+    with monkeypatch.context() as m:
+      m.setattr(json_checkpoint_handler.JsonCheckpointHandler, "_save_fn", disk_full)
+      with pytest.raises(failures.SaveFailed, match=r"checkpoint .*/2 failed .*No space left on device.* intact: \[1\]"):
+        ckpt.save(2, {"w": jnp.zeros(4)}, {"batch": 2})
+        ckpt.check(wait=True)
+    ckpt.close()   # the failure was reported: closing does not raise it again
+    assert sorted(os.listdir(directory)) == ["1"]   # keep=1 did not drop step 1 for a step 2 that failed
+
+
+def test_checkpoint_problem(tmp_path):
+  ckpt = checkpointing.Checkpointer(str(tmp_path / "run" / "checkpoints"), keep=1, async_save=False)
+  ckpt.save(3, {"w": jnp.ones(2)}, {})
+  ckpt.close()
+  assert checkpointing.checkpoint_problem(str(tmp_path / "run" / "checkpoints")) is None
+  assert checkpointing.checkpoint_problem(str(tmp_path / "run" / "checkpoints" / "3")) is None
+  assert "run/checkpoints" in checkpointing.checkpoint_problem(str(tmp_path / "run"))   # the hint
+  assert "does not exist" in checkpointing.checkpoint_problem(str(tmp_path / "nowhere"))
+  os.makedirs(tmp_path / "other" / "7")
+  assert "has no state or data" in checkpointing.checkpoint_problem(str(tmp_path / "other"))
