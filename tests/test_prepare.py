@@ -74,6 +74,9 @@ def test_round_trip_counts_and_bad_input(tmp_path, small_corpus, vocab_file):
   assert stats["sentences"] == sum(len(e[1]) for e in expected)
   assert stats["tokens"] == sum(len(e[0]) for e in expected)
   assert sum(s["documents"] for s in stats["shards"].values()) == stats["documents"]
+  # What the input pipeline checks each shard against when it reads it.
+  sizes = {n: os.path.getsize(os.path.join(out, n)) for n in shards}
+  assert {n: s["bytes"] for n, s in stats["shards"].items()} == sizes
   bad = stats["bad_input"]
   assert bad["bad_json_lines"] == 1 and bad["missing_text_field"] == 1 and bad["undecodable_lines"] == 1
   assert bad["long_lines"] == 1 and bad["empty_sentences"] == 1
