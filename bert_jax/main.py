@@ -8,6 +8,7 @@ A mistake in the config, a path or the data ends the command with one paragraph 
 code 2, before anything is compiled; the other exit codes are listed in bert_jax/failures.py.
 """
 
+import logging as python_logging
 import os
 import sys
 import threading
@@ -50,7 +51,7 @@ def parse_flags(argv: list[str]) -> list[str]:
   return []
 
 
-class _NoLibraryTracebacks(logging.logging.Filter):
+class _NoLibraryTracebacks(python_logging.Filter):
   """Orbax logs every failed background write with a traceback before the run reports the failure in
   one paragraph (failures.SaveFailed): its lines stay, their tracebacks go (--verbosity keeps them)."""
 
