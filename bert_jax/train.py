@@ -326,7 +326,12 @@ def fill_mask_examples(config, params, tokenizer, eval_iter, eval_start, count: 
               and (j + 1 == len(line) or starts[line[j + 1]])]
     if single and len(texts) < count:
       j = single[len(single) // 2]
-      context = line[max(0, j - 12):j] + [tokenizer.mask_id] + line[j + 1:j + 13]   # a line's worth around it
+      lo, hi = max(0, j - 12), min(len(line), j + 13)   # a line's worth around it, in whole words
+      while lo < j and not starts[line[lo]]:
+        lo += 1
+      while hi < len(line) and hi > j + 1 and not starts[line[hi]]:
+        hi -= 1
+      context = line[lo:j] + [tokenizer.mask_id] + line[j + 1:hi]
       texts.append(tokenizer.decode(context))
       words.append(tokens[j])
   predictions = fill_mask.predict(bert_config(config), jax.device_get(params), tokenizer, texts, top_k=5)
