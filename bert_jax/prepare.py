@@ -38,6 +38,7 @@ import numpy as np
 
 from bert_jax import corpus
 from bert_jax import host_env
+from bert_jax import paths
 from bert_jax import tokenizer as tokenization
 from bert_jax import vocab_training
 
@@ -407,8 +408,10 @@ def main(argv) -> None:
     raise ValueError(f"unexpected arguments: {argv[1:]}")
   if not _INPUT.value or not _OUTPUT_DIR.value:
     raise ValueError("--input and --output_dir are required")
+  if not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.INFO)   # this command's own progress lines ([k/n shards] ...)
   stats = prepare_corpus(
-      _INPUT.value, _OUTPUT_DIR.value, vocab_file=_VOCAB_FILE.value, do_lower_case=_DO_LOWER_CASE.value,
+      paths.absolute(_INPUT.value), paths.absolute(_OUTPUT_DIR.value), vocab_file=_VOCAB_FILE.value, do_lower_case=_DO_LOWER_CASE.value,
       train_vocab_size=_VOCAB_SIZE.value, vocab_model=_VOCAB_MODEL.value, num_shards=_NUM_SHARDS.value,
       num_workers=_NUM_WORKERS.value, eval_fraction=_EVAL_FRACTION.value, eval_spec=_EVAL_INPUT.value,
       data_dir=_DATA_DIR.value, text_key=_TEXT_KEY.value)
