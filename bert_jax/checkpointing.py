@@ -13,6 +13,7 @@ is moved aside by `restore_latest` with a warning, and the newest readable one i
 """
 
 import base64
+import contextlib
 import json
 import os
 import signal
@@ -272,11 +273,29 @@ def restore_params(path: str, abstract_params: Any = None) -> Any:
   host numpy arrays, whatever mesh the checkpoint was written from.
   """
   directory, step = split_path(path)
-  manager = ocp.CheckpointManager(epath.Path(directory), item_handlers={"state": ocp.PyTreeCheckpointHandler()},
-                                  options=ocp.CheckpointManagerOptions(read_only=True))
+  with _orbax_warnings_off():
+    manager = ocp.CheckpointManager(epath.Path(directory), item_handlers={"state": ocp.PyTreeCheckpointHandler()},
+                                    options=ocp.CheckpointManagerOptions(read_only=True))
   step = manager.latest_step() if step is None else step
   if step is None:
     raise FileNotFoundError(f"no checkpoint in {directory}")
+  with _orbax_warnings_off():
+    return _restore_params(manager, step, abstract_params)
+
+
+@contextlib.contextmanager
+def _orbax_warnings_off():
+  """Orbax warns, on every read-only restore of one item, that the manager is read-only and that the
+  other items are not restored: both are what `restore_params` asks for."""
+  level = logging.get_verbosity()
+  logging.set_verbosity(logging.ERROR)
+  try:
+    yield
+  finally:
+    logging.set_verbosity(level)
+
+
+def _restore_params(manager, step: int, abstract_params: Any) -> Any:
   metadata = manager.item_metadata(step).state
   param_meta = metadata["params"]
   if abstract_params is None:
