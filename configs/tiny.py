@@ -15,6 +15,11 @@ no learning rate in {5e-4, 1e-3, 2e-3, 5e-3}, 2 or 4 heads, initializer range 0.
 sequence length 128 or 64 got past 0.16 held-out accuracy, which is just copying the 10% of targets
 left unchanged plus the unigram guess on the rest; sequences of 32 tokens (and 64 of them a batch)
 left that plateau soonest, so the quick start uses them.
+
+Measured, the README's command in a fresh clone on an idle 2-core CPU: 392 s wall time (preparation
+included), held-out MLM accuracy 0.166 / 0.212 / 0.256 / 0.279 at steps 1000 / 2000 / 3000 / 4000,
+against 0.069 for always predicting the most frequent held-out target. It stays under the 0.312 that
+a count model predicting each token from its left and right neighbours reaches on the same text.
 """
 
 from configs import common
