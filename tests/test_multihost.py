@@ -115,7 +115,9 @@ def test_survivor_of_a_dead_peer_exits_for_a_restart_within_the_bound(how, data_
   try:
     deadline = time.time() + TIMEOUT_S
     while time.time() < deadline and all(p.poll() is None for p in procs):
-      if os.path.exists(os.path.join(workdir, "metrics.jsonl")) and max(_logged_steps(workdir), default=0) >= 6:
+      # Past step 6 and checkpoint 4 committed (a peer stopped during the save would leave it unfinished).
+      if (os.path.exists(os.path.join(workdir, "metrics.jsonl")) and max(_logged_steps(workdir), default=0) >= 6
+          and os.path.isdir(os.path.join(workdir, "checkpoints", "4"))):
         break
       time.sleep(0.05)
     assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
