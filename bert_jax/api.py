@@ -23,9 +23,9 @@ import numpy as np
 
 from bert_jax import checkpoint_loader
 from bert_jax import config_path
-from bert_jax import fill_mask as fill_mask_lib
-from bert_jax import model as model_lib
-from bert_jax import predict as predict_lib
+from bert_jax.tools import fill_mask as fill_mask_lib
+from bert_jax.models import encoder as model_lib
+from bert_jax.tools import predict as predict_lib
 from bert_jax.finetune import ner
 from bert_jax.finetune import readers
 from bert_jax.finetune import squad

@@ -24,9 +24,9 @@ from typing import Any, NamedTuple
 from etils import epath
 import jax
 
-from bert_jax import model
+from bert_jax.models import encoder as model
 from bert_jax import paths
-from bert_jax import tokenizer as tokenizer_lib
+from bert_jax.data import tokenizer as tokenizer_lib
 
 KINDS = ("hf", "tf", "bert_jax")
 HF_CONFIG, CONFIG, TOKENIZER_CONFIG = "config.json", "bert_config.json", "tokenizer_config.json"
@@ -112,10 +112,10 @@ def load_model(path, *, kind: str = "auto", bert_config_json: str | None = None,
 
 def _read_model(found: Found, bert_config_json, scan_layers: bool, config_overrides: dict) -> tuple:
   if found.kind == "hf":
-    from bert_jax import checkpoints_hf  # pylint: disable=g-import-not-at-top
+    from bert_jax.interop import checkpoints_hf  # pylint: disable=g-import-not-at-top
     cfg, params = checkpoints_hf.load_hf(found.checkpoint, **config_overrides)
   elif found.kind == "tf":
-    from bert_jax import checkpoints_tf  # pylint: disable=g-import-not-at-top
+    from bert_jax.interop import checkpoints_tf  # pylint: disable=g-import-not-at-top
     config = _config_file(found, bert_config_json)
     cfg, params = checkpoints_tf.load_tf(found.checkpoint, str(config), **config_overrides)
   else:

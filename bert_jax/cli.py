@@ -11,16 +11,16 @@ import sys
 
 SUBCOMMANDS = {
     "pretrain": ("bert_jax.main", "Pretrain from a config (--config=configs/x.py[:arg] --workdir=DIR)."),
-    "aot": ("bert_jax.aot", "Compile the train step ahead of time for a TPU topology; report memory and time."),
-    "embed": ("bert_jax.embed", "Write every layer's hidden states for JSON-lines input to an .npz file."),
-    "fill-mask": ("bert_jax.fill_mask", "Print the most likely tokens at each [MASK] of texts (MLM head)."),
-    "prepare": ("bert_jax.prepare", "Tokenize a corpus into sharded files for pretraining."),
+    "aot": ("bert_jax.tools.aot", "Compile the train step ahead of time for a TPU topology; report memory and time."),
+    "embed": ("bert_jax.tools.embed", "Write every layer's hidden states for JSON-lines input to an .npz file."),
+    "fill-mask": ("bert_jax.tools.fill_mask", "Print the most likely tokens at each [MASK] of texts (MLM head)."),
+    "prepare": ("bert_jax.data.prepare", "Tokenize a corpus into sharded files for pretraining."),
     "finetune": ("bert_jax.finetune.main", "Finetune on a task (--config=configs/finetune/x.py)."),
     "sweep": ("bert_jax.finetune.sweep", "Hyperparameter sweep over finetuning runs with a results table."),
-    "predict": ("bert_jax.predict", "Run a finetuned workdir on new text (JSONL/TSV/CSV): labels, values, tags, spans."),
-    "export": ("bert_jax.export", "Write a checkpoint as a Hugging Face directory (finetuned: its head's class)."),
-    "bench data": ("bert_jax.bench_data", "Benchmark the input pipeline and `prepare`; prints JSON lines."),
-    "bench train": ("bert_jax.bench_train", "Benchmark the train step (step time, tokens/s, MFU); prints JSON."),
+    "predict": ("bert_jax.tools.predict", "Run a finetuned workdir on new text (JSONL/TSV/CSV): labels, values, tags, spans."),
+    "export": ("bert_jax.interop.export", "Write a checkpoint as a Hugging Face directory (finetuned: its head's class)."),
+    "bench data": ("bert_jax.tools.bench_data", "Benchmark the input pipeline and `prepare`; prints JSON lines."),
+    "bench train": ("bert_jax.tools.bench_train", "Benchmark the train step (step time, tokens/s, MFU); prints JSON."),
 }
 
 

@@ -15,7 +15,7 @@ import dataclasses
 
 import ml_collections
 
-from bert_jax import model
+from bert_jax.models import encoder as model
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,9 +28,9 @@ from bert_jax import checkpointing
 from bert_jax import curves
 from bert_jax import failures
 from bert_jax import flops as flops_lib
-from bert_jax import heads
+from bert_jax.models import heads
 from bert_jax import metrics_writer
-from bert_jax import model as model_lib
+from bert_jax.models import encoder as model_lib
 from bert_jax import optimizer as optimizer_lib
 from bert_jax import paths
 from bert_jax import sharding
@@ -111,7 +111,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
 
 def check_inputs(config: ml_collections.ConfigDict) -> None:
   """Stops a run whose data or `init_from` cannot be read, naming the field, before anything is compiled."""
-  from bert_jax import input_pipeline  # pylint: disable=g-import-not-at-top
+  from bert_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
   d, problems = config.data, []
   if not d.train_files:
     problems.append("data.train_files is empty: set --config.data.train_files to a `bert-jax prepare` output "
@@ -206,7 +206,7 @@ def prepared_data_config(config: ml_collections.ConfigDict, workdir: str) -> ml_
   d = ml_collections.ConfigDict(config.data.to_dict())
   if not d.train_files.startswith("embedded:"):
     return d
-  from bert_jax import prepare  # pylint: disable=g-import-not-at-top
+  from bert_jax.data import prepare  # pylint: disable=g-import-not-at-top
 
   out = os.path.join(workdir, "data")
   done = os.path.join(out, "PREPARED")
@@ -230,7 +230,7 @@ def sync_hosts(name: str) -> None:
 def load_tokenizer(data_config, config):
   """The data's tokenizer, checked against the model before anything is compiled: an id past the
   embedding table would train on garbage (NaN, or silently clipped rows)."""
-  from bert_jax import input_pipeline  # pylint: disable=g-import-not-at-top
+  from bert_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
   tokenizer = input_pipeline.load_tokenizer(data_config)
   vocab_size = bert_config(config).vocab_size
   if tokenizer.vocab_size > vocab_size:
@@ -243,8 +243,8 @@ def load_tokenizer(data_config, config):
 
 def create_iterator(data_config, config, split: str, tokenizer=None):
   """The host-local batch iterator of `split`: endless and resumable for "train", the same
-  `config.eval_steps` batches on every call for "eval" (bert_jax/input_pipeline.py)."""
-  from bert_jax import input_pipeline  # pylint: disable=g-import-not-at-top
+  `config.eval_steps` batches on every call for "eval" (bert_jax/data/input_pipeline.py)."""
+  from bert_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
   if split == "eval":
     return input_pipeline.create_eval_iterator(data_config, global_batch_size=config.global_batch_size,
                                                num_batches=config.eval_steps, tokenizer=tokenizer)
@@ -306,12 +306,12 @@ def evaluate(s: Setup, eval_iter, eval_start: dict, params) -> dict[str, float]:
 
 
 def fill_mask_examples(config, params, tokenizer, eval_iter, eval_start, count: int) -> str:
-  """`count` held-out lines with one word masked: the word and the model's top 5 (bert_jax/fill_mask.py).
+  """`count` held-out lines with one word masked: the word and the model's top 5 (bert_jax/tools/fill_mask.py).
 
   The word is the middle single-piece word of each row of the first held-out batch, shown with 12
   tokens of context either side (the model sees the same); the lines are the same at every call.
   """
-  from bert_jax import fill_mask  # pylint: disable=g-import-not-at-top
+  from bert_jax.tools import fill_mask  # pylint: disable=g-import-not-at-top
   eval_iter.set_state(eval_start)
   batch = next(iter(eval_iter))
   ids = np.array(batch["input_ids"])

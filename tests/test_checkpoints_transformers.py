@@ -4,9 +4,9 @@ import jax
 import numpy as np
 import pytest
 
-from bert_jax import checkpoints_hf
-from bert_jax import heads
-from bert_jax import model
+from bert_jax.interop import checkpoints_hf
+from bert_jax.models import heads
+from bert_jax.models import encoder as model
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -8,7 +8,7 @@ import random
 import hypothesis
 import pytest
 
-from bert_jax import corpus
+from bert_jax.data import corpus
 
 
 def _read(spec, **kwargs):

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from bert_jax import checkpoint_loader
-from bert_jax import embed
-from bert_jax import model
+from bert_jax.tools import embed
+from bert_jax.models import encoder as model
 from test_checkpoint_loader import trained_run
 from tests.conftest import REPO_ROOT
 from tests.conftest import shared_path

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from bert_jax import checkpoint_loader
-from bert_jax import checkpoints_hf
-from bert_jax import export
-from bert_jax import heads
-from bert_jax import model
-from bert_jax import predict
+from bert_jax.interop import checkpoints_hf
+from bert_jax.interop import export
+from bert_jax.models import heads
+from bert_jax.models import encoder as model
+from bert_jax.tools import predict
 from bert_jax.finetune import trainer
 from test_finetune_own_data import make_tweets, tweet_config
 

@@ -12,9 +12,9 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from bert_jax import checkpoint_loader
-from bert_jax import checkpoints_hf
-from bert_jax import checkpoints_tf
-from bert_jax import fill_mask
+from bert_jax.interop import checkpoints_hf
+from bert_jax.interop import checkpoints_tf
+from bert_jax.tools import fill_mask
 from conftest import shared_path
 from test_checkpoint_loader import trained_run
 

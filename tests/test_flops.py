@@ -4,7 +4,9 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from bert_jax import flops, heads, model
+from bert_jax import flops
+from bert_jax.models import heads
+from bert_jax.models import encoder as model
 
 TINY = model.BertConfig(vocab_size=1000, hidden_size=128, num_layers=2, num_heads=2, intermediate_size=512)
 

@@ -27,9 +27,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import checkpoints_hf
-from bert_jax import heads
-from bert_jax import model
+from bert_jax.interop import checkpoints_hf
+from bert_jax.models import heads
+from bert_jax.models import encoder as model
 from bert_jax import steps
 from tests.conftest import shared_path
 

@@ -5,8 +5,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax import heads
-from bert_jax import model
+from bert_jax.models import heads
+from bert_jax.models import encoder as model
 
 VOCAB = 64
 

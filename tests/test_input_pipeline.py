@@ -13,7 +13,10 @@ import textwrap
 import numpy as np
 import pytest
 
-from bert_jax import input_pipeline, masking, prepare, tokenizer
+from bert_jax.data import input_pipeline
+from bert_jax.data import masking
+from bert_jax.data import prepare
+from bert_jax.data import tokenizer
 from configs import common
 from conftest import REPO_ROOT, shared_path
 
@@ -178,7 +181,7 @@ _RESUME = textwrap.dedent("""
     import numpy as np
     sys.path.insert(0, {repo!r})
     from configs import common
-    from bert_jax import input_pipeline
+    from bert_jax.data import input_pipeline
     c = common.data_config()
     c.update(json.loads({config!r}))
     it = input_pipeline.create_pretrain_iterator(c, global_batch_size=96, process_index=0, process_count=1)

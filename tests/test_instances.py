@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from bert_jax import instances
+from bert_jax.data import instances
 
 CLS, SEP, PAD = 2, 3, 0
 

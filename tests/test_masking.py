@@ -6,7 +6,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from bert_jax import masking
+from bert_jax.data import masking
 from configs import common
 
 VOCAB, PAD, UNK, CLS, SEP, MASK = 1000, 0, 1, 2, 3, 4

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import model
+from bert_jax.models import encoder as model
 
 VOCAB = 64
 

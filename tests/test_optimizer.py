@@ -8,7 +8,9 @@ import numpy as np
 import optax
 import pytest
 
-from bert_jax import heads, model, optimizer
+from bert_jax import optimizer
+from bert_jax.models import heads
+from bert_jax.models import encoder as model
 from bert_jax.finetune import scalar_mix
 from configs import common
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from bert_jax import predict
+from bert_jax.tools import predict
 from bert_jax.finetune import readers
 from bert_jax.finetune import trainer
 from configs.finetune import generic, squad_v1, sst2

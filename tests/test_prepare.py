@@ -10,9 +10,9 @@ import sys
 import numpy as np
 import pytest
 
-from bert_jax import corpus
-from bert_jax import prepare
-from bert_jax import tokenizer as tokenization
+from bert_jax.data import corpus
+from bert_jax.data import prepare
+from bert_jax.data import tokenizer as tokenization
 from conftest import REPO_ROOT, shared_path
 import test_corpus
 

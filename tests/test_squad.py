@@ -11,7 +11,7 @@ from tests.conftest import shared_path
 
 @pytest.fixture(scope="module")
 def tokenizer():
-  from bert_jax.tokenizer import load_tokenizer  # pylint: disable=g-import-not-at-top
+  from bert_jax.data.tokenizer import load_tokenizer  # pylint: disable=g-import-not-at-top
   return load_tokenizer(str(shared_path("minilm", "vocab.txt")))
 
 

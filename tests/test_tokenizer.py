@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 import numpy as np
 import pytest
 
-from bert_jax import corpus
-from bert_jax import tokenizer as T
-from bert_jax import vocab_training as V
+from bert_jax.data import corpus
+from bert_jax.data import tokenizer as T
+from bert_jax.data import vocab_training as V
 from conftest import shared_path
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -219,7 +219,7 @@ def test_wordpiece_learner_merges_most_frequent_pairs():
 def test_load_tokenizer_from_a_remote_file_system(tmp_path):
   """Paths with a scheme go through tf.io.gfile (here the in-memory file system `ram://`)."""
   import tensorflow as tf
-  from bert_jax import tokenizer
+  from bert_jax.data import tokenizer
   vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "hello", "world", "##s"]
   tf.io.gfile.makedirs("ram://bert_jax_vocab")
   with tf.io.gfile.GFile("ram://bert_jax_vocab/vocab.txt", "w") as f:

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import prepare
+from bert_jax.data import prepare
 from bert_jax import sharding
 from bert_jax import train
 from configs import tiny

@@ -13,8 +13,8 @@ import dataclasses
 import ml_collections
 
 from bert_jax import checkpoint_loader
-from bert_jax import model as model_lib
-from bert_jax import tokenizer as tokenizer_lib
+from bert_jax.models import encoder as model_lib
+from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax import train
 
 Config = ml_collections.ConfigDict

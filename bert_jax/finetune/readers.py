@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 
-from bert_jax import corpus
+from bert_jax.data import corpus
 from bert_jax import failures
 
 csv.field_size_limit(sys.maxsize)  # some GLUE/QQP fields exceed the 128 KiB default

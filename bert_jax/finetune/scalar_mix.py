@@ -11,7 +11,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bert_jax import model
+from bert_jax.models import encoder as model
 
 
 class ScalarMix(nn.Module):

@@ -18,7 +18,7 @@ import os
 
 import numpy as np
 
-from bert_jax import tokenizer as tokenization
+from bert_jax.data import tokenizer as tokenization
 from bert_jax.finetune import metrics, readers
 
 

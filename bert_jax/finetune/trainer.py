@@ -39,9 +39,9 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from bert_jax import checkpoint_loader
 from bert_jax import checkpointing
-from bert_jax import heads
+from bert_jax.models import heads
 from bert_jax import metrics_writer
-from bert_jax import model as model_lib
+from bert_jax.models import encoder as model_lib
 from bert_jax import optimizer as optimizer_lib
 from bert_jax import paths
 from bert_jax import sharding

@@ -36,11 +36,11 @@ from absl import flags
 from absl import logging
 import numpy as np
 
-from bert_jax import corpus
+from bert_jax.data import corpus
 from bert_jax import host_env
 from bert_jax import paths
-from bert_jax import tokenizer as tokenization
-from bert_jax import vocab_training
+from bert_jax.data import tokenizer as tokenization
+from bert_jax.data import vocab_training
 
 _INPUT = flags.DEFINE_string("input", None,
                              "Corpus spec: file/glob/dir, tfds:name:split:key or embedded:shakespeare.")
@@ -346,7 +346,7 @@ def _worker_pool(num_workers: int, output_dir: str, do_lower_case: bool):
   and not spawned either, which would import TensorFlow in each (about 5 CPU-seconds apiece).
   """
   context = multiprocessing.get_context("forkserver")
-  context.set_forkserver_preload(["bert_jax.quiet_tensorflow", "bert_jax.prepare"])
+  context.set_forkserver_preload(["bert_jax.data.quiet_tensorflow", "bert_jax.data.prepare"])
   try:
     with context.Pool(num_workers, _warm_up, (output_dir, do_lower_case)) as pool:
       yield pool

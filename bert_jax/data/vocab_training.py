@@ -1,4 +1,4 @@
-"""Vocabulary training: SentencePiece models and WordPiece vocabularies for `bert_jax.tokenizer`.
+"""Vocabulary training: SentencePiece models and WordPiece vocabularies for `bert_jax.data.tokenizer`.
 
 Both put the special tokens first ([PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4), so every model and
 pipeline stage finds them at the same ids.
@@ -14,7 +14,7 @@ import re
 import tempfile
 from typing import Iterable
 
-from bert_jax.tokenizer import CLS, MASK, PAD, SEP, SPECIAL_TOKENS, UNK, VOCAB_FILE, basic_tokenize
+from bert_jax.data.tokenizer import CLS, MASK, PAD, SEP, SPECIAL_TOKENS, UNK, VOCAB_FILE, basic_tokenize
 
 
 def train_sentencepiece(files_or_iter, out_prefix: str, vocab_size: int, model_type: str = "unigram",

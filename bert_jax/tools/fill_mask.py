@@ -20,9 +20,9 @@ import jax
 import numpy as np
 
 from bert_jax import checkpoint_loader
-from bert_jax import heads
-from bert_jax import model
-from bert_jax import tokenizer as tokenizer_lib
+from bert_jax.models import heads
+from bert_jax.models import encoder as model
+from bert_jax.data import tokenizer as tokenizer_lib
 
 FLAGS = flags.FLAGS
 _LENGTH_BUCKET = 16  # pad batches to a multiple of this: few shapes, few compilations

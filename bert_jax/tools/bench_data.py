@@ -23,7 +23,8 @@ import time
 from absl import flags
 import numpy as np
 
-from bert_jax import input_pipeline, prepare
+from bert_jax.data import input_pipeline
+from bert_jax.data import prepare
 
 _REPO = pathlib.Path(__file__).resolve().parents[1]
 _SHARED = _REPO.parent / "shared" / "data"

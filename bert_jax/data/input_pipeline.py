@@ -20,7 +20,9 @@ import threading
 import jax
 import numpy as np
 
-from bert_jax import failures, host_env, instances, masking
+from bert_jax import failures, host_env
+from bert_jax.data import instances
+from bert_jax.data import masking
 
 tf = host_env.import_tensorflow()
 
@@ -378,7 +380,7 @@ def _split_documents(data_config, split: str, process_index: int, process_count:
 
 def load_tokenizer(data_config):
   """The tokenizer of `data_config`: `vocab_file`, else the one `prepare` saved beside the shards."""
-  from bert_jax import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   where = data_config.vocab_file or data_config.train_files
   if not tf.io.gfile.isdir(where) and not data_config.vocab_file:
     where = os.path.dirname(where)

@@ -23,7 +23,7 @@ from absl import app
 from absl import flags
 
 from bert_jax import checkpoint_loader
-from bert_jax import checkpoints_hf
+from bert_jax.interop import checkpoints_hf
 from bert_jax.finetune import trainer
 
 FLAGS = flags.FLAGS

@@ -25,8 +25,8 @@ import ml_dtypes
 import numpy as np
 from safetensors.numpy import save_file
 
-from bert_jax import heads
-from bert_jax import model
+from bert_jax.models import heads
+from bert_jax.models import encoder as model
 
 # Buffers, not weights: the position ids are arange(max_position_embeddings).
 IGNORED = ("embeddings.position_ids",)

@@ -7,7 +7,7 @@ copying `params["bert"]`. Logits are float32 whatever the compute dtype.
 import flax.linen as nn
 import jax.numpy as jnp
 
-from bert_jax import model
+from bert_jax.models import encoder as model
 
 _OPTIONAL_ENCODER_INPUTS = ("position_ids", "example_ids")
 

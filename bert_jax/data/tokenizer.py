@@ -7,7 +7,7 @@ longest-match-first with `##`, words over 100 characters -> [UNK]). `basic_token
 them through `tensorflow_text.FastBertTokenizer` (LinMaxMatch, Song et al. 2021), after cheap
 rewrites where the two would differ (`_fast_form`); the rare text it cannot rewrite takes the
 Python path. Tests hold both paths to Hugging Face's ids and to each other.
-Vocabularies are trained by `bert_jax.vocab_training`.
+Vocabularies are trained by `bert_jax.data.vocab_training`.
 
     tok = load_tokenizer("vocab.txt")                 # or "spm.model", or a directory holding one
     ids, segment_ids = tok.encode_pair("A b.", "C d.", max_length=128)

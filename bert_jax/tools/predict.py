@@ -32,7 +32,7 @@ import numpy as np
 
 from bert_jax import checkpoint_loader
 from bert_jax import failures
-from bert_jax import model as model_lib
+from bert_jax.models import encoder as model_lib
 from bert_jax.finetune import metrics
 from bert_jax.finetune import ner
 from bert_jax.finetune import readers

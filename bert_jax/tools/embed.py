@@ -20,7 +20,7 @@ import jax
 import numpy as np
 
 from bert_jax import checkpoint_loader
-from bert_jax import model
+from bert_jax.models import encoder as model
 
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Hugging Face directory, Google TF checkpoint, bert_jax "
                                   "pretraining run or finetuned workdir.")
@@ -97,7 +97,7 @@ def _tokenizer():
   """The --vocab tokenizer, else the checkpoint's; None if it has none (input_ids input needs none)."""
   lower = _DO_LOWER_CASE.value if _DO_LOWER_CASE.present else None
   if _VOCAB.value is not None:
-    from bert_jax import tokenizer  # pylint: disable=g-import-not-at-top
+    from bert_jax.data import tokenizer  # pylint: disable=g-import-not-at-top
     lower = checkpoint_loader.lower_case(_CHECKPOINT.value) if lower is None else lower
     return tokenizer.load_tokenizer(_VOCAB.value, do_lower_case=lower)
   try:

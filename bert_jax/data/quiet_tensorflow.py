@@ -1,6 +1,6 @@
 """Importing this module imports TensorFlow (and tensorflow_text) quietly, through `host_env`.
 
-For module-name lists such as a multiprocessing forkserver's preload (bert_jax/prepare.py), where
+For module-name lists such as a multiprocessing forkserver's preload (bert_jax/data/prepare.py), where
 TensorFlow imported directly would print its start-up lines from every server process.
 """
 

@@ -12,9 +12,9 @@ import re
 
 import numpy as np
 
-from bert_jax import checkpoints_hf
+from bert_jax.interop import checkpoints_hf
 from bert_jax import host_env
-from bert_jax import model
+from bert_jax.models import encoder as model
 
 # Optimizer slots and counters saved beside the weights by the original pretraining script.
 _SKIPPED = re.compile(r"(.*/adam_[mv]|global_step|.*/(Adam|Momentum|LAMB)(_\d+)?)$")
