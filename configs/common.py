@@ -28,8 +28,10 @@ def data_config() -> ml_collections.ConfigDict:
   d.masking_budget = "all_tokens"
   d.mask_unk = True
   d.random_token_pool = "vocab"
+  # At most one masking scheme switch; none: single tokens.
   d.whole_word_masking = False
   d.span_masking = False     # SpanBERT: geometric span lengths, p=0.2, max 10
+  d.ngram_masking = False    # ALBERT: n-grams of 1..3 whole words, p(n) proportional to 1/n
   d.span_p = 0.2
   d.span_max_length = 10
   d.short_seq_prob = 0.1

@@ -1,5 +1,6 @@
 """Dynamic masking on synthetic batches: google-research/bert's budget, candidates and replacements,
-the switches that depart from them, 80/10/10, whole words, spans, determinism."""
+the switches that depart from them, 80/10/10, whole words, spans, ALBERT n-grams, span boundaries,
+determinism."""
 
 import dataclasses
 
@@ -164,9 +165,10 @@ def test_unknown_switch_values_are_rejected(field, value):
     _spec({field: value})
 
 
-def test_masks_depend_only_on_each_examples_key():
+@pytest.mark.parametrize("scheme", ["token", "span", "ngram"])
+def test_masks_depend_only_on_each_examples_key(scheme):
   ids, mask = _batch(n=64)
-  spec = _spec()
+  spec = _spec(scheme=scheme)
   keys = _keys(64)
   whole, whole_masked = masking.mask_batch(ids, mask, keys, spec)
   part, part_masked = masking.mask_batch(ids[10:20], mask[10:20], keys[10:20], spec)
@@ -232,3 +234,116 @@ def test_gather_predictions_keeps_the_cap_and_restores_the_rest():
   np.testing.assert_array_equal(out["masked_lm_ids"], [[10, 12, 13], [17, 0, 0]])
   np.testing.assert_array_equal(out["masked_lm_weights"], [[1, 1, 1], [1, 0, 0]])
   assert out["input_ids"][0, 5] == 15  # over the cap: back to the original token
+
+
+def test_ngram_lengths_follow_one_over_n():
+  """ALBERT, Lan et al. 2019, 4.1: p(n) = (1/n) / sum_k (1/k) for n = 1..3."""
+  lengths = masking.ngram_lengths(masking.uniform(_keys(1), 0, 200_000)[0], 3)
+  observed = np.bincount(lengths, minlength=4)[1:] / len(lengths)
+  np.testing.assert_allclose(observed, np.array([6, 3, 2]) / 11, atol=0.004)
+  assert lengths.min() == 1 and lengths.max() == 3
+
+
+def _albert_scan(lengths, budget, starts, ngram_len):
+  """google-research/albert `create_masked_lm_predictions`' loop (python reference) over word lengths:
+  every word once as an n-gram start, shortened to fit the budget, skipped when it overlaps."""
+  taken, count, grams = set(), 0, []
+  for r, start in enumerate(starts):
+    if count >= budget:
+      break
+    words = list(range(start, min(start + ngram_len[r], len(lengths))))
+    while len(words) > 1 and count + lengths[words].sum() > budget:  # "trying shorter ngrams"
+      words.pop()
+    if count + lengths[words].sum() > budget or taken & set(words):
+      continue
+    taken, count = taken | set(words), count + lengths[words].sum()
+    grams.append(len(words))
+  return taken, grams
+
+
+@pytest.mark.parametrize("cap", [20, 80])
+def test_ngram_masking_is_the_albert_scan(cap):
+  ids, mask = _batch(n=128)
+  spec = _spec({"ngram_masking": True}, max_predictions=cap)
+  assert spec.scheme == "ngram"
+  keys = _keys(len(ids))
+  corrupted, is_masked = masking.mask_batch(ids, mask, keys, spec)
+  words = _words_of(ids, mask, spec)
+  budget = np.minimum(cap, np.maximum(1, np.rint(mask.sum(1) * 0.15)))
+  start_u = masking.uniform(keys, masking._CHOICE, ids.shape[1])  # the draws the scheme uses
+  ngram_len = masking.ngram_lengths(masking.uniform(keys, masking._SPAN_LENGTH, ids.shape[1]), 3)
+  all_grams = []
+  for i in range(len(ids)):
+    n_words = words[i].max() + 1
+    lengths = np.bincount(words[i][words[i] >= 0], minlength=n_words)
+    starts = np.argsort(np.where(np.arange(ids.shape[1]) < n_words, start_u[i], 2.0))[:n_words]
+    taken, grams = _albert_scan(lengths, budget[i], starts, ngram_len[i])
+    np.testing.assert_array_equal(is_masked[i][words[i] >= 0], np.isin(words[i][words[i] >= 0], list(taken)))
+    all_grams += grams
+  assert (is_masked.sum(1) <= budget).all()
+  assert is_masked.sum() > 0.9 * budget.sum()
+  assert not (is_masked & ~_candidates(ids, mask, spec)).any()
+  assert max(all_grams) == 3 and min(all_grams) == 1
+  assert abs((corrupted[is_masked] == MASK).mean() - 0.8) < 0.03   # 80/10/10 per token
+
+
+def test_ngram_lengths_in_the_masks():
+  """The first n-gram of each row is never shortened nor dropped: its lengths follow 1/n; none exceeds 3."""
+  n, length = 8192, 512
+  ids, mask = _batch(n=n, length=length, seed=3)
+  mask[:] = 1
+  ids = np.where(ids > SEP, ids - ids % 2, ids)   # one-piece words: n-gram length = its tokens
+  spec = _spec({"ngram_masking": True})
+  word_id, word_len = masking._words(ids, _candidates(ids, mask, spec), spec.word_start)
+  taken, gram_of_word = masking._choose_ngrams(word_len, masking.prediction_budget(ids, mask, spec), _keys(n), 3)
+  rows = np.nonzero(taken)[0]
+  grams, sizes = np.unique(rows * length + gram_of_word[taken], return_counts=True)
+  assert sizes.max() == 3
+  first = sizes[np.unique(grams // length, return_index=True)[1]]
+  np.testing.assert_allclose(np.bincount(first, minlength=4)[1:] / n, np.array([6, 3, 2]) / 11, atol=0.02)
+
+
+def test_at_most_one_scheme_switch():
+  with pytest.raises(ValueError, match="at most one"):
+    _spec({"span_masking": True, "ngram_masking": True})
+
+
+def test_span_boundaries_of_hand_made_rows():
+  #                  0  1  2  3  4  5  6  7  8  9
+  is_masked = np.array([[0, 1, 1, 1, 0, 1, 0, 0, 1, 1],    # two runs; the second ends at the last token
+                        [1, 0, 1, 1, 1, 1, 0, 0, 0, 0]], bool)  # a run at 0; cap 4 restores position 5
+  input_mask = np.array([[1] * 10, [1] * 7 + [0] * 3])
+  ids = np.arange(20).reshape(2, 10) + 10
+  out = masking.gather_predictions(ids, ids, is_masked, 4)
+  got = masking.span_boundaries(out["masked_lm_positions"], out["masked_lm_weights"], input_mask, max_offset=1)
+  np.testing.assert_array_equal(got["masked_lm_span_left"], [[0, 0, 0, 4], [0, 1, 1, 1]])
+  np.testing.assert_array_equal(got["masked_lm_span_right"], [[4, 4, 4, 6], [1, 5, 5, 5]])
+  np.testing.assert_array_equal(got["masked_lm_span_offset"], [[0, 1, 1, 0], [0, 0, 1, 1]])
+  assert all(v.dtype == np.int32 and v.shape == (2, 4) for v in got.values())
+  short = masking.gather_predictions(ids, ids, is_masked, 6)   # row 1 fills 5 slots of 6
+  last = masking.span_boundaries(short["masked_lm_positions"], short["masked_lm_weights"], input_mask, 9)
+  np.testing.assert_array_equal(last["masked_lm_span_right"][0, 4:], [9, 9])   # clipped: no token after 9
+  assert [v[1, 5] for v in last.values()] == [0, 0, 0]   # padding slot
+
+
+@pytest.mark.parametrize("scheme", ["span", "ngram", "token"])
+def test_span_boundaries_are_the_unmasked_neighbours_of_each_run(scheme):
+  ids, mask = _batch(n=256)
+  spec = _spec(max_predictions=20, scheme=scheme)
+  corrupted, is_masked = masking.mask_batch(ids, mask, _keys(len(ids)), spec)
+  out = masking.gather_predictions(corrupted, ids, is_masked, 20)
+  got = masking.span_boundaries(out["masked_lm_positions"], out["masked_lm_weights"], mask, max_offset=10)
+  left, right, offset = got["masked_lm_span_left"], got["masked_lm_span_right"], got["masked_lm_span_offset"]
+  rows, slots = np.nonzero(out["masked_lm_weights"])
+  position = out["masked_lm_positions"][rows, slots]
+  l, r = left[rows, slots], right[rows, slots]
+  assert (l < position).all() and (position < r).all()
+  for boundary in (l, r):   # unmasked real tokens
+    assert not is_masked[rows, boundary].any() and (mask[rows, boundary] == 1).all()
+  for i, a, b in zip(rows, l, r):   # the whole run between them is masked
+    assert is_masked[i, a + 1:b].all()
+  np.testing.assert_array_equal(offset[rows, slots], np.minimum(position - l - 1, 10))
+  padding = out["masked_lm_weights"] == 0
+  assert not left[padding].any() and not right[padding].any() and not offset[padding].any()
+  if scheme != "token":
+    assert (r - l - 1 > 1).mean() > 0.3   # multi-token runs occur

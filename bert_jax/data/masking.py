@@ -1,7 +1,9 @@
 """Dynamic masked-LM masking of whole batches with vectorised numpy.
 
-Three schemes choose what to predict: single tokens (Devlin et al. 2019, 3.1), whole words (the
-google-research/bert `--do_whole_word_mask` update) and SpanBERT spans (Joshi et al. 2020, 3.1).
+Four schemes choose what to predict: single tokens (Devlin et al. 2019, 3.1), whole words (the
+google-research/bert `--do_whole_word_mask` update), SpanBERT spans (Joshi et al. 2020, 3.1) and
+ALBERT n-grams (Lan et al. 2019, 4.1). `span_boundaries` gives the inputs of SpanBERT's span
+boundary objective for the chosen tokens of any scheme.
 Chosen tokens become [MASK], a random token or stay themselves (80/10/10 by default). By default
 the choices are those of google-research/bert `create_masked_lm_predictions`: any real token but
 [CLS] and [SEP] may be chosen ([UNK] too, and a [MASK] or [PAD] id found in the text is an ordinary
@@ -21,6 +23,7 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 # Streams: independent counters under one example key.
 _CHOICE, _ACTION, _RANDOM_ID, _SPAN_LENGTH, _SPAN_ANCHOR = range(5)
+_BLOCK = 32  # span rounds whose random draws are made at once
 
 
 def _mix(z: np.ndarray) -> np.ndarray:
@@ -49,6 +52,8 @@ def uniform(keys: np.ndarray, stream: int, width: int, offset: int = 0) -> np.nd
 
 BUDGETS = ("all_tokens", "maskable_tokens")
 RANDOM_TOKEN_POOLS = ("vocab", "non_special")
+# The data config's switch for each scheme but "token" (the default).
+SCHEME_SWITCHES = {"word": "whole_word_masking", "span": "span_masking", "ngram": "ngram_masking"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,9 +71,10 @@ class MaskingSpec:
   max_predictions: int = 20
   mask_token_prob: float = 0.8  # 80/10/10 as in Devlin et al. 2019, 3.1
   random_token_prob: float = 0.1
-  scheme: str = "token"         # "token" | "word" | "span"
+  scheme: str = "token"         # "token" | "word" | "span" | "ngram"
   span_p: float = 0.2           # SpanBERT: span length in words ~ Geo(0.2) truncated at 10
   span_max_length: int = 10
+  ngram_max_length: int = 3     # ALBERT: n-grams of 1..3 words, p(n) proportional to 1/n
   budget: str = "all_tokens"    # BUDGETS: what round(n * masked_lm_prob) counts
 
   @classmethod
@@ -83,8 +89,11 @@ class MaskingSpec:
     is_special[np.asarray(tokenizer.special_ids)] = True
     never_mask = np.zeros_like(is_special)
     never_mask[[tokenizer.cls_id, tokenizer.sep_id]] = True
+    schemes = [scheme for scheme, switch in SCHEME_SWITCHES.items() if c[switch]]
+    if len(schemes) > 1:
+      raise ValueError(f"set at most one of data.{', data.'.join(SCHEME_SWITCHES.values())}; got {schemes}")
     pool = np.arange(tokenizer.vocab_size) if c.random_token_pool == "vocab" else np.flatnonzero(~is_special)
-    scheme = "span" if c.span_masking else "word" if c.whole_word_masking else "token"
+    scheme = schemes[0] if schemes else "token"
     return cls(mask_id=tokenizer.mask_id, never_mask=never_mask if c.mask_unk else is_special,
                word_start=np.asarray(tokenizer.word_start_table(), bool), random_ids=pool.astype(np.int32),
                masked_lm_prob=c.masked_lm_prob, max_predictions=c.max_predictions_per_seq,
@@ -129,9 +138,10 @@ def mask_batch(input_ids: np.ndarray, input_mask: np.ndarray, keys: np.ndarray, 
   else:
     word_id, word_len = _words(input_ids, candidates, spec.word_start)
     word_index = np.maximum(word_id, 0)
-    if spec.scheme == "word":
-      word_taken = _choose_words(word_len, budget, keys)
-      action_u = uniform(keys, _ACTION, length)  # per token, as google-research/bert
+    if spec.scheme in ("word", "ngram"):
+      word_taken = (_choose_words(word_len, budget, keys) if spec.scheme == "word"
+                    else _choose_ngrams(word_len, budget, keys, spec.ngram_max_length)[0])
+      action_u = uniform(keys, _ACTION, length)  # per token, as google-research/bert and /albert
     else:
       word_taken, span_of_word = _choose_spans(word_len, budget, keys, spec)
       span_id = np.take_along_axis(span_of_word, word_index, 1)  # per span, as SpanBERT
@@ -204,34 +214,79 @@ def span_lengths(u: np.ndarray, p: float, max_length: int) -> np.ndarray:
 def _choose_spans(word_len, budget, keys, spec):
   """SpanBERT: repeatedly a span length (in words) and a random starting word not yet masked.
 
-  A span takes its words in order while they fit the budget (never part of a word). Returns the
+  A span takes its free words in order while they fit the budget (never part of a word). Returns the
   taken words and, per word, the round (span) that took it, for the per-span 80/10/10 decision.
-  Each round looks only at the `span_max_length` words after each row's anchor.
+  """
+  n_words = (word_len > 0).sum(1)[:, None]
+
+  def draw(r):
+    anchor = (uniform(keys, _SPAN_ANCHOR, _BLOCK, offset=r) * n_words).astype(np.int64)
+    length = span_lengths(uniform(keys, _SPAN_LENGTH, _BLOCK, offset=r), spec.span_p, spec.span_max_length)
+    return np.minimum(anchor, np.maximum(n_words - 1, 0)), length
+
+  max_rounds = 8 * spec.max_predictions + 64  # it ends far sooner
+  return _grow_spans(word_len, budget, draw, spec.span_max_length, max_rounds, drop_overlapping=False)
+
+
+def ngram_lengths(u: np.ndarray, max_n: int) -> np.ndarray:
+  """Inverse CDF of p(n) = (1/n) / sum_k 1/k on 1..max_n (ALBERT, Lan et al. 2019, 4.1)."""
+  cdf = np.cumsum(1.0 / np.arange(1, max_n + 1))
+  return np.minimum(np.searchsorted(cdf / cdf[-1], u, side="right") + 1, max_n).astype(np.int64)
+
+
+def _choose_ngrams(word_len, budget, keys, max_n):
+  """ALBERT n-grams: google-research/albert `create_masked_lm_predictions` (`ngram=3`,
+  `favor_shorter_ngram=True`, `do_whole_word_mask=True`), which this follows step by step.
+
+  Every word is an n-gram start once, in a random order (the shuffled `ngram_indexes`). At each
+  start n ~ p(n) (`ngram_lengths`); the n-gram is the next n words, fewer at the row's last word;
+  while it overflows the budget it is shortened word by word, and it is skipped when even its
+  first word does not fit or when any of its words is already taken: n-grams never overlap (the
+  reference's first "covered" check is a no-op; only the check after shortening acts). Words are
+  counted across [SEP], as the reference's candidate list skips [CLS] and [SEP], so an n-gram may
+  end a segment and begin the next. Returns what `_choose_spans` returns.
   """
   n, width = word_len.shape
-  max_len = spec.span_max_length
-  n_words = (word_len > 0).sum(1)
+  order = np.argsort(np.where(word_len > 0, uniform(keys, _CHOICE, width), 2.0), 1)
+  order = np.pad(order, ((0, 0), (0, _BLOCK)), constant_values=width)  # past the last word: no word
+
+  def draw(r):
+    return order[:, r:r + _BLOCK], ngram_lengths(uniform(keys, _SPAN_LENGTH, _BLOCK, offset=r), max_n)
+
+  max_rounds = int((word_len > 0).sum(1).max(initial=0))  # one round per start
+  return _grow_spans(word_len, budget, draw, max_n, max_rounds, drop_overlapping=True)
+
+
+def _grow_spans(word_len, budget, draw, max_len, max_rounds, drop_overlapping):
+  """One span per row and round: from word anchor[r] over length[r] words, where `draw(r)` gives the
+  [n, _BLOCK] anchors and lengths of rounds r.., keeping the longest prefix that fits the budget.
+
+  A word already taken is passed over from a free anchor (SpanBERT), or, with `drop_overlapping`,
+  the span is dropped whole (ALBERT). Each round looks only at the `max_len` words after each
+  row's anchor. Returns the taken words [n, W] and, per word, the round that took it.
+  """
+  n, width = word_len.shape
   rows, window = np.arange(n)[:, None], np.arange(max_len)[None, :]
   lengths = np.zeros((n, width + max_len), word_len.dtype)  # padded: windows never run off
   lengths[:, :width] = word_len
   taken = np.zeros(lengths.shape, bool)
   span_of_word = np.zeros(lengths.shape, np.int64)
   remaining = budget.copy()
-  max_rounds, block = 8 * spec.max_predictions + 64, 32  # it ends far sooner
   for r in range(max_rounds):
-    if r % block == 0:  # random draws for the next rounds
-      length_u = uniform(keys, _SPAN_LENGTH, block, offset=r)
-      anchor_u = uniform(keys, _SPAN_ANCHOR, block, offset=r)
+    if r % _BLOCK == 0:
+      anchor, span = draw(r)
     if r % 8 == 0:  # rows where some free word still fits; stale for at most 7 rounds
       active = (~taken & (lengths > 0) & (lengths <= remaining[:, None])).any(1)
       if not active.any():
         break
-    anchor = np.minimum((anchor_u[:, r % block] * n_words).astype(np.int64), np.maximum(n_words - 1, 0))
-    span = span_lengths(length_u[:, r % block], spec.span_p, max_len)
-    cols = anchor[:, None] + window
+    cols = anchor[:, r % _BLOCK, None] + window
     lens, was_taken = lengths[rows, cols], taken[rows, cols]
-    in_span = ~was_taken & (lens > 0) & (window < span[:, None]) & (active & ~was_taken[:, 0])[:, None]
+    in_span = (lens > 0) & (window < span[:, r % _BLOCK, None]) & active[:, None]
+    if not drop_overlapping:
+      in_span &= ~was_taken & ~was_taken[:, :1]
     take = in_span & (np.cumsum(np.where(in_span, lens, 0), 1) <= remaining[:, None])
+    if drop_overlapping:
+      take &= ~(take & was_taken).any(1, keepdims=True)
     taken[rows, cols] = was_taken | take
     span_of_word[rows, cols] = np.where(take, r, span_of_word[rows, cols])
     remaining -= np.where(take, lens, 0).sum(1)
@@ -269,3 +324,40 @@ def gather_predictions(input_ids, original_ids, is_masked, max_predictions: int)
   weights[rows, slots] = 1.0
   return {"input_ids": input_ids.astype(np.int32), "masked_lm_positions": positions,
           "masked_lm_ids": ids, "masked_lm_weights": weights}
+
+
+def span_boundaries(masked_lm_positions, masked_lm_weights, input_mask, max_offset: int) -> dict:
+  """Inputs of SpanBERT's span boundary objective (Joshi et al. 2020, 3.2) for each prediction slot.
+
+  A token x_i of the span x_s..x_e is predicted from the encoder outputs at s - 1 and e + 1 and an
+  embedding of i - s. A span here is a maximal run of contiguous predicted positions (the slots with
+  weight > 0 of `gather_predictions`, so after its cap): two chosen spans that touch merge into one,
+  and the tokens of any scheme form such runs. [CLS] and [SEP] are never chosen, so in pipeline rows
+  (packed or not) s - 1 and e + 1 are unmasked real tokens of the same example, [CLS] or [SEP] at a
+  segment's edge. A run that starts at position 0 or ends at the row's last real token (hand-made
+  rows only) has no such neighbour: its left boundary is clipped to 0, its right one to the last
+  real token, both then inside the run.
+
+  Args:
+    masked_lm_positions, masked_lm_weights: [B, P], as `gather_predictions` returns them.
+    input_mask: int [B, L].
+    max_offset: i - s is clipped to it (a relative position table of max_offset + 1 rows).
+
+  Returns:
+    int32 [B, P] `masked_lm_span_left` (s - 1), `masked_lm_span_right` (e + 1) and
+    `masked_lm_span_offset` (i - s); 0 in padding slots.
+  """
+  n, length = input_mask.shape
+  valid = masked_lm_weights > 0
+  is_masked = np.zeros((n, length), bool)
+  is_masked[np.nonzero(valid)[0], masked_lm_positions[valid]] = True
+  j = np.arange(length)
+  before = np.maximum.accumulate(np.where(is_masked, -1, j), 1)  # last unmasked position <= j, or -1
+  after = np.minimum.accumulate(np.where(is_masked, length, j)[:, ::-1], 1)[:, ::-1]  # first >= j, or L
+  left = np.take_along_axis(before, masked_lm_positions, 1)
+  right = np.take_along_axis(after, masked_lm_positions, 1)
+  last_real = length - 1 - np.argmax(input_mask[:, ::-1] > 0, 1)
+  out = {"masked_lm_span_left": np.maximum(left, 0),
+         "masked_lm_span_right": np.minimum(right, last_real[:, None]),
+         "masked_lm_span_offset": np.minimum(masked_lm_positions - left - 1, max_offset)}
+  return {name: np.where(valid, value, 0).astype(np.int32) for name, value in out.items()}
