@@ -9,6 +9,7 @@ Output (read by `input_pipeline.py`):
                                       `sentence_lengths` (tokens per sentence)
   DIR/eval-00000-of-000NN.tfrecord    same, when an eval split is asked for
   DIR/vocab.txt or DIR/spm.model      the tokenizer, so `tokenizer.load_tokenizer(DIR)` works
+    or DIR/vocab.json + merges.txt    (byte-level BPE)
   DIR/stats.json                      documents, sentences, tokens, per-shard counts and bytes (the
                                       reader checks every shard against them), bad input
   DIR/.prepare/                       the settings used and one record per finished shard task
@@ -45,12 +46,15 @@ from bert_jax.data import vocab_training
 _INPUT = flags.DEFINE_string("input", None,
                              "Corpus spec: file/glob/dir, tfds:name:split:key or embedded:shakespeare.")
 _OUTPUT_DIR = flags.DEFINE_string("output_dir", None, "Where shards, tokenizer and stats.json go.")
-_VOCAB_FILE = flags.DEFINE_string("vocab_file", None, "WordPiece vocab.txt or SentencePiece .model; "
+_VOCAB_FILE = flags.DEFINE_string("vocab_file", None, "WordPiece vocab.txt, SentencePiece .model, byte-level "
+                                  "BPE vocab.json (merges.txt beside it) or a directory holding one; "
                                   "when absent, one is trained on a sample of the corpus.")
 _DO_LOWER_CASE = flags.DEFINE_bool("do_lower_case", True, "Lowercase (and strip accents for WordPiece).")
 _VOCAB_SIZE = flags.DEFINE_integer("vocab_size", 30522, "Vocabulary size to train when no --vocab_file.")
-_VOCAB_MODEL = flags.DEFINE_enum("vocab_model", "wordpiece", ["wordpiece", "unigram", "bpe"],
-                                 "Vocabulary to train when no --vocab_file.")
+_VOCAB_MODEL = flags.DEFINE_enum("vocab_model", "wordpiece", list(vocab_training.VOCAB_MODELS),
+                                 "Vocabulary to train when no --vocab_file: wordpiece, SentencePiece "
+                                 "unigram or bpe, or byte_bpe (byte-level BPE as RoBERTa; cased, "
+                                 "--do_lower_case does not apply).")
 _NUM_SHARDS = flags.DEFINE_integer("num_shards", None, "Output shards (default: about 64 MiB of input each).")
 _NUM_WORKERS = flags.DEFINE_integer("num_workers", None, "Worker processes (default: all cores).")
 _EVAL_FRACTION = flags.DEFINE_float("eval_fraction", 0.0, "Fraction of documents held out as eval.")
@@ -179,23 +183,14 @@ def _ensure_tokenizer(spec, output_dir, vocab_file, do_lower_case, vocab_size, v
   """Puts the tokenizer file in `output_dir` (copied, reused from a previous run, or trained)."""
   if vocab_file:
     return tokenization.load_tokenizer(vocab_file, do_lower_case).save(output_dir)
-  for name in (tokenization.VOCAB_FILE, tokenization.SPM_FILE):
+  for name in vocab_training.TRAINED_FILES:
     if os.path.exists(os.path.join(output_dir, name)):
       logging.info("Reusing the tokenizer trained by a previous run: %s", name)
       return os.path.join(output_dir, name)
   logging.info("Training a %s vocabulary of %d on up to %d sentences of %s", vocab_model, vocab_size,
                sample_sentences, spec)
   sample = _sample_sentences(spec, data_dir, text_key, sample_sentences)
-  if vocab_model == "wordpiece":
-    tmp = os.path.join(output_dir, tokenization.VOCAB_FILE + ".tmp")
-    vocab_training.train_wordpiece(sample, vocab_size, tmp, do_lower_case=do_lower_case)
-    os.replace(tmp, os.path.join(output_dir, tokenization.VOCAB_FILE))
-    return os.path.join(output_dir, tokenization.VOCAB_FILE)
-  prefix = os.path.join(output_dir, "spm.tmp")
-  vocab_training.train_sentencepiece(sample, prefix, vocab_size, vocab_model, do_lower_case=do_lower_case)
-  os.replace(prefix + ".model", os.path.join(output_dir, tokenization.SPM_FILE))
-  os.remove(prefix + ".vocab")
-  return os.path.join(output_dir, tokenization.SPM_FILE)
+  return vocab_training.train(vocab_model, sample, vocab_size, output_dir, do_lower_case)
 
 
 def _sample_sentences(spec, data_dir, text_key, limit) -> list[str]:
@@ -362,6 +357,7 @@ def _summarize(results, counters, tokenizer_file, do_lower_case, settings) -> di
   shards = {name: c for r in sorted(results, key=lambda r: r["task"]) for name, c in r["shards"].items()}
   for r in results:
     counters.update(r["counters"])
+  tokenizer = tokenization.load_tokenizer(tokenizer_file, do_lower_case)
   splits = {}
   for name, c in sorted(shards.items()):
     split = splits.setdefault(name.split("-")[0], collections.Counter())
@@ -375,9 +371,9 @@ def _summarize(results, counters, tokenizer_file, do_lower_case, settings) -> di
       "shards": {n: {k: c.get(k, 0) for k in ("documents", "sentences", "tokens")}
                     | ({"bytes": c["bytes"]} if "bytes" in c else {}) for n, c in shards.items()},
       "bad_input": {k: counters.get(k, 0) for k in corpus.COUNTERS + ("empty_sentences",)},
-      "tokenizer": "wordpiece" if tokenizer_file.endswith(tokenization.VOCAB_FILE) else "sentencepiece",
+      "tokenizer": tokenizer.kind,
       "tokenizer_file": os.path.basename(tokenizer_file),
-      "vocab_size": tokenization.load_tokenizer(tokenizer_file, do_lower_case).vocab_size,
+      "vocab_size": tokenizer.vocab_size,
       "do_lower_case": do_lower_case,
       "settings": settings,
       # Time inside shard tasks, summed over workers (excludes process start-up and TF import).

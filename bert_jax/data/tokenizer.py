@@ -1,4 +1,4 @@
-"""WordPiece and SentencePiece tokenizers and the special tokens.
+"""WordPiece and SentencePiece tokenizers, the special tokens and the input layout; `load_tokenizer`.
 
 WordPiece follows google-research/bert `tokenization.py` and Hugging Face `BertTokenizer` exactly
 (clean text, split CJK ideographs, lowercase + strip accents when uncased, split punctuation, greedy
@@ -7,12 +7,14 @@ longest-match-first with `##`, words over 100 characters -> [UNK]). `basic_token
 them through `tensorflow_text.FastBertTokenizer` (LinMaxMatch, Song et al. 2021), after cheap
 rewrites where the two would differ (`_fast_form`); the rare text it cannot rewrite takes the
 Python path. Tests hold both paths to Hugging Face's ids and to each other.
-Vocabularies are trained by `bert_jax.data.vocab_training`.
+SentencePiece preprocesses text as Hugging Face's `AlbertTokenizer`. Byte-level BPE (RoBERTa) lives in
+`bert_jax.data.bpe`. Vocabularies are trained by `bert_jax.data.vocab_training`.
 
-    tok = load_tokenizer("vocab.txt")                 # or "spm.model", or a directory holding one
+    tok = load_tokenizer("vocab.txt")   # or "spm.model", "vocab.json" (+ merges.txt), or a directory
     ids, segment_ids = tok.encode_pair("A b.", "C d.", max_length=128)
 """
 
+import json
 import os
 import re
 import shutil
@@ -32,12 +34,14 @@ _SPECIAL_ALIASES = {PAD: ("[PAD]", "<pad>"), UNK: ("[UNK]", "<unk>"), CLS: ("[CL
                     SEP: ("[SEP]",), MASK: ("[MASK]", "<mask>")}
 MAX_CHARS_PER_WORD = 100  # google-research/bert `WordpieceTokenizer.max_input_chars_per_word`
 VOCAB_FILE, SPM_FILE = "vocab.txt", "spm.model"
+BPE_VOCAB_FILE, MERGES_FILE = "vocab.json", "merges.txt"  # byte-level BPE, as Hugging Face names them
+TOKENIZER_CONFIG = "tokenizer_config.json"  # Hugging Face's settings beside the vocabulary
 
 
-def _resolve_special_ids(lookup) -> dict:
+def _resolve_special_ids(lookup, aliases_of: dict) -> dict:
   """{token: id} for the five specials; `lookup(piece)` returns an id or None."""
   ids = {}
-  for token, aliases in _SPECIAL_ALIASES.items():
+  for token, aliases in aliases_of.items():
     found = [i for i in (lookup(a) for a in aliases) if i is not None]
     if not found:
       raise ValueError(f"vocabulary has no {token} (tried {aliases})")
@@ -46,13 +50,14 @@ def _resolve_special_ids(lookup) -> dict:
 
 
 class _Tokenizer:
-  """What WordPiece and SentencePiece share: special ids, pairs, the word-start table."""
+  """What every tokenizer shares: special ids, the input layout, pairs, the word-start table."""
 
+  kind: str  # "wordpiece", "sentencepiece" or "byte_bpe": what `prepare` records
   vocab_size: int
   do_lower_case: bool
 
-  def _set_specials(self, lookup):
-    ids = _resolve_special_ids(lookup)
+  def _set_specials(self, lookup, aliases_of: dict = _SPECIAL_ALIASES):
+    ids = _resolve_special_ids(lookup, aliases_of)
     self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (ids[t] for t in SPECIAL_TOKENS)
     self.special_ids = np.array(sorted(set(ids.values())), np.int32)
 
@@ -60,20 +65,27 @@ class _Tokenizer:
     """Token ids of `text`, without [CLS]/[SEP]."""
     return self.convert_tokens_to_ids(self.tokenize(text))
 
-  def encode_pair(self, text_a: str, text_b: str | None = None, max_length: int | None = None):
-    """`[CLS] A [SEP] B [SEP]` ids and segment ids (0 for A, 1 for B), longest-first truncation."""
-    a = self.encode(text_a)
-    b = self.encode(text_b) if text_b is not None else []
-    if max_length is not None:
-      budget = max_length - (3 if text_b is not None else 2)
-      while len(a) + len(b) > budget:  # as google-research/bert `_truncate_seq_pair`
-        (a if len(a) > len(b) else b).pop()
+  def build_inputs(self, a: list[int], b: list[int] | None = None) -> tuple[list[int], list[int]]:
+    """The model input around token ids: `[CLS] A [SEP] B [SEP]`, segment ids 0 for A, 1 for B.
+
+    The one place a tokenizer family's layout is written (RoBERTa's: `bert_jax.data.bpe`).
+    """
     ids = [self.cls_id] + a + [self.sep_id]
     segment_ids = [0] * len(ids)
-    if text_b is not None:
+    if b is not None:
       ids += b + [self.sep_id]
       segment_ids += [1] * (len(b) + 1)
     return ids, segment_ids
+
+  def encode_pair(self, text_a: str, text_b: str | None = None, max_length: int | None = None):
+    """`build_inputs` of one or two texts (ids, segment ids), longest-first truncation to `max_length`."""
+    a = self.encode(text_a)
+    b = self.encode(text_b) if text_b is not None else None
+    if max_length is not None:
+      budget = max_length - len(self.build_inputs([], None if b is None else [])[0])
+      while len(a) + len(b or []) > budget:  # as google-research/bert `_truncate_seq_pair`
+        (a if len(a) > len(b or []) else b).pop()
+    return self.build_inputs(a, b)
 
   def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
     ids = [int(i) for i in ids]
@@ -232,6 +244,8 @@ _DETOKENIZE = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"),
 class WordPieceTokenizer(_Tokenizer):
   """BERT WordPiece from a `vocab.txt` (one token per line, id = line number)."""
 
+  kind = "wordpiece"
+
   def __init__(self, vocab_file: str, do_lower_case: bool = True):
     self.vocab_file = str(vocab_file)
     self.do_lower_case = do_lower_case
@@ -311,7 +325,7 @@ class WordPieceTokenizer(_Tokenizer):
     return self.vocab_file
 
   def save(self, directory: str) -> str:
-    return _copy_into(directory, self.vocab_file, VOCAB_FILE)
+    return copy_into(directory, self.vocab_file, VOCAB_FILE)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -319,36 +333,71 @@ class WordPieceTokenizer(_Tokenizer):
 
 
 class SentencePieceTokenizer(_Tokenizer):
-  """A SentencePiece model (unigram or BPE); lowercases first when `do_lower_case` (as ALBERT)."""
+  """A SentencePiece model (unigram or BPE), with Hugging Face `AlbertTokenizer`'s preprocessing.
 
-  def __init__(self, model_file: str, do_lower_case: bool = True):
+  Args:
+    do_lower_case: lowercase the text first.
+    keep_accents: False drops accents (NFKD, combining marks removed), as ALBERT's default;
+      `load_tokenizer` reads it from a tokenizer_config.json beside the model.
+    remove_space: strip the text and collapse its runs of whitespace into one space.
+  """
+
+  kind = "sentencepiece"
+
+  def __init__(self, model_file: str, do_lower_case: bool = True, keep_accents: bool = True,
+               remove_space: bool = True):
     import sentencepiece as spm  # pylint: disable=g-import-not-at-top
 
     self.model_file = str(model_file)
-    self.do_lower_case = do_lower_case
+    self.do_lower_case, self.keep_accents, self.remove_space = do_lower_case, keep_accents, remove_space
     self.sp = spm.SentencePieceProcessor(model_file=self.model_file)
     self.vocab_size = self.sp.get_piece_size()
     self._set_specials(self._piece_id)
+    # Ids after which `_split_digit_comma` may change the pieces: encode those texts piece by piece.
+    pieces = self.convert_ids_to_tokens(range(self.vocab_size))
+    self._resplit = np.array([len(p) > 1 and p[-1] == "," and p[-2].isdigit() for p in pieces])
+    self._resplit[self.unk_id] = True  # an unknown piece's text is only seen piece by piece
 
   def _piece_id(self, piece: str):
     i = self.sp.piece_to_id(piece)
     return i if self.sp.id_to_piece(i) == piece else None  # unknown pieces map to unk_id
 
   def _prepare(self, text: str) -> str:
+    """`AlbertTokenizer.preprocess_text`."""
+    if self.remove_space:
+      text = " ".join(text.strip().split())
+    text = text.replace("``", '"').replace("''", '"')
+    if not self.keep_accents:
+      text = "".join(c for c in unicodedata.normalize("NFKD", text) if not unicodedata.combining(c))
     return text.lower() if self.do_lower_case else text
 
+  def _split_digit_comma(self, piece: str) -> list[str]:
+    """`AlbertTokenizer._tokenize`: "9," is split off its comma (`9,9` -> `▁9 , 9`, as the
+    google-research/bert README's SentencePiece note)."""
+    if len(piece) < 2 or piece[-1] != "," or not piece[-2].isdigit():
+      return [piece]
+    pieces = self.sp.encode(piece[:-1].replace("\u2581", ""), out_type=str)
+    if piece[0] != "\u2581" and pieces[0][0] == "\u2581":
+      pieces = pieces[1:] if len(pieces[0]) == 1 else [pieces[0][1:]] + pieces[1:]
+    return pieces + [","]
+
+  def _pieces(self, prepared: str) -> list[str]:
+    return [q for p in self.sp.encode(prepared, out_type=str) for q in self._split_digit_comma(p)]
+
   def tokenize(self, text: str) -> list[str]:
-    return self.sp.encode(self._prepare(text), out_type=str)
+    return self._pieces(self._prepare(text))
 
   def encode(self, text: str) -> list[int]:
-    return self.sp.encode(self._prepare(text))
+    return self._encode_prepared([self._prepare(text)])[0]
+
+  def _encode_prepared(self, texts: list[str]) -> list[list[int]]:
+    per_text = self.sp.encode(texts)  # by ids, in C++; piece by piece only where the rule may apply
+    return [self.convert_tokens_to_ids(self._pieces(t)) if self._resplit[ids].any() else ids
+            for t, ids in zip(texts, per_text)]
 
   def encode_batch(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     """As `WordPieceTokenizer.encode_batch`."""
-    per_text = self.sp.encode([self._prepare(t) for t in texts])
-    lengths = np.array([len(c) for c in per_text], np.int64)
-    ids = np.fromiter((i for c in per_text for i in c), np.int32, int(lengths.sum()))
-    return ids, lengths
+    return concatenate(self._encode_prepared([self._prepare(t) for t in texts]))
 
   def convert_tokens_to_ids(self, tokens: Sequence[str]) -> list[int]:
     return [self.sp.piece_to_id(t) for t in tokens]
@@ -370,11 +419,17 @@ class SentencePieceTokenizer(_Tokenizer):
     return self.model_file
 
   def save(self, directory: str) -> str:
-    return _copy_into(directory, self.model_file, SPM_FILE)
+    return copy_into(directory, self.model_file, SPM_FILE)
 
 
-def _copy_into(directory: str, source: str, name: str) -> str:
-  """Copies a tokenizer's file into `directory` as `name` (`save` of both tokenizers); returns the copy."""
+def concatenate(per_text: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+  """`encode_batch`'s result from each text's ids: (ids int32 [total], lengths int64 [texts])."""
+  lengths = np.array([len(c) for c in per_text], np.int64)
+  return np.fromiter((i for c in per_text for i in c), np.int32, int(lengths.sum())), lengths
+
+
+def copy_into(directory: str, source: str, name: str) -> str:
+  """Copies a tokenizer's file into `directory` as `name` (the tokenizers' `save`); returns the copy."""
   os.makedirs(directory, exist_ok=True)
   dest = os.path.join(directory, name)
   if os.path.abspath(dest) != os.path.abspath(source):
@@ -383,33 +438,68 @@ def _copy_into(directory: str, source: str, name: str) -> str:
 
 
 def load_tokenizer(path: str, do_lower_case: bool = True):
-  """`vocab.txt` -> WordPiece, `*.model` -> SentencePiece, a directory -> the one file it holds.
+  """`vocab.txt` -> WordPiece, `*.model` -> SentencePiece, `vocab.json` (`merges.txt` beside it) ->
+  byte-level BPE; a directory -> the first of those it holds.
 
-  Remote paths (`gs://...`, anything with a scheme) are copied to a local temporary directory first.
+  A tokenizer_config.json beside the file gives SentencePiece's `keep_accents` and `remove_space` and
+  the BPE's settings. Byte-level BPE is cased by design (RoBERTa, GPT-2): `do_lower_case` does not
+  apply to it. Remote paths (`gs://...`, anything with a scheme) are copied to local disk first.
   """
   path = str(path)
   if "://" in path:
     path = _localize(path)
   if os.path.isdir(path):
-    candidates = [os.path.join(path, VOCAB_FILE)] + sorted(
-        os.path.join(path, f) for f in os.listdir(path) if f.endswith(".model"))
-    found = [c for c in candidates if os.path.isfile(c)]
-    if not found:
-      raise FileNotFoundError(f"{path} holds neither {VOCAB_FILE} nor a SentencePiece *.model")
-    path = found[0]
+    path = _tokenizer_file(path)
   if path.endswith(".model"):
-    return SentencePieceTokenizer(path, do_lower_case)
+    return SentencePieceTokenizer(path, do_lower_case, **_sentencepiece_options(os.path.dirname(path)))
+  if path.endswith(".json"):
+    from bert_jax.data import bpe  # pylint: disable=g-import-not-at-top
+    return bpe.load(path)
   return WordPieceTokenizer(path, do_lower_case)
 
 
+def _tokenizer_file(directory: str) -> str:
+  names = set(os.listdir(directory))
+  candidates = [VOCAB_FILE] + sorted(n for n in names if n.endswith(".model"))
+  candidates += [BPE_VOCAB_FILE] if MERGES_FILE in names else []
+  found = [os.path.join(directory, n) for n in candidates if os.path.isfile(os.path.join(directory, n))]
+  if not found:
+    raise FileNotFoundError(
+        f"{directory} holds no {VOCAB_FILE}, SentencePiece *.model or {BPE_VOCAB_FILE} + {MERGES_FILE}")
+  return found[0]
+
+
+def read_tokenizer_config(directory: str) -> dict:
+  """The tokenizer_config.json in `directory`, {} without one."""
+  path = os.path.join(directory, TOKENIZER_CONFIG)
+  if not os.path.isfile(path):
+    return {}
+  with open(path, encoding="utf-8") as f:
+    return json.load(f)
+
+
+def _sentencepiece_options(directory: str) -> dict:
+  """`AlbertTokenizer`'s settings in Hugging Face's tokenizer_config.json; an ALBERT config without
+  `keep_accents` means its default (False). Our own models have no such config and keep accents."""
+  config = read_tokenizer_config(directory)
+  albert = str(config.get("tokenizer_class", "")).startswith("Albert")
+  return {"keep_accents": bool(config.get("keep_accents", not albert)),
+          "remove_space": bool(config.get("remove_space", True))}
+
+
 def _localize(path: str) -> str:
-  """Copies a remote tokenizer file (or a directory's vocab.txt / *.model) to local disk."""
+  """Copies a remote tokenizer file (with merges.txt and tokenizer_config.json beside it), or a
+  directory's tokenizer files, to local disk."""
   tf = host_env.import_tensorflow()   # only for remote file systems
   gfile = tf.io.gfile
-  names = [path]
   if gfile.isdir(path):
-    names = [os.path.join(path, f) for f in gfile.listdir(path) if f == VOCAB_FILE or f.endswith(".model")]
+    wanted = (VOCAB_FILE, BPE_VOCAB_FILE, MERGES_FILE, TOKENIZER_CONFIG)
+    names = [f.rstrip("/") for f in gfile.listdir(path)]
+    sources = [os.path.join(path, f) for f in names if f in wanted or f.endswith(".model")]
+  else:
+    beside = [os.path.join(os.path.dirname(path), f) for f in (MERGES_FILE, TOKENIZER_CONFIG)]
+    sources = [path] + [f for f in beside if gfile.exists(f)]
   local = tempfile.mkdtemp(prefix="bert_jax_tokenizer-")
-  for name in names:
-    gfile.copy(name, os.path.join(local, os.path.basename(name.rstrip("/"))), overwrite=True)
-  return local if len(names) != 1 or gfile.isdir(path) else os.path.join(local, os.path.basename(path))
+  for source in sources:
+    gfile.copy(source, os.path.join(local, os.path.basename(source)), overwrite=True)
+  return local if gfile.isdir(path) else os.path.join(local, os.path.basename(path))

@@ -1,20 +1,52 @@
-"""Vocabulary training: SentencePiece models and WordPiece vocabularies for `bert_jax.data.tokenizer`.
+"""Vocabulary training: WordPiece, SentencePiece and byte-level BPE for `bert_jax.data.tokenizer`.
 
-Both put the special tokens first ([PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4), so every model and
-pipeline stage finds them at the same ids.
+WordPiece and SentencePiece put BERT's special tokens first ([PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4),
+byte-level BPE RoBERTa's (<s>=0 <pad>=1 </s>=2 <unk>=3 <mask>=4); every model and pipeline stage
+resolves them through the tokenizer. `train` is the one place a vocabulary kind is chosen.
 
     path = train_wordpiece(sentences, vocab_size=30522, out_file="vocab.txt")
     model = train_sentencepiece(sentences, "spm", vocab_size=32000, model_type="unigram")
+    vocab_json = train_byte_level_bpe(sentences, vocab_size=50265, out_dir="bpe")   # + merges.txt
 """
 
 import collections
 import heapq
 import os
 import re
+import shutil
 import tempfile
 from typing import Iterable
 
-from bert_jax.data.tokenizer import CLS, MASK, PAD, SEP, SPECIAL_TOKENS, UNK, VOCAB_FILE, basic_tokenize
+from bert_jax.data import bpe
+from bert_jax.data.tokenizer import (BPE_VOCAB_FILE, CLS, MASK, MERGES_FILE, PAD, SEP, SPECIAL_TOKENS,
+                                     SPM_FILE, UNK, VOCAB_FILE, basic_tokenize)
+
+# wordpiece; SentencePiece unigram or bpe; byte_bpe: byte-level BPE as RoBERTa and GPT-2.
+VOCAB_MODELS = ("wordpiece", "unigram", "bpe", "byte_bpe")
+TRAINED_FILES = (VOCAB_FILE, SPM_FILE, BPE_VOCAB_FILE)  # what `train` writes, one per kind
+
+
+def train(vocab_model: str, sentences: Iterable[str], vocab_size: int, output_dir: str,
+          do_lower_case: bool = True) -> str:
+  """Trains a `vocab_model` vocabulary into `output_dir` (vocab.txt, spm.model, or vocab.json and
+  merges.txt); returns the path `load_tokenizer` reads. The vocabulary file is moved in last, so one
+  of TRAINED_FILES present is complete. Byte-level BPE is cased: `do_lower_case` does not apply.
+  """
+  tmp = tempfile.mkdtemp(prefix=".vocab-", dir=output_dir)
+  if vocab_model == "wordpiece":
+    made = [train_wordpiece(sentences, vocab_size, os.path.join(tmp, VOCAB_FILE),
+                            do_lower_case=do_lower_case)]
+  elif vocab_model in ("unigram", "bpe"):
+    made = [train_sentencepiece(sentences, os.path.join(tmp, os.path.splitext(SPM_FILE)[0]), vocab_size,
+                                vocab_model, do_lower_case=do_lower_case)]
+  elif vocab_model == "byte_bpe":
+    made = [os.path.join(tmp, MERGES_FILE), train_byte_level_bpe(sentences, vocab_size, tmp)]
+  else:
+    raise ValueError(f"vocab_model {vocab_model!r} is not one of {VOCAB_MODELS}")
+  for path in made:
+    os.replace(path, os.path.join(output_dir, os.path.basename(path)))
+  shutil.rmtree(tmp)
+  return os.path.join(output_dir, os.path.basename(made[-1]))
 
 
 def train_sentencepiece(files_or_iter, out_prefix: str, vocab_size: int, model_type: str = "unigram",
@@ -135,3 +167,24 @@ def train_wordpiece(texts: Iterable[str], vocab_size: int, out_file: str | None 
   with open(out_file, "w", encoding="utf-8") as f:
     f.write("".join(t + "\n" for t in vocab))
   return out_file
+
+
+def train_byte_level_bpe(texts: Iterable[str], vocab_size: int, out_dir: str | None = None,
+                         min_frequency: int = 2) -> str:
+  """Learns a byte-level BPE with `tokenizers`' trainer (RoBERTa's recipe, Liu et al. 2019, 4.4: the
+  256 bytes, then merges), RoBERTa's special tokens first; the text is kept as it is (cased).
+
+  Returns:
+    the path of the written vocab.json; merges.txt lies beside it.
+  """
+  from tokenizers import models, pre_tokenizers, trainers  # pylint: disable=g-import-not-at-top
+
+  tk = bpe.byte_level_pipeline(models.BPE())
+  trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, show_progress=False,
+                                special_tokens=list(bpe.ROBERTA_SPECIALS.values()),
+                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+  tk.train_from_iterator((t for t in texts if t.strip()), trainer)
+  out_dir = out_dir or tempfile.mkdtemp(prefix="byte-bpe-")
+  os.makedirs(out_dir, exist_ok=True)
+  tk.model.save(out_dir)  # vocab.json and merges.txt
+  return os.path.join(out_dir, BPE_VOCAB_FILE)
