@@ -1,4 +1,7 @@
-"""Analytic FLOPs of BERT pretraining, for MFU and step-time estimates.
+"""Analytic FLOPs of the encoder and its pretraining heads, for MFU and step-time estimates.
+
+Each objective (bert_jax/objectives/) counts its model with these; `objectives.train_flops_per_step`
+is the figure of a train config.
 
 Only matrix multiplications are counted, 2 FLOPs per multiply-add, as in the usual definition of
 model FLOPs utilization (Chowdhery et al. 2022, PaLM, appendix B): layer norms, softmax, GELU,
@@ -12,8 +15,6 @@ attention path computes every (query, key) score and masks afterwards.
 """
 
 import dataclasses
-
-import ml_collections
 
 from bert_jax.models import encoder as model
 
@@ -38,32 +39,15 @@ def forward_flops_per_row(cfg: model.BertConfig, shapes: Shapes) -> dict[str, fl
       "mlp": 2 * 2 * h * i,            # intermediate and output dense
   }
   flops = {k: float(cfg.num_layers * s * f) for k, f in per_layer_per_token.items()}
-  flops["embeddings"] = 0.0  # gathers and adds
+  e = getattr(cfg, "embedding_size", None) or h
+  flops["embeddings"] = float(s * 2 * e * h) if e != h else 0.0  # gathers and adds; ALBERT projects E -> H
   flops["pooler"] = float(shapes.pooled_positions * 2 * h * h)
   flops["nsp"] = float(shapes.pooled_positions * 2 * h * 2) if shapes.use_nsp else 0.0
-  flops["mlm_transform"] = float(shapes.mlm_positions * 2 * h * h)
-  flops["mlm_decoder"] = float(shapes.mlm_positions * 2 * h * v)  # tied to the word embeddings
+  flops["mlm_transform"] = float(shapes.mlm_positions * 2 * h * e)   # H -> E (E = H but for ALBERT)
+  flops["mlm_decoder"] = float(shapes.mlm_positions * 2 * e * v)  # tied to the word embeddings
   return flops
 
 
 def train_flops_per_row(cfg: model.BertConfig, shapes: Shapes) -> float:
   """Forward + backward FLOPs of one row: 3x the forward pass."""
   return 3.0 * sum(forward_flops_per_row(cfg, shapes).values())
-
-
-def shapes_from_config(config: ml_collections.ConfigDict) -> Shapes:
-  """The per-row `Shapes` a train config implies (`config.data`, `config.mlm_all_positions`)."""
-  d = config.data
-  seq_length = d.seq_length
-  mlm_all = config.get("mlm_all_positions", False)
-  return Shapes(
-      seq_length=seq_length,
-      mlm_positions=seq_length if mlm_all else d.max_predictions_per_seq,
-      pooled_positions=d.max_examples_per_row if d.packing else 1,
-      use_nsp=d.format in ("nsp", "sop"))
-
-
-def train_flops_per_step(config: ml_collections.ConfigDict) -> float:
-  """Model FLOPs of one optimizer step of a train config (all devices, all micro-batches)."""
-  from bert_jax import train  # pylint: disable=g-import-not-at-top  (train imports this module)
-  return config.global_batch_size * train_flops_per_row(train.bert_config(config), shapes_from_config(config))

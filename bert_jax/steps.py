@@ -1,8 +1,9 @@
-"""The pure train and eval steps: pretraining loss from sums and weights, accumulation, non-finite guard.
+"""The pure train and eval steps of any objective: loss from sums and weights, accumulation, non-finite guard.
 
 Static parts (model, optimizer, config) are bound with functools.partial and the result is jitted once
-in `train.setup`. Losses are returned as sums and weights: the number of masked tokens differs per
-batch, shard and micro-batch, so the means are taken once, over the global batch.
+in `train.setup`. The objective (`config.objective`, bert_jax/objectives/) returns its losses as sums and
+weights: the number of predicted tokens differs per batch, shard and micro-batch, so the means are
+taken once, over the global batch.
 """
 
 from typing import Any
@@ -12,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from bert_jax import objectives
 from bert_jax import optimizer as optimizer_lib
 
 Batch = dict[str, jax.Array]
@@ -25,51 +27,6 @@ class TrainState(flax.struct.PyTreeNode):
   nonfinite_streak: jax.Array  # int32: ... in a row, up to now
 
 
-def _cross_entropy_sums(logits, labels, weights) -> tuple[jax.Array, jax.Array]:
-  """(weighted sum of -log p(label), weighted count of argmax == label); f32 on purpose."""
-  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-  nll = -jnp.take_along_axis(logp, labels[..., None], axis=-1)[..., 0]
-  correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
-  return jnp.sum(nll * weights), jnp.sum(correct * weights)
-
-
-def nsp_weights(batch: Batch) -> jax.Array | None:
-  """Weights of the sentence-objective labels ([B] or [B, K]); None when the batch has none."""
-  if "next_sentence_labels" not in batch:
-    return None
-  if "next_sentence_weights" in batch:
-    return batch["next_sentence_weights"].astype(jnp.float32)
-  return jnp.ones(batch["next_sentence_labels"].shape, jnp.float32)
-
-
-def loss_sums(outputs: dict[str, jax.Array], batch: Batch, mlm_all_positions: bool = False) -> dict[str, jax.Array]:
-  """`mlm_loss_sum`, `mlm_weight`, `mlm_correct` (+ `nsp_*` when the batch has sentence labels).
-
-  With `mlm_all_positions` the MLM logits are [B, L, V] and are gathered at the masked positions here.
-  """
-  weights = batch["masked_lm_weights"].astype(jnp.float32)
-  logits = outputs["mlm_logits"]
-  if mlm_all_positions:
-    logits = jnp.take_along_axis(logits, batch["masked_lm_positions"][..., None], axis=1)
-  loss_sum, correct = _cross_entropy_sums(logits, batch["masked_lm_ids"], weights)
-  sums = {"mlm_loss_sum": loss_sum, "mlm_weight": jnp.sum(weights), "mlm_correct": correct}
-  nsp_w = nsp_weights(batch)
-  if nsp_w is not None and "nsp_logits" in outputs:
-    loss_sum, correct = _cross_entropy_sums(outputs["nsp_logits"], batch["next_sentence_labels"], nsp_w)
-    sums.update(nsp_loss_sum=loss_sum, nsp_weight=jnp.sum(nsp_w), nsp_correct=correct)
-  return sums
-
-
-def loss_from_sums(sums: dict[str, jax.Array], mlm_weight=None, nsp_weight=None) -> jax.Array:
-  """Mean MLM loss (+ mean NSP loss); denominators default to the sums' own weights."""
-  mlm_weight = sums["mlm_weight"] if mlm_weight is None else mlm_weight
-  loss = sums["mlm_loss_sum"] / jnp.maximum(mlm_weight, 1.0)
-  if "nsp_loss_sum" in sums:
-    nsp_weight = sums["nsp_weight"] if nsp_weight is None else nsp_weight
-    loss = loss + sums["nsp_loss_sum"] / jnp.maximum(nsp_weight, 1.0)
-  return loss
-
-
 def _split_micro_batches(batch: Batch, n: int) -> Batch:
   """[B, ...] -> [n, B / n, ...] with micro-batch i = rows i::n, so every micro-batch spans all shards."""
   def split(x):
@@ -80,15 +37,14 @@ def _split_micro_batches(batch: Batch, n: int) -> Batch:
 
 def _grads_and_sums(params, batch: Batch, key, *, model, config):
   """Gradient of the global-batch loss and its sums, accumulated over `config.micro_batches`."""
-  mlm_w = jnp.sum(batch["masked_lm_weights"].astype(jnp.float32))
-  nsp_w = nsp_weights(batch)
-  nsp_w = None if nsp_w is None else jnp.sum(nsp_w)
+  objective = objectives.get(config)
+  weights = objective.loss_weights(batch)
 
   def loss_fn(p, micro, micro_key):
     outputs = model.apply({"params": p}, micro, deterministic=False, rngs={"dropout": micro_key})
-    sums = loss_sums(outputs, micro, config.mlm_all_positions)
+    sums = objective.loss_sums(outputs, micro, config)
     # Divided by the global batch's weights: summed over micro-batches this is the global mean.
-    return loss_from_sums(sums, mlm_w, nsp_w), sums
+    return objective.loss(sums, weights), sums
 
   grad_fn = jax.grad(loss_fn, has_aux=True)
   n = int(config.micro_batches)
@@ -120,7 +76,7 @@ def train_step(state: TrainState, batch: Batch, rng: jax.Array, *, model, tx, co
   """
   key = jax.random.fold_in(rng, state.step)
   grads, sums = _grads_and_sums(state.params, batch, key, model=model, config=config)
-  loss = loss_from_sums(sums)
+  loss = objectives.get(config).loss(sums)
   grad_norm = optax.tree.norm(grads)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
@@ -148,4 +104,4 @@ def _all_finite(tree) -> jax.Array:
 def eval_step(params, batch: Batch, *, model, config) -> dict[str, jax.Array]:
   """Loss sums and correct counts of one held-out batch (no dropout); the caller adds them up."""
   outputs = model.apply({"params": params}, batch, deterministic=True)
-  return loss_sums(outputs, batch, config.mlm_all_positions)
+  return objectives.get(config).loss_sums(outputs, batch, config)

@@ -27,18 +27,15 @@ from bert_jax import checkpoint_loader
 from bert_jax import checkpointing
 from bert_jax import curves
 from bert_jax import failures
-from bert_jax import flops as flops_lib
-from bert_jax.models import heads
 from bert_jax import metrics_writer
-from bert_jax.models import encoder as model_lib
+from bert_jax import objectives
 from bert_jax import optimizer as optimizer_lib
 from bert_jax import paths
 from bert_jax import sharding
 from bert_jax import steps
 
 TrainState = steps.TrainState
-SENTENCE_FORMATS = ("nsp", "sop")
-FORMATS = SENTENCE_FORMATS + ("full_sentences", "doc_sentences")
+bert_config = objectives.encoder_config   # the encoder a pretraining config describes
 
 
 # ---------------------------------------------------------------------------------------------
@@ -46,44 +43,25 @@ FORMATS = SENTENCE_FORMATS + ("full_sentences", "doc_sentences")
 # ---------------------------------------------------------------------------------------------
 
 
-def bert_config(config: ml_collections.ConfigDict) -> model_lib.BertConfig:
-  """`config.model` (a preset plus the fields that are set) and `config.dtype` -> BertConfig."""
-  fields = {k: v for k, v in config.model.items() if k != "preset" and v is not None}
-  return model_lib.BertConfig.from_preset(config.model.preset, dtype=config.dtype, **fields)
-
-
 def build_model(config: ml_collections.ConfigDict) -> nn.Module:
-  return heads.BertForPreTraining(bert_config(config), use_nsp=config.data.format in SENTENCE_FORMATS,
-                                  mlm_all_positions=config.mlm_all_positions)
+  """The pretraining model of the config's objective (encoder + heads)."""
+  return objectives.get(config).build_model(config)
 
 
 def abstract_batch(config: ml_collections.ConfigDict, batch_size: int | None = None) -> dict:
-  """Global shapes and dtypes of a batch (docs/architecture.md), `global_batch_size` rows by default."""
-  d = config.data
+  """Global shapes and dtypes of a batch, `global_batch_size` rows by default: the objective's schema."""
   b = config.global_batch_size if batch_size is None else batch_size
-  l, p, k = d.seq_length, d.max_predictions_per_seq, d.max_examples_per_row
-  i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
-  batch = {"input_ids": i32(b, l), "input_mask": i32(b, l), "segment_ids": i32(b, l),
-           "masked_lm_positions": i32(b, p), "masked_lm_ids": i32(b, p),
-           "masked_lm_weights": jax.ShapeDtypeStruct((b, p), jnp.float32)}
-  if d.packing:
-    batch.update(position_ids=i32(b, l), example_ids=i32(b, l))
-  if d.format in SENTENCE_FORMATS:
-    if d.packing:
-      batch.update(next_sentence_labels=i32(b, k), next_sentence_positions=i32(b, k),
-                   next_sentence_weights=jax.ShapeDtypeStruct((b, k), jnp.float32))
-    else:
-      batch["next_sentence_labels"] = i32(b)
-  return batch
+  schema = objectives.get(config).batch_schema(config.data, b)
+  return {name: jax.ShapeDtypeStruct(f.shape, f.dtype) for name, f in schema.items()}
 
 
 def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) -> None:
   """Stops a config that cannot work with a clear message, before anything is compiled."""
   num_devices = jax.device_count() if num_devices is None else num_devices
-  d, problems = config.data, []
+  d = config.data
+  objective = objectives.get(config)   # an unknown objective stops here
   cfg = bert_config(config)   # also checks the model fields (e.g. hidden size vs heads)
-  if d.format not in FORMATS:
-    problems.append(f"data.format {d.format!r} is not one of {FORMATS}")
+  problems = list(objective.validate(config))
   if d.seq_length > cfg.max_position_embeddings:
     problems.append(f"data.seq_length {d.seq_length} exceeds the model's {cfg.max_position_embeddings} "
                     "position embeddings (model.max_position_embeddings)")
@@ -140,6 +118,7 @@ def check_inputs(config: ml_collections.ConfigDict) -> None:
 @dataclasses.dataclass(frozen=True)
 class Setup:
   """Everything the loop (and `aot`, `bench train`) needs, all sharded over `mesh`."""
+  objective: Any                      # the module of `config.objective` (bert_jax/objectives/)
   model: nn.Module
   tx: optax.GradientTransformation
   mesh: Mesh
@@ -185,7 +164,7 @@ def setup(config: ml_collections.ConfigDict, mesh: Mesh) -> Setup:
   train_fn = functools.partial(steps.train_step, model=model, tx=tx, config=config)
   eval_fn = functools.partial(steps.eval_step, model=model, config=config)
   return Setup(
-      model=model, tx=tx, mesh=mesh, abstract_state=abstract_state, state_shardings=state_shardings,
+      objective=objectives.get(config), model=model, tx=tx, mesh=mesh, abstract_state=abstract_state, state_shardings=state_shardings,
       batch_shardings=batch_shardings,
       init=jax.jit(init_fn, in_shardings=replicated, out_shardings=state_shardings),
       train_step=jax.jit(_in_mesh_context(train_fn, mesh, rules),
@@ -247,9 +226,10 @@ def create_iterator(data_config, config, split: str, tokenizer=None):
   from bert_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
   if split == "eval":
     return input_pipeline.create_eval_iterator(data_config, global_batch_size=config.global_batch_size,
-                                               num_batches=config.eval_steps, tokenizer=tokenizer)
+                                               num_batches=config.eval_steps, tokenizer=tokenizer,
+                                               objective=config.objective)
   return input_pipeline.create_pretrain_iterator(data_config, global_batch_size=config.global_batch_size,
-                                                 tokenizer=tokenizer)
+                                                 tokenizer=tokenizer, objective=config.objective)
 
 
 def restore_or_init(s: Setup, config, checkpointer: checkpointing.Checkpointer, train_iter, rng):
@@ -269,20 +249,6 @@ def restore_or_init(s: Setup, config, checkpointer: checkpointing.Checkpointer, 
   return state, "initialized from scratch"
 
 
-def summarize(prefix: str, sums: dict[str, Any]) -> dict[str, float]:
-  """Means from sums: MLM loss/accuracy/perplexity and NSP loss/accuracy."""
-  sums = {k: float(v) for k, v in sums.items()}
-  out = {}
-  if sums.get("mlm_weight"):
-    mlm_loss = sums["mlm_loss_sum"] / sums["mlm_weight"]
-    out.update({f"{prefix}/mlm_loss": mlm_loss, f"{prefix}/mlm_accuracy": sums["mlm_correct"] / sums["mlm_weight"],
-                f"{prefix}/mlm_perplexity": math.exp(min(mlm_loss, 80.0))})
-  if sums.get("nsp_weight"):
-    out.update({f"{prefix}/nsp_loss": sums["nsp_loss_sum"] / sums["nsp_weight"],
-                f"{prefix}/nsp_accuracy": sums["nsp_correct"] / sums["nsp_weight"]})
-  return out
-
-
 def evaluate(s: Setup, eval_iter, eval_start: dict, params) -> dict[str, float]:
   """Loss sums over the held-out batches of `eval_iter`, replayed from `eval_start` every time.
 
@@ -295,11 +261,11 @@ def evaluate(s: Setup, eval_iter, eval_start: dict, params) -> dict[str, float]:
   for host_batch in eval_iter:
     sums = s.eval_step(params, sharding.global_batch(host_batch, s.mesh))
     totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
-    real = np.asarray(host_batch["masked_lm_weights"]) > 0
-    counts.update(np.asarray(host_batch["masked_lm_ids"])[real].tolist())
+    targets, weights = s.objective.prediction_targets(host_batch)
+    counts.update(np.asarray(targets)[np.asarray(weights) > 0].tolist())
   if totals is None:
     return {}
-  scalars = summarize("eval", jax.device_get(totals))
+  scalars = s.objective.summarize("eval", jax.device_get(totals))
   if counts:
     scalars["eval/unigram_accuracy"] = max(counts.values()) / sum(counts.values())
   return scalars
@@ -380,9 +346,9 @@ def _save(checkpointer: checkpointing.Checkpointer, step: int, state: TrainState
   return True
 
 
-def _train_scalars(interval: dict, last: dict, num_steps: int) -> dict[str, float]:
+def _train_scalars(objective, interval: dict, last: dict, num_steps: int) -> dict[str, float]:
   """Interval means of the summed step metrics; the schedule and counters as of the last step."""
-  scalars = summarize("train", interval)
+  scalars = objective.summarize("train", interval)
   scalars.update({"train/loss": float(interval["loss"]) / num_steps,
                   "train/grad_norm": float(interval["grad_norm"]) / num_steps,
                   "train/learning_rate": float(last["learning_rate"]),
@@ -434,7 +400,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   _say(f"mesh {dict(mesh.shape)} over {jax.device_count()} devices; {origin} at step {step}; "
        f"training to step {config.train_steps}")
   writer, preemption = metrics_writer.MetricWriter(workdir), checkpointing.PreemptionWatcher()
-  flops = flops_lib.train_flops_per_step(config)
+  flops = objectives.train_flops_per_step(config)
   interval, interval_steps, mark = None, 0, time.time()
   results, peer_lost = {}, False
   spikes = failures.LossSpikeGuard(config.loss_spike_factor, config.max_loss_spikes)
@@ -460,7 +426,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       scalars, spiked = {}, False
       if step % config.log_every == 0 or last_step:
         interval, last = jax.device_get((interval, metrics))
-        scalars.update(_train_scalars(interval, last, interval_steps))
+        scalars.update(_train_scalars(s.objective, interval, last, interval_steps))
         scalars.update(_perf_scalars(config, interval_steps, time.time() - mark, step, flops))
         interval, interval_steps = None, 0
         spiked = spikes.is_spike(scalars["train/loss"])
@@ -503,7 +469,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       preemption.close()
   shown = {k: round(v, 4) for k, v in results.items() if k.startswith("eval/")}
   plot = curves.plot_pretraining(workdir) if jax.process_index() == 0 else None
-  if eval_iter is not None and config.fill_mask_examples > 0 and jax.process_count() == 1:
+  if (eval_iter is not None and config.fill_mask_examples > 0 and jax.process_count() == 1
+      and s.objective.HAS_MLM_HEAD):
     _say(f"fill-mask on held-out lines at step {step}:\n" + fill_mask_examples(
         config, state.params, tokenizer, eval_iter, eval_start, config.fill_mask_examples))
   if "eval/mlm_accuracy" in results:

@@ -115,6 +115,7 @@ LOGICAL_AXIS_RULES = (
 def pretrain_config() -> ml_collections.ConfigDict:
   """Every field `bert-jax pretrain` reads; named configs override some and keep the rest."""
   c = ml_collections.ConfigDict()
+  c.objective = "bert"            # bert_jax/objectives/: bert, ltr, albert, spanbert, roberta
   c.model = model_config()
   c.dtype = "bfloat16"            # compute dtype; parameters and optimizer state stay f32
   c.mlm_all_positions = False     # True: MLM logits at every position (costs a full-vocab matmul)

@@ -172,8 +172,11 @@ class BatchMaker:
   """Plans the epochs of one host's documents and builds any batch of them."""
 
   def __init__(self, docs: instances.Documents, tokenizer, data_config, rows_per_batch: int,
-               process_index: int = 0):
+               process_index: int = 0, objective: str = "bert"):
     c = data_config
+    # The objective's batch schema (bert_jax/objectives/) names the fields; this makes exactly those.
+    from bert_jax import objectives  # pylint: disable=g-import-not-at-top
+    self.schema = objectives.get(objective).batch_schema(c, rows_per_batch)
     self.format, self.seq_length, self.rows_per_batch = c.format, c.seq_length, rows_per_batch
     self.separator_id = tokenizer.sep_id if c.format == "full_sentences" else None
     self.docs = docs.joined(tokenizer.sep_id) if self.separator_id is not None else docs
@@ -203,18 +206,8 @@ class BatchMaker:
     return len(self.plan(epoch)[1]) - 1
 
   def output_spec(self) -> dict:
-    """{name: (numpy dtype, shape)} of a batch."""
-    n, length, k = self.rows_per_batch, self.seq_length, self.max_per_row
-    p = self.spec.max_predictions
-    spec = {"input_ids": (np.int32, (n, length)), "input_mask": (np.int32, (n, length)),
-            "segment_ids": (np.int32, (n, length)), "masked_lm_positions": (np.int32, (n, p)),
-            "masked_lm_ids": (np.int32, (n, p)), "masked_lm_weights": (np.float32, (n, p))}
-    if self.format in ("nsp", "sop"):
-      spec["next_sentence_labels"] = (np.int32, (n, k) if self.packing else (n,))
-    if self.packing:
-      spec.update(position_ids=(np.int32, (n, length)), example_ids=(np.int32, (n, length)),
-                  next_sentence_positions=(np.int32, (n, k)), next_sentence_weights=(np.float32, (n, k)))
-    return spec
+    """{name: (numpy dtype, shape)} of a batch: the objective's schema."""
+    return {name: (f.dtype, f.shape) for name, f in self.schema.items()}
 
   def batch(self, epoch: int, rows: np.ndarray) -> dict:
     """The batch made of the given rows of an epoch's plan."""
@@ -225,7 +218,10 @@ class BatchMaker:
     chosen = inst.take(index)
     fields = instances.build_rows(self.docs.tokens, chosen, self.seq_length, *self.special)
     keys = masking.example_keys(self.seed, epoch, self.process_index, index)
-    corrupted, is_masked = masking.mask_batch(fields["input_ids"], fields["input_mask"], keys, self.spec)
+    if "masked_lm_positions" in self.schema:
+      corrupted, is_masked = masking.mask_batch(fields["input_ids"], fields["input_mask"], keys, self.spec)
+    else:   # objectives without masking (left-to-right) see the text as it is
+      corrupted, is_masked = fields["input_ids"], np.zeros(fields["input_ids"].shape, bool)
     labels = chosen.label
     out = {}
     if self.packing:
@@ -242,11 +238,15 @@ class BatchMaker:
       out["next_sentence_weights"][row, slot] = 1.0
       labels = np.zeros(shape, np.int32)
       labels[row, slot] = chosen.label
-    out.update(input_mask=fields["input_mask"], segment_ids=fields["segment_ids"])
-    out.update(masking.gather_predictions(corrupted, fields["input_ids"], is_masked, self.spec.max_predictions))
-    if self.format in ("nsp", "sop"):
+    out.update(input_ids=corrupted, input_mask=fields["input_mask"], segment_ids=fields["segment_ids"])
+    if "masked_lm_positions" in self.schema:
+      out.update(masking.gather_predictions(corrupted, fields["input_ids"], is_masked, self.spec.max_predictions))
+    if "masked_lm_span_left" in self.schema:   # SpanBERT's boundary objective
+      out.update(masking.span_boundaries(out["masked_lm_positions"], out["masked_lm_weights"], fields["input_mask"],
+                                         max_offset=self.spec.max_predictions - 1))
+    if "next_sentence_labels" in self.schema:
       out["next_sentence_labels"] = labels.astype(np.int32)
-    return out
+    return {name: out[name] for name in self.schema}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -387,34 +387,37 @@ def load_tokenizer(data_config):
   return tokenizer_lib.load_tokenizer(where, data_config.do_lower_case)
 
 
-def _make_batch_maker(data_config, global_batch_size, process_index, process_count, split, tokenizer):
+def _make_batch_maker(data_config, global_batch_size, process_index, process_count, split, tokenizer, objective):
   process_index, process_count = _host(process_index, process_count)
   if global_batch_size % process_count:
     raise ValueError(f"global batch {global_batch_size} is not divisible by {process_count} hosts")
   tokenizer = load_tokenizer(data_config) if tokenizer is None else tokenizer
   docs = _split_documents(data_config, split, process_index, process_count)
-  return BatchMaker(docs, tokenizer, data_config, global_batch_size // process_count, process_index)
+  return BatchMaker(docs, tokenizer, data_config, global_batch_size // process_count, process_index, objective)
 
 
 def create_pretrain_iterator(data_config, *, global_batch_size: int, process_index: int | None = None,
                              process_count: int | None = None, split: str = "train",
-                             tokenizer=None) -> PretrainIterator:
+                             tokenizer=None, objective: str = "bert") -> PretrainIterator:
   """The endless, resumable training stream of this host (`global_batch_size / hosts` rows a batch).
 
-  `tokenizer` defaults to `tokenizer.load_tokenizer(data_config.vocab_file or the shards' directory)`.
+  `tokenizer` defaults to `tokenizer.load_tokenizer(data_config.vocab_file or the shards' directory)`;
+  `objective` names the batch schema (bert_jax/objectives/).
   """
-  maker = _make_batch_maker(data_config, global_batch_size, process_index, process_count, split, tokenizer)
+  maker = _make_batch_maker(data_config, global_batch_size, process_index, process_count, split, tokenizer,
+                            objective)
   return PretrainIterator(maker, data_config.num_parallel_calls, data_config.prefetch)
 
 
 def create_eval_iterator(data_config, *, global_batch_size: int, num_batches: int | None = None,
                          process_index: int | None = None, process_count: int | None = None,
-                         tokenizer=None) -> PretrainIterator:
+                         tokenizer=None, objective: str = "bert") -> PretrainIterator:
   """A finite eval stream with fixed instances and masks, the same on every call.
 
   Pass `num_batches` (e.g. `config.eval_steps`) on several hosts so that all yield as many batches;
   a host with fewer rows wraps around its eval data.
   """
-  maker = _make_batch_maker(data_config, global_batch_size, process_index, process_count, "eval", tokenizer)
+  maker = _make_batch_maker(data_config, global_batch_size, process_index, process_count, "eval", tokenizer,
+                            objective)
   return PretrainIterator(maker, data_config.num_parallel_calls, data_config.prefetch, eval_mode=True,
                           num_batches=num_batches)

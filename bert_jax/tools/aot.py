@@ -11,7 +11,7 @@ the larger of compute time (FLOPs / peak) and memory time (bytes accessed / HBM 
 The estimate ignores collectives over ICI/DCN and assumes the MXUs can be kept busy; it is an upper
 bound on speed. XLA's cost analysis counts the body of a loop once (a scanned layer stack, gradient
 accumulation), so the FLOPs used are the larger of XLA's count and the analytic model FLOPs
-(`flops.py`), and bytes accessed are scaled by the same ratio when XLA's FLOPs fall short.
+(the objective's, `flops.py`), and bytes accessed are scaled by the same ratio when XLA's FLOPs fall short.
 """
 
 import dataclasses
@@ -130,7 +130,7 @@ def time_report(compiled, chip: Chip, model_flops_per_device: float) -> dict[str
 
 def run(config, topology: str) -> dict[str, Any]:
   """Compile `config`'s train step for `topology` and return the report (see module docstring)."""
-  from bert_jax import flops  # pylint: disable=g-import-not-at-top
+  from bert_jax import objectives  # pylint: disable=g-import-not-at-top
   generation, chip, _ = parse_topology(topology)
   devices = topology_devices(topology)
   start = time.perf_counter()
@@ -138,7 +138,7 @@ def run(config, topology: str) -> dict[str, Any]:
   compile_s = time.perf_counter() - start
   n = len(devices)
   tokens = config.global_batch_size * config.data.seq_length
-  timing = time_report(compiled, chip, flops.train_flops_per_step(config) / n)
+  timing = time_report(compiled, chip, objectives.train_flops_per_step(config) / n)
   return {
       "topology": topology, "device_kind": devices[0].device_kind, "devices": n,
       "chips": n // chip.cores, "devices_per_chip": chip.cores, "chip_source": chip.source,

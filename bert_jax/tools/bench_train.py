@@ -9,7 +9,7 @@ Without `--config` the model is the one of a common CPU comparison: L=4 H=256 A=
 PyTorch model 1.88 s; about 70% of their FLOPs go to the vocabulary projection at every position,
 which this model does at the masked positions only (same loss).
 
-MFU is the analytic model FLOPs (`flops.py`) per second over a peak measured here: the best of a
+MFU is the analytic model FLOPs (the objective's, `flops.py`) per second over a peak measured here: the best of a
 few large float32 matmuls. Batches are synthetic (random ids, 15% masked, packed rows when
 `data.packing`), built before timing, so the input pipeline is not measured (`bert-jax bench data`).
 """
@@ -26,7 +26,7 @@ import numpy as np
 from absl import flags
 from ml_collections import config_flags
 
-from bert_jax import flops
+from bert_jax import objectives
 from bert_jax import sharding
 from bert_jax import train
 
@@ -67,7 +67,7 @@ def matmul_peak_flops(n: int = 2048, dtype=jnp.float32, repeats: int = 7) -> flo
 
 
 def synthetic_batch(config: ml_collections.ConfigDict, seed: int = 0) -> dict[str, np.ndarray]:
-  """One global batch with the input pipeline's keys, shapes and dtypes (`train.abstract_batch`).
+  """One global batch of the objective's schema: the input pipeline's keys, shapes and dtypes.
 
   Every token is real; with `data.packing` each row holds `max_examples_per_row` equal examples.
   """
@@ -92,7 +92,10 @@ def synthetic_batch(config: ml_collections.ConfigDict, seed: int = 0) -> dict[st
       "next_sentence_weights": np.ones((rows, k)),
       "next_sentence_labels": rng.integers(0, 2, (rows, k) if d.packing else (rows,)),
   }
-  return {name: np.asarray(values[name], s.dtype) for name, s in train.abstract_batch(config).items()}
+  schema = objectives.get(config).batch_schema(d, rows)
+  high = lambda f: vocab if f.high == "vocab" else f.high   # noqa: E731
+  return {name: np.asarray(values[name] if name in values else rng.integers(0, high(f), f.shape), f.dtype)
+          for name, f in schema.items()}
 
 
 def time_train_steps(config: ml_collections.ConfigDict, steps: int, warmup: int = 2) -> list[float]:
@@ -121,7 +124,7 @@ def benchmark(config: ml_collections.ConfigDict, steps: int) -> dict:
   best, median = min(times), statistics.median(times)
   cfg = train.bert_config(config)
   tokens = config.global_batch_size * config.data.seq_length
-  step_flops = flops.train_flops_per_step(config)
+  step_flops = objectives.train_flops_per_step(config)
   result = {
       "model": {"num_layers": cfg.num_layers, "hidden_size": cfg.hidden_size, "num_heads": cfg.num_heads,
                 "intermediate_size": cfg.intermediate_size, "vocab_size": cfg.vocab_size,

@@ -1,0 +1,110 @@
+"""What every objective shares: the encoder config of a pretraining config, batch-schema fields,
+cross-entropy sums, the loss from per-term sums and weights, and the metrics of a term."""
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from bert_jax.models import encoder
+
+Batch = dict[str, jax.Array]
+SENTENCE_FORMATS = ("nsp", "sop")                        # two segments and a sentence label per row
+SINGLE_FORMATS = ("full_sentences", "doc_sentences")     # one segment per row (Liu et al. 2019, 4.2)
+FORMATS = SENTENCE_FORMATS + SINGLE_FORMATS
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+  """One batch entry: numpy dtype, shape with the batch first, and values in [0, high) (synthetic
+  batches); `high` "vocab" is the model's vocabulary size."""
+  dtype: Any
+  shape: tuple
+  high: int | str = 1
+
+
+def encoder_config(config: ml_collections.ConfigDict) -> encoder.BertConfig:
+  """`config.model` (a preset plus the fields that are set) and `config.dtype` -> BertConfig."""
+  fields = {k: v for k, v in config.model.items() if k != "preset" and v is not None}
+  return encoder.BertConfig.from_preset(config.model.preset, dtype=config.dtype, **fields)
+
+
+def token_fields(d: ml_collections.ConfigDict, b: int) -> dict[str, Field]:
+  """The encoder's inputs [B, L]; `d` is a data config. Packing adds each token's position and example
+  (1..K, 0 = padding) [B, L], and where each of the row's K examples starts and whether it is there [B, K]."""
+  l, k = d.seq_length, d.max_examples_per_row
+  fields = {"input_ids": Field(np.int32, (b, l), "vocab"), "input_mask": Field(np.int32, (b, l), 2),
+            "segment_ids": Field(np.int32, (b, l), 2)}
+  if d.packing:
+    fields.update(position_ids=Field(np.int32, (b, l), l), example_ids=Field(np.int32, (b, l), k + 1),
+                  next_sentence_positions=Field(np.int32, (b, k), l),
+                  next_sentence_weights=Field(np.float32, (b, k), 1))
+  return fields
+
+
+def masked_lm_fields(d: ml_collections.ConfigDict, b: int) -> dict[str, Field]:
+  """The masked positions, their original ids and weights [B, P] (bert_jax/data/masking.py)."""
+  p = d.max_predictions_per_seq
+  return {"masked_lm_positions": Field(np.int32, (b, p), d.seq_length),
+          "masked_lm_ids": Field(np.int32, (b, p), "vocab"), "masked_lm_weights": Field(np.float32, (b, p), 1)}
+
+
+def sentence_fields(d: ml_collections.ConfigDict, b: int) -> dict[str, Field]:
+  """Next-sentence / sentence-order labels: [B], or [B, K] when packing (one per example)."""
+  return {"next_sentence_labels": Field(np.int32, (b, d.max_examples_per_row) if d.packing else (b,), 2)}
+
+
+def cross_entropy_sums(logits, labels, weights) -> tuple[jax.Array, jax.Array]:
+  """(weighted sum of -log p(label), weighted count of argmax == label); f32 on purpose."""
+  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  nll = -jnp.take_along_axis(logp, labels[..., None], axis=-1)[..., 0]
+  correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
+  return jnp.sum(nll * weights), jnp.sum(correct * weights)
+
+
+def term_sums(term: str, logits, labels, weights) -> dict[str, jax.Array]:
+  """`<term>_loss_sum`, `<term>_weight`, `<term>_correct` of a classification over `logits`' last axis."""
+  loss_sum, correct = cross_entropy_sums(logits, labels, weights)
+  return {f"{term}_loss_sum": loss_sum, f"{term}_weight": jnp.sum(weights), f"{term}_correct": correct}
+
+
+def loss_from_sums(sums: dict, coefficients: dict[str, float], weights: dict | None = None) -> jax.Array:
+  """sum over the terms present of coefficient * loss_sum / weight; weights default to the sums' own."""
+  loss = None
+  for term, coefficient in coefficients.items():
+    if f"{term}_loss_sum" not in sums:
+      continue
+    weight = sums[f"{term}_weight"] if weights is None or term not in weights else weights[term]
+    mean = sums[f"{term}_loss_sum"] / jnp.maximum(weight, 1.0)
+    mean = mean if coefficient == 1 else coefficient * mean
+    loss = mean if loss is None else loss + mean
+  return loss
+
+
+def summarize_terms(prefix: str, sums: dict, terms, perplexity_terms=()) -> dict[str, float]:
+  """Means from sums: `<prefix>/<term>_loss`, `_accuracy` (and `_perplexity` for language-model terms)."""
+  sums = {k: float(v) for k, v in sums.items()}
+  out = {}
+  for term in terms:
+    weight = sums.get(f"{term}_weight")
+    if not weight:
+      continue
+    loss = sums[f"{term}_loss_sum"] / weight
+    out[f"{prefix}/{term}_loss"] = loss
+    if f"{term}_correct" in sums:
+      out[f"{prefix}/{term}_accuracy"] = sums[f"{term}_correct"] / weight
+    if term in perplexity_terms:
+      out[f"{prefix}/{term}_perplexity"] = math.exp(min(loss, 80.0))
+  return out
+
+
+def format_problems(d: ml_collections.ConfigDict, allowed: tuple, objective: str) -> list[str]:
+  """A data format this objective cannot use, named with the objective."""
+  fmt = d.format
+  if fmt in allowed:
+    return []
+  return [f"data.format {fmt!r} cannot be used by objective {objective!r}: use one of {allowed}"]

@@ -1,0 +1,122 @@
+"""SpanBERT (Joshi et al. 2020): span masking + the span boundary objective (SBO), one contiguous
+segment per row, no NSP.
+
+Masking is `data.span_masking` (whole-word spans, lengths ~ Geometric(0.2) clipped at 10, 15% budget,
+80/10/10 per span; bert_jax/data/masking.py). SBO (3.2): each masked token x_i of a span x_s..x_e is
+predicted from the encoder outputs at the boundaries x_{s-1}, x_{e+1} and a relative position embedding
+p_{i-s+1}, through a 2-layer feed-forward network with GELU and LayerNorm, into the vocabulary projection
+tied to the word embeddings (facebookresearch/SpanBERT `BertPairTargetPredictionHead`). The loss is
+MLM + SBO, each a mean over the masked tokens.
+"""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from bert_jax import flops
+from bert_jax.models import encoder
+from bert_jax.models import heads
+from bert_jax.objectives import base
+from bert_jax.objectives import bert
+
+LOSS_TERMS = {"mlm": 1.0, "sbo": 1.0}
+HAS_MLM_HEAD = True
+SPAN_FIELDS = ("masked_lm_span_left", "masked_lm_span_right", "masked_lm_span_offset")
+
+
+def batch_schema(d: ml_collections.ConfigDict, batch_size: int) -> dict[str, base.Field]:
+  """BERT's MLM fields plus, per prediction slot [B, P], the span's left and right boundary positions and
+  the token's offset in its span (0 .. P - 1; bert_jax/data/masking.py `span_boundaries`)."""
+  p, l = d.max_predictions_per_seq, d.seq_length
+  schema = {**base.token_fields(d, batch_size), **base.masked_lm_fields(d, batch_size)}
+  schema.update({name: base.Field(np.int32, (batch_size, p), p if name.endswith("offset") else l)
+                 for name in SPAN_FIELDS})
+  return schema
+
+
+def validate(config: ml_collections.ConfigDict) -> list[str]:
+  problems = base.format_problems(config.data, base.SINGLE_FORMATS, "spanbert")
+  if not config.data.span_masking:
+    problems.append("objective 'spanbert' predicts masked spans: set data.span_masking=True")
+  return problems
+
+
+class SpanBoundaryHead(nn.Module):
+  """[x_{s-1}; x_{e+1}; p_{i-s}] -> (Dense, GELU, LayerNorm) x 2 -> tied vocabulary projection + bias."""
+  config: encoder.BertConfig
+  max_offsets: int
+
+  @nn.compact
+  def __call__(self, x_BLH, left_BP, right_BP, offset_BP, word_embeddings_VH):
+    cfg = self.config
+    h = cfg.hidden_size
+    position = nn.Embed(self.max_offsets, h, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+                        embedding_init=encoder.dense_init(cfg, (None, "embed")), name="position_embeddings")
+    x = jnp.concatenate([heads.gather_positions(x_BLH, left_BP), heads.gather_positions(x_BLH, right_BP),
+                         position(offset_BP)], axis=-1)
+    for i, names in enumerate((("mlp", "embed"), ("embed", "mlp"))):
+      dense = nn.Dense(h, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name=f"dense_{i}",
+                       kernel_init=encoder.dense_init(cfg, names), bias_init=encoder.zeros(names[-1:]))
+      x = encoder.layer_norm(cfg, f"layer_norm_{i}")(encoder.gelu(cfg, dense(x)))
+    bias = self.param("output_bias", encoder.zeros(("vocab",)), (cfg.vocab_size,), cfg.param_dtype)
+    logits = jnp.einsum("...h,vh->...v", x, word_embeddings_VH.astype(cfg.dtype), preferred_element_type=jnp.float32)
+    return logits + bias
+
+
+class SpanBertForPreTraining(nn.Module):
+  """Encoder + MLM head + SBO head. Params {"bert", "mlm", "sbo"}."""
+  config: encoder.BertConfig
+  max_offsets: int
+
+  @nn.compact
+  def __call__(self, batch: dict, *, deterministic: bool = True) -> dict:
+    """Returns {"mlm_logits": [B, P, V], "sbo_logits": [B, P, V]} float32."""
+    bert_encoder = encoder.BertEncoder(self.config, name="bert")
+    out = bert_encoder(batch["input_ids"], batch["input_mask"], batch["segment_ids"], deterministic=deterministic,
+                       **{k: batch[k] for k in ("position_ids", "example_ids") if k in batch})
+    x, table = out["sequence_output"], bert_encoder.word_embeddings()
+    mlm = heads.MaskedLMHead(self.config, name="mlm")(heads.gather_positions(x, batch["masked_lm_positions"]), table)
+    sbo = SpanBoundaryHead(self.config, self.max_offsets, name="sbo")(
+        x, batch["masked_lm_span_left"], batch["masked_lm_span_right"], batch["masked_lm_span_offset"], table)
+    return {"mlm_logits": mlm, "sbo_logits": sbo}
+
+
+def build_model(config: ml_collections.ConfigDict):
+  return SpanBertForPreTraining(base.encoder_config(config), max_offsets=config.data.max_predictions_per_seq)
+
+
+def loss_weights(batch: base.Batch) -> dict[str, jax.Array]:
+  w = jnp.sum(batch["masked_lm_weights"].astype(jnp.float32))
+  return {"mlm": w, "sbo": w}
+
+
+def loss_sums(outputs: dict, batch: base.Batch, config=None) -> dict[str, jax.Array]:
+  """`mlm_*` and `sbo_*`: both predict the original token at every masked position."""
+  del config
+  weights = batch["masked_lm_weights"].astype(jnp.float32)
+  return {**bert.mlm_sums(outputs, batch),
+          **base.term_sums("sbo", outputs["sbo_logits"], batch["masked_lm_ids"], weights)}
+
+
+def loss(sums: dict, weights: dict | None = None) -> jax.Array:
+  return base.loss_from_sums(sums, LOSS_TERMS, weights)
+
+
+def summarize(prefix: str, sums: dict) -> dict[str, float]:
+  return base.summarize_terms(prefix, sums, LOSS_TERMS, perplexity_terms=("mlm",))
+
+
+prediction_targets = bert.prediction_targets
+
+
+def forward_flops_per_row(config: ml_collections.ConfigDict) -> dict[str, float]:
+  """BERT's without NSP, plus the SBO head on the P masked positions."""
+  d = config.data
+  cfg = base.encoder_config(config)
+  counts = flops.forward_flops_per_row(cfg, flops.Shapes(d.seq_length, d.max_predictions_per_seq, use_nsp=False))
+  h, p = cfg.hidden_size, d.max_predictions_per_seq
+  counts["sbo_mlp"] = float(p * (2 * 3 * h * h + 2 * h * h))
+  counts["sbo_decoder"] = float(p * 2 * h * cfg.vocab_size)
+  return counts
