@@ -13,11 +13,19 @@ checkpoint before a spike and skips the batches that caused it.
 
 A dead host is noticed two ways: a collective of the train step fails (the loop turns that into
 `PeerLost`), or, when a host hangs instead of dying, `watch_peers` sees it drop out of the
-coordination service after `heartbeat_timeout_seconds` and ends this process.
+coordination service after `heartbeat_timeout_seconds` and ends this process. Process 0 also runs
+that service: when it dies or hangs, JAX's C++ client aborts every other process (SIGABRT, a C++
+stack trace) before Python can act, so a multi-process job runs in a child process
+(`run_in_child_process`) whose parent turns that abort into the same message and exit code.
 """
 
+import ctypes
 import math
 import os
+import queue
+import re
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -68,6 +76,11 @@ def say_and_exit(error: RunError, prefix: str = "bert-jax") -> None:
   sys.exit(error.exit_code)
 
 
+def _peer_gone(why: str) -> PeerLost:
+  return PeerLost(f"a peer host of this job is gone: {why}. Exiting with code {RESTART} so that the supervisor "
+                  "restarts the whole job; it resumes from the latest checkpoint.")
+
+
 def watch_peers(timeout_s: float, poll_s: float = 1.0, prefix: str = "bert-jax") -> threading.Event:
   """Starts a thread that ends this process (exit RESTART) once a peer leaves the job; set the
   returned event to stop it (before a normal exit, when the peers leave too).
@@ -95,12 +108,100 @@ def watch_peers(timeout_s: float, poll_s: float = 1.0, prefix: str = "bert-jax")
         live = everyone if time.time() - unanswered_since < timeout_s else {}
         why = f"the coordinator did not answer for {timeout_s:g} s ({str(e).splitlines()[0][:200]})"
       if len(live) < len(everyone) and not stop.is_set():
-        say_and_exit(PeerLost(f"a peer host of this job is gone: {why}. Exiting with code {RESTART} so "
-                              "that the supervisor restarts the whole job; it resumes from the latest "
-                              "checkpoint."), prefix=f"{prefix} (process {distributed.global_state.process_id})")
+        say_and_exit(_peer_gone(why), prefix=f"{prefix} (process {distributed.global_state.process_id})")
 
   threading.Thread(target=watch, name="watch_peers", daemon=True).start()
   return stop
+
+
+# -- A multi-process job in a child process ------------------------------------------------------
+# The client's `missed_heartbeat_callback` option would replace the abort, but jaxlib 0.10.2 cannot
+# hand its error to a Python callable (std::bad_cast: the same abort), so a parent process watches.
+
+_PARENT_PID = "BERT_JAX_PARENT_PID"   # in the child's environment
+# JAX's client writes these to stderr once it cannot reach the coordination service (and aborts).
+_COORDINATION_TROUBLE = re.compile(rb"coordination_service_agent\.cc|preemption_sync_manager\.cc|"
+                                   rb"JAX distributed service detected fatal errors|xla\.coordination\.")
+_HOLD_S = 5.0   # how long such lines are held back, waiting to see whether the child aborts
+_FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def run_in_child_process(prefix: str = "bert-jax") -> None:
+  """Runs this command again as a child process and exits with its exit code; returns in the child.
+
+  The child's stderr passes through, except when JAX's coordination service client aborts it: its
+  C++ stack trace becomes one message and the exit code RESTART. SIGTERM (preemption), SIGHUP and
+  SIGUSR1/2 are passed on; SIGINT is not, a terminal sends it to the child too. The child dies with
+  this process, so a supervisor that SIGKILLs the job's pid does not leave it holding the devices.
+  """
+  if _PARENT_PID in os.environ:
+    _die_with_parent(int(os.environ[_PARENT_PID]))
+    return
+  child = subprocess.Popen([sys.executable, *sys.orig_argv[1:]], stderr=subprocess.PIPE,
+                           env={**os.environ, _PARENT_PID: str(os.getpid())})
+  for signum in _FORWARDED:
+    signal.signal(signum, lambda signum, _: child.send_signal(signum))
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+  held, said = _relay_stderr(child.stderr)
+  code = child.wait()
+  if code < 0 and held and not said:   # aborted (or killed) just after losing the coordination service
+    rpcs = re.findall(r"CoordinationService/(\w+)", b"".join(held).decode(errors="replace")) or ["RPC"]
+    say_and_exit(_peer_gone(f"this process lost the coordination service, which runs in process 0 (its {rpcs[-1]} "
+                            f"call failed), and JAX ended it with {signal.Signals(-code).name}"), prefix=prefix)
+  if not said:   # else they are the C++ client's view of the loss that the child's message names
+    _write(held)
+  sys.stdout.flush()
+  # os._exit: nothing here needs cleaning up, and tearing down the libraries imported takes a second.
+  os._exit(RESTART if said else code if code >= 0 else 128 - code)   # 128 + N: a shell's death by signal N
+
+
+def _relay_stderr(stream) -> tuple[list[bytes], bool]:
+  """Copies `stream` to our stderr until it closes, holding lines back from the first one about the
+  coordination service on (after _HOLD_S s they pass on), except messages of this package.
+
+  Returns:
+    the lines held when it closed, and whether the child said it exits with RESTART.
+  """
+  pieces = queue.Queue()
+
+  def read():
+    while chunk := stream.read1(1 << 16):   # whatever is there: a progress bar's \r passes at once
+      for piece in chunk.splitlines(keepends=True):
+        pieces.put(piece)
+    pieces.put(None)
+
+  threading.Thread(target=read, name="relay_stderr", daemon=True).start()
+  held, until, said = [], None, False
+  while True:
+    try:
+      piece = pieces.get(timeout=None if until is None else max(0.0, until - time.monotonic()))
+    except queue.Empty:   # the child lives on: not an abort
+      _write(held)
+      held, until = [], None
+      continue
+    if piece is None:
+      return held, said
+    ours = piece.startswith(b"bert-jax")
+    said = said or (ours and f"Exiting with code {RESTART} ".encode() in piece)
+    if until is None and not ours and _COORDINATION_TROUBLE.search(piece):
+      until = time.monotonic() + _HOLD_S
+    if until is None or ours:
+      _write([piece])
+    else:
+      held.append(piece)
+
+
+def _write(pieces: list[bytes]) -> None:
+  sys.stderr.buffer.write(b"".join(pieces))
+  sys.stderr.flush()
+
+
+def _die_with_parent(parent: int) -> None:
+  """The kernel SIGKILLs this process when its parent dies (Linux; elsewhere nothing happens)."""
+  if sys.platform.startswith("linux"):
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)   # 1: PR_SET_PDEATHSIG
+    if os.getppid() != parent:   # it died before the prctl
+      os.kill(os.getpid(), signal.SIGKILL)
 
 
 class LossSpikeGuard:

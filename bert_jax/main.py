@@ -5,11 +5,13 @@
     python -m bert_jax.main --config=configs/tiny.py --workdir=/tmp/bert_tiny --config.train_steps=100
 
 A mistake in the config, a path or the data ends the command with one paragraph on stderr and exit
-code 2, before anything is compiled; the other exit codes are listed in bert_jax/failures.py.
+code 2, before anything is compiled; the other exit codes are listed in bert_jax/failures.py. A job
+of several processes trains in a child process of the command (`failures.run_in_child_process`).
 """
 
 import logging as python_logging
 import os
+import socket
 import sys
 import threading
 
@@ -91,6 +93,11 @@ def initialize_distributed(dist) -> threading.Event:
   return failures.watch_peers(dist.heartbeat_timeout_seconds, prefix=_PROG)
 
 
+def _this_process(dist) -> str:
+  """The process id when the config sets it (before JAX knows it), else the host's name."""
+  return f"process {dist.process_id}" if dist.process_id >= 0 else f"host {socket.gethostname()}"
+
+
 def main(argv) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -100,6 +107,8 @@ def main(argv) -> None:
   config = _CONFIG.value
   stop_watching = threading.Event()
   try:
+    if _needs_distributed(config.distributed):   # a lost coordinator aborts JAX's client: watch from outside
+      failures.run_in_child_process(prefix=f"{_PROG} ({_this_process(config.distributed)})")
     stop_watching = initialize_distributed(config.distributed)
     logging.info("process %d/%d, %d devices", jax.process_index(), jax.process_count(), jax.device_count())
     train.train_and_evaluate(config, _WORKDIR.value)   # checks config and inputs before compiling

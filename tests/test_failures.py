@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -317,3 +318,45 @@ def test_supervisor_restarts_after_a_lost_peer_and_not_after_a_user_error():
     sup, _, logs = make(SINGLE, V3, fake)
     assert sup.supervise() == code and sup.restarts == 0
     assert "a restart would fail the same way: not restarting" in logs[-1]
+
+
+# How JAX's client ends a process whose coordinator died (the lines as jaxlib 0.10.2 logs them).
+_ABORT = r'''
+sys.stderr.write("E1123 04:15:47.256405    7232 coordination_service_agent.cc:289] Polled an error from "
+                 "coordination service (this can be an error from this or another task).\n"
+                 "F1123 04:15:47.256410    7232 client.h:80] Terminating process because the JAX distributed "
+                 "service detected fatal errors.\nAdditional GRPC error information from remote target "
+                 "coordination_service while calling /xla.coordination.CoordinationService/PollForError:\n"
+                 "*** Check failure stack trace: ***\n"
+                 "    @     0x7ff801d040ee  xla::CoordinationServiceAgent::SetError()\n")
+sys.stderr.flush()
+os.abort()
+'''
+_LOST = ("bert-jax pretrain (process 1): a peer host of this job is gone: this process lost the coordination "
+         "service, which runs in process 0 (its PollForError call failed), and JAX ended it with SIGABRT. Exiting "
+         "with code 75 so that the supervisor restarts the whole job; it resumes from the latest checkpoint.\n")
+_WARNING = "W0 preemption_sync_manager.cc:147] Failed\n"
+_CHILDREN = {   # the child's code after `run_in_child_process`: (it, the command's exit code, its stderr)
+    "aborted by the client": (_ABORT, failures.RESTART, _LOST),
+    "fails": ("print('bert-jax: a user error', file=sys.stderr); sys.exit(2)", 2, "bert-jax: a user error\n"),
+    "warns about the service, lives on": (f"sys.stderr.write({_WARNING!r}); sys.exit(0)", 0, _WARNING),
+    "killed": ("print('oom', file=sys.stderr, flush=True); os.kill(os.getpid(), signal.SIGKILL)", 128 + 9, "oom\n"),
+    "gets the parent's SIGTERM": ("signal.signal(signal.SIGTERM, lambda *_: (print('saved', file=sys.stderr), "
+                                  "sys.exit(0)))\nprint('ready', flush=True)\ntime.sleep(60)", 0, "saved\n"),
+}
+
+
+@pytest.mark.parametrize("child", list(_CHILDREN))
+def test_a_job_in_a_child_process_ends_as_the_child_did_and_an_abort_by_jax_is_a_restart(child):
+  """`bert-jax pretrain` runs a multi-process job as a child; its parent relays stderr and the exit code,
+  turns the C++ abort of a lost coordinator into one message and RESTART, and passes SIGTERM on."""
+  body, code, stderr = _CHILDREN[child]
+  script = ("import os, signal, sys, time\nfrom bert_jax import failures\n"
+            "failures.run_in_child_process(prefix='bert-jax pretrain (process 1)')\n" + body)
+  proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)
+  if "SIGTERM" in child:
+    assert proc.stdout.readline() == "ready\n"
+    proc.send_signal(signal.SIGTERM)
+  _, err = proc.communicate(timeout=60)
+  assert (proc.returncode, err) == (code, stderr)

@@ -1,10 +1,12 @@
 """Two processes on 127.0.0.1 (jax.distributed, gloo CPU collectives) train, checkpoint and resume;
-when one dies or hangs, the other exits for a restart within the heartbeat timeout.
+when one dies or hangs (the coordinator too), the other exits for a restart within the heartbeat
+timeout; a SIGTERM to one makes both save and exit.
 
 Each process has 2 CPU devices; the 4 form one (data, fsdp, tensor) = (1, 2, 2) mesh, so the batch is
 split across processes and every step all-reduces between them.
 """
 
+import contextlib
 import json
 import os
 import signal
@@ -100,40 +102,78 @@ def _cli(process_id: int, port: int, data_dir, workdir, heartbeat_s: int) -> lis
           *[f"--config.{k}={v}" for k, v in changes.items()]]
 
 
-@pytest.mark.slow
-@pytest.mark.multiprocess
-@pytest.mark.parametrize("how", ["killed", "hung"])
-def test_survivor_of_a_dead_peer_exits_for_a_restart_within_the_bound(how, data_dir, tmp_path):  # noqa: F811
-  """Process 1 is killed (its sockets close) or stopped (it hangs, a host gone silent) after step 6:
-  process 0 exits with the "restart the job" code and one message, within the heartbeat timeout."""
-  from bert_jax import failures  # pylint: disable=g-import-not-at-top
-  workdir, heartbeat_s = str(tmp_path / "run"), 10
+def _signal_process_group(proc, signum) -> None:
+  """Signals every process of a host (`bert-jax pretrain` and what it started), as a host's death would."""
+  try:
+    os.killpg(proc.pid, signum)
+  except ProcessLookupError:
+    pass
+
+
+@contextlib.contextmanager
+def _cli_pair(data_dir, workdir, heartbeat_s):  # noqa: F811
+  """Starts the two processes, each in a session of its own (a host), and yields them past step 6 with
+  checkpoint 4 committed (a peer stopped during the save would leave it unfinished); kills what is left."""
   env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2")
   port = _free_port()
   procs = [subprocess.Popen(_cli(i, port, data_dir, workdir, heartbeat_s), cwd=REPO_ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+           for i in range(2)]
   try:
     deadline = time.time() + TIMEOUT_S
     while time.time() < deadline and all(p.poll() is None for p in procs):
-      # Past step 6 and checkpoint 4 committed (a peer stopped during the save would leave it unfinished).
       if (os.path.exists(os.path.join(workdir, "metrics.jsonl")) and max(_logged_steps(workdir), default=0) >= 6
           and os.path.isdir(os.path.join(workdir, "checkpoints", "4"))):
         break
       time.sleep(0.05)
     assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
-    procs[1].send_signal(signal.SIGKILL if how == "killed" else signal.SIGSTOP)
-    start = time.time()
-    out, err = procs[0].communicate(timeout=TIMEOUT_S)
-    seconds = time.time() - start
+    yield procs
   finally:
     for p in procs:
       if p.poll() is None:
-        p.kill()
+        _signal_process_group(p, signal.SIGKILL)
         p.wait()
-  assert procs[0].returncode == failures.RESTART, err[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("how,victim", [("killed", 1), ("hung", 1), ("killed", 0), ("hung", 0)],
+                         ids=["peer_killed", "peer_hung", "coordinator_killed", "coordinator_hung"])
+def test_survivor_of_a_dead_peer_exits_for_a_restart_within_the_bound(how, victim, data_dir, tmp_path):  # noqa: F811
+  """One process is killed (its sockets close) or stopped (it hangs, a host gone silent) after step 6:
+  the other exits with the "restart the job" code and one message, within the heartbeat timeout.
+
+  Process 0 also runs the coordination service: when it is gone, JAX's C++ client aborts the survivor's
+  job process (SIGABRT, a C++ stack trace), and the parent process of `bert-jax pretrain` says why instead.
+  """
+  from bert_jax import failures  # pylint: disable=g-import-not-at-top
+  workdir, heartbeat_s, survivor = str(tmp_path / "run"), 10, 1 - victim
+  with _cli_pair(data_dir, workdir, heartbeat_s) as procs:
+    _signal_process_group(procs[victim], signal.SIGKILL if how == "killed" else signal.SIGSTOP)
+    start = time.time()
+    _, err = procs[survivor].communicate(timeout=TIMEOUT_S)
+    seconds = time.time() - start
+  assert procs[survivor].returncode == failures.RESTART, err[-3000:]
   assert seconds < heartbeat_s + 5, seconds
   lines = [l for l in err.splitlines() if l.startswith("bert-jax")]
   assert len(lines) == 1 and "Exiting with code 75 so that the supervisor restarts the whole job" in lines[0], err
-  assert "Traceback" not in err and "Check failure" not in err, err[-3000:]
+  assert lines[0].startswith(f"bert-jax pretrain (process {survivor}): "), lines[0]
+  assert "Traceback" not in err and "Check failure" not in err and "*** " not in err, err[-3000:]
   assert "4" in os.listdir(os.path.join(workdir, "checkpoints"))   # the checkpoint before is intact
-  print(f"{how}: process 0 exited with {procs[0].returncode} after {seconds:.1f} s: {lines[0]}")
+  print(f"{how} process {victim}: process {survivor} exited with {procs[survivor].returncode} after {seconds:.1f} s: "
+        f"{lines[0]}")
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_sigterm_to_one_process_saves_both_at_one_step_and_exits_0(data_dir, tmp_path):  # noqa: F811
+  """A supervisor's SIGTERM reaches the job process under `bert-jax pretrain`: JAX's preemption service
+  picks one step for both processes, they save it and exit 0."""
+  workdir = str(tmp_path / "run")
+  with _cli_pair(data_dir, workdir, heartbeat_s=10) as procs:
+    procs[1].send_signal(signal.SIGTERM)   # to the pid of `bert-jax pretrain` only, not its child
+    outputs = [p.communicate(timeout=TIMEOUT_S) for p in procs]
+  assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outputs]
+  saved = max(_logged_steps(workdir))
+  assert f"preempted: saved checkpoint at step {saved}, exiting" in outputs[0][0]
+  assert str(saved) in os.listdir(os.path.join(workdir, "checkpoints"))
