@@ -1,15 +1,17 @@
-"""Hugging Face BERT checkpoints <-> bert_jax params.
+"""Hugging Face checkpoints of the BERT family (BERT, ALBERT, RoBERTa) <-> bert_jax params.
 
-A Hugging Face directory holds `config.json`, `model.safetensors` and usually `vocab.txt`. Tensor names
-are those of `transformers` `BertModel` (`embeddings.word_embeddings.weight`, ...), with a `bert.` prefix
-when saved from a model with heads (`BertForPreTraining`: `cls.predictions.*`, `cls.seq_relationship.*`;
-the finetuning heads `BertForSequenceClassification` / `BertForTokenClassification`: `classifier.*`,
-`BertForQuestionAnswering`: `qa_outputs.*`, ours under the same names in the params).
+A Hugging Face directory holds `config.json` (its `model_type` names the family), `model.safetensors` and
+usually tokenizer files. Tensor names are those of `transformers` (`BertModel`: `embeddings.word_embeddings.weight`,
+...), with the family's prefix (`bert.`, `albert.`, `roberta.`) when saved from a model with heads: the
+pretraining heads (`BertForPreTraining`: `cls.predictions.*`, `cls.seq_relationship.*`; `AlbertForPreTraining`:
+`predictions.*`, `sop_classifier.*`; `RobertaForMaskedLM`: `lm_head.*`) are our "mlm" and "nsp"; the
+finetuning heads `classifier.*` (sequence or token classification) and `qa_outputs.*` are ours under the
+same names. `FAMILIES` says how each family names what.
 
 The conversion is by explicit name table (`tensor_table`), so a missing, unexpected or misshapen tensor is
-an error naming it. The only tensors skipped are documented buffers and tied copies (`IGNORED`, `TIED`).
-A BertForMaskedLM, BertForTokenClassification or BertForQuestionAnswering checkpoint saves no pooler:
-ours is then newly initialised, as transformers does.
+an error naming it. The only tensors skipped are documented buffers and tied copies (`IGNORED`, the family's
+tied decoder). A checkpoint with a head but no pooler (a MaskedLM, token classification or QA class) gets a
+newly initialised pooler, as transformers does.
 """
 
 import dataclasses
@@ -30,13 +32,69 @@ from bert_jax.models import encoder as model
 
 # Buffers, not weights: the position ids are arange(max_position_embeddings).
 IGNORED = ("embeddings.position_ids",)
-# Tied to another tensor of the table: checked equal on import, never written on export.
-TIED = {"cls.predictions.decoder.weight": "embeddings.word_embeddings.weight",
-        "cls.predictions.decoder.bias": "cls.predictions.bias"}
-_PREFIX = "bert."
-# Finetuning heads: our params key = the HF tensor prefix. Saved at the top level, beside `bert.`.
+# Finetuning heads: our params key = the HF tensor prefix. Saved at the top level, beside the encoder's.
 HEADS = ("classifier", "qa_outputs")
-_TOP_LEVEL = ("cls.",) + tuple(f"{h}." for h in HEADS)
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+  """How one `model_type` names its tensors and classes."""
+  prefix: str        # of the encoder's tensors in a checkpoint with heads
+  classes: str       # class names: f"{classes}Model", f"{classes}ForMaskedLM", ...
+  layer: str         # layer {i}'s tensors (ALBERT: group {i}, the only group when layers are shared)
+  layer_names: dict  # our layer submodule -> its HF module under `layer`
+  pooler: str        # the pooler's dense layer
+  mlm: tuple         # HF modules of our mlm transform, layer_norm; then the bias tensor
+  decoder: str       # the tied decoder (weight = word embeddings, bias = the mlm bias): never written
+  nsp: str | None    # the sentence-pair head on the pooled output
+  pretraining: str | None  # the class written for params with MLM and NSP heads
+  masked_lm: str     # the class written for params with an MLM head only
+
+
+_BERT_LAYER = {"query": "attention.self.query", "key": "attention.self.key", "value": "attention.self.value",
+               "out": "attention.output.dense", "attention_layer_norm": "attention.output.LayerNorm",
+               "intermediate": "intermediate.dense", "output": "output.dense",
+               "output_layer_norm": "output.LayerNorm"}
+FAMILIES = {
+    "bert": Family("bert.", "Bert", "encoder.layer.{i}.", _BERT_LAYER, "pooler.dense",
+                   ("cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm", "cls.predictions.bias"),
+                   "cls.predictions.decoder", "cls.seq_relationship", "BertForPreTraining", "BertForPreTraining"),
+    "albert": Family("albert.", "Albert", "encoder.albert_layer_groups.{i}.albert_layers.0.",
+                     {"query": "attention.query", "key": "attention.key", "value": "attention.value",
+                      "out": "attention.dense", "attention_layer_norm": "attention.LayerNorm",
+                      "intermediate": "ffn", "output": "ffn_output", "output_layer_norm": "full_layer_layer_norm"},
+                     "pooler",
+                     ("predictions.dense", "predictions.LayerNorm", "predictions.bias"), "predictions.decoder",
+                     "sop_classifier.classifier", "AlbertForPreTraining", "AlbertForMaskedLM"),
+    "roberta": Family("roberta.", "Roberta", "encoder.layer.{i}.", _BERT_LAYER, "pooler.dense",
+                      ("lm_head.dense", "lm_head.layer_norm", "lm_head.bias"), "lm_head.decoder", None, None,
+                      "RobertaForMaskedLM"),
+}
+# ALBERT's projection of the embeddings to the hidden size.
+_ALBERT_PROJECTION = "encoder.embedding_hidden_mapping_in"
+
+
+def family(cfg: model.BertConfig) -> Family:
+  """The tensor names of `cfg`'s Hugging Face family (`BertConfig.model_type`)."""
+  return FAMILIES[cfg.model_type]
+
+
+def _top_level(fam: Family) -> tuple:
+  """Prefixes of the tensors saved beside the encoder's, not under its prefix."""
+  return _mlm_names(fam) + ((f"{fam.nsp}.",) if fam.nsp else ()) + tuple(f"{h}." for h in HEADS)
+
+
+def _mlm_names(fam: Family) -> tuple:
+  """Prefixes of the MLM head's tensors."""
+  transform, norm, bias = fam.mlm
+  return (f"{transform}.", f"{norm}.", bias, f"{fam.decoder}.")
+
+
+def _tied(fam: Family) -> dict:
+  """Tied copies: checked equal on import, never written on export."""
+  return {f"{fam.decoder}.weight": "embeddings.word_embeddings.weight", f"{fam.decoder}.bias": fam.mlm[2]}
+
+
 # safetensors dtype names (its format spec). safetensors.numpy has no bfloat16, a common storage type.
 _SAFETENSORS_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
                        "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
@@ -65,35 +123,42 @@ def _layer_norm(hf: str, path: tuple):
 
 def tensor_table(cfg: model.BertConfig, mlm: bool = False, nsp: bool = False, head: str | None = None,
                  pooler: bool = True):
-  """[(hf_name, param path, kind)] for the unscanned layout; encoder names are without the `bert.` prefix.
+  """[(hf_name, param path, kind)] for the unscanned layout; encoder names are without the family's prefix.
 
   `head`: one of HEADS (a finetuning head); `pooler` False for the classes that save none.
   """
+  fam = family(cfg)
   emb = ("bert", "embeddings")
   table = [(f"embeddings.{t}.weight", emb + (t, "embedding"), "plain")
            for t in ("word_embeddings", "position_embeddings", "token_type_embeddings")]
   table += _layer_norm("embeddings.LayerNorm", emb + ("layer_norm",))
-  for i in range(cfg.num_layers):
-    hf, ours = f"encoder.layer.{i}.", ("bert", "encoder", f"layer_{i}")
-    for name in ("query", "key", "value"):
-      table += [(f"{hf}attention.self.{name}.weight", ours + ("attention", name, "kernel"), "qkv_kernel"),
-                (f"{hf}attention.self.{name}.bias", ours + ("attention", name, "bias"), "qkv_bias")]
-    table += [(f"{hf}attention.output.dense.weight", ours + ("attention", "out", "kernel"), "out_kernel"),
-              (f"{hf}attention.output.dense.bias", ours + ("attention", "out", "bias"), "plain")]
-    table += _layer_norm(f"{hf}attention.output.LayerNorm", ours + ("attention_layer_norm",))
-    table += _dense(f"{hf}intermediate.dense", ours + ("intermediate",))
-    table += _dense(f"{hf}output.dense", ours + ("output",))
-    table += _layer_norm(f"{hf}output.LayerNorm", ours + ("output_layer_norm",))
+  if cfg.embedding_size is not None:
+    table += _dense(_ALBERT_PROJECTION, emb + ("projection",))
+  layers = [("shared_layer", 0)] if cfg.share_layers else [(f"layer_{i}", i) for i in range(cfg.num_layers)]
+  for name, i in layers:
+    hf, ours, names = fam.layer.format(i=i), ("bert", "encoder", name), fam.layer_names
+    for qkv in ("query", "key", "value"):
+      table += [(f"{hf}{names[qkv]}.weight", ours + ("attention", qkv, "kernel"), "qkv_kernel"),
+                (f"{hf}{names[qkv]}.bias", ours + ("attention", qkv, "bias"), "qkv_bias")]
+    table += [(f"{hf}{names['out']}.weight", ours + ("attention", "out", "kernel"), "out_kernel"),
+              (f"{hf}{names['out']}.bias", ours + ("attention", "out", "bias"), "plain")]
+    table += _layer_norm(f"{hf}{names['attention_layer_norm']}", ours + ("attention_layer_norm",))
+    table += _dense(f"{hf}{names['intermediate']}", ours + ("intermediate",))
+    table += _dense(f"{hf}{names['output']}", ours + ("output",))
+    table += _layer_norm(f"{hf}{names['output_layer_norm']}", ours + ("output_layer_norm",))
   if pooler:
-    table += _dense("pooler.dense", ("bert", "pooler"))
+    table += _dense(fam.pooler, ("bert", "pooler"))
   if head is not None:
     table += _dense(head, (head,))
   if mlm:
-    table += _dense("cls.predictions.transform.dense", ("mlm", "transform"))
-    table += _layer_norm("cls.predictions.transform.LayerNorm", ("mlm", "layer_norm"))
-    table += [("cls.predictions.bias", ("mlm", "output_bias"), "plain")]
+    transform, norm, bias = fam.mlm
+    table += _dense(transform, ("mlm", "transform"))
+    table += _layer_norm(norm, ("mlm", "layer_norm"))
+    table += [(bias, ("mlm", "output_bias"), "plain")]
   if nsp:
-    table += _dense("cls.seq_relationship", ("nsp",))
+    if fam.nsp is None:
+      raise ValueError(f"{fam.classes} has no sentence-pair head: params with 'nsp' cannot be written as it")
+    table += _dense(fam.nsp, ("nsp",))
   return table
 
 
@@ -114,11 +179,11 @@ def expected_shapes(cfg: model.BertConfig, mlm: bool, nsp: bool) -> dict:
   return {tuple(k.key for k in path): tuple(leaf.shape) for path, leaf in flat}
 
 
-def _canonical_names(state: dict) -> dict:
-  """Strips the `bert.` prefix and renames old-style LayerNorm gamma/beta."""
+def _canonical_names(state: dict, fam: Family) -> dict:
+  """Strips the family's prefix and renames old-style LayerNorm gamma/beta."""
   out = {}
   for name, value in state.items():
-    name = name[len(_PREFIX):] if name.startswith(_PREFIX) else name
+    name = name.removeprefix(fam.prefix)
     name = name.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
     out[name] = np.asarray(value)
   return out
@@ -136,9 +201,10 @@ def from_state_dict(cfg: model.BertConfig, state: dict, scan_layers: bool = Fals
 
   `file_name` maps an HF tensor name to the name to report (the TF importer reports TF names).
   """
-  state = _canonical_names(state)
-  mlm = any(n.startswith("cls.predictions.") for n in state)
-  nsp = any(n.startswith("cls.seq_relationship.") for n in state)
+  fam = family(cfg)
+  state = _canonical_names(state, fam)
+  mlm = any(n.startswith(_mlm_names(fam)) for n in state)
+  nsp = fam.nsp is not None and any(n.startswith(f"{fam.nsp}.") for n in state)
   head = next((h for h in HEADS if f"{h}.weight" in state and f"{h}.bias" in state), None)
   if (mlm or head) and not any(n.startswith("pooler.") for n in state):
     state.update(_initial_pooler(cfg))
@@ -162,7 +228,7 @@ def from_state_dict(cfg: model.BertConfig, state: dict, scan_layers: bool = Fals
                       f"as {'/'.join(path)}")
       continue
     _set(params, path, value.astype(np.float32) if value.dtype != np.float32 else value)
-  for name, target in TIED.items():
+  for name, target in _tied(fam).items():
     if name in state:
       used.add(name)
       if target in state and not np.array_equal(state[name], state[target]):
@@ -170,44 +236,46 @@ def from_state_dict(cfg: model.BertConfig, state: dict, scan_layers: bool = Fals
                         "not supported")
   problems += [f"unexpected tensor {file_name(n)} {state[n].shape}" for n in sorted(set(state) - used)]
   if problems:
-    raise ValueError("checkpoint does not match the BERT config:\n  " + "\n  ".join(problems))
+    raise ValueError(f"checkpoint does not match the {cfg.model_type} config:\n  " + "\n  ".join(problems))
   return model.scan_params(params) if scan_layers else params
 
 
 def _initial_pooler(cfg: model.BertConfig) -> dict:
-  """A fresh pooler for a checkpoint that saves none (`add_pooling_layer=False`: BertForMaskedLM,
-  BertForTokenClassification, BertForQuestionAnswering).
+  """A fresh pooler for a checkpoint that saves none (`add_pooling_layer=False`: the MaskedLM, token
+  classification and question answering classes, e.g. RobertaForMaskedLM, BertForTokenClassification).
 
   Initialised as transformers does when it loads one into a model with a pooler (normal, stddev
   initializer_range; zero bias), from a fixed seed. Masked tokens, tags and spans do not use it.
   """
-  logging.warning("checkpoint has a head but no pooler (BertForMaskedLM, token classification or QA): the "
+  logging.warning("checkpoint has a head but no pooler (a MaskedLM, token classification or QA class): the "
                   "pooler is newly initialised")
   weight = np.random.default_rng(0).normal(0.0, cfg.initializer_range, (cfg.hidden_size, cfg.hidden_size))
-  return {"pooler.dense.weight": weight.astype(np.float32), "pooler.dense.bias": np.zeros(cfg.hidden_size, np.float32)}
+  name = family(cfg).pooler
+  return {f"{name}.weight": weight.astype(np.float32), f"{name}.bias": np.zeros(cfg.hidden_size, np.float32)}
 
 
 def to_state_dict(cfg: model.BertConfig, params: dict, pooler: bool = True) -> dict:
-  """Params (either layout) -> HF tensors; the `bert.` prefix is used when heads are present.
+  """Params (either layout) -> HF tensors; the family's prefix is used when heads are present.
 
-  `pooler` False leaves the pooler out (the HF token classification and QA classes have none).
+  `pooler` False leaves the pooler out (the HF MaskedLM, token classification and QA classes have none).
   """
   params = jax.tree.map(np.asarray, model.unscan_params(nn.unbox(params)))
   mlm, nsp = "mlm" in params, "nsp" in params
   head = next((h for h in HEADS if h in params), None)
-  prefix = _PREFIX if (mlm or nsp or head) else ""
+  fam = family(cfg)
+  prefix, top_level = (fam.prefix if (mlm or nsp or head) else ""), _top_level(fam)
   transforms, state = _transforms(cfg), {}
   for name, path, kind in tensor_table(cfg, mlm, nsp, head, pooler):
     value = params
     for key in path:
       value = value[key]
-    full = name if name.startswith(_TOP_LEVEL) else prefix + name
+    full = name if name.startswith(top_level) else prefix + name
     state[full] = np.ascontiguousarray(transforms[kind][1](value), dtype=np.float32)
   return state
 
 
 def load_hf(path, scan_layers: bool = False, **config_overrides) -> tuple:
-  """A Hugging Face BERT directory -> (BertConfig, params as numpy arrays).
+  """A Hugging Face BERT, ALBERT or RoBERTa directory -> (BertConfig, params as numpy arrays).
 
   Args:
     path: directory with config.json and model.safetensors.
@@ -253,21 +321,36 @@ def load_safetensors(file) -> dict:
 
 
 def save_hf(path, cfg: model.BertConfig, params: dict, vocab_file=None, config_fields: dict | None = None,
-            pooler: bool = True) -> None:
+            pooler: bool | None = None) -> None:
   """Writes config.json, model.safetensors and (if given) vocab.txt, loadable by transformers.
+
+  The class (config.json `architectures`) is the family's encoder (`BertModel` ...) without heads, its
+  pretraining class (`BertForPreTraining`, `AlbertForPreTraining`, `RobertaForMaskedLM`; ALBERT without a
+  sentence-order head: `AlbertForMaskedLM`) with an MLM head.
 
   Args:
     config_fields: set in config.json over ours (a head's `architectures`, `id2label`, `label2id` ...).
-    pooler: False leaves the pooler out (BertForTokenClassification and BertForQuestionAnswering have none).
+    pooler: whether to write the pooler; None: as the class written has one (MaskedLM classes have none).
   """
+  if cfg.model_type == "albert" and (cfg.embedding_size is None or cfg.causal):
+    raise ValueError("transformers' ALBERT always projects its embeddings (set embedding_size) and has no "
+                     "causal mask")
   path = pathlib.Path(path)
   path.mkdir(parents=True, exist_ok=True)
-  state = to_state_dict(cfg, params, pooler)
   hf_config = cfg.to_hf_dict()
-  if not any(n.startswith("cls.") for n in state):
-    hf_config["architectures"] = ["BertModel"]
+  hf_config["architectures"] = [_architecture(cfg, params)]
   hf_config.update(config_fields or {})
+  if pooler is None:
+    pooler = not hf_config["architectures"][0].endswith("ForMaskedLM")
+  state = to_state_dict(cfg, params, pooler)
   (path / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
   save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
   if vocab_file is not None:
     shutil.copyfile(vocab_file, path / "vocab.txt")
+
+
+def _architecture(cfg: model.BertConfig, params: dict) -> str:
+  fam = family(cfg)
+  if "mlm" not in params and "nsp" not in params:
+    return f"{fam.classes}Model"
+  return fam.pretraining if "nsp" in params else fam.masked_lm

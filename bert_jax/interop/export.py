@@ -5,15 +5,17 @@ built on it (`pipeline`, TorchServe, ONNX export by `optimum`).
     python -c "from transformers import pipeline; print(pipeline('text-classification', 'exported/tweets')('great'))"
 
 A finetuned workdir (its task.json says the task) becomes the class of its head, with `id2label` and
-`label2id` from its label set:
+`label2id` from its label set (Bert... here; Albert... and Roberta... for those families):
 
   classification, regression   BertForSequenceClassification (regression: `problem_type` "regression")
   tagging                      BertForTokenClassification
   span (SQuAD)                 BertForQuestionAnswering
 
-Any other checkpoint (a pretraining run, a TF checkpoint) becomes BertForPreTraining, or BertModel when it
-has no MLM head. The directory also gets the vocabulary and a tokenizer_config.json (lower-casing,
-maximum length), so `AutoTokenizer` loads it. A scalar-mix head has no `transformers` class: an error.
+Any other checkpoint (a pretraining run, a TF or HF checkpoint) becomes its family's pretraining class
+(BertForPreTraining, AlbertForPreTraining, RobertaForMaskedLM), or BertModel (...) when it has no MLM head.
+The directory also gets the vocabulary and a tokenizer_config.json (lower-casing, maximum length), so
+`AutoTokenizer` loads it. A scalar-mix head has no `transformers` class: an error; so has a RoBERTa sequence
+classifier (RobertaForSequenceClassification's head is two layers on <s>, ours the pooler and one).
 """
 
 import json
@@ -27,6 +29,7 @@ from bert_jax.interop import checkpoints_hf
 from bert_jax.finetune import trainer
 
 FLAGS = flags.FLAGS
+# The class of a finetuned BERT head; other families change the stem (`checkpoints_hf.Family.classes`).
 ARCHITECTURES = {"classification": "BertForSequenceClassification", "regression": "BertForSequenceClassification",
                  "tagging": "BertForTokenClassification", "span": "BertForQuestionAnswering"}
 
@@ -37,10 +40,13 @@ def define_flags() -> None:
   flags.DEFINE_string("output", None, "The Hugging Face directory to write.")
 
 
-def head_config(record: dict) -> dict:
-  """config.json fields of a finetuned head: its class and label maps (`transformers.PretrainedConfig`)."""
+def head_config(record: dict, classes: str = "Bert") -> dict:
+  """config.json fields of a finetuned head: its class and label maps (`transformers.PretrainedConfig`).
+
+  `classes`: the family's class name stem (Bert, Albert, Roberta).
+  """
   kind = record["kind"]
-  fields = {"architectures": [ARCHITECTURES[kind]]}
+  fields = {"architectures": [classes + ARCHITECTURES[kind].removeprefix("Bert")]}
   if kind == "span":
     return fields
   names = ["LABEL_0"] if kind == "regression" else list(record["label_names"])
@@ -58,20 +64,24 @@ def export(checkpoint, output) -> str:
   max_length = cfg.max_position_embeddings
   if record is None:
     params = {k: v for k, v in params.items() if k in ("bert", "mlm", "nsp")}
-    fields, pooler = {}, True
+    fields, pooler = {}, None   # as the class written has one
   else:
     if record.get("scalar_mix"):
       raise ValueError(f"{checkpoint}: a scalar-mix model (finetuned with scalar_mix) has no transformers class; "
                        "finetune without scalar_mix to export")
+    classes = checkpoints_hf.family(cfg).classes
+    if classes == "Roberta" and record["kind"] in ("classification", "regression"):
+      raise ValueError(f"{checkpoint}: RobertaForSequenceClassification's head (dense, tanh, out_proj on <s>, no "
+                       "pooler) is not written; export a tagging or span model, or the encoder")
     head = "qa_outputs" if record["kind"] == "span" else "classifier"
-    params, fields = {"bert": params["bert"], head: params[head]}, head_config(record)
+    params, fields = {"bert": params["bert"], head: params[head]}, head_config(record, classes)
     pooler = record["kind"] in ("classification", "regression")   # the HF token and QA classes have none
     max_length = record["max_seq_length"]
   checkpoints_hf.save_hf(output, cfg, params, config_fields=fields, pooler=pooler)
   tokenizer.save(str(output))
   (pathlib.Path(output) / checkpoint_loader.TOKENIZER_CONFIG).write_text(json.dumps(
       {"do_lower_case": tokenizer.do_lower_case, "model_max_length": max_length,
-       "tokenizer_class": "BertTokenizer"}, indent=1) + "\n")
+       "tokenizer_class": checkpoints_hf.family(cfg).classes + "Tokenizer"}, indent=1) + "\n")
   return json.loads((pathlib.Path(output) / "config.json").read_text())["architectures"][0]
 
 

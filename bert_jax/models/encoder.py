@@ -4,6 +4,10 @@ Numerically the reference BERT (google-research/bert, Hugging Face `BertModel`):
 LayerNorm eps 1e-12, softmax and LayerNorm statistics in float32 whatever the compute dtype.
 Parameters carry logical axis names only; `config.logical_axis_rules` maps them to mesh axes.
 
+Switches of the same encoder, off by default, composable: ALBERT's factorized embeddings and cross-layer
+sharing (`embedding_size`, `share_layers`; Lan et al. 2020, 3.1), RoBERTa's position ids (`position_pad_id`;
+Liu et al. 2019 as released in fairseq) and a left-to-right mask (`causal`).
+
   cfg = BertConfig.from_preset("base", dtype=jnp.bfloat16)
   out = BertEncoder(cfg).apply({"params": p}, input_ids, input_mask, segment_ids)
 """
@@ -48,6 +52,7 @@ _HF_KEYS = {
     "hidden_act": "hidden_act",
 }
 _GELU_APPROXIMATE = {"gelu": False, "gelu_new": True, "gelu_pytorch_tanh": True}
+HF_MODEL_TYPES = ("bert", "albert", "roberta")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +74,14 @@ class BertConfig:
   param_dtype: Any = jnp.float32  # storage
   scan_layers: bool = False       # one compiled layer body under nn.scan; params get a "layers" axis
   remat_policy: str = "none"      # "none" or a key of REMAT_POLICIES
+  # ALBERT: embeddings (and their LayerNorm) of this width, projected to hidden_size; the MLM head maps back
+  # to it. None: no projection (BERT). Set equal to hidden_size, the projection is still there (as in ALBERT).
+  embedding_size: int | None = None
+  share_layers: bool = False      # ALBERT: every layer applies one parameter set (`shared_layer`)
+  causal: bool = False            # query i attends to keys <= i only (a left-to-right LM)
+  # RoBERTa: default position ids count real tokens from position_pad_id + 1; padding (this id in input_ids)
+  # gets position_pad_id (HF `create_position_ids_from_input_ids`). None: positions 0..L-1 (BERT).
+  position_pad_id: int | None = None
 
   def __post_init__(self):
     # Accept dtype names ("bfloat16") as they come from ConfigDicts and command lines.
@@ -86,6 +99,18 @@ class BertConfig:
     """Size of one attention head (hidden_size // num_heads)."""
     return self.hidden_size // self.num_heads
 
+  @property
+  def embedding_dim(self) -> int:
+    """Width of the embedding tables and of the MLM head's transform: embedding_size or hidden_size."""
+    return self.hidden_size if self.embedding_size is None else self.embedding_size
+
+  @property
+  def model_type(self) -> str:
+    """The Hugging Face family this config is written as (config.json `model_type`, tensor names)."""
+    if self.embedding_size is not None or self.share_layers:
+      return "albert"
+    return "bert" if self.position_pad_id is None else "roberta"
+
   @classmethod
   def from_preset(cls, name: str, **overrides) -> "BertConfig":
     """A paper size: tiny/mini/small/medium/base/large or a grid name like "L-6_H-768_A-12"."""
@@ -100,18 +125,49 @@ class BertConfig:
 
   @classmethod
   def from_hf_dict(cls, d: dict, **overrides) -> "BertConfig":
-    """From a Hugging Face (or Google bert_config.json) dict; unknown keys are ignored."""
+    """From a Hugging Face config.json (model_type bert, albert or roberta; none: a Google bert_config.json).
+
+    Unknown keys are ignored; a family or variant this encoder does not implement is a ValueError.
+    """
     if d.get("position_embedding_type", "absolute") != "absolute":
       raise ValueError(f"position_embedding_type {d['position_embedding_type']!r} is not supported")
+    model_type = d.get("model_type", "bert")
+    if model_type not in HF_MODEL_TYPES:
+      raise ValueError(f"model_type {model_type!r} is not supported; one of {list(HF_MODEL_TYPES)}")
     fields = {f: d[k] for f, k in _HF_KEYS.items() if k in d}
+    fields["causal"] = bool(d.get("is_decoder", False))
+    if model_type == "albert":
+      fields.update(_albert_fields(d))
+    elif model_type == "roberta":
+      fields["position_pad_id"] = d.get("pad_token_id", 1)  # transformers' RobertaConfig default
     return cls(**{**fields, **overrides})
 
   def to_hf_dict(self) -> dict:
-    """A `transformers.BertConfig`-compatible dict (config.json)."""
+    """A config.json of `model_type` (BertConfig, AlbertConfig or RobertaConfig in transformers)."""
     d = {k: getattr(self, f) for f, k in _HF_KEYS.items()}
     d.update(model_type="bert", architectures=["BertForPreTraining"], pad_token_id=0,
              position_embedding_type="absolute")
+    if self.causal:
+      d["is_decoder"] = True  # BertModel and RobertaModel mask causally then
+    if self.model_type == "albert":
+      if self.position_pad_id is not None:
+        raise ValueError("no Hugging Face family has both ALBERT's embeddings or sharing and RoBERTa's positions")
+      d.update(model_type="albert", architectures=["AlbertForPreTraining"], embedding_size=self.embedding_size,
+               num_hidden_groups=1 if self.share_layers else self.num_layers, inner_group_num=1)
+    elif self.model_type == "roberta":
+      d.update(model_type="roberta", architectures=["RobertaForMaskedLM"], pad_token_id=self.position_pad_id)
     return d
+
+
+def _albert_fields(d: dict) -> dict:
+  """BertConfig fields of an AlbertConfig dict: one group shared by all layers, or one group per layer."""
+  layers, groups = d.get("num_hidden_layers", 12), d.get("num_hidden_groups", 1)
+  if d.get("inner_group_num", 1) != 1 or groups not in (1, layers):
+    raise ValueError(f"ALBERT with num_hidden_groups {groups} and inner_group_num {d.get('inner_group_num')} is "
+                     "not supported: only one layer per group, in one group or one group per layer")
+  # transformers' AlbertConfig defaults where a key is absent.
+  return {"embedding_size": d.get("embedding_size", 128), "share_layers": groups == 1,
+          "hidden_act": d.get("hidden_act", "gelu_new")}
 
 
 def dense_init(cfg: BertConfig, names: tuple):
@@ -143,33 +199,58 @@ def gelu(cfg: BertConfig, x):
   return nn.gelu(x, approximate=_GELU_APPROXIMATE[cfg.hidden_act])
 
 
-def attention_mask(input_mask, example_ids=None):
-  """Boolean mask [B, 1, L, L]: keys must be real tokens of the same example as the query."""
+def attention_mask(input_mask, example_ids=None, causal: bool = False):
+  """Boolean mask [B, 1, L, L]: keys must be real tokens of the same example as the query (and, when
+  causal, at or before it)."""
   mask_BQK = jnp.broadcast_to(input_mask[:, None, :].astype(bool), input_mask.shape + input_mask.shape[-1:])
   if example_ids is not None:
     # Block-diagonal: packed examples never attend to each other.
     mask_BQK = mask_BQK & (example_ids[:, :, None] == example_ids[:, None, :])
+  if causal:
+    length = input_mask.shape[-1]
+    mask_BQK = mask_BQK & jnp.tril(jnp.ones((length, length), bool))
   return mask_BQK[:, None]
 
 
+def default_position_ids(cfg: BertConfig, input_ids):
+  """Position ids when none are given: 0..L-1, or RoBERTa's (see `BertConfig.position_pad_id`)."""
+  length = input_ids.shape[-1]
+  offset = 0 if cfg.position_pad_id is None else cfg.position_pad_id + 1
+  if length + offset > cfg.max_position_embeddings:
+    # Out-of-range ids would embed as NaN (jnp.take fills), silently, not fail.
+    after = f" less the {offset} ids RoBERTa's positions start after" if offset else ""
+    raise ValueError(f"sequence length {length} exceeds max_position_embeddings "
+                     f"{cfg.max_position_embeddings}{after}")
+  if cfg.position_pad_id is None:
+    return jnp.broadcast_to(jnp.arange(length), input_ids.shape)
+  real = (input_ids != cfg.position_pad_id).astype(jnp.int32)
+  return jnp.cumsum(real, axis=-1) * real + cfg.position_pad_id
+
+
 class BertEmbeddings(nn.Module):
-  """Word + position + token-type embeddings, LayerNorm, dropout."""
+  """Word + position + token-type embeddings, LayerNorm, dropout (then ALBERT's projection to hidden_size)."""
   config: BertConfig
 
   def setup(self):
     cfg = self.config
-    embed = lambda n, names, name: nn.Embed(n, cfg.hidden_size, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+    embed = lambda n, names, name: nn.Embed(n, cfg.embedding_dim, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
                                             embedding_init=dense_init(cfg, names), name=name)
     self.word_embeddings = embed(cfg.vocab_size, ("vocab", "embed"), "word_embeddings")
     self.position_embeddings = embed(cfg.max_position_embeddings, ("position", "embed"), "position_embeddings")
     self.token_type_embeddings = embed(cfg.type_vocab_size, ("type_vocab", "embed"), "token_type_embeddings")
     self.layer_norm = layer_norm(cfg, "layer_norm")
     self.dropout = nn.Dropout(cfg.hidden_dropout)
+    if cfg.embedding_size is not None:
+      # ALBERT's `embedding_hidden_mapping_in`; the small embedding width stays unsharded.
+      self.projection = nn.Dense(cfg.hidden_size, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+                                 kernel_init=dense_init(cfg, (None, "embed")), bias_init=zeros(("embed",)))
 
   def __call__(self, input_ids, segment_ids, position_ids, deterministic: bool):
     x = (self.word_embeddings(input_ids) + self.position_embeddings(position_ids)
          + self.token_type_embeddings(segment_ids))
     x = self.dropout(self.layer_norm(x), deterministic=deterministic)
+    if self.config.embedding_size is not None:
+      x = self.projection(x)
     return _constrain(x, "activation_batch", "activation_length", "activation_embed")
 
 
@@ -246,7 +327,8 @@ class BertLayer(nn.Module):
 
 
 class BertLayerStack(nn.Module):
-  """num_layers BertLayers: params `layer_0..layer_{N-1}`, or `layers` with a leading axis when scanned."""
+  """num_layers BertLayers: params `layer_0..layer_{N-1}`, or `layers` with a leading axis when scanned;
+  with share_layers, one set `shared_layer` in both layouts."""
   config: BertConfig
 
   @nn.compact
@@ -258,14 +340,21 @@ class BertLayerStack(nn.Module):
       layer = nn.remat(layer, policy=REMAT_POLICIES[cfg.remat_policy], prevent_cse=not cfg.scan_layers,
                        static_argnums=(3, 4))
     if cfg.scan_layers:
-      stack = nn.scan(layer, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
-                      in_axes=(nn.broadcast, nn.broadcast, nn.broadcast), length=cfg.num_layers,
-                      metadata_params={nn.PARTITION_NAME: "layers"})
-      x, hidden = stack(cfg, name="layers")(x, mask, deterministic, output_hidden_states)
+      if cfg.share_layers:  # the one parameter set is broadcast to every step
+        stack = nn.scan(layer, variable_broadcast="params", split_rngs={"params": False, "dropout": True},
+                        in_axes=(nn.broadcast, nn.broadcast, nn.broadcast), length=cfg.num_layers)
+      else:
+        stack = nn.scan(layer, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
+                        in_axes=(nn.broadcast, nn.broadcast, nn.broadcast), length=cfg.num_layers,
+                        metadata_params={nn.PARTITION_NAME: "layers"})
+      name = "shared_layer" if cfg.share_layers else "layers"
+      x, hidden = stack(cfg, name=name)(x, mask, deterministic, output_hidden_states)
       return x, (list(hidden) if output_hidden_states else [])
+    shared = layer(cfg, name="shared_layer") if cfg.share_layers else None
     hidden = []
     for i in range(cfg.num_layers):
-      x, h = layer(cfg, name=f"layer_{i}")(x, mask, deterministic, output_hidden_states)
+      block = shared if cfg.share_layers else layer(cfg, name=f"layer_{i}")
+      x, h = block(x, mask, deterministic, output_hidden_states)
       hidden.append(h)
     return x, (hidden if output_hidden_states else [])
 
@@ -285,21 +374,19 @@ class BertEncoder(nn.Module):
                pooled_positions=None, deterministic: bool = True, output_hidden_states: bool = False):
     """Returns {"sequence_output": [B, L, H], "pooled_output": [B, H] or [B, K, H], "hidden_states"}.
 
-    `hidden_states` is [num_layers + 1, B, L, H] (embeddings first) when output_hidden_states, else None.
+    `hidden_states` is [num_layers + 1, B, L, H] (embeddings first, after any projection to H) when
+    output_hidden_states, else None. Given position_ids are used as they are (no RoBERTa offset added).
     """
     if input_mask is None:
       input_mask = jnp.ones_like(input_ids)
     if segment_ids is None:
       segment_ids = jnp.zeros_like(input_ids)
     if position_ids is None:
-      if input_ids.shape[-1] > self.config.max_position_embeddings:
-        # Out-of-range ids would embed as NaN (jnp.take fills), silently, not fail.
-        raise ValueError(f"sequence length {input_ids.shape[-1]} exceeds max_position_embeddings "
-                         f"{self.config.max_position_embeddings}")
-      position_ids = jnp.broadcast_to(jnp.arange(input_ids.shape[-1]), input_ids.shape)
+      position_ids = default_position_ids(self.config, input_ids)
     x = self.embeddings(input_ids, segment_ids, position_ids, deterministic)
     x_emb = x
-    x, hidden = self.encoder(x, attention_mask(input_mask, example_ids), deterministic, output_hidden_states)
+    mask = attention_mask(input_mask, example_ids, self.config.causal)
+    x, hidden = self.encoder(x, mask, deterministic, output_hidden_states)
     if pooled_positions is None:
       first_BH = x[:, 0]  # [CLS]
     else:
@@ -311,7 +398,7 @@ class BertEncoder(nn.Module):
     }
 
   def word_embeddings(self):
-    """The [vocab, hidden] word-embedding table (tied MLM decoder)."""
+    """The [vocab, embedding_dim] word-embedding table (tied MLM decoder)."""
     return self.embeddings.word_embeddings.embedding
 
 

@@ -23,17 +23,19 @@ def gather_positions(x_BLH, positions_BP):
 
 
 class MaskedLMHead(nn.Module):
-  """Transform (dense + GELU + LayerNorm), then the decoder tied to the word embeddings, plus a bias."""
+  """Transform (dense to the embedding width + GELU + LayerNorm), then the decoder tied to the word
+  embeddings, plus a bias. BERT's `cls.predictions`, ALBERT's `predictions` (hidden -> embedding_size),
+  RoBERTa's `lm_head`."""
   config: model.BertConfig
 
   @nn.compact
-  def __call__(self, x, word_embeddings_VH):
+  def __call__(self, x, word_embeddings_VE):
     cfg = self.config
-    x = model.gelu(cfg, _dense(cfg, cfg.hidden_size, ("embed", "mlp"), "transform")(x))
+    x = model.gelu(cfg, _dense(cfg, cfg.embedding_dim, ("embed", "mlp"), "transform")(x))
     x = model.layer_norm(cfg, "layer_norm")(x)
     bias = self.param("output_bias", model.zeros(("vocab",)), (cfg.vocab_size,), cfg.param_dtype)
     # Logits in float32: the vocabulary softmax is taken by the loss.
-    logits = jnp.einsum("...h,vh->...v", x, word_embeddings_VH.astype(cfg.dtype),
+    logits = jnp.einsum("...e,ve->...v", x, word_embeddings_VE.astype(cfg.dtype),
                         preferred_element_type=jnp.float32)
     return nn.with_logical_constraint(logits + bias, ("activation_batch", "activation_length", "activation_vocab"))
 
