@@ -2,7 +2,7 @@
 
     bert_jax.curves.plot_pretraining(workdir)   # -> <workdir>/curves.png
 
-Two panels: MLM loss and MLM accuracy, train (interval means) and held-out evaluation, with the
+Two panels: the loss and accuracy of the objective's main term (MLM, or the next-token LM), train (interval means) and held-out evaluation, with the
 held-out unigram baseline (always the most frequent target) as a dashed line when it was measured.
 """
 
@@ -22,15 +22,18 @@ def _series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
   return steps, [points[s] for s in steps]
 
 
-def plot_pretraining(workdir: str, filename: str = "curves.png") -> str:
-  """Draws `<workdir>/metrics.jsonl` into `<workdir>/<filename>`; returns the PNG's path."""
+def plot_pretraining(workdir: str, filename: str = "curves.png", term: str = "mlm") -> str:
+  """Draws `<workdir>/metrics.jsonl` into `<workdir>/<filename>`; returns the PNG's path.
+
+  `term` is the loss term drawn (`<split>/<term>_loss`, `_accuracy`): an objective's first LOSS_TERMS key."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
   records = read_metrics(os.path.join(workdir, "metrics.jsonl"))
   fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-  for ax, metric, title in ((axes[0], "mlm_loss", "MLM loss"), (axes[1], "mlm_accuracy", "MLM accuracy")):
+  name = term.upper()
+  for ax, metric, title in ((axes[0], f"{term}_loss", f"{name} loss"), (axes[1], f"{term}_accuracy", f"{name} accuracy")):
     for split, style in (("train", "-"), ("eval", "o-")):
       steps, values = _series(records, f"{split}/{metric}")
       if steps:

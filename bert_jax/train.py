@@ -468,7 +468,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       writer.close()
       preemption.close()
   shown = {k: round(v, 4) for k, v in results.items() if k.startswith("eval/")}
-  plot = curves.plot_pretraining(workdir) if jax.process_index() == 0 else None
+  plot = curves.plot_pretraining(workdir, term=next(iter(s.objective.LOSS_TERMS))) if jax.process_index() == 0 else None
   if (eval_iter is not None and config.fill_mask_examples > 0 and jax.process_count() == 1
       and s.objective.HAS_MLM_HEAD):
     _say(f"fill-mask on held-out lines at step {step}:\n" + fill_mask_examples(

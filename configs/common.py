@@ -55,8 +55,14 @@ def model_config(preset: str = "base") -> ml_collections.ConfigDict:
   for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
                "max_position_embeddings", "type_vocab_size"):
     m[name] = ml_collections.config_dict.placeholder(int)
-  for name in ("hidden_dropout", "attention_dropout", "initializer_range"):
+  for name in ("hidden_dropout", "attention_dropout", "initializer_range", "layer_norm_eps"):
     m[name] = ml_collections.config_dict.placeholder(float)
+  m.hidden_act = ml_collections.config_dict.placeholder(str)   # "gelu" (BERT) or "gelu_new" (ALBERT)
+  m.embedding_size = ml_collections.config_dict.placeholder(int)   # ALBERT's E (factorized embeddings)
+  m.share_layers = False      # ALBERT: every layer applies one parameter set
+  m.causal = False            # a left-to-right model: position i attends to positions <= i only
+  # RoBERTa: positions count from position_pad_id + 1 and padding sits at position_pad_id.
+  m.position_pad_id = ml_collections.config_dict.placeholder(int)
   m.scan_layers = False       # one compiled layer body (faster compiles for deep models)
   m.remat_policy = "none"     # or "full", "dots_saveable", "minimal" (model.REMAT_POLICIES)
   return m

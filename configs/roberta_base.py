@@ -1,12 +1,13 @@
 """RoBERTa-base pretraining as in Liu et al. 2019 (arXiv:1907.11692), Table 9.
 
     bert-jax pretrain --config=configs/roberta_base.py --workdir=gs://bucket/roberta_base \
-        --config.data.train_files=gs://bucket/prepared/train --config.data.vocab_file=gs://bucket/spm.model
+        --config.data.train_files=gs://bucket/prepared/train
+    (`bert-jax prepare --vocab_model=byte_bpe` trains the byte-level BPE beside the shards.)
 
 Table 9 (base): peak lr 6e-4, 24k warmup steps, batch 8k sequences of 512 tokens, 500k steps, Adam
 b1 0.9, b2 0.98, eps 1e-6, weight decay 0.01, dropout 0.1, no gradient clipping, linear decay. No NSP,
-FULL-SENTENCES inputs (4.2), dynamic masking (4.1, which our input pipeline always does). A 50k subword
-vocabulary (4.4) and one token type.
+FULL-SENTENCES inputs (4.2), dynamic masking (4.1, which our input pipeline always does). A 50k byte-level
+BPE vocabulary (4.4), one token type, and fairseq's positions: 514 of them, counted from pad id 1 + 1.
 """
 
 from configs import common
@@ -20,8 +21,12 @@ def get_config(arg: str = "", preset: str = "base"):
   del arg
   c = common.pretrain_config()
   c.model.preset = preset
+  c.objective = "roberta"
   c.model.vocab_size = 50_265
   c.model.type_vocab_size = 1
+  c.model.max_position_embeddings = 514
+  c.model.position_pad_id = 1
+  c.model.layer_norm_eps = 1e-5
   c.data.format = "full_sentences"
   c.data.seq_length, c.data.max_predictions_per_seq = 512, 80
   c.global_batch_size = BATCH

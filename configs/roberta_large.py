@@ -1,7 +1,7 @@
 """RoBERTa-large pretraining as in Liu et al. 2019 (arXiv:1907.11692), Table 9.
 
     bert-jax pretrain --config=configs/roberta_large.py --workdir=gs://bucket/roberta_large \
-        --config.data.train_files=gs://bucket/prepared/train --config.data.vocab_file=gs://bucket/spm.model
+        --config.data.train_files=gs://bucket/prepared/train
 
 Same as `roberta_base.py` except Table 9 (large): peak lr 4e-4 and 30k warmup steps.
 """

@@ -13,7 +13,8 @@ from ml_collections import config_flags
 from bert_jax import optimizer
 from bert_jax import sharding
 from bert_jax import train
-from configs import bert_base, bert_large, roberta_base, roberta_large, tiny
+from configs import albert_base, albert_large, albert_xlarge, albert_xxlarge
+from configs import bert_base, bert_large, ltr_base, roberta_base, roberta_large, spanbert_base, spanbert_large, tiny
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = {
@@ -23,6 +24,13 @@ CONFIGS = {
     "bert_large.py:phase1": bert_large.get_config("phase1"),
     "bert_large.py:phase1_tokens": bert_large.get_config("phase1_tokens"),
     "bert_large.py:phase2": bert_large.get_config("phase2"),
+    "albert_base.py": albert_base.get_config(),
+    "albert_large.py": albert_large.get_config(),
+    "albert_xlarge.py": albert_xlarge.get_config(),
+    "albert_xxlarge.py": albert_xxlarge.get_config(),
+    "ltr_base.py:phase1": ltr_base.get_config("phase1"),
+    "spanbert_base.py": spanbert_base.get_config(),
+    "spanbert_large.py": spanbert_large.get_config(),
     "roberta_base.py": roberta_base.get_config(),
     "roberta_large.py": roberta_large.get_config(),
     "tiny.py": tiny.get_config(),
@@ -44,7 +52,9 @@ def test_config_builds_its_abstract_sharded_train_state(name):
   train.validate(config)
   s = train.setup(config, sharding.create_mesh(config.mesh))   # eval_shape only: nothing is allocated
   n = _num_params(s.abstract_state)
-  expected = {"bert_base": 110e6, "bert_large": 335e6, "roberta_base": 125e6, "roberta_large": 355e6, "tiny": 0.71e6}
+  expected = {"bert_base": 110e6, "bert_large": 335e6, "roberta_base": 125e6, "roberta_large": 355e6, "tiny": 0.71e6,
+              "albert_base": 11.8e6, "albert_large": 17.8e6, "albert_xlarge": 59.0e6, "albert_xxlarge": 223.1e6,
+              "ltr_base": 110e6, "spanbert_base": 111e6, "spanbert_large": 338e6}
   assert n == pytest.approx(expected[name.split(".")[0]], rel=0.05)
   # Adam moments mirror the parameters, with the same shardings.
   adam, = [x for x in s.abstract_state.opt_state if isinstance(x, optimizer.ScaleByAdamState)]
@@ -55,7 +65,7 @@ def test_config_builds_its_abstract_sharded_train_state(name):
     assert "fsdp" in word.sharding.spec   # fsdp configs shard the big matrices
   batch = train.abstract_batch(config)
   assert batch["input_ids"].shape == (config.global_batch_size, config.data.seq_length)
-  assert ("next_sentence_labels" in batch) == (config.data.format == "nsp")
+  assert ("next_sentence_labels" in batch) == (config.data.format in ("nsp", "sop"))   # sop: ALBERT
 
 
 @pytest.mark.parametrize("module", [bert_base, bert_large])
@@ -89,6 +99,41 @@ def test_roberta_paper_schedule(module, lr, warmup):
   assert (c.optimizer.learning_rate, c.optimizer.warmup_steps, c.optimizer.b2) == (lr, warmup, 0.98)
   assert c.data.format == "full_sentences" and c.data.seq_length == 512
   assert c.global_batch_size * c.data.seq_length == 8192 * 512
+
+
+@pytest.mark.parametrize("module", [albert_base, albert_large, albert_xlarge, albert_xxlarge])
+def test_albert_paper_recipe(module):
+  """Lan et al. 2019, 4.1 and Table 1: LAMB, batch 4096, lr 0.00176, 125k steps, 512 tokens, E = 128,
+  shared layers, SOP, n-gram masking, a 30k vocabulary."""
+  c = module.get_config()
+  assert (c.objective, c.optimizer.name, c.optimizer.learning_rate) == ("albert", "lamb", 0.00176)
+  assert c.global_batch_size == 4096 and c.train_steps == c.optimizer.total_steps == 125_000
+  assert (c.data.seq_length, c.data.format, c.data.ngram_masking, c.data.short_seq_prob) == (512, "sop", True, 0.1)
+  cfg = train.bert_config(c)
+  assert (cfg.embedding_size, cfg.share_layers, cfg.vocab_size, cfg.intermediate_size) == (
+      128, True, 30_000, 4 * cfg.hidden_size)
+  size = module.__name__.split("_")[-1]
+  assert (cfg.num_layers, cfg.hidden_size, cfg.num_heads) == {
+      "base": (12, 768, 12), "large": (24, 1024, 16), "xlarge": (24, 2048, 16), "xxlarge": (12, 4096, 64)}[size]
+
+
+@pytest.mark.parametrize("module", [spanbert_base, spanbert_large])
+def test_spanbert_paper_recipe(module):
+  """Joshi et al. 2020: span masking + SBO, one 512-token segment, no NSP, batch 256, 2.4M steps, lr 1e-4."""
+  c = module.get_config()
+  assert (c.objective, c.data.format, c.data.span_masking, c.data.span_p, c.data.span_max_length) == (
+      "spanbert", "doc_sentences", True, 0.2, 10)
+  assert (c.data.seq_length, c.global_batch_size, c.train_steps, c.optimizer.learning_rate) == (
+      512, 256, 2_400_000, 1e-4)
+  assert "next_sentence_labels" not in train.abstract_batch(c)
+
+
+def test_ltr_is_bert_base_with_a_causal_mask_and_no_nsp():
+  """Devlin et al. 2019, Table 5 "LTR & No NSP": BERT-base's schedule, a left-to-right model."""
+  c, b = ltr_base.get_config(), bert_base.get_config()
+  assert (c.objective, c.model.causal, c.data.format) == ("ltr", True, "full_sentences")
+  assert (c.optimizer.to_dict(), c.train_steps, c.global_batch_size) == (b.optimizer.to_dict(), b.train_steps,
+                                                                          b.global_batch_size)
 
 
 def _parse(*args):

@@ -30,7 +30,7 @@ import pytest
 from bert_jax.interop import checkpoints_hf
 from bert_jax.models import heads
 from bert_jax.models import encoder as model
-from bert_jax import objectives
+from bert_jax.objectives import bert as bert_objective
 from tests.conftest import shared_path
 
 GOLDEN = pathlib.Path(__file__).parent / "golden" / "bert_pretraining_step.npz"
@@ -66,7 +66,7 @@ def step():
 
   def loss_fn(p, batch):
     outputs = bert.apply({"params": p}, batch, deterministic=True)
-    return objectives.bert.loss(objectives.bert.loss_sums(outputs, batch))
+    return bert_objective.loss(bert_objective.loss_sums(outputs, batch))
 
   loss, grads = jax.jit(jax.value_and_grad(loss_fn))(params, our_batch(ref))
   return ref, float(loss), checkpoints_hf.to_state_dict(cfg, grads)

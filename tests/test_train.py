@@ -203,10 +203,14 @@ def _cli_overrides(config_changes: dict) -> list[str]:
 @pytest.mark.slow
 def test_exact_resume_after_sigterm(data_dir, tmp_path, compilation_cache):
   """A trains 2N steps; B is killed by SIGTERM after >= N steps and restarted: B's losses equal A's."""
-  n = 10
-  changes = {**TINY, "data.train_files": data_dir}
+  check_exact_resume_after_sigterm(data_dir, tmp_path, compilation_cache, n=10)
+
+
+def check_exact_resume_after_sigterm(data_dir, tmp_path, compilation_cache, n, **config_changes):
+  """Trains A for 2n steps in-process; B by the CLI, SIGTERM after >= n steps, then restarted to 2n."""
+  changes = {**TINY, "data.train_files": data_dir, **config_changes}
   a_dir, b_dir = str(tmp_path / "a"), str(tmp_path / "b")
-  train.train_and_evaluate(tiny_config(data_dir, train_steps=2 * n), a_dir)
+  train.train_and_evaluate(tiny_config(data_dir, train_steps=2 * n, **config_changes), a_dir)
   a = train_losses(a_dir)
 
   env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=compilation_cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",

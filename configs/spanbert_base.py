@@ -1,0 +1,37 @@
+"""SpanBERT-base pretraining as in Joshi et al. 2020 (arXiv:1907.10529), 3 and 4.
+
+    bert-jax pretrain --config=configs/spanbert_base.py --workdir=gs://bucket/spanbert_base \
+        --config.data.train_files=gs://bucket/prepared/train --config.data.vocab_file=gs://bucket/vocab.txt
+
+Recipe: span masking (3.1: whole-word spans, lengths ~ Geometric(p = 0.2) clipped at 10, 15% of the
+tokens, 80/10/10 per span) with the span boundary objective (3.2), single contiguous segments of up to
+512 tokens and no NSP (3.3); BERT's model sizes and cased WordPiece vocabulary; Adam with lr 1e-4,
+b1 0.9, b2 0.999, weight decay 0.01, 10,000 warmup steps then linear decay, dropout 0.1, batch 256
+sequences, 2.4M steps, all at length 512 ("Implementation", 4.x; unlike BERT no 128-token phase).
+"""
+
+from configs import common
+
+BATCH, STEPS = 256, 2_400_000
+
+
+def get_config(arg: str = "", preset: str = "base"):
+  """`arg` is unused (one phase); kept for the `:arg` convention."""
+  del arg
+  c = common.pretrain_config()
+  c.objective = "spanbert"
+  c.model.preset = preset
+  c.model.vocab_size = 28_996     # BERT's cased vocabulary
+  c.data.do_lower_case = False
+  c.data.format = "doc_sentences"
+  c.data.span_masking = True
+  c.data.seq_length, c.data.max_predictions_per_seq = 512, 80
+  c.global_batch_size = BATCH
+  c.train_steps = STEPS
+  c.optimizer.learning_rate = 1e-4
+  c.optimizer.warmup_steps = 10_000
+  c.optimizer.total_steps = STEPS
+  c.topology = "v3:8x8"
+  c.peak_flops_per_device = 61.5e12
+  c.mesh.data, c.mesh.fsdp = -1, 1
+  return c

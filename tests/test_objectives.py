@@ -1,0 +1,101 @@
+"""Every pretraining objective on the same loop: schema = pipeline batches, loss falls, the 8-device mesh
+gives one device's losses, property tests (LTR sees no future, SBO targets masked span tokens), bad input."""
+
+import jax
+import numpy as np
+import pytest
+
+from bert_jax import failures
+from bert_jax import objectives
+from bert_jax import sharding
+from bert_jax import train
+from bert_jax.data import input_pipeline
+from test_train import check_exact_resume_after_sigterm, compilation_cache, data_dir, tiny_config  # noqa: F401
+
+# What each objective needs of the tiny config beyond the BERT defaults.
+CHANGES = {
+    "bert": {},
+    "roberta": {"data.format": "full_sentences", "model.type_vocab_size": 1},
+    "spanbert": {"data.format": "doc_sentences", "data.span_masking": True},
+    "ltr": {"data.format": "full_sentences", "model.causal": True},
+    "albert": {"data.format": "sop", "data.ngram_masking": True, "model.share_layers": True,
+               "model.embedding_size": 16},
+}
+
+
+def objective_config(data_dir, name, **changes):  # noqa: F811
+  return tiny_config(data_dir, objective=name, **{**CHANGES[name], **changes})
+
+
+@pytest.mark.parametrize("name", objectives.NAMES)
+def test_pipeline_batches_follow_the_schema(data_dir, name):  # noqa: F811
+  config = objective_config(data_dir, name)
+  it = input_pipeline.create_pretrain_iterator(config.data, global_batch_size=8, process_index=0, process_count=1,
+                                               objective=name)
+  batch = next(iter(it))
+  schema = objectives.get(name).batch_schema(config.data, 8)
+  assert {k: (v.dtype, v.shape) for k, v in batch.items()} == {k: (np.dtype(f.dtype), f.shape) for k, f in schema.items()}
+  for key, field in schema.items():
+    high = train.bert_config(config).vocab_size if field.high == "vocab" else field.high
+    assert 0 <= batch[key].min() and batch[key].max() < max(high, 1) + (key.endswith("weights")), key
+
+
+def _losses(config, devices, steps):
+  """Train-step losses of the config's objective on `devices`, batches from the real input pipeline."""
+  mesh = sharding.create_mesh(config.mesh, devices=devices)
+  s = train.setup(config, mesh)
+  it = input_pipeline.create_pretrain_iterator(config.data, global_batch_size=config.global_batch_size,
+                                               process_index=0, process_count=1, objective=config.objective)
+  init_rng, dropout_rng = jax.random.split(jax.random.key(0))
+  state, losses = s.init(init_rng), []
+  for _, host_batch in zip(range(steps), it):
+    state, metrics = s.train_step(state, sharding.global_batch(host_batch, mesh), dropout_rng)
+    losses.append(float(metrics["loss"]))
+  return losses
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [n for n in objectives.NAMES if n != "bert"])   # bert: test_train, test_mesh
+def test_trains_sharded_with_one_devices_losses_and_its_loss_falls(data_dir, name):  # noqa: F811
+  one = _losses(objective_config(data_dir, name, **{"mesh.data": 1, "mesh.fsdp": 1, "mesh.tensor": 1}),
+                jax.devices()[:1], steps=30)
+  eight = _losses(objective_config(data_dir, name, **{"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2}),
+                  jax.devices(), steps=2)
+  np.testing.assert_allclose(eight, one[:2], rtol=2e-5)   # the second loss is after one update
+  assert np.mean(one[-5:]) < 0.8 * np.mean(one[:5]), one
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [n for n in objectives.NAMES if n != "bert"])   # bert: test_train
+def test_exact_resume_after_sigterm(data_dir, tmp_path, compilation_cache, name):  # noqa: F811
+  check_exact_resume_after_sigterm(data_dir, tmp_path, compilation_cache, n=4, objective=name, **CHANGES[name])
+
+
+def test_unknown_objective_is_a_user_error(data_dir):  # noqa: F811
+  with pytest.raises(failures.UserError, match="'electrum' is not one of"):
+    train.validate(tiny_config(data_dir, objective="electrum"))
+
+
+@pytest.mark.parametrize("name, fmt", [("albert", "nsp"), ("spanbert", "nsp"), ("ltr", "sop"),
+                                       ("roberta", "nsp")])
+def test_a_format_the_objective_cannot_use_names_both(data_dir, name, fmt):  # noqa: F811
+  with pytest.raises(failures.UserError, match=f"data.format '{fmt}' cannot be used by objective '{name}'"):
+    train.validate(objective_config(data_dir, name, **{"data.format": fmt}))
+
+
+def test_span_boundary_targets_are_masked_span_tokens(data_dir):  # noqa: F811
+  config = objective_config(data_dir, "spanbert")
+  it = input_pipeline.create_pretrain_iterator(config.data, global_batch_size=16, process_index=0,
+                                               process_count=1, objective="spanbert")
+  batch = next(iter(it))
+  real = batch["masked_lm_weights"] > 0
+  assert real.sum() > 0
+  rows = np.nonzero(real)[0]
+  pos = batch["masked_lm_positions"][real]
+  left, right = batch["masked_lm_span_left"][real], batch["masked_lm_span_right"][real]
+  masked = np.zeros(batch["input_ids"].shape, bool)
+  masked[rows, pos] = True
+  assert (left < pos).all() and (pos < right).all()
+  assert not masked[rows, left].any() and not masked[rows, right].any()   # boundaries are not targets
+  assert all(masked[r, l + 1:h].all() for r, l, h in zip(rows, left, right))   # the span between them is
+  np.testing.assert_array_equal(batch["masked_lm_span_offset"][real], pos - left - 1)
