@@ -100,3 +100,69 @@ def test_embed_command_reads_a_pretraining_run(tmp_path_factory, tmp_path):
   assert sorted(out) == sorted(expected) and out["hidden_states_0"].shape == (2, 8, 32)
   for key, value in expected.items():
     np.testing.assert_allclose(out[key], value, atol=1e-5, err_msg=key)
+
+
+def family_lines(ref) -> tuple[list[str], dict]:
+  """Input lines for a reference.npz of ../shared/data/families: its texts and pairs as text, then the rows
+  of `padded_texts` (the first texts, right-padded) as input_ids with their attention_mask. Returns the
+  lines and {output index: (reference example, row)}."""
+  lines, expected = [], {}
+  for j, text in enumerate(ref["texts"]):
+    expected[len(lines)] = (f"text{j}", 0)
+    lines.append(json.dumps({"text": str(text)}))
+  for j, (a, b) in enumerate(ref["pairs"]):
+    expected[len(lines)] = (f"pair{j}", 0)
+    lines.append(json.dumps({"text": str(a), "text_b": str(b)}))
+  names = [n for n in ("input_ids", "attention_mask", "token_type_ids") if f"padded_texts/{n}" in ref]
+  for row in range(len(ref["padded_texts/input_ids"])):
+    expected[len(lines)] = ("padded_texts", row)
+    lines.append(json.dumps({n: ref[f"padded_texts/{n}"][row].tolist() for n in names}))
+  return lines, expected
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["albert", "roberta"])
+def test_embed_command_on_albert_and_roberta_directories(family, tmp_path):
+  # Text through the directory's own tokenizer (spiece.model; vocab.json + merges.txt) and ids with their
+  # attention mask give transformers' hidden states at the real positions; the texts also match the
+  # reference's padded batch of the same texts.
+  ckpt = shared_path("families", family)
+  ref = np.load(ckpt / "reference.npz")
+  lines, expected = family_lines(ref)
+  (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
+  run_cli(f"--checkpoint={ckpt}", f"--input={tmp_path / 'in.jsonl'}", f"--output={tmp_path / 'out.npz'}",
+          "--batch_size=4")
+  out = np.load(tmp_path / "out.npz")
+  padded = ref["padded_texts/hidden_states"]
+  errors = {}
+  for i, (name, row) in expected.items():
+    real = ref[f"{name}/attention_mask"][row].astype(bool)
+    np.testing.assert_array_equal(out[f"input_ids_{i}"], ref[f"{name}/input_ids"][row])
+    got = out[f"hidden_states_{i}"][:, real]
+    errors[name, row] = np.abs(got - ref[f"{name}/hidden_states"][row][:, real]).max()
+    if name.startswith("text") and int(name[4:]) < len(padded):   # the same text in the padded batch
+      n = int(real.sum())
+      errors["padded_texts", int(name[4:]), "text"] = np.abs(got - padded[int(name[4:])][:, :n]).max()
+  assert len(errors) == len(ref["texts"]) + len(ref["pairs"]) + 2 * len(padded)
+  assert max(errors.values()) <= TOLERANCE, errors
+  print(f"{family}: max |hidden_states - transformers| = {max(errors.values()):.2e} over {len(errors)} "
+        "comparisons")
+
+
+def test_embed_examples_with_roberta_positions_up_to_the_table_limit():
+  # RoBERTa's positions start after its pad id (1): a 20-position table holds 18 tokens, and 18 tokens
+  # bucket to 32 rows of padding, which must be cut to 18, not 20.
+  cfg = model.BertConfig.from_preset("tiny", vocab_size=32, max_position_embeddings=20, num_layers=1,
+                                     type_vocab_size=1, position_pad_id=1)
+  assert embed.longest_input(cfg) == 18
+  rng = np.random.default_rng(0)
+  examples = [(rng.integers(2, 32, n).astype(np.int32), np.zeros(n, np.int32)) for n in (18, 5)]
+  shapes = jax.eval_shape(model.BertEncoder(cfg).init, jax.random.key(0), examples[0][0][None])["params"]
+  params = jax.tree.map(lambda s: rng.normal(0.0, 0.2, s.shape).astype(np.float32), nn.unbox(shapes))
+  arrays = embed.embed_examples(cfg, params, examples, batch_size=2)
+  alone = jax.jit(lambda p, ids: model.BertEncoder(cfg).apply({"params": p}, ids, output_hidden_states=True))
+  for i, (ids, _) in enumerate(examples):
+    np.testing.assert_allclose(arrays[f"hidden_states_{i}"], alone(params, ids[None])["hidden_states"][:, 0],
+                               atol=1e-5)
+  with pytest.raises(ValueError, match="19 input_ids, more than max_length 18"):
+    embed.read_examples(['{"input_ids": %s}' % list(range(2, 21))], max_length=embed.longest_input(cfg))

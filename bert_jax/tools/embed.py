@@ -4,14 +4,18 @@ The feature-based use of BERT (Devlin et al. 2019, 5.3; ELMo-style layer mixing)
 
   bert-jax embed --checkpoint=DIR --input=in.jsonl --output=out.npz
 
-Each input line is {"text": ..., "text_b": ... (optional)} or {"input_ids": [...], "token_type_ids": [...]
-(optional)}. The output holds, for example i (the i-th line): `hidden_states_{i}` [layers + 1, seq, hidden]
-(embeddings first), `last_hidden_state_{i}` [seq, hidden], `pooler_output_{i}` [hidden], and the
-`input_ids_{i}` / `token_type_ids_{i}` that were fed. DIR is any checkpoint `checkpoint_loader` reads: a
-Hugging Face directory, a Google TF checkpoint, a bert_jax pretraining run or a finetuned workdir.
+Each input line is {"text": ..., "text_b": ... (optional)}, tokenized by the checkpoint's own tokenizer
+(WordPiece vocab.txt, SentencePiece *.model, byte-level BPE vocab.json + merges.txt), or {"input_ids": [...],
+"attention_mask": [...], "token_type_ids": [...]} (mask and types optional: all ones, all zeros). The output
+holds, for example i (the i-th line): `hidden_states_{i}` [layers + 1, seq, hidden] (embeddings first),
+`last_hidden_state_{i}` [seq, hidden], `pooler_output_{i}` [hidden], and the `input_ids_{i}` /
+`token_type_ids_{i}` / `attention_mask_{i}` that were fed; seq counts every id given, masked ones included.
+DIR is any checkpoint `checkpoint_loader` reads: a Hugging Face directory (BERT, ALBERT, RoBERTa), a Google
+TF checkpoint, a bert_jax pretraining run or a finetuned workdir.
 """
 
 import json
+from typing import NamedTuple
 
 from absl import app
 from absl import flags
@@ -26,23 +30,37 @@ _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Hugging Face directory, G
                                   "pretraining run or finetuned workdir.")
 # `input` and `do_lower_case` are also flags of `bert-jax prepare`. The CLI imports one subcommand
 # module only, but a process importing both (the test suite) must not fail on the duplicate name.
-_INPUT = flags.DEFINE_string("input", None,
-                             "JSON lines with `text` (+`text_b`) or `input_ids` (+`token_type_ids`).",
-                             allow_override=True)
+_INPUT = flags.DEFINE_string("input", None, "JSON lines with `text` (+`text_b`) or `input_ids` "
+                             "(+`attention_mask`, `token_type_ids`).", allow_override=True)
 _OUTPUT = flags.DEFINE_string("output", None, "Output .npz file.")
-_VOCAB = flags.DEFINE_string("vocab", None, "Vocabulary for text input; default: the checkpoint's.")
+_VOCAB = flags.DEFINE_string("vocab", None, "Tokenizer for text input (vocab.txt, *.model, vocab.json); "
+                             "default: the checkpoint's.")
 _DO_LOWER_CASE = flags.DEFINE_bool("do_lower_case", True, "Lowercase text input (uncased models); default: "
                                    "the checkpoint's tokenizer_config.json if it says, else True.",
                                    allow_override=True)
-_MAX_LENGTH = flags.DEFINE_integer("max_length", None, "Truncate text input; default max_position_embeddings.")
+_MAX_LENGTH = flags.DEFINE_integer("max_length", None, "Truncate text input; default: what the position "
+                                   "table holds (`longest_input`).")
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 8, "Examples per forward pass.")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype.")
 
 _LENGTH_BUCKET = 16  # pad batches to a multiple of this: few shapes, few compilations
 
 
-def read_examples(lines, tokenizer=None, max_length: int = 512) -> list:
-  """JSON lines -> [(input_ids, token_type_ids)] as int32 arrays; text needs a tokenizer."""
+class Example(NamedTuple):
+  """One input line as int32 arrays [seq]."""
+  input_ids: np.ndarray
+  token_type_ids: np.ndarray
+  attention_mask: np.ndarray | None = None   # None: every position is real
+
+
+def longest_input(cfg: model.BertConfig) -> int:
+  """The longest input the position table holds: RoBERTa's positions start after its pad id."""
+  offset = 0 if cfg.position_pad_id is None else cfg.position_pad_id + 1
+  return cfg.max_position_embeddings - offset
+
+
+def read_examples(lines, tokenizer=None, max_length: int = 512) -> list[Example]:
+  """JSON lines -> Examples; text needs a tokenizer."""
   examples = []
   for n, line in enumerate(lines, 1):
     if not line.strip():
@@ -51,45 +69,57 @@ def read_examples(lines, tokenizer=None, max_length: int = 512) -> list:
     if "input_ids" in record:
       ids = record["input_ids"]
       types = record.get("token_type_ids", [0] * len(ids))
+      mask = record.get("attention_mask", [1] * len(ids))
       if len(ids) > max_length:
         raise ValueError(f"line {n}: {len(ids)} input_ids, more than max_length {max_length}")
     elif "text" in record:
       if tokenizer is None:
-        raise ValueError(f"line {n}: text input needs a vocabulary (--vocab or the checkpoint's vocab.txt)")
+        raise ValueError(f"line {n}: text input needs a vocabulary (--vocab, or the checkpoint's vocab.txt, "
+                         "SentencePiece *.model or vocab.json + merges.txt)")
       ids, types = tokenizer.encode_pair(record["text"], record.get("text_b"), max_length=max_length)
+      mask = [1] * len(ids)
     else:
       raise ValueError(f"line {n}: expected a `text` or an `input_ids` field, got {sorted(record)}")
-    if len(ids) != len(types):
-      raise ValueError(f"line {n}: {len(ids)} input_ids but {len(types)} token_type_ids")
-    examples.append((np.asarray(ids, np.int32), np.asarray(types, np.int32)))
+    for name, values in (("token_type_ids", types), ("attention_mask", mask)):
+      if len(values) != len(ids):
+        raise ValueError(f"line {n}: {len(ids)} input_ids but {len(values)} {name}")
+    examples.append(Example(*(np.asarray(x, np.int32) for x in (ids, types, mask))))
   return examples
 
 
 def embed_examples(cfg: model.BertConfig, params, examples, batch_size: int = 8) -> dict:
-  """Runs the encoder over examples in length-sorted, padded batches; returns the .npz arrays."""
+  """Runs the encoder over examples ((ids, types) or Examples) in length-sorted, padded batches; returns
+  the .npz arrays."""
   encoder = model.BertEncoder(cfg)
   # Params are an argument, not a closure, so they are not folded into the compiled program as constants.
   run = jax.jit(lambda p, ids, mask, types: encoder.apply({"params": p}, ids, mask, types,
                                                           output_hidden_states=True))
-  order = sorted(range(len(examples)), key=lambda i: len(examples[i][0]))
+  examples = [Example(*e) for e in examples]
+  # Padding takes the pad id, as Hugging Face pads: RoBERTa then gives it the pad position, as there.
+  pad_id = 0 if cfg.position_pad_id is None else cfg.position_pad_id
+  order = sorted(range(len(examples)), key=lambda i: len(examples[i].input_ids))
   arrays = {}
   for start in range(0, len(order), batch_size):
     chunk = order[start:start + batch_size]
-    length = -(-max(len(examples[i][0]) for i in chunk) // _LENGTH_BUCKET) * _LENGTH_BUCKET
+    length = -(-max(len(examples[i].input_ids) for i in chunk) // _LENGTH_BUCKET) * _LENGTH_BUCKET
     # Never past the position table: an out-of-range position id embeds as NaN, which the attention
     # would spread to the real positions (0 * NaN) however the padding is masked.
-    length = min(length, cfg.max_position_embeddings)
-    ids, mask, types = (np.zeros((batch_size, length), np.int32) for _ in range(3))
+    length = min(length, longest_input(cfg))
+    ids = np.full((batch_size, length), pad_id, np.int32)
+    mask, types = np.zeros_like(ids), np.zeros_like(ids)
     for row, i in enumerate(chunk):
-      n = len(examples[i][0])
-      ids[row, :n], types[row, :n], mask[row, :n] = examples[i][0], examples[i][1], 1
+      e = examples[i]
+      n = len(e.input_ids)
+      ids[row, :n], types[row, :n] = e.input_ids, e.token_type_ids
+      mask[row, :n] = 1 if e.attention_mask is None else e.attention_mask
     out = jax.device_get(run(params, ids, mask, types))
     for row, i in enumerate(chunk):
-      n = len(examples[i][0])
+      n = len(examples[i].input_ids)
       arrays[f"hidden_states_{i}"] = out["hidden_states"][:, row, :n].astype(np.float32)
       arrays[f"last_hidden_state_{i}"] = out["sequence_output"][row, :n].astype(np.float32)
       arrays[f"pooler_output_{i}"] = out["pooled_output"][row].astype(np.float32)
-      arrays[f"input_ids_{i}"], arrays[f"token_type_ids_{i}"] = examples[i]
+      arrays[f"input_ids_{i}"], arrays[f"token_type_ids_{i}"] = ids[row, :n], types[row, :n]
+      arrays[f"attention_mask_{i}"] = mask[row, :n]
   return arrays
 
 
@@ -115,7 +145,7 @@ def main(argv) -> None:
       raise app.UsageError(f"--{flag.name} is required")
   cfg, params = checkpoint_loader.load_model(_CHECKPOINT.value, dtype=_DTYPE.value)
   with open(_INPUT.value) as f:
-    examples = read_examples(f, _tokenizer(), _MAX_LENGTH.value or cfg.max_position_embeddings)
+    examples = read_examples(f, _tokenizer(), _MAX_LENGTH.value or longest_input(cfg))
   arrays = embed_examples(cfg, params["bert"], examples, _BATCH_SIZE.value)
   np.savez(_OUTPUT.value, **arrays)
   logging.info("wrote %d examples to %s", len(examples), _OUTPUT.value)
