@@ -10,9 +10,11 @@ A path is, checked in this order:
     finetuned workdir, its `best/` or `best/<step>`. Its config is the bert_config.json of the nearest
     directory above the steps: the workdir, where pretraining writes it at start (`write_run_record`)
     and so does finetuning.
-The tokenizer (vocab.txt or a SentencePiece *.model) and tokenizer_config.json (`do_lower_case`) are read
-from the directory that holds the config. Params come back as host numpy arrays: the encoder under
-"bert" and whatever heads were saved ("mlm", "nsp", a finetuned head).
+The tokenizer (vocab.txt, a SentencePiece *.model, or a byte-level BPE vocab.json + merges.txt) and
+tokenizer_config.json (`do_lower_case` and the tokenizer's settings) are read from the directory that holds
+the config. Params come back as host numpy arrays: the encoder under "bert" and whatever heads were saved
+("mlm", "nsp", a finetuned head). `family_problem` says when a checkpoint holds another encoder than a
+config describes.
 """
 
 import dataclasses
@@ -143,7 +145,8 @@ def _lower_case(directory: str) -> bool:
 def load_tokenizer(path, do_lower_case: bool | None = None):
   """The checkpoint's tokenizer; `do_lower_case` None: as its tokenizer_config.json says.
 
-  Raises FileNotFoundError when its directory holds neither vocab.txt nor a SentencePiece *.model.
+  Raises FileNotFoundError when its directory holds no vocab.txt, SentencePiece *.model or vocab.json +
+  merges.txt.
   """
   return _read_tokenizer(find(path), do_lower_case)
 
@@ -171,14 +174,62 @@ def load(path, *, kind: str = "auto", bert_config_json: str | None = None, scan_
   return Loaded(cfg, params, _read_tokenizer(found, do_lower_case))
 
 
+# The fields that make an encoder's parameters and attention what they are: a checkpoint that differs in one
+# cannot initialise the model (or, worse, would, as another architecture).
+_STRUCTURE = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size", "max_position_embeddings",
+              "type_vocab_size", "embedding_size", "share_layers", "position_pad_id", "causal")
+
+
+def family_problem(path, encoder_config: model.BertConfig) -> str | None:
+  """Why the checkpoint at `path` cannot initialise `encoder_config`'s encoder: its model config names another
+  family (bert, albert, roberta), switch (embedding_size, share_layers, position_pad_id, causal) or size.
+
+  Returns:
+    One sentence naming both encoders; None if they agree, or if `path` is no checkpoint with a model config
+    (what is missing is for the checks that read it to say).
+  """
+  try:
+    found = find(path)
+    config = epath.Path(found.directory) / HF_CONFIG if found.kind == "hf" else _config_file(found, None)
+    hf_dict = json.loads(config.read_text())
+  except (FileNotFoundError, ValueError):
+    return None
+  try:
+    cfg = model.BertConfig.from_hf_dict(hf_dict)
+  except ValueError as e:
+    return f"{path} holds an encoder bert_jax does not implement: {e}"
+  differ = [f for f in _STRUCTURE if getattr(cfg, f) != getattr(encoder_config, f)]
+  if not differ:
+    return None
+  return (f"{path} holds {describe(cfg)} but the config describes {describe(encoder_config)}: they differ in "
+          f"{', '.join(differ)}")
+
+
+def describe(cfg: model.BertConfig) -> str:
+  """`cfg`'s family and structure in words, e.g. "an albert encoder (L=12 H=768 A=12 I=3072 E=128, shared
+  layers, vocab 30000, 512 positions, 2 token types)"."""
+  shape = f"L={cfg.num_layers} H={cfg.hidden_size} A={cfg.num_heads} I={cfg.intermediate_size}"
+  if cfg.embedding_size is not None:
+    shape += f" E={cfg.embedding_size}"
+  switches = [s for s, on in (("shared layers", cfg.share_layers), ("causal", cfg.causal),
+                              (f"positions after pad id {cfg.position_pad_id}", cfg.position_pad_id is not None))
+              if on]
+  sizes = [f"vocab {cfg.vocab_size}", f"{cfg.max_position_embeddings} positions",
+           f"{cfg.type_vocab_size} token type{'s' if cfg.type_vocab_size != 1 else ''}"]
+  article = "an" if cfg.model_type[0] in "aeiou" else "a"
+  return f"{article} {cfg.model_type} encoder ({', '.join([shape, *switches, *sizes])})"
+
+
 def write_run_record(workdir: str, model_config: model.BertConfig, vocab_path: str, do_lower_case: bool) -> None:
-  """Writes what `load` reads beside a run's checkpoints: bert_config.json, the vocabulary and
-  tokenizer_config.json (`do_lower_case`). Process 0 writes; the other processes return.
+  """Writes what `load` reads beside a run's checkpoints: bert_config.json, the tokenizer's files and
+  tokenizer_config.json (`do_lower_case` and the tokenizer's settings). Process 0 writes; the other
+  processes return.
 
   Args:
     workdir: the run's directory (local or remote, e.g. gs://).
     model_config: the model trained.
-    vocab_path: vocab.txt, a SentencePiece *.model, or a directory holding one (a prepared data directory).
+    vocab_path: vocab.txt, a SentencePiece *.model, a byte-level BPE vocab.json (merges.txt beside it), or
+      a directory holding one (a prepared data directory).
     do_lower_case: whether text is lowercased before tokenizing.
   """
   if jax.process_index() != 0:
@@ -186,8 +237,22 @@ def write_run_record(workdir: str, model_config: model.BertConfig, vocab_path: s
   root = epath.Path(workdir)
   root.mkdir(parents=True, exist_ok=True)
   (root / CONFIG).write_text(json.dumps(model_config.to_hf_dict(), indent=2) + "\n")
+  tokenizer = tokenizer_lib.load_tokenizer(vocab_path, do_lower_case)
   with tempfile.TemporaryDirectory() as local:
-    # The tokenizer's `save` names the copy (vocab.txt or spm.model); then on to a possibly remote workdir.
-    saved = epath.Path(tokenizer_lib.load_tokenizer(vocab_path, do_lower_case).save(local))
-    saved.copy(root / saved.name, overwrite=True)
-  (root / TOKENIZER_CONFIG).write_text(json.dumps({"do_lower_case": do_lower_case}) + "\n")
+    # The tokenizer's `save` writes all it reloads from (vocab.txt; spm.model; vocab.json, merges.txt and
+    # its tokenizer_config.json settings); then on to a possibly remote workdir.
+    tokenizer.save(local)
+    settings = {**tokenizer_lib.read_tokenizer_config(local), **_reload_settings(tokenizer, do_lower_case)}
+    for saved in epath.Path(local).iterdir():
+      if saved.name != TOKENIZER_CONFIG:
+        saved.copy(root / saved.name, overwrite=True)
+  (root / TOKENIZER_CONFIG).write_text(json.dumps(settings, indent=2) + "\n")
+
+
+def _reload_settings(tokenizer, do_lower_case: bool) -> dict:
+  """tokenizer_config.json keys that `load_tokenizer` reads back and `save` does not write: SentencePiece
+  saves its model only, and without `keep_accents` an ALBERT model would come back keeping accents."""
+  settings = {"do_lower_case": do_lower_case}
+  if tokenizer.kind == "sentencepiece":
+    settings.update(keep_accents=tokenizer.keep_accents, remove_space=tokenizer.remove_space)
+  return settings

@@ -102,10 +102,15 @@ def check_inputs(config: ml_collections.ConfigDict) -> None:
   if d.vocab_file and not input_pipeline.tf.io.gfile.exists(d.vocab_file):
     problems.append(f"data.vocab_file {d.vocab_file!r} does not exist")
   if config.init_from:
-    problem = checkpointing.checkpoint_problem(
-        config.init_from, ("state",) if config.init_from_params_only else ("state", "data"))
+    # Another family or size first: restoring it would fail late, on shapes, or succeed as another model
+    # (a causal mask changes no shape).
+    problem = checkpoint_loader.family_problem(config.init_from, bert_config(config))
+    if not problem:
+      problem = checkpointing.checkpoint_problem(
+          config.init_from, ("state",) if config.init_from_params_only else ("state", "data"))
+      problem = problem and f"{problem} (phase 2 starts from phase 1's <workdir>/checkpoints)"
     if problem:
-      problems.append(f"init_from: {problem} (phase 2 starts from phase 1's <workdir>/checkpoints)")
+      problems.append(f"init_from: {problem}")
   if problems:
     raise failures.UserError("invalid inputs:\n  " + "\n  ".join(problems))
 

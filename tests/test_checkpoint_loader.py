@@ -3,6 +3,7 @@
 `trained_run` (one tiny pretraining run per test session) is shared with test_fill_mask and test_embed.
 """
 
+import dataclasses
 import functools
 import os
 
@@ -12,8 +13,14 @@ import pytest
 
 from bert_jax import checkpoint_loader
 from bert_jax import checkpointing
+from bert_jax import failures
+from bert_jax.data import bpe
 from bert_jax.data import prepare
+from bert_jax.data import tokenizer as tokenizer_lib
+from bert_jax.data import vocab_training
+from bert_jax.models import encoder as model
 from bert_jax import train
+from conftest import shared_path
 from test_train import tiny_config
 
 pytestmark = pytest.mark.slow  # the first test to ask for `trained_run` trains it (about 30 s on 2 cores)
@@ -107,3 +114,83 @@ def test_errors_name_the_path_and_what_was_looked_for(run, tmp_path):
     checkpoint_loader.load_model(tmp_path / "old_run")
   cfg, _ = checkpoint_loader.load_model(tmp_path / "old_run", bert_config_json=os.path.join(run, "bert_config.json"))
   assert cfg == checkpoint_loader.load_model(run)[0]
+
+
+def run_record(workdir, cfg: model.BertConfig, vocab_path: str, do_lower_case: bool = True) -> str:
+  """A workdir with a run record and a step directory, which is all `find` asks of a run (no weights)."""
+  os.makedirs(os.path.join(workdir, "checkpoints", "1", "state"))
+  checkpoint_loader.write_run_record(str(workdir), cfg, vocab_path, do_lower_case)
+  return os.path.join(workdir, "checkpoints")
+
+
+def test_run_record_of_a_byte_level_bpe_reloads_with_the_same_ids(tmp_path):
+  texts = ["The king keeps the crown.", "A knight's sword, the queen's castle; dragons cross rivers!"] * 20
+  vocab = vocab_training.train_byte_level_bpe(texts, vocab_size=320, out_dir=str(tmp_path / "prepared"))
+  # add_prefix_space is not RoBERTa's default: only tokenizer_config.json beside the vocabulary carries it.
+  bpe.ByteLevelBPETokenizer(vocab, add_prefix_space=True).save(str(tmp_path / "prepared"))
+  tok = tokenizer_lib.load_tokenizer(vocab)
+  assert tok.add_prefix_space and tok.encode("The king") != bpe.ByteLevelBPETokenizer(vocab).encode("The king")
+  cfg = model.BertConfig.from_preset("tiny", vocab_size=tok.vocab_size, type_vocab_size=1,
+                                     position_pad_id=tok.pad_id)
+  # As pretraining writes it (train.train_and_evaluate): from the tokenizer's source file.
+  run = run_record(tmp_path / "run", cfg, tok.source_file, tok.do_lower_case)
+  assert {"vocab.json", "merges.txt", "tokenizer_config.json", "bert_config.json"} <= set(os.listdir(tmp_path / "run"))
+  back = checkpoint_loader.load_tokenizer(run)
+  assert back.kind == "byte_bpe" and back.add_prefix_space and back.special_tokens == tok.special_tokens
+  for text in texts[:2] + ["Unseen: Dragons crossing 3 rivers, naïvely."]:
+    assert back.encode_pair(text, "the crown") == tok.encode_pair(text, "the crown")
+  assert checkpoint_loader.family_problem(run, cfg) is None
+
+
+def test_run_record_of_albert_sentencepiece_keeps_its_preprocessing(tmp_path):
+  spiece = shared_path("families", "albert", "spiece.model")
+  tok = tokenizer_lib.load_tokenizer(str(spiece), do_lower_case=True)
+  assert not tok.keep_accents   # ALBERT's: accents dropped, which its tokenizer_config.json says
+  cfg = checkpoint_loader.load_model(spiece.parent)[0]
+  run = run_record(tmp_path / "run", cfg, tok.source_file, tok.do_lower_case)
+  back = checkpoint_loader.load_tokenizer(run)
+  assert (back.kind, back.do_lower_case, back.keep_accents, back.remove_space) == ("sentencepiece", True, False, True)
+  for text in ("Café au lait, naïve résumé:  the   Zoë Saldaña   case 1,000", "Plain text."):
+    assert back.encode_pair(text) == tok.encode_pair(text)
+
+
+def _vocab(directory) -> str:
+  os.makedirs(directory, exist_ok=True)
+  path = os.path.join(directory, "vocab.txt")
+  with open(path, "w") as f:
+    f.write("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "king"]) + "\n")
+  return path
+
+
+def test_init_from_another_family_stops_in_check_inputs_naming_both(tmp_path):
+  config = tiny_config("embedded:shakespeare")
+  bert = train.bert_config(config)
+  vocab = _vocab(tmp_path / "vocab")
+  albert_run = run_record(tmp_path / "albert", dataclasses.replace(bert, embedding_size=16, share_layers=True), vocab)
+  causal_run = run_record(tmp_path / "ltr", dataclasses.replace(bert, causal=True), vocab)
+  same_run = run_record(tmp_path / "same", dataclasses.replace(bert, hidden_dropout=0.0, dtype="bfloat16"), vocab)
+  assert checkpoint_loader.family_problem(same_run, bert) is None   # dropout and dtype are no structure
+  assert checkpoint_loader.family_problem(tmp_path / "missing", bert) is None   # checkpoint_problem's to say
+
+  problem = checkpoint_loader.family_problem(albert_run, bert)
+  assert problem == (f"{albert_run} holds an albert encoder (L=1 H=32 A=2 I=64 E=16, shared layers, vocab 128, "
+                     "32 positions, 2 token types) but the config describes a bert encoder (L=1 H=32 A=2 I=64, "
+                     "vocab 128, 32 positions, 2 token types): they differ in embedding_size, share_layers")
+  assert checkpoint_loader.family_problem(os.path.join(causal_run, "1"), bert).endswith("differ in causal")
+  held_by = {albert_run: "an albert encoder (L=1 H=32 A=2 I=64 E=16, shared layers,",
+             causal_run: "a bert encoder (L=1 H=32 A=2 I=64, causal,"}
+  for init_from, held in held_by.items():
+    config.init_from = init_from
+    with pytest.raises(failures.UserError) as e:
+      train.check_inputs(config)
+    message = str(e.value)   # one problem, on one line
+    assert message.startswith(f"invalid inputs:\n  init_from: {init_from} holds {held}"), message
+    assert len(message.splitlines()) == 2 and "but the config describes a bert encoder (" in message
+
+
+@pytest.mark.parametrize("family", ["albert", "roberta"])
+def test_init_from_a_hugging_face_directory_of_another_family(family):
+  config = tiny_config("embedded:shakespeare", init_from=str(shared_path("families", family)))
+  with pytest.raises(failures.UserError, match=f"init_from: {config.init_from} holds an? {family} encoder .* but "
+                     r"the config describes a bert encoder \(L=1 H=32 A=2 I=64, vocab 128"):
+    train.check_inputs(config)
