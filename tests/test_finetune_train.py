@@ -1,16 +1,20 @@
 """The finetuning loop on tiny models (8 fake devices): learning, stacked trials, layer-wise decay,
 frozen encoder with scalar mix, two-stage initialisation; and the real MiniLM on rotten_tomatoes."""
 
+import dataclasses
 import json
 import os
 
+import flax.linen as nn
 import jax
 import numpy as np
 import pytest
 
+from bert_jax import checkpoint_loader
 from bert_jax import checkpointing
 from bert_jax.finetune import init as finetune_init
 from bert_jax.finetune import trainer
+from bert_jax.models import encoder as model_lib
 from configs.finetune import sst2
 from conftest import shared_path
 
@@ -216,3 +220,29 @@ def test_span_and_tagging_tasks_train_end_to_end(tmp_path, task, sample, metric)
   assert any(name.startswith("predictions") for name in os.listdir(workdir))
   losses = [r["train/loss"] for r in _read_jsonl(workdir / "metrics.jsonl") if "train/loss" in r]
   assert losses and all(np.isfinite(losses))
+
+
+def test_finetuning_from_a_left_to_right_run_keeps_the_causal_mask(tmp_path):
+  # An LTR pretraining run (objective "ltr") records causal=True; finetuning reads the encoder config there.
+  cfg = model_lib.BertConfig.from_preset("tiny", vocab_size=32, max_position_embeddings=32, num_layers=1,
+                                         causal=True)
+  ids = np.arange(5, 13, dtype=np.int32)[None]
+  shapes = jax.eval_shape(model_lib.BertEncoder(cfg).init, jax.random.key(0), ids)["params"]
+  rng = np.random.default_rng(0)
+  params = jax.tree.map(lambda s: rng.normal(0.0, 0.2, s.shape).astype(np.float32), nn.unbox(shapes))
+  run = tmp_path / "ltr_run"
+  ckpt = checkpointing.Checkpointer(str(run / "checkpoints"), keep=1, async_save=False)
+  ckpt.save(10, {"params": {"bert": params}})
+  ckpt.close()
+  write_vocab(tmp_path / "vocab")
+  checkpoint_loader.write_run_record(str(run), cfg, str(tmp_path / "vocab" / "vocab.txt"), do_lower_case=True)
+  config = tiny_config(str(tmp_path / "vocab"))
+  config.init_checkpoint = str(run / "checkpoints")
+  loaded_cfg, loaded = finetune_init.load_encoder(config)
+  assert loaded_cfg.causal and dataclasses.replace(loaded_cfg, dtype=cfg.dtype, scan_layers=False) == cfg
+  # The encoder finetuning builds from it masks the future: later tokens leave earlier outputs unchanged.
+  later = ids.copy()
+  later[0, 4:] = 7
+  encode = lambda x: model_lib.BertEncoder(loaded_cfg).apply({"params": loaded}, x)["sequence_output"]
+  np.testing.assert_allclose(encode(ids)[0, :4], encode(later)[0, :4], atol=1e-6)
+  assert not np.allclose(encode(ids)[0, 4:], encode(later)[0, 4:])
