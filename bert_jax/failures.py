@@ -76,7 +76,8 @@ def say_and_exit(error: RunError, prefix: str = "bert-jax") -> None:
   sys.exit(error.exit_code)
 
 
-def _peer_gone(why: str) -> PeerLost:
+def peer_lost(why: str) -> PeerLost:
+  """`PeerLost` with the message every lost peer ends with."""
   return PeerLost(f"a peer host of this job is gone: {why}. Exiting with code {RESTART} so that the supervisor "
                   "restarts the whole job; it resumes from the latest checkpoint.")
 
@@ -108,7 +109,7 @@ def watch_peers(timeout_s: float, poll_s: float = 1.0, prefix: str = "bert-jax")
         live = everyone if time.time() - unanswered_since < timeout_s else {}
         why = f"the coordinator did not answer for {timeout_s:g} s ({str(e).splitlines()[0][:200]})"
       if len(live) < len(everyone) and not stop.is_set():
-        say_and_exit(_peer_gone(why), prefix=f"{prefix} (process {distributed.global_state.process_id})")
+        say_and_exit(peer_lost(why), prefix=f"{prefix} (process {distributed.global_state.process_id})")
 
   threading.Thread(target=watch, name="watch_peers", daemon=True).start()
   return stop
@@ -146,7 +147,7 @@ def run_in_child_process(prefix: str = "bert-jax") -> None:
   code = child.wait()
   if code < 0 and held and not said:   # aborted (or killed) just after losing the coordination service
     rpcs = re.findall(r"CoordinationService/(\w+)", b"".join(held).decode(errors="replace")) or ["RPC"]
-    say_and_exit(_peer_gone(f"this process lost the coordination service, which runs in process 0 (its {rpcs[-1]} "
+    say_and_exit(peer_lost(f"this process lost the coordination service, which runs in process 0 (its {rpcs[-1]} "
                             f"call failed), and JAX ended it with {signal.Signals(-code).name}"), prefix=prefix)
   if not said:   # else they are the C++ client's view of the loss that the child's message names
     _write(held)

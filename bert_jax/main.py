@@ -14,6 +14,7 @@ import os
 import socket
 import sys
 import threading
+import time
 
 from bert_jax import config_path
 from bert_jax import host_env
@@ -36,6 +37,7 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. con
 _WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, metrics.jsonl and TensorBoard logs go here.")
 flags.mark_flags_as_required(["config", "workdir"])
 _PROG = "bert-jax pretrain"
+_END_SKEW_S = 600   # how long after this process the others may end training (process 0 draws the curves)
 
 
 def parse_flags(argv: list[str]) -> list[str]:
@@ -93,6 +95,29 @@ def initialize_distributed(dist) -> threading.Event:
   return failures.watch_peers(dist.heartbeat_timeout_seconds, prefix=_PROG)
 
 
+def leave_distributed(stop_watching: threading.Event, timeout_s: float) -> None:
+  """Ends a multi-process run that ended well here: waits for the other processes to end too (the
+  watch on them stays on until then), and leaves in an order that is no failure: process 0, which
+  runs the coordination service, last. In recoverable mode leaving has no barrier of its own: a
+  process that left early would look lost to the watch, and one left behind by process 0 aborts.
+  """
+  from jax._src import distributed  # pylint: disable=g-import-not-at-top
+  client = distributed.global_state.client
+  if client is None:
+    return
+  try:
+    client.wait_at_barrier("bert_jax_trained", timeout_in_ms=_END_SKEW_S * 1000)
+  except Exception as e:  # pylint: disable=broad-except  (a peer died before the end)
+    raise failures.peer_lost(f"it did not end training ({str(e).splitlines()[0][:200]})") from e
+  stop_watching.set()
+  if jax.process_index() != 0:
+    jax.distributed.shutdown()
+    return
+  everyone, deadline = list(range(jax.process_count())), time.time() + timeout_s
+  while len(client.get_live_nodes(everyone)) > 1 and time.time() < deadline:
+    time.sleep(0.05)
+
+
 def _this_process(dist) -> str:
   """The process id when the config sets it (before JAX knows it), else the host's name."""
   return f"process {dist.process_id}" if dist.process_id >= 0 else f"host {socket.gethostname()}"
@@ -112,6 +137,7 @@ def main(argv) -> None:
     stop_watching = initialize_distributed(config.distributed)
     logging.info("process %d/%d, %d devices", jax.process_index(), jax.process_count(), jax.device_count())
     train.train_and_evaluate(config, _WORKDIR.value)   # checks config and inputs before compiling
+    leave_distributed(stop_watching, config.distributed.heartbeat_timeout_seconds)
   except failures.RunError as e:
     failures.say_and_exit(e, prefix=_PROG if jax.process_count() == 1 else f"{_PROG} (process {jax.process_index()})")
   finally:
