@@ -148,7 +148,7 @@ def run_in_child_process(prefix: str = "bert-jax") -> None:
   if code < 0 and held and not said:   # aborted (or killed) just after losing the coordination service
     rpcs = re.findall(r"CoordinationService/(\w+)", b"".join(held).decode(errors="replace")) or ["RPC"]
     say_and_exit(peer_lost(f"this process lost the coordination service, which runs in process 0 (its {rpcs[-1]} "
-                            f"call failed), and JAX ended it with {signal.Signals(-code).name}"), prefix=prefix)
+                           f"call failed), and JAX ended it with {signal.Signals(-code).name}"), prefix=prefix)
   if not said:   # else they are the C++ client's view of the loss that the child's message names
     _write(held)
   sys.stdout.flush()
