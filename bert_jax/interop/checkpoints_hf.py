@@ -1,4 +1,4 @@
-"""Hugging Face checkpoints of the BERT family (BERT, ALBERT, RoBERTa) <-> bert_jax params.
+"""Hugging Face checkpoints of the BERT family (BERT, ALBERT, RoBERTa, ELECTRA) <-> bert_jax params.
 
 A Hugging Face directory holds `config.json` (its `model_type` names the family), `model.safetensors` and
 usually tokenizer files. Tensor names are those of `transformers` (`BertModel`: `embeddings.word_embeddings.weight`,
@@ -7,6 +7,13 @@ pretraining heads (`BertForPreTraining`: `cls.predictions.*`, `cls.seq_relations
 `predictions.*`, `sop_classifier.*`; `RobertaForMaskedLM`: `lm_head.*`) are our "mlm" and "nsp"; the
 finetuning heads `classifier.*` (sequence or token classification) and `qa_outputs.*` are ours under the
 same names. `FAMILIES` says how each family names what.
+
+ELECTRA (Clark et al. 2020) is BERT's encoder with ALBERT's embeddings projection when its `embedding_size`
+differs from the hidden size, and no pooler: `ElectraForMaskedLM` (the generator; `generator_predictions`
+and `generator_lm_head` are our "mlm") and `ElectraForPreTraining` (the discriminator;
+`discriminator_predictions` is our "discriminator": {"dense", "prediction"}, one logit per token). Its
+config reads as a BertConfig with or without `embedding_size`, so the family is passed by name
+(`model_type="electra"`) where the config cannot tell it; `load_hf` reads it from config.json.
 
 The conversion is by explicit name table (`tensor_table`), so a missing, unexpected or misshapen tensor is
 an error naming it. The only tensors skipped are documented buffers and tied copies (`IGNORED`, the family's
@@ -49,6 +56,8 @@ class Family:
   nsp: str | None    # the sentence-pair head on the pooled output
   pretraining: str | None  # the class written for params with MLM and NSP heads
   masked_lm: str     # the class written for params with an MLM head only
+  projection: str = "encoder.embedding_hidden_mapping_in"  # embeddings -> hidden size (embedding_size set)
+  discriminator: str | None = None  # ELECTRA's replaced-token head (dense, act, dense_prediction)
 
 
 _BERT_LAYER = {"query": "attention.self.query", "key": "attention.self.key", "value": "attention.self.value",
@@ -69,19 +78,39 @@ FAMILIES = {
     "roberta": Family("roberta.", "Roberta", "encoder.layer.{i}.", _BERT_LAYER, "pooler.dense",
                       ("lm_head.dense", "lm_head.layer_norm", "lm_head.bias"), "lm_head.decoder", None, None,
                       "RobertaForMaskedLM"),
+    # No pooler is saved (None): ours is newly initialised on import and never written.
+    "electra": Family("electra.", "Electra", "encoder.layer.{i}.", _BERT_LAYER, None,
+                      ("generator_predictions.dense", "generator_predictions.LayerNorm", "generator_lm_head.bias"),
+                      "generator_lm_head", None, None, "ElectraForMaskedLM", projection="embeddings_project",
+                      discriminator="discriminator_predictions"),
 }
-# ALBERT's projection of the embeddings to the hidden size.
-_ALBERT_PROJECTION = "encoder.embedding_hidden_mapping_in"
 
 
-def family(cfg: model.BertConfig) -> Family:
-  """The tensor names of `cfg`'s Hugging Face family (`BertConfig.model_type`)."""
-  return FAMILIES[cfg.model_type]
+def family(cfg: model.BertConfig, model_type: str | None = None) -> Family:
+  """The tensor names of `model_type`'s Hugging Face family; None: `cfg.model_type`."""
+  return FAMILIES[model_type or cfg.model_type]
+
+
+def electra_config(d: dict, **overrides) -> model.BertConfig:
+  """BertConfig of an ElectraConfig dict: the projection exists only when embedding_size != hidden_size."""
+  hidden, embedding = d.get("hidden_size", 256), d.get("embedding_size", 128)  # ElectraConfig defaults
+  fields = {"embedding_size": None if embedding == hidden else embedding, "hidden_act": d.get("hidden_act", "gelu")}
+  return model.BertConfig.from_hf_dict({**d, "model_type": "bert"}, **{**fields, **overrides})
+
+
+def electra_hf_dict(cfg: model.BertConfig) -> dict:
+  """An ElectraConfig dict of `cfg` (BERT's keys, with `embedding_size`)."""
+  if cfg.share_layers or cfg.position_pad_id is not None:
+    raise ValueError("transformers' ELECTRA shares no layers and has BERT's position ids")
+  d = dataclasses.replace(cfg, embedding_size=None).to_hf_dict()
+  d.update(model_type="electra", architectures=["ElectraForPreTraining"], embedding_size=cfg.embedding_dim)
+  return d
 
 
 def _top_level(fam: Family) -> tuple:
   """Prefixes of the tensors saved beside the encoder's, not under its prefix."""
-  return _mlm_names(fam) + ((f"{fam.nsp}.",) if fam.nsp else ()) + tuple(f"{h}." for h in HEADS)
+  heads_ = [h for h in (fam.nsp, fam.discriminator, *HEADS) if h]
+  return _mlm_names(fam) + tuple(f"{h}." for h in heads_)
 
 
 def _mlm_names(fam: Family) -> tuple:
@@ -122,18 +151,19 @@ def _layer_norm(hf: str, path: tuple):
 
 
 def tensor_table(cfg: model.BertConfig, mlm: bool = False, nsp: bool = False, head: str | None = None,
-                 pooler: bool = True):
+                 pooler: bool = True, discriminator: bool = False, model_type: str | None = None):
   """[(hf_name, param path, kind)] for the unscanned layout; encoder names are without the family's prefix.
 
-  `head`: one of HEADS (a finetuning head); `pooler` False for the classes that save none.
+  `head`: one of HEADS (a finetuning head); `pooler` False for the classes that save none; `discriminator`:
+  ELECTRA's replaced-token head.
   """
-  fam = family(cfg)
+  fam = family(cfg, model_type)
   emb = ("bert", "embeddings")
   table = [(f"embeddings.{t}.weight", emb + (t, "embedding"), "plain")
            for t in ("word_embeddings", "position_embeddings", "token_type_embeddings")]
   table += _layer_norm("embeddings.LayerNorm", emb + ("layer_norm",))
   if cfg.embedding_size is not None:
-    table += _dense(_ALBERT_PROJECTION, emb + ("projection",))
+    table += _dense(fam.projection, emb + ("projection",))
   layers = [("shared_layer", 0)] if cfg.share_layers else [(f"layer_{i}", i) for i in range(cfg.num_layers)]
   for name, i in layers:
     hf, ours, names = fam.layer.format(i=i), ("bert", "encoder", name), fam.layer_names
@@ -146,7 +176,7 @@ def tensor_table(cfg: model.BertConfig, mlm: bool = False, nsp: bool = False, he
     table += _dense(f"{hf}{names['intermediate']}", ours + ("intermediate",))
     table += _dense(f"{hf}{names['output']}", ours + ("output",))
     table += _layer_norm(f"{hf}{names['output_layer_norm']}", ours + ("output_layer_norm",))
-  if pooler:
+  if pooler and fam.pooler is not None:
     table += _dense(fam.pooler, ("bert", "pooler"))
   if head is not None:
     table += _dense(head, (head,))
@@ -159,6 +189,9 @@ def tensor_table(cfg: model.BertConfig, mlm: bool = False, nsp: bool = False, he
     if fam.nsp is None:
       raise ValueError(f"{fam.classes} has no sentence-pair head: params with 'nsp' cannot be written as it")
     table += _dense(fam.nsp, ("nsp",))
+  if discriminator:
+    table += _dense(f"{fam.discriminator}.dense", ("discriminator", "dense"))
+    table += _dense(f"{fam.discriminator}.dense_prediction", ("discriminator", "prediction"))
   return table
 
 
@@ -175,6 +208,11 @@ def expected_shapes(cfg: model.BertConfig, mlm: bool, nsp: bool) -> dict:
   if nsp and not mlm:
     shapes["nsp"] = {"kernel": jax.ShapeDtypeStruct((cfg.hidden_size, 2), jnp.float32),
                      "bias": jax.ShapeDtypeStruct((2,), jnp.float32)}
+  h = cfg.hidden_size  # ELECTRA's discriminator head: H -> H -> one logit
+  shapes["discriminator"] = {"dense": {"kernel": jax.ShapeDtypeStruct((h, h), jnp.float32),
+                                       "bias": jax.ShapeDtypeStruct((h,), jnp.float32)},
+                             "prediction": {"kernel": jax.ShapeDtypeStruct((h, 1), jnp.float32),
+                                            "bias": jax.ShapeDtypeStruct((1,), jnp.float32)}}
   flat = jax.tree_util.tree_flatten_with_path(shapes)[0]
   return {tuple(k.key for k in path): tuple(leaf.shape) for path, leaf in flat}
 
@@ -196,24 +234,27 @@ def _set(tree: dict, path: tuple, value):
 
 
 def from_state_dict(cfg: model.BertConfig, state: dict, scan_layers: bool = False,
-                    file_name=lambda name: name) -> dict:
-  """HF tensors -> {"bert": ..., "mlm"/"nsp" when present}; raises ValueError naming every bad tensor.
+                    file_name=lambda name: name, model_type: str | None = None) -> dict:
+  """HF tensors -> {"bert": ..., "mlm"/"nsp"/"discriminator" when present}; raises ValueError naming every
+  bad tensor.
 
   `file_name` maps an HF tensor name to the name to report (the TF importer reports TF names).
   """
-  fam = family(cfg)
+  fam = family(cfg, model_type)
   state = _canonical_names(state, fam)
   mlm = any(n.startswith(_mlm_names(fam)) for n in state)
   nsp = fam.nsp is not None and any(n.startswith(f"{fam.nsp}.") for n in state)
+  disc = fam.discriminator is not None and any(n.startswith(f"{fam.discriminator}.") for n in state)
   head = next((h for h in HEADS if f"{h}.weight" in state and f"{h}.bias" in state), None)
-  if (mlm or head) and not any(n.startswith("pooler.") for n in state):
-    state.update(_initial_pooler(cfg))
+  fresh_pooler = fam.pooler is None or ((mlm or head) and not any(n.startswith("pooler.") for n in state))
+  pooler = _initial_pooler(cfg) if fresh_pooler else None
   transforms, shapes = _transforms(cfg), expected_shapes(cfg, mlm, nsp)
   if head is not None:  # as many outputs as the checkpoint's head has (labels; 2 for start/end)
     outputs = state[f"{head}.weight"].shape[0]
     shapes.update({(head, "kernel"): (cfg.hidden_size, outputs), (head, "bias"): (outputs,)})
   params, problems, used = {}, [], set(IGNORED)
-  for name, path, kind in tensor_table(cfg, mlm, nsp, head):
+  for name, path, kind in tensor_table(cfg, mlm, nsp, head, pooler=not fresh_pooler, discriminator=disc,
+                                      model_type=model_type):
     if name not in state:
       problems.append(f"missing tensor {file_name(name)} (for {'/'.join(path)})")
       continue
@@ -236,36 +277,40 @@ def from_state_dict(cfg: model.BertConfig, state: dict, scan_layers: bool = Fals
                         "not supported")
   problems += [f"unexpected tensor {file_name(n)} {state[n].shape}" for n in sorted(set(state) - used)]
   if problems:
-    raise ValueError(f"checkpoint does not match the {cfg.model_type} config:\n  " + "\n  ".join(problems))
+    raise ValueError(f"checkpoint does not match the {model_type or cfg.model_type} config:\n  "
+                     + "\n  ".join(problems))
+  if pooler is not None:
+    params["bert"]["pooler"] = pooler
   return model.scan_params(params) if scan_layers else params
 
 
 def _initial_pooler(cfg: model.BertConfig) -> dict:
-  """A fresh pooler for a checkpoint that saves none (`add_pooling_layer=False`: the MaskedLM, token
-  classification and question answering classes, e.g. RobertaForMaskedLM, BertForTokenClassification).
+  """A fresh pooler {"kernel", "bias"} for a checkpoint that saves none (`add_pooling_layer=False`: the
+  MaskedLM, token classification and question answering classes, e.g. RobertaForMaskedLM,
+  BertForTokenClassification; every ELECTRA class).
 
   Initialised as transformers does when it loads one into a model with a pooler (normal, stddev
   initializer_range; zero bias), from a fixed seed. Masked tokens, tags and spans do not use it.
   """
-  logging.warning("checkpoint has a head but no pooler (a MaskedLM, token classification or QA class): the "
+  logging.warning("checkpoint has no pooler (a MaskedLM, token classification, QA or ELECTRA class): the "
                   "pooler is newly initialised")
   weight = np.random.default_rng(0).normal(0.0, cfg.initializer_range, (cfg.hidden_size, cfg.hidden_size))
-  name = family(cfg).pooler
-  return {f"{name}.weight": weight.astype(np.float32), f"{name}.bias": np.zeros(cfg.hidden_size, np.float32)}
+  # transformers' [out, in] draw, as our [in, out] kernel.
+  return {"kernel": weight.astype(np.float32).T, "bias": np.zeros(cfg.hidden_size, np.float32)}
 
 
-def to_state_dict(cfg: model.BertConfig, params: dict, pooler: bool = True) -> dict:
+def to_state_dict(cfg: model.BertConfig, params: dict, pooler: bool = True, model_type: str | None = None) -> dict:
   """Params (either layout) -> HF tensors; the family's prefix is used when heads are present.
 
   `pooler` False leaves the pooler out (the HF MaskedLM, token classification and QA classes have none).
   """
   params = jax.tree.map(np.asarray, model.unscan_params(nn.unbox(params)))
-  mlm, nsp = "mlm" in params, "nsp" in params
+  mlm, nsp, disc = "mlm" in params, "nsp" in params, "discriminator" in params
   head = next((h for h in HEADS if h in params), None)
-  fam = family(cfg)
-  prefix, top_level = (fam.prefix if (mlm or nsp or head) else ""), _top_level(fam)
+  fam = family(cfg, model_type)
+  prefix, top_level = (fam.prefix if (mlm or nsp or head or disc) else ""), _top_level(fam)
   transforms, state = _transforms(cfg), {}
-  for name, path, kind in tensor_table(cfg, mlm, nsp, head, pooler):
+  for name, path, kind in tensor_table(cfg, mlm, nsp, head, pooler, disc, model_type):
     value = params
     for key in path:
       value = value[key]
@@ -275,7 +320,7 @@ def to_state_dict(cfg: model.BertConfig, params: dict, pooler: bool = True) -> d
 
 
 def load_hf(path, scan_layers: bool = False, **config_overrides) -> tuple:
-  """A Hugging Face BERT, ALBERT or RoBERTa directory -> (BertConfig, params as numpy arrays).
+  """A Hugging Face BERT, ALBERT, RoBERTa or ELECTRA directory -> (BertConfig, params as numpy arrays).
 
   Args:
     path: directory with config.json and model.safetensors.
@@ -284,8 +329,10 @@ def load_hf(path, scan_layers: bool = False, **config_overrides) -> tuple:
   """
   path = pathlib.Path(path)
   hf_config = json.loads((path / "config.json").read_text())
-  cfg = model.BertConfig.from_hf_dict(hf_config, scan_layers=scan_layers, **config_overrides)
-  return cfg, from_state_dict(cfg, read_safetensors(path), scan_layers=scan_layers)
+  model_type = hf_config.get("model_type")
+  read = electra_config if model_type == "electra" else model.BertConfig.from_hf_dict
+  cfg = read(hf_config, scan_layers=scan_layers, **config_overrides)
+  return cfg, from_state_dict(cfg, read_safetensors(path), scan_layers=scan_layers, model_type=model_type)
 
 
 def read_safetensors(path: pathlib.Path) -> dict:
@@ -321,7 +368,7 @@ def load_safetensors(file) -> dict:
 
 
 def save_hf(path, cfg: model.BertConfig, params: dict, vocab_file=None, config_fields: dict | None = None,
-            pooler: bool | None = None) -> None:
+            pooler: bool | None = None, model_type: str | None = None) -> None:
   """Writes config.json, model.safetensors and (if given) vocab.txt, loadable by transformers.
 
   The class (config.json `architectures`) is the family's encoder (`BertModel` ...) without heads, its
@@ -331,26 +378,30 @@ def save_hf(path, cfg: model.BertConfig, params: dict, vocab_file=None, config_f
   Args:
     config_fields: set in config.json over ours (a head's `architectures`, `id2label`, `label2id` ...).
     pooler: whether to write the pooler; None: as the class written has one (MaskedLM classes have none).
+    model_type: the family to write as; None: `cfg.model_type`. "electra": `ElectraForPreTraining` with a
+      "discriminator" head, `ElectraForMaskedLM` with an "mlm" head (never a pooler).
   """
   if cfg.model_type == "albert" and (cfg.embedding_size is None or cfg.causal):
     raise ValueError("transformers' ALBERT always projects its embeddings (set embedding_size) and has no "
                      "causal mask")
   path = pathlib.Path(path)
   path.mkdir(parents=True, exist_ok=True)
-  hf_config = cfg.to_hf_dict()
-  hf_config["architectures"] = [_architecture(cfg, params)]
+  hf_config = electra_hf_dict(cfg) if model_type == "electra" else cfg.to_hf_dict()
+  hf_config["architectures"] = [_architecture(cfg, params, model_type)]
   hf_config.update(config_fields or {})
   if pooler is None:
     pooler = not hf_config["architectures"][0].endswith("ForMaskedLM")
-  state = to_state_dict(cfg, params, pooler)
+  state = to_state_dict(cfg, params, pooler, model_type)
   (path / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
   save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
   if vocab_file is not None:
     shutil.copyfile(vocab_file, path / "vocab.txt")
 
 
-def _architecture(cfg: model.BertConfig, params: dict) -> str:
-  fam = family(cfg)
+def _architecture(cfg: model.BertConfig, params: dict, model_type: str | None = None) -> str:
+  fam = family(cfg, model_type)
+  if "discriminator" in params:
+    return f"{fam.classes}ForPreTraining"
   if "mlm" not in params and "nsp" not in params:
     return f"{fam.classes}Model"
   return fam.pretraining if "nsp" in params else fam.masked_lm
