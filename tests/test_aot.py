@@ -23,9 +23,13 @@ OVERRIDES = {"model.vocab_size": 256, "model.hidden_size": 128, "model.num_layer
              "data.max_predictions_per_seq": 5, "global_batch_size": 16, "mesh.data": 2, "mesh.fsdp": 2}
 
 
-def _config():
+# A non-BERT objective: SpanBERT brings its own batch fields (span boundaries) and head (SBO).
+SPANBERT = {"objective": "spanbert", "data.format": "doc_sentences", "data.span_masking": True}
+
+
+def _config(overrides=None):
   c = tiny.get_config()
-  for key, value in OVERRIDES.items():
+  for key, value in (OVERRIDES if overrides is None else overrides).items():
     section, _, name = key.rpartition(".")
     (c[section] if section else c)[name] = value
   return c
@@ -64,3 +68,43 @@ def test_aot_report_for_a_small_topology(tmp_path):
   assert timing["step_seconds"] == max(timing["compute_seconds"], timing["memory_seconds"]) > 0
   assert report["tokens_per_second"] == pytest.approx(16 * 32 / timing["step_seconds"])
   assert 0 < timing["mfu_bound"] <= 1
+
+
+def _aot(tmp_path, overrides) -> tuple[subprocess.CompletedProcess, dict]:
+  """`bert-jax aot` of the tiny config with `overrides` for v4:2x2x1: the process and its JSON report."""
+  out = tmp_path / "report.json"
+  cmd = [sys.executable, "-m", "bert_jax.cli", "aot", "--config=configs/tiny.py", "--topology=v4:2x2x1",
+         f"--json={out}"] + [f"--config.{k}={v}" for k, v in overrides.items()]
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+  return proc, (json.loads(out.read_text()) if out.exists() else {})
+
+
+def test_aot_compiles_a_non_bert_objective(tmp_path):
+  proc, report = _aot(tmp_path, {**OVERRIDES, **SPANBERT})
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  memory, timing = report["memory_per_device"], report["time_per_step"]
+  assert memory["fits"] and report["mesh"] == {"data": 2, "fsdp": 2, "tensor": 1}
+  # The compiled step takes SpanBERT's batch (three span fields more than BERT's) beside the state.
+  config = _config({**OVERRIDES, **SPANBERT})
+  s = train.setup(config, sharding.create_mesh(config.mesh, devices=jax.devices()[:4]))
+  state = sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
+              for x in jax.tree.leaves(s.abstract_state))
+  batch = sum(math.prod(x.shape) * x.dtype.itemsize for x in train.abstract_batch(config).values()) / 4
+  assert state + batch <= memory["argument_bytes"] <= 1.5 * (state + batch)
+  # Its FLOPs are the objective's own (the SBO head on top of BERT's without NSP).
+  assert timing["model_flops"] == pytest.approx(objectives.train_flops_per_step(config) / 4)
+  assert timing["model_flops"] > objectives.train_flops_per_step(_config()) / 4
+  assert 1.0 <= timing["xla_flops"] / timing["model_flops"] <= 2.0 and timing["loop_factor"] == 1.0
+
+
+def test_aot_reports_a_step_that_does_not_fit(tmp_path):
+  """The TPU compiler stops on a step that needs more HBM than a device has: a report, status 1."""
+  rows = 2**22   # MLM logits alone: 2**20 rows x 5 predictions x 256 ids in f32 = 5 GiB per device
+  proc, report = _aot(tmp_path, {**OVERRIDES, "global_batch_size": rows})
+  assert proc.returncode == 1, proc.stderr[-3000:]
+  assert "DOES NOT FIT" in proc.stdout
+  memory = report["memory_per_device"]
+  assert not memory["fits"] and report["time_per_step"] is None and report["tokens_per_second"] is None
+  assert memory["available_hbm_bytes"] <= memory["hbm_bytes"] == 32 * 2**30 < memory["temp_bytes"]
+  assert memory["temp_bytes"] >= rows / 4 * 5 * 256 * 4

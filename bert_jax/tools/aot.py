@@ -10,13 +10,20 @@ the larger of compute time (FLOPs / peak) and memory time (bytes accessed / HBM 
 
 The estimate ignores collectives over ICI/DCN and assumes the MXUs can be kept busy; it is an upper
 bound on speed. XLA's cost analysis counts the body of a loop once (a scanned layer stack, gradient
-accumulation), so the FLOPs used are the larger of XLA's count and the analytic model FLOPs
-(the objective's, `flops.py`), and bytes accessed are scaled by the same ratio when XLA's FLOPs fall short.
+accumulation), so XLA's FLOPs and bytes accessed are multiplied by `micro_batches` (the accumulation
+loop's trip count), or by more where that still falls short of the analytic model FLOPs (the objective's,
+`flops.py`; a scanned layer stack). The optimizer update, outside that loop, is then counted that many
+times too: a small overestimate. At that floor the compute time is the model FLOPs at peak and the MFU
+bound reads 100%: then only the memory time can lower it.
+
+When the step does not fit, the TPU compiler stops and says how much it needed (for temporaries, the
+usual case); the report then gives that figure and no time, and the command exits with status 1.
 """
 
 import dataclasses
 import json
 import os
+import re
 import sys
 import time
 from typing import Any
@@ -88,6 +95,28 @@ def compile_train_step(config, devices) -> Any:
   return lowered.compile()
 
 
+# The TPU compiler's out-of-memory message: "... required for HLO temporaries (42.88G) exceeds available HBM
+# (15.48G)"; sizes in binary units.
+_HBM_OOM = re.compile(r"required for HLO temporaries \(([\d.]+)([KMGT]?)\) exceeds available HBM \(([\d.]+)([KMGT]?)\)")
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def out_of_memory_report(error: Exception, hbm_per_device: float) -> dict[str, Any] | None:
+  """The memory part of the report when the TPU compiler stopped for lack of HBM, else None.
+
+  The compiler then states the temporaries it needed and the HBM it had (less than the device's:
+  the runtime keeps some); other buffers are not known.
+  """
+  text = str(error)
+  if "RESOURCE_EXHAUSTED" not in text and "HbmOom" not in text:
+    return None
+  match = _HBM_OOM.search(text)
+  size = lambda number, unit: float(number) * _UNITS[unit]   # noqa: E731
+  return {"temp_bytes": size(*match.group(1, 2)) if match else None,
+          "available_hbm_bytes": size(*match.group(3, 4)) if match else None,
+          "hbm_bytes": hbm_per_device, "fits": False, "xla_error": text.strip().splitlines()[0]}
+
+
 def memory_report(compiled, hbm_per_device: float) -> dict[str, float]:
   """Per-device bytes of XLA's buffer assignment; donated inputs (aliases) are counted once."""
   m = compiled.memory_analysis()
@@ -105,13 +134,17 @@ def memory_report(compiled, hbm_per_device: float) -> dict[str, float]:
   return report
 
 
-def time_report(compiled, chip: Chip, model_flops_per_device: float) -> dict[str, float]:
-  """Estimated step time per device: max(FLOPs / peak, bytes accessed / HBM bandwidth)."""
+def time_report(compiled, chip: Chip, model_flops_per_device: float, loop_trips: int = 1) -> dict[str, float]:
+  """Estimated step time per device: max(FLOPs / peak, bytes accessed / HBM bandwidth).
+
+  `loop_trips` is how often the step runs its outermost loop (`micro_batches`), which XLA counts once.
+  """
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost   # older jax returned a list
   xla_flops, xla_bytes = float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
-  # Loop bodies are counted once by XLA: scale up to the analytic count when it falls short.
-  loop_factor = max(1.0, model_flops_per_device / xla_flops) if xla_flops else 1.0
+  # Loop bodies are counted once by XLA: scale by the trip count, and up to the analytic count when a
+  # loop inside (a scanned layer stack) leaves it short.
+  loop_factor = max(float(loop_trips), model_flops_per_device / xla_flops if xla_flops else 1.0)
   peak, bandwidth = chip.peak_flops / chip.cores, chip.hbm_bandwidth / chip.cores
   compute_s = xla_flops * loop_factor / peak
   memory_s = xla_bytes * loop_factor / bandwidth
@@ -130,35 +163,55 @@ def time_report(compiled, chip: Chip, model_flops_per_device: float) -> dict[str
 
 def run(config, topology: str) -> dict[str, Any]:
   """Compile `config`'s train step for `topology` and return the report (see module docstring)."""
-  from bert_jax import objectives  # pylint: disable=g-import-not-at-top
+  from bert_jax import objectives, sharding  # pylint: disable=g-import-not-at-top
   generation, chip, _ = parse_topology(topology)
   devices = topology_devices(topology)
-  start = time.perf_counter()
-  compiled = compile_train_step(config, devices)
-  compile_s = time.perf_counter() - start
-  n = len(devices)
-  tokens = config.global_batch_size * config.data.seq_length
-  timing = time_report(compiled, chip, objectives.train_flops_per_step(config) / n)
-  return {
+  n, hbm = len(devices), chip.hbm_bytes / chip.cores
+  report = {
       "topology": topology, "device_kind": devices[0].device_kind, "devices": n,
       "chips": n // chip.cores, "devices_per_chip": chip.cores, "chip_source": chip.source,
+      "mesh": dict(zip(sharding.MESH_AXES, sharding.mesh_shape(config.mesh, n))),
+      "micro_batches": int(config.micro_batches),
       "global_batch_size": config.global_batch_size, "seq_length": config.data.seq_length,
-      "compile_seconds": compile_s,
-      "memory_per_device": memory_report(compiled, chip.hbm_bytes / chip.cores),
+      "generation": generation,
+  }
+  start = time.perf_counter()
+  try:
+    compiled = compile_train_step(config, devices)
+  except Exception as e:  # pylint: disable=broad-except
+    if (memory := out_of_memory_report(e, hbm)) is None:
+      raise
+    return {**report, "compile_seconds": time.perf_counter() - start, "memory_per_device": memory,
+            "time_per_step": None, "tokens_per_second": None}
+  compile_s = time.perf_counter() - start
+  tokens = config.global_batch_size * config.data.seq_length
+  timing = time_report(compiled, chip, objectives.train_flops_per_step(config) / n, int(config.micro_batches))
+  return {
+      **report, "compile_seconds": compile_s, "memory_per_device": memory_report(compiled, hbm),
       "time_per_step": timing,
       "tokens_per_second": tokens / timing["step_seconds"] if timing["step_seconds"] else 0.0,
-      "generation": generation,
   }
 
 
 def format_report(r: dict[str, Any]) -> str:
   """The human-readable part of `bert-jax aot`'s output."""
   m, t = r["memory_per_device"], r["time_per_step"]
-  gib = lambda b: f"{b / GiB:7.2f} GiB"
+  gib = lambda b: f"{b / GiB:7.2f} GiB"   # noqa: E731
+  mesh = " x ".join(f"{axis} {size}" for axis, size in r["mesh"].items())
   lines = [
       f"{r['topology']}: {r['chips']} chips x {r['devices_per_chip']} device(s) = {r['devices']} "
-      f"{r['device_kind']} devices; batch {r['global_batch_size']} x {r['seq_length']}; "
-      f"compiled in {r['compile_seconds']:.1f} s",
+      f"{r['device_kind']} devices; mesh {mesh}; batch {r['global_batch_size']} x {r['seq_length']} "
+      f"in {r['micro_batches']} micro-batch(es); compiled in {r['compile_seconds']:.1f} s",
+  ]
+  if t is None:   # the compiler stopped: out of memory
+    needed = m["xla_error"]
+    if m["temp_bytes"] is not None:
+      needed = (f"temporaries alone need {m['temp_bytes'] / GiB:.2f} GiB of the "
+                f"{m['available_hbm_bytes'] / GiB:.2f} GiB the compiler may use")
+    lines += [f"memory per device: DOES NOT FIT: {needed} ({m['hbm_bytes'] / GiB:.0f} GiB HBM)",
+              "  more micro_batches, or mesh.fsdp / mesh.tensor > 1, lower it"]
+    return "\n".join(lines)
+  lines += [
       "memory per device (XLA buffer assignment):",
       f"  arguments {gib(m['argument_bytes'])}  outputs {gib(m['output_bytes'])}  "
       f"donated {gib(m['alias_bytes'])}",
@@ -199,3 +252,5 @@ def main(argv) -> None:
   if _JSON.value:
     with open(_JSON.value, "w") as f:
       json.dump(report, f, indent=2)
+  if not report["memory_per_device"]["fits"]:
+    sys.exit(1)
