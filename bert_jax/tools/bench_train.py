@@ -29,6 +29,7 @@ from ml_collections import config_flags
 from bert_jax import objectives
 from bert_jax import sharding
 from bert_jax import train
+from bert_jax.objectives import base
 
 from bert_jax import config_path
 
@@ -69,7 +70,8 @@ def matmul_peak_flops(n: int = 2048, dtype=jnp.float32, repeats: int = 7) -> flo
 def synthetic_batch(config: ml_collections.ConfigDict, seed: int = 0) -> dict[str, np.ndarray]:
   """One global batch of the objective's schema: the input pipeline's keys, shapes and dtypes.
 
-  Every token is real; with `data.packing` each row holds `max_examples_per_row` equal examples.
+  Every token is real; with `data.packing` each row holds `max_examples_per_row` equal examples, each
+  two segments long when the format has sentence pairs.
   """
   d = config.data
   rows, length, preds = config.global_batch_size, d.seq_length, d.max_predictions_per_seq
@@ -78,11 +80,13 @@ def synthetic_batch(config: ml_collections.ConfigDict, seed: int = 0) -> dict[st
   k = d.max_examples_per_row if d.packing else 1
   starts = np.arange(k) * (length // k)
   example_BL = np.broadcast_to(np.searchsorted(starts, np.arange(length), side="right"), (rows, length))
+  two_segments = np.arange(length) % (length // k) >= length // k // 2
   positions_BP = np.sort(np.stack([rng.choice(length, preds, replace=False) for _ in range(rows)]), axis=1)
   values = {
       "input_ids": rng.integers(1000, vocab, (rows, length)),
       "input_mask": np.ones((rows, length)),
-      "segment_ids": np.broadcast_to(np.arange(length) % (length // k) >= length // k // 2, (rows, length)),
+      # Two segments per example for sentence pairs; one-segment formats have token type 0 only.
+      "segment_ids": np.broadcast_to(two_segments & (d.format in base.SENTENCE_FORMATS), (rows, length)),
       "masked_lm_positions": positions_BP,
       "masked_lm_ids": rng.integers(1000, vocab, (rows, preds)),
       "masked_lm_weights": np.ones((rows, preds)),
@@ -126,6 +130,7 @@ def benchmark(config: ml_collections.ConfigDict, steps: int) -> dict:
   tokens = config.global_batch_size * config.data.seq_length
   step_flops = objectives.train_flops_per_step(config)
   result = {
+      "objective": config.get("objective", "bert"), "data_format": config.data.format,
       "model": {"num_layers": cfg.num_layers, "hidden_size": cfg.hidden_size, "num_heads": cfg.num_heads,
                 "intermediate_size": cfg.intermediate_size, "vocab_size": cfg.vocab_size,
                 "dtype": str(cfg.dtype), "scan_layers": cfg.scan_layers, "remat_policy": cfg.remat_policy},
@@ -141,16 +146,21 @@ def benchmark(config: ml_collections.ConfigDict, steps: int) -> dict:
   return result
 
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Pretraining config (default: the comparison model).")
-_STEPS = flags.DEFINE_integer("steps", 10, "Timed steps (after 2 warm-up steps).")
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """The command's flags, defined when the CLI runs it: importing `bench_train` defines none."""
+  config_flags.DEFINE_config_file("config", None, "Pretraining config (default: the comparison model).")
+  flags.DEFINE_integer("steps", 10, "Timed steps (after 2 warm-up steps).")
 
 
 def main(argv) -> None:
   if len(argv) > 1:
     raise ValueError(f"unexpected arguments: {argv[1:]}")
-  config = _CONFIG.value if _CONFIG.value is not None else comparison_config()
-  result = benchmark(config, _STEPS.value)
-  if _CONFIG.value is None:
+  config = FLAGS.config if FLAGS.config is not None else comparison_config()
+  result = benchmark(config, FLAGS.steps)
+  if FLAGS.config is None:
     # Hugging Face's figures are for this batch of the comparison model only.
     result["speedup_vs_hugging_face"] = {name: s / result["step_seconds_best"]
                                         for name, s in HF_SECONDS_PER_STEP.items()}
