@@ -18,6 +18,9 @@ from configs import common
 BATCH, STEPS, LEARNING_RATE, WARMUP = 4096, 125_000, 0.00176, 3_125
 # size -> (layers, hidden, heads); E = 128, intermediate 4H (Table 1).
 SIZES = {"base": (12, 768, 12), "large": (24, 1024, 16), "xlarge": (24, 2048, 16), "xxlarge": (12, 4096, 64)}
+# size -> gradient-accumulation micro-batches on v3:8x8 (32 rows of 512 tokens per 16 GiB core): in one
+# pass the step's temporaries alone need 7.6 / 20 / 28 / 43 GiB (`bert-jax aot`, docs/objectives.md).
+MICRO_BATCHES = {"base": 1, "large": 2, "xlarge": 4, "xxlarge": 8}
 
 
 def get_config(arg: str = "", size: str = "base"):
@@ -47,4 +50,5 @@ def get_config(arg: str = "", size: str = "base"):
   c.topology = "v3:8x8"
   c.peak_flops_per_device = 61.5e12   # TPU v3: 123 TFLOP/s bf16 per chip, 2 cores = 2 JAX devices
   c.mesh.data, c.mesh.fsdp = -1, 1
+  c.micro_batches = MICRO_BATCHES[size]
   return c
