@@ -13,7 +13,9 @@ from ml_collections import config_flags
 from bert_jax import optimizer
 from bert_jax import sharding
 from bert_jax import train
+from bert_jax.objectives import electra
 from configs import albert_base, albert_large, albert_xlarge, albert_xxlarge
+from configs import electra_base, electra_large, electra_small
 from configs import bert_base, bert_large, ltr_base, roberta_base, roberta_large, spanbert_base, spanbert_large, tiny
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -33,6 +35,9 @@ CONFIGS = {
     "spanbert_large.py": spanbert_large.get_config(),
     "roberta_base.py": roberta_base.get_config(),
     "roberta_large.py": roberta_large.get_config(),
+    "electra_small.py": electra_small.get_config(),
+    "electra_base.py": electra_base.get_config(),
+    "electra_large.py": electra_large.get_config(),
     "tiny.py": tiny.get_config(),
 }
 
@@ -54,7 +59,9 @@ def test_config_builds_its_abstract_sharded_train_state(name):
   n = _num_params(s.abstract_state)
   expected = {"bert_base": 110e6, "bert_large": 335e6, "roberta_base": 125e6, "roberta_large": 355e6, "tiny": 0.71e6,
               "albert_base": 11.8e6, "albert_large": 17.8e6, "albert_xlarge": 59.0e6, "albert_xxlarge": 223.1e6,
-              "ltr_base": 110e6, "spanbert_base": 111e6, "spanbert_large": 338e6}
+              "ltr_base": 110e6, "spanbert_base": 111e6, "spanbert_large": 338e6,
+              # ELECTRA: the discriminator (14M, 110M, 335M; Clark et al. 2020, Table 1) + head + generator
+              "electra_small": 14.3e6, "electra_base": 120.0e6, "electra_large": 355.7e6}
   assert n == pytest.approx(expected[name.split(".")[0]], rel=0.05)
   # Adam moments mirror the parameters, with the same shardings.
   adam, = [x for x in s.abstract_state.opt_state if isinstance(x, optimizer.ScaleByAdamState)]
@@ -125,6 +132,28 @@ def test_spanbert_paper_recipe(module):
       "spanbert", "doc_sentences", True, 0.2, 10)
   assert (c.data.seq_length, c.global_batch_size, c.train_steps, c.optimizer.learning_rate) == (
       512, 256, 2_400_000, 1e-4)
+  assert "next_sentence_labels" not in train.abstract_batch(c)
+
+
+@pytest.mark.parametrize("module", [electra_small, electra_base, electra_large])
+def test_electra_paper_recipe(module):
+  """Clark et al. 2020, Table 6: sizes, generator fraction, mask rate, lr, batch, steps, Adam, warmup."""
+  c = module.get_config()
+  size = module.__name__.split("_")[-1]
+  o = c.optimizer
+  assert (c.objective, o.name, o.b1, o.b2, o.eps, o.weight_decay, o.warmup_steps) == (
+      "electra", "adamw", 0.9, 0.999, 1e-6, 0.01, 10_000)
+  recipe = (c.generator_hidden_fraction, c.data.masked_lm_prob, o.learning_rate, c.global_batch_size, c.train_steps,
+            c.data.seq_length)
+  assert recipe == {"small": (1 / 4, 0.15, 5e-4, 128, 1_000_000, 128), "base": (1 / 3, 0.15, 2e-4, 256, 766_000, 512),
+                    "large": (1 / 4, 0.25, 2e-4, 2048, 400_000, 512)}[size]
+  assert o.total_steps == c.train_steps and c.data.format == "full_sentences"
+  cfg = train.bert_config(c)
+  assert (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.intermediate_size, cfg.embedding_dim) == {
+      "small": (12, 256, 4, 1024, 128), "base": (12, 768, 12, 3072, 768), "large": (24, 1024, 16, 4096, 1024)}[size]
+  gen = electra.generator_config(cfg, c.generator_hidden_fraction)
+  assert (gen.hidden_size, gen.num_heads, gen.intermediate_size) == {
+      "small": (64, 1, 256), "base": (256, 4, 1024), "large": (256, 4, 1024)}[size]
   assert "next_sentence_labels" not in train.abstract_batch(c)
 
 

@@ -4,6 +4,7 @@ read as our encoder and heads (transformers' outputs on fixed inputs), and writt
 import functools
 import json
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,7 +13,10 @@ import pytest
 from bert_jax.interop import checkpoints_hf
 from bert_jax.models import encoder as model
 from bert_jax.models import heads
+from bert_jax.objectives import electra
 from conftest import shared_path
+from test_objectives import _losses, objective_config
+from test_train import data_dir  # noqa: F401
 
 
 @functools.cache
@@ -36,12 +40,6 @@ def _examples(path):
   return inputs, stacked("hidden_states", 2), stacked("logits", 1), inputs["input_mask"] == 1
 
 
-def _discriminator_logits(cfg, head, x_BLH):
-  """transformers' ElectraDiscriminatorPredictions: dense, hidden_act, dense_prediction -> [B, L]."""
-  h = model.gelu(cfg, x_BLH @ head["dense"]["kernel"] + head["dense"]["bias"])
-  return (h @ head["prediction"]["kernel"] + head["prediction"]["bias"])[..., 0]
-
-
 @functools.cache
 def _run(kind):
   """Max abs errors against transformers at real positions: {"hidden_states", "logits"}."""
@@ -56,7 +54,7 @@ def _run(kind):
       logits = heads.BertForPreTraining(cfg, use_nsp=False, mlm_all_positions=True).apply(
           {"params": params}, inputs)["mlm_logits"]
     else:
-      logits = _discriminator_logits(cfg, params["discriminator"], enc["sequence_output"])
+      logits = electra.DiscriminatorHead(cfg).apply({"params": params["discriminator"]}, enc["sequence_output"])
     return jnp.moveaxis(enc["hidden_states"], 0, 1), logits
 
   hidden, logits = fn(params, inputs)
@@ -105,3 +103,86 @@ def test_electra_config_errors_name_what_transformers_lacks():
   bad = {"electra.embeddings.word_embeddings.weight": np.zeros((3, 16), np.float32)}
   with pytest.raises(ValueError, match="does not match the electra config"):
     checkpoints_hf.from_state_dict(cfg, bad, model_type="electra")
+
+
+# --- The objective on a tiny model -------------------------------------------------------------------------
+
+TINY = model.BertConfig(vocab_size=50, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
+                        max_position_embeddings=16, embedding_size=8)
+
+
+def _tiny_batch():
+  ids = np.array([[2, 11, 3, 13, 14, 4, 0, 0], [2, 21, 22, 3, 24, 25, 26, 4]], np.int32)   # 3: [MASK]
+  return {"input_ids": ids, "input_mask": (ids > 0).astype(np.int32), "segment_ids": np.zeros_like(ids),
+          "masked_lm_positions": np.array([[2, 0], [3, 5]], np.int32),
+          "masked_lm_ids": np.array([[12, 0], [23, 25]], np.int32),
+          "masked_lm_weights": np.array([[1, 0], [1, 0]], np.float32)}  # [1, 5]: an unused slot
+
+
+@functools.cache
+def _tiny_params():
+  m = electra.ElectraForPreTraining(TINY, 0.25)
+  return m, nn.unbox(jax.jit(m.init)(jax.random.key(0), _tiny_batch())["params"])
+
+
+def test_params_hold_the_discriminator_as_bert_and_a_generator_reading_its_embeddings():
+  _, params = _tiny_params()
+  assert set(params) == {"bert", "discriminator", "generator"}
+  assert set(params["generator"]) == {"projection", "encoder", "mlm"}
+  assert params["generator"]["projection"]["kernel"].shape == (8, 4)   # E -> a quarter of H
+  assert params["generator"]["mlm"]["transform"]["kernel"].shape == (4, 8)   # back to E for the tied decoder
+  assert "embeddings" not in params["generator"]
+
+
+@pytest.mark.parametrize("token, replaced", [(None, None), (30, [[0, 0, 1, 0, 0, 0, 0, 0], [0, 0, 0, 1, 0, 0, 0, 0]])])
+def test_samples_equal_to_the_original_count_as_original(token, replaced):
+  m, params = _tiny_params()
+  batch = _tiny_batch()
+  # A generator sure of one token: the original ones (12 and 23 differ, so force each row's own) or token 30.
+  bias = np.full((2, TINY.vocab_size), -1e4, np.float32)
+  for row, original in enumerate((12, 23)):
+    bias[row, token if token is not None else original] = 0.0
+  out, apply = [], jax.jit(functools.partial(m.apply, deterministic=False))
+  for row in range(2):
+    p = jax.tree.map(lambda x: x, params)
+    p["generator"]["mlm"]["output_bias"] = bias[row]
+    one = {k: v[row:row + 1] for k, v in batch.items()}
+    out.append(np.asarray(apply({"params": p}, one, rngs={"dropout": jax.random.key(row)})["replaced"])[0])
+  expected = np.zeros((2, 8), np.int32) if replaced is None else np.array(replaced)
+  np.testing.assert_array_equal(np.stack(out), expected)   # never at padding or the unused slot's position 0
+
+
+def test_no_gradient_flows_through_sampling():
+  m, params = _tiny_params()
+  batch = _tiny_batch()
+
+  def term(name, p):
+    outputs = m.apply({"params": p}, batch, deterministic=False, rngs={"dropout": jax.random.key(1)})
+    sums = electra.loss_sums(outputs, batch)
+    return sums[f"{name}_loss_sum"] / sums[f"{name}_weight"]
+
+  disc = jax.jit(jax.grad(functools.partial(term, "disc")))(params)
+  assert all(np.all(np.asarray(g) == 0) for g in jax.tree.leaves(disc["generator"]))   # exactly zero
+  assert any(np.any(np.asarray(g) != 0) for g in jax.tree.leaves(disc["bert"]))
+  mlm = jax.jit(jax.grad(functools.partial(term, "mlm")))(params)
+  assert np.any(np.asarray(mlm["bert"]["embeddings"]["word_embeddings"]["embedding"]) != 0)   # shared tables
+  assert all(np.all(np.asarray(g) == 0) for g in jax.tree.leaves(mlm["discriminator"]))
+
+
+def test_evaluation_samples_with_a_fixed_key():
+  m, params = _tiny_params()
+  apply = jax.jit(m.apply)
+  a, b = (apply({"params": params}, _tiny_batch()) for _ in range(2))
+  jax.tree.map(np.testing.assert_array_equal, a, b)
+
+
+def test_loss_is_mlm_plus_fifty_times_the_discriminator_loss():
+  sums = {"mlm_loss_sum": 6.0, "mlm_weight": 3.0, "disc_loss_sum": 2.0, "disc_weight": 40.0}
+  assert float(electra.loss(sums)) == pytest.approx(2.0 + 50 * 0.05)
+
+
+@pytest.mark.slow
+def test_trains_and_its_loss_falls(data_dir):  # noqa: F811
+  config = objective_config(data_dir, "electra", **{"mesh.data": 1, "mesh.fsdp": 1, "mesh.tensor": 1})
+  losses = _losses(config, jax.devices()[:1], steps=12)
+  assert np.mean(losses[-3:]) < 0.9 * np.mean(losses[:3]), losses

@@ -1,0 +1,181 @@
+"""ELECTRA (Clark et al. 2020): replaced token detection with a small MLM generator.
+
+A generator (an MLM encoder `generator_hidden_fraction` of the discriminator's width: 1/4 for small and
+large, 1/3 for base, appendix A Table 6 and 3.2) fills the masked positions with samples from its softmax;
+the discriminator (the model kept: its encoder is "bert", so finetuning, embedding and export use it)
+classifies every real token as original or replaced. A sample equal to the original token counts as
+original (3.1). Loss = generator MLM + 50 x discriminator loss (lambda = 50, 3.1).
+
+The two share the token, position and type embeddings (3.2, "weight sharing"): the generator reads the
+discriminator's embedding tables (width E = `embedding_size`, or the hidden size) through its own
+projection to its hidden size when they differ, as transformers' `ElectraForMaskedLM`. Params:
+{"bert": discriminator encoder, "discriminator": {"dense", "prediction"}, "generator": {"projection"?,
+"encoder", "mlm"}}. Sampling is not differentiated (3.1: the discriminator loss is not back-propagated
+through the sampler); in training its key is drawn from the "dropout" rng stream, at evaluation
+(`deterministic`) a fixed key, so held-out losses are comparable across steps.
+
+The masked positions come from the data pipeline (`data.masking`, 15%; 25% for large, Table 6).
+"""
+
+import dataclasses
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from bert_jax import flops
+from bert_jax.models import encoder
+from bert_jax.models import heads
+from bert_jax.objectives import base
+from bert_jax.objectives import bert
+
+LOSS_TERMS = {"mlm": 1.0, "disc": 50.0}   # lambda = 50 (3.1)
+HAS_MLM_HEAD = False   # the generator's MLM head is under "generator", not the kept model's "mlm"
+DEFAULT_GENERATOR_FRACTION = 0.25
+_EVAL_SAMPLING_SEED = 0
+
+
+def batch_schema(d: ml_collections.ConfigDict, batch_size: int) -> dict[str, base.Field]:
+  """BERT's token and MLM fields; no sentence labels."""
+  return {**base.token_fields(d, batch_size), **base.masked_lm_fields(d, batch_size)}
+
+
+def validate(config: ml_collections.ConfigDict) -> list[str]:
+  problems = base.format_problems(config.data, base.SINGLE_FORMATS, "electra")
+  fraction = config.get("generator_hidden_fraction", DEFAULT_GENERATOR_FRACTION)
+  if not 0 < fraction <= 1:
+    problems.append(f"generator_hidden_fraction {fraction} must be in (0, 1]")
+  return problems
+
+
+def generator_config(cfg: encoder.BertConfig, fraction: float) -> encoder.BertConfig:
+  """The generator: width, heads and intermediate size scaled by `fraction` (as the ELECTRA release's
+  `generator_hidden_size`), reading embeddings of the discriminator's width E."""
+  hidden = int(round(cfg.hidden_size * fraction))
+  return dataclasses.replace(cfg, hidden_size=hidden, num_heads=max(1, int(round(cfg.num_heads * fraction))),
+                             intermediate_size=int(round(cfg.intermediate_size * fraction)),
+                             embedding_size=cfg.embedding_dim, share_layers=False)
+
+
+def _embed(embeddings, input_ids, segment_ids, position_ids, deterministic):
+  """The shared embeddings before any projection to a hidden size: [B, L, E]."""
+  x = (embeddings.word_embeddings(input_ids) + embeddings.position_embeddings(position_ids)
+       + embeddings.token_type_embeddings(segment_ids))
+  return embeddings.dropout(embeddings.layer_norm(x), deterministic=deterministic)
+
+
+class Generator(nn.Module):
+  """Shared embeddings (given) -> projection to the generator width -> layers -> MLM head at the masked
+  positions. Params {"projection" (when E != its hidden size), "encoder", "mlm"}."""
+  config: encoder.BertConfig
+
+  @nn.compact
+  def __call__(self, x_BLE, mask, positions_BP, word_embeddings_VE, deterministic: bool):
+    cfg = self.config
+    if cfg.embedding_dim != cfg.hidden_size:
+      x_BLE = nn.Dense(cfg.hidden_size, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name="projection",
+                       kernel_init=encoder.dense_init(cfg, (None, "embed")), bias_init=encoder.zeros(("embed",)))(x_BLE)
+    x, _ = encoder.BertLayerStack(cfg, name="encoder")(x_BLE, mask, deterministic, False)
+    return heads.MaskedLMHead(cfg, name="mlm")(heads.gather_positions(x, positions_BP), word_embeddings_VE)
+
+
+class DiscriminatorHead(nn.Module):
+  """transformers' ElectraDiscriminatorPredictions: dense, hidden_act, dense to one logit per token."""
+  config: encoder.BertConfig
+
+  @nn.compact
+  def __call__(self, x_BLH):
+    cfg = self.config
+    dense = lambda n, names, name: nn.Dense(n, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name=name,
+                                            kernel_init=encoder.dense_init(cfg, names),
+                                            bias_init=encoder.zeros(names[-1:]))
+    x = encoder.gelu(cfg, dense(cfg.hidden_size, ("embed", "mlp"), "dense")(x_BLH))
+    return dense(1, ("mlp", None), "prediction")(x)[..., 0].astype(jnp.float32)
+
+
+def replace_masked(input_ids, positions_BP, weights_BP, tokens_BP):
+  """input_ids with tokens_BP written at the masked positions whose weight is > 0 (padding slots skipped)."""
+  input_ids, b = jnp.asarray(input_ids), jnp.arange(input_ids.shape[0])[:, None]
+  current = input_ids[b, positions_BP]
+  return input_ids.at[b, positions_BP].set(jnp.where(weights_BP > 0, tokens_BP, current))
+
+
+class ElectraForPreTraining(nn.Module):
+  """Generator + discriminator over shared embeddings (see the module docstring for the params)."""
+  config: encoder.BertConfig
+  generator_hidden_fraction: float = DEFAULT_GENERATOR_FRACTION
+
+  @nn.compact
+  def __call__(self, batch: dict, *, deterministic: bool = True) -> dict:
+    """Returns {"mlm_logits": [B, P, V], "disc_logits": [B, L], "replaced": [B, L] (0/1 labels)}."""
+    cfg = self.config
+    ids, positions = batch["input_ids"], batch["masked_lm_positions"]
+    weights = batch["masked_lm_weights"]
+    optional = {k: batch[k] for k in ("position_ids", "example_ids") if k in batch}
+    bert_encoder = encoder.BertEncoder(cfg, name="bert")
+    position_ids = optional.get("position_ids")
+    if position_ids is None:
+      position_ids = encoder.default_position_ids(cfg, ids)
+    x = _embed(bert_encoder.embeddings, ids, batch["segment_ids"], position_ids, deterministic)
+    mask = encoder.attention_mask(batch["input_mask"], optional.get("example_ids"), cfg.causal)
+    table = bert_encoder.word_embeddings()
+    gen_cfg = generator_config(cfg, self.generator_hidden_fraction)
+    mlm_logits = Generator(gen_cfg, name="generator")(x, mask, positions, table, deterministic)
+    key = jax.random.key(_EVAL_SAMPLING_SEED) if deterministic else self.make_rng("dropout")
+    sampled = jax.random.categorical(key, jax.lax.stop_gradient(mlm_logits))  # [B, P]
+    original = replace_masked(ids, positions, weights, batch["masked_lm_ids"])
+    corrupted = replace_masked(ids, positions, weights, sampled)
+    out = bert_encoder(corrupted, batch["input_mask"], batch["segment_ids"], deterministic=deterministic, **optional)
+    return {"mlm_logits": mlm_logits, "disc_logits": DiscriminatorHead(cfg, name="discriminator")(out["sequence_output"]),
+            "replaced": (corrupted != original).astype(jnp.int32)}
+
+
+def build_model(config: ml_collections.ConfigDict):
+  return ElectraForPreTraining(base.encoder_config(config),
+                               config.get("generator_hidden_fraction", DEFAULT_GENERATOR_FRACTION))
+
+
+def loss_weights(batch: base.Batch) -> dict[str, jax.Array]:
+  """Masked tokens (generator) and real tokens (discriminator)."""
+  return {"mlm": jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)),
+          "disc": jnp.sum(batch["input_mask"].astype(jnp.float32))}
+
+
+def disc_sums(outputs: dict, batch: base.Batch) -> dict[str, jax.Array]:
+  """Sigmoid cross-entropy of original (0) / replaced (1) over the real tokens; f32 on purpose."""
+  logits, labels = outputs["disc_logits"].astype(jnp.float32), outputs["replaced"].astype(jnp.float32)
+  weights = batch["input_mask"].astype(jnp.float32)
+  nll = jnp.maximum(logits, 0) - logits * labels + jnp.log1p(jnp.exp(-jnp.abs(logits)))
+  correct = ((logits > 0) == (labels > 0)).astype(jnp.float32)
+  return {"disc_loss_sum": jnp.sum(nll * weights), "disc_weight": jnp.sum(weights),
+          "disc_correct": jnp.sum(correct * weights)}
+
+
+def loss_sums(outputs: dict, batch: base.Batch, config=None) -> dict[str, jax.Array]:
+  """`mlm_*` of the generator at the masked positions and `disc_*` of the discriminator."""
+  del config
+  return {**bert.mlm_sums(outputs, batch), **disc_sums(outputs, batch)}
+
+
+def loss(sums: dict, weights: dict | None = None) -> jax.Array:
+  return base.loss_from_sums(sums, LOSS_TERMS, weights)
+
+
+def summarize(prefix: str, sums: dict) -> dict[str, float]:
+  """Generator MLM loss/accuracy/perplexity and discriminator loss/accuracy."""
+  return base.summarize_terms(prefix, sums, LOSS_TERMS, perplexity_terms=("mlm",))
+
+
+prediction_targets = bert.prediction_targets   # the generator's masked tokens
+
+
+def forward_flops_per_row(config: ml_collections.ConfigDict) -> dict[str, float]:
+  """The discriminator (encoder, unused pooler, head at every token) and the generator (layers, MLM head
+  at the masked positions), by component."""
+  cfg, d = base.encoder_config(config), config.data
+  gen_cfg = generator_config(cfg, config.get("generator_hidden_fraction", DEFAULT_GENERATOR_FRACTION))
+  disc = flops.forward_flops_per_row(cfg, flops.Shapes(seq_length=d.seq_length, mlm_positions=0, use_nsp=False))
+  gen = flops.forward_flops_per_row(gen_cfg, flops.Shapes(d.seq_length, d.max_predictions_per_seq, 0, False))
+  disc["discriminator_head"] = float(d.seq_length * 2 * cfg.hidden_size * (cfg.hidden_size + 1))
+  return {**disc, **{f"generator_{k}": v for k, v in gen.items()}}
