@@ -169,6 +169,22 @@ def test_no_gradient_flows_through_sampling():
   assert all(np.all(np.asarray(g) == 0) for g in jax.tree.leaves(mlm["discriminator"]))
 
 
+def test_objective_params_export_as_transformers_generator_and_discriminator(tmp_path):
+  m, params = _tiny_params()
+  batch = _tiny_batch()
+  for kind, (cfg, ours) in electra.hf_models(TINY, params, 0.25).items():
+    checkpoints_hf.save_hf(tmp_path / kind, cfg, ours, model_type="electra")
+    cfg2, theirs = checkpoints_hf.load_hf(tmp_path / kind)
+    assert cfg2 == cfg and json.loads((tmp_path / kind / "config.json").read_text())["embedding_size"] == 8
+    without_pooler = lambda p: {**p, "bert": {k: v for k, v in p["bert"].items() if k != "pooler"}}
+    jax.tree.map(np.testing.assert_array_equal, without_pooler(theirs), without_pooler(ours))   # ELECTRA saves none
+  # The exported generator predicts the masked tokens as the objective's generator does.
+  gen_cfg, gen_params = checkpoints_hf.load_hf(tmp_path / "generator")
+  assert (gen_cfg.hidden_size, gen_cfg.embedding_size) == (4, 8)
+  logits = heads.BertForPreTraining(gen_cfg, use_nsp=False).apply({"params": gen_params}, batch)["mlm_logits"]
+  np.testing.assert_allclose(logits, m.apply({"params": params}, batch)["mlm_logits"], atol=1e-5)
+
+
 def test_evaluation_samples_with_a_fixed_key():
   m, params = _tiny_params()
   apply = jax.jit(m.apply)

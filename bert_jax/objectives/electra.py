@@ -131,6 +131,22 @@ class ElectraForPreTraining(nn.Module):
             "replaced": (corrupted != original).astype(jnp.int32)}
 
 
+def hf_models(cfg: encoder.BertConfig, params: dict, fraction: float = DEFAULT_GENERATOR_FRACTION) -> dict:
+  """Our params as transformers' two models: {"discriminator": (cfg, {"bert", "discriminator"}),
+  "generator": (its cfg, {"bert", "mlm"})}, each for `checkpoints_hf.save_hf(..., model_type="electra")`.
+
+  The generator gets copies of the shared embedding tables (and its own projection); neither has a pooler.
+  """
+  gen_cfg = generator_config(cfg, fraction)
+  if gen_cfg.embedding_size == gen_cfg.hidden_size:
+    gen_cfg = dataclasses.replace(gen_cfg, embedding_size=None)   # no embeddings_project, as transformers
+  tables = {k: v for k, v in params["bert"]["embeddings"].items() if k != "projection"}
+  gen = params["generator"]
+  embeddings = {**tables, **({"projection": gen["projection"]} if "projection" in gen else {})}
+  return {"discriminator": (cfg, {"bert": params["bert"], "discriminator": params["discriminator"]}),
+          "generator": (gen_cfg, {"bert": {"embeddings": embeddings, "encoder": gen["encoder"]}, "mlm": gen["mlm"]})}
+
+
 def build_model(config: ml_collections.ConfigDict):
   return ElectraForPreTraining(base.encoder_config(config),
                                config.get("generator_hidden_fraction", DEFAULT_GENERATOR_FRACTION))
