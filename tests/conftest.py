@@ -22,3 +22,24 @@ def shared_path(*parts: str) -> pathlib.Path:
   if not path.exists():
     pytest.skip(f"{path} not available (real-data test)")
   return path
+
+
+@pytest.fixture(scope="session")
+def minilm_rotten_tomatoes(tmp_path_factory) -> tuple[pathlib.Path, dict]:
+  """(workdir, results) of one short finetune of the real MiniLM on rotten_tomatoes, shared by the tests
+  that need it: 960 training sentences (30 steps) of at most 40 tokens, every dev sentence.
+
+  It runs as `bert-jax finetune` in its own process (8 CPU devices, as here): the command users run, and
+  a process of its own rather than this long-lived one.
+  """
+  import json  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  workdir = tmp_path_factory.mktemp("minilm_rotten_tomatoes") / "run"
+  argv = [sys.executable, "-m", "bert_jax.cli", "finetune", "--config=configs/finetune/sst2.py",
+          f"--workdir={workdir}", f"--config.init_checkpoint={shared_path('minilm')}",
+          f"--config.data_dir={shared_path('tasks', 'rotten_tomatoes')}", "--config.max_seq_length=40",
+          "--config.max_train_examples=960", "--config.num_epochs=1", "--config.learning_rate=2e-4"]
+  run = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
+  assert run.returncode == 0, (run.returncode, run.stdout[-2000:], run.stderr[-5000:])
+  return workdir, json.loads((workdir / "results.json").read_text())

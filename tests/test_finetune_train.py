@@ -140,18 +140,13 @@ def test_stacked_trials_one_per_device_group_match_separate_runs(data_dir, tmp_p
 
 
 @pytest.mark.slow
-def test_minilm_rotten_tomatoes_short_run(tmp_path):
-  """The real checkpoint on real data, shortened: 960 training sentences (30 steps) of at most 40 tokens, 256 dev sentences.
+def test_minilm_rotten_tomatoes_short_run(minilm_rotten_tomatoes):
+  """The real checkpoint on real data, shortened: 960 training sentences (30 steps) of at most 40 tokens
+  (conftest.py runs it once for the tests that need it), evaluated on every dev sentence.
 
   The full-size run (4000 sentences, all 1000 dev sentences: 0.807) is in configs/finetune/sst2.py.
   """
-  config = sst2.get_config()
-  config.init_checkpoint = str(shared_path("minilm"))
-  config.data_dir = str(shared_path("tasks", "rotten_tomatoes"))
-  config.max_seq_length = 40  # most sentences fit; halves the cost of 64
-  config.max_train_examples, config.max_eval_examples = 960, 256
-  config.num_epochs, config.learning_rate = 1, 2e-4
-  results = trainer.finetune(config, str(tmp_path))
+  _, results = minilm_rotten_tomatoes
   assert results["best"] >= 0.65, results
 
 

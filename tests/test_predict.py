@@ -10,7 +10,7 @@ import pytest
 from bert_jax.tools import predict
 from bert_jax.finetune import readers
 from bert_jax.finetune import trainer
-from configs.finetune import generic, squad_v1, sst2
+from configs.finetune import generic, squad_v1
 from conftest import shared_path
 from test_finetune_tagging import make_tagging_data
 from test_finetune_train import tiny_config
@@ -25,14 +25,11 @@ def _tiny_on_minilm_vocab(config, data_dir, max_seq_length):
 
 
 @pytest.mark.slow
-def test_predict_gives_the_finetuning_dev_accuracy_on_rotten_tomatoes(tmp_path):
-  """A short finetune (MiniLM, 30 steps on 960 sentences), then the command on the whole dev file."""
+def test_predict_gives_the_finetuning_dev_accuracy_on_rotten_tomatoes(tmp_path, minilm_rotten_tomatoes):
+  """A short finetune (MiniLM, 30 steps on 960 sentences; conftest.py), then the command on the whole dev file."""
   data = shared_path("tasks", "rotten_tomatoes")
-  c = sst2.get_config()
-  c.init_checkpoint, c.data_dir = str(shared_path("minilm")), str(data)
-  c.max_seq_length, c.max_train_examples, c.num_epochs, c.learning_rate = 40, 960, 1, 2e-4
-  results = trainer.finetune(c, str(tmp_path / "run"))
-  argv = [sys.executable, "-m", "bert_jax.cli", "predict", f"--checkpoint={tmp_path}/run",
+  run_dir, results = minilm_rotten_tomatoes
+  argv = [sys.executable, "-m", "bert_jax.cli", "predict", f"--checkpoint={run_dir}",
           f"--input={data}/dev.tsv", f"--output={tmp_path}/dev_predictions.tsv"]
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   run = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
@@ -43,7 +40,7 @@ def test_predict_gives_the_finetuning_dev_accuracy_on_rotten_tomatoes(tmp_path):
   assert summary["metrics"]["accuracy"] == results["best_metrics"]["accuracy"] > 0.6  # above the 0.597 majority
   rows = readers.read_rows(str(tmp_path / "dev_predictions.tsv"))
   assert len(rows) == 1000 and set(rows[0]) == {"id", "label", "p_0", "p_1"}
-  finetuning = readers.read_rows(str(tmp_path / "run" / "predictions_dev.tsv"))  # the best evaluation's
+  finetuning = readers.read_rows(str(run_dir / "predictions_dev.tsv"))  # the best evaluation's
   assert [r["label"] for r in rows] == [r["prediction"] for r in finetuning]
   assert abs(float(rows[0]["p_0"]) + float(rows[0]["p_1"]) - 1.0) < 1e-5
 
