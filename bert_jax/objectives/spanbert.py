@@ -44,7 +44,10 @@ def validate(config: ml_collections.ConfigDict) -> list[str]:
 
 
 class SpanBoundaryHead(nn.Module):
-  """[x_{s-1}; x_{e+1}; p_{i-s}] -> (Dense, GELU, LayerNorm) x 2 -> tied vocabulary projection + bias."""
+  """[x_{s-1}; x_{e+1}; p_{i-s}] -> (Dense, GELU, LayerNorm) x 2 -> tied vocabulary projection + bias.
+
+  The second (Dense, GELU, LayerNorm) and the projection are an MLM head of their own (`MaskedLMHead`).
+  """
   config: encoder.BertConfig
   max_offsets: int
 
@@ -56,13 +59,10 @@ class SpanBoundaryHead(nn.Module):
                         embedding_init=encoder.dense_init(cfg, (None, "embed")), name="position_embeddings")
     x = jnp.concatenate([heads.gather_positions(x_BLH, left_BP), heads.gather_positions(x_BLH, right_BP),
                          position(offset_BP)], axis=-1)
-    for i, names in enumerate((("mlp", "embed"), ("embed", "mlp"))):
-      dense = nn.Dense(h, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name=f"dense_{i}",
-                       kernel_init=encoder.dense_init(cfg, names), bias_init=encoder.zeros(names[-1:]))
-      x = encoder.layer_norm(cfg, f"layer_norm_{i}")(encoder.gelu(cfg, dense(x)))
-    bias = self.param("output_bias", encoder.zeros(("vocab",)), (cfg.vocab_size,), cfg.param_dtype)
-    logits = jnp.einsum("...h,vh->...v", x, word_embeddings_VH.astype(cfg.dtype), preferred_element_type=jnp.float32)
-    return logits + bias
+    dense = nn.Dense(h, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name="dense",
+                     kernel_init=encoder.dense_init(cfg, ("mlp", "embed")), bias_init=encoder.zeros(("embed",)))
+    x = encoder.layer_norm(cfg, "layer_norm")(encoder.gelu(cfg, dense(x)))
+    return heads.MaskedLMHead(cfg, name="output")(x, word_embeddings_VH)
 
 
 class SpanBertForPreTraining(nn.Module):
