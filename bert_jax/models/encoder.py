@@ -64,7 +64,7 @@ class BertConfig:
   num_heads: int = 12
   intermediate_size: int = 3072
   max_position_embeddings: int = 512
-  type_vocab_size: int = 2
+  type_vocab_size: int = 2      # 0: no token-type embeddings (DistilBERT)
   hidden_act: str = "gelu"  # exact erf GELU, as in BERT; "gelu_new" is the tanh approximation
   hidden_dropout: float = 0.1
   attention_dropout: float = 0.1
@@ -237,7 +237,8 @@ class BertEmbeddings(nn.Module):
                                             embedding_init=dense_init(cfg, names), name=name)
     self.word_embeddings = embed(cfg.vocab_size, ("vocab", "embed"), "word_embeddings")
     self.position_embeddings = embed(cfg.max_position_embeddings, ("position", "embed"), "position_embeddings")
-    self.token_type_embeddings = embed(cfg.type_vocab_size, ("type_vocab", "embed"), "token_type_embeddings")
+    if cfg.type_vocab_size:   # 0: no token types (DistilBERT)
+      self.token_type_embeddings = embed(cfg.type_vocab_size, ("type_vocab", "embed"), "token_type_embeddings")
     self.layer_norm = layer_norm(cfg, "layer_norm")
     self.dropout = nn.Dropout(cfg.hidden_dropout)
     if cfg.embedding_size is not None:
@@ -246,12 +247,17 @@ class BertEmbeddings(nn.Module):
                                  kernel_init=dense_init(cfg, (None, "embed")), bias_init=zeros(("embed",)))
 
   def __call__(self, input_ids, segment_ids, position_ids, deterministic: bool):
-    x = (self.word_embeddings(input_ids) + self.position_embeddings(position_ids)
-         + self.token_type_embeddings(segment_ids))
-    x = self.dropout(self.layer_norm(x), deterministic=deterministic)
+    x = self.embed(input_ids, segment_ids, position_ids, deterministic)
     if self.config.embedding_size is not None:
       x = self.projection(x)
     return _constrain(x, "activation_batch", "activation_length", "activation_embed")
+
+  def embed(self, input_ids, segment_ids, position_ids, deterministic: bool):
+    """The embeddings before any projection to hidden_size: [B, L, embedding_dim]."""
+    x = self.word_embeddings(input_ids) + self.position_embeddings(position_ids)
+    if self.config.type_vocab_size:
+      x = x + self.token_type_embeddings(segment_ids)
+    return self.dropout(self.layer_norm(x), deterministic=deterministic)
 
 
 class _Einsum(nn.Module):
@@ -371,11 +377,13 @@ class BertEncoder(nn.Module):
                            kernel_init=dense_init(cfg, ("embed", "mlp")), bias_init=zeros(("mlp",)))
 
   def __call__(self, input_ids, input_mask=None, segment_ids=None, *, position_ids=None, example_ids=None,
-               pooled_positions=None, deterministic: bool = True, output_hidden_states: bool = False):
+               pooled_positions=None, deterministic: bool = True, output_hidden_states: bool = False,
+               pool: bool = True):
     """Returns {"sequence_output": [B, L, H], "pooled_output": [B, H] or [B, K, H], "hidden_states"}.
 
     `hidden_states` is [num_layers + 1, B, L, H] (embeddings first, after any projection to H) when
     output_hidden_states, else None. Given position_ids are used as they are (no RoBERTa offset added).
+    `pool=False`: no pooler (its params are then never created; ELECTRA, DistilBERT), "pooled_output" None.
     """
     if input_mask is None:
       input_mask = jnp.ones_like(input_ids)
@@ -387,13 +395,16 @@ class BertEncoder(nn.Module):
     x_emb = x
     mask = attention_mask(input_mask, example_ids, self.config.causal)
     x, hidden = self.encoder(x, mask, deterministic, output_hidden_states)
-    if pooled_positions is None:
-      first_BH = x[:, 0]  # [CLS]
-    else:
-      first_BH = jnp.take_along_axis(x, pooled_positions[..., None], axis=1)  # [B, K, H]
+    pooled = None
+    if pool:
+      if pooled_positions is None:
+        first_BH = x[:, 0]  # [CLS]
+      else:
+        first_BH = jnp.take_along_axis(x, pooled_positions[..., None], axis=1)  # [B, K, H]
+      pooled = jnp.tanh(self.pooler(first_BH))
     return {
         "sequence_output": x,
-        "pooled_output": jnp.tanh(self.pooler(first_BH)),
+        "pooled_output": pooled,
         "hidden_states": jnp.stack([x_emb, *hidden]) if output_hidden_states else None,
     }
 

@@ -58,13 +58,6 @@ def generator_config(cfg: encoder.BertConfig, fraction: float) -> encoder.BertCo
                              embedding_size=cfg.embedding_dim, share_layers=False)
 
 
-def _embed(embeddings, input_ids, segment_ids, position_ids, deterministic):
-  """The shared embeddings before any projection to a hidden size: [B, L, E]."""
-  x = (embeddings.word_embeddings(input_ids) + embeddings.position_embeddings(position_ids)
-       + embeddings.token_type_embeddings(segment_ids))
-  return embeddings.dropout(embeddings.layer_norm(x), deterministic=deterministic)
-
-
 class Generator(nn.Module):
   """Shared embeddings (given) -> projection to the generator width -> layers -> MLM head at the masked
   positions. Params {"projection" (when E != its hidden size), "encoder", "mlm"}."""
@@ -117,7 +110,7 @@ class ElectraForPreTraining(nn.Module):
     position_ids = optional.get("position_ids")
     if position_ids is None:
       position_ids = encoder.default_position_ids(cfg, ids)
-    x = _embed(bert_encoder.embeddings, ids, batch["segment_ids"], position_ids, deterministic)
+    x = bert_encoder.embeddings.embed(ids, batch["segment_ids"], position_ids, deterministic)
     mask = encoder.attention_mask(batch["input_mask"], optional.get("example_ids"), cfg.causal)
     table = bert_encoder.word_embeddings()
     gen_cfg = generator_config(cfg, self.generator_hidden_fraction)
