@@ -132,6 +132,26 @@ def _read_model(found: Found, bert_config_json, scan_layers: bool, config_overri
   return dataclasses.replace(cfg, scan_layers=scan_layers), params
 
 
+def hf_model_type(path) -> str | None:
+  """The `model_type` in a Hugging Face directory's config.json ("bert", "electra" ...); None for the other
+  kinds. ELECTRA needs it: its encoder's config reads as BERT's or ALBERT's."""
+  found = find(path)
+  if found.kind != "hf":
+    return None
+  return json.loads((epath.Path(found.directory) / HF_CONFIG).read_text()).get("model_type")
+
+
+def saved_pooler(path) -> bool:
+  """False for a Hugging Face directory that saved no pooler (MaskedLM, token and QA classes, ELECTRA,
+  DistilBERT): `load` gives it a newly initialised one. True otherwise: the other kinds' params are what was
+  saved (a bert_jax ELECTRA or DistilBERT run's encoder has no "pooler")."""
+  found = find(path)
+  if found.kind == "hf":
+    from bert_jax.interop import checkpoints_hf  # pylint: disable=g-import-not-at-top
+    return checkpoints_hf.saved_pooler(found.checkpoint)
+  return True   # what was read is what was saved: the caller sees whether params["bert"] has a "pooler"
+
+
 def lower_case(path) -> bool:
   """The checkpoint's tokenizer_config.json `do_lower_case` (cased models say False); True without one."""
   return _lower_case(find(path).directory)

@@ -166,3 +166,29 @@ def test_embed_examples_with_roberta_positions_up_to_the_table_limit():
                                atol=1e-5)
   with pytest.raises(ValueError, match="19 input_ids, more than max_length 18"):
     embed.read_examples(['{"input_ids": %s}' % list(range(2, 21))], max_length=embed.longest_input(cfg))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["electra/discriminator", "electra/generator", "distilbert"])
+def test_embed_command_on_pooler_less_directories(family, tmp_path):
+  # ids with their attention mask (and token types, where the family has them), as for BERT; every layer's
+  # hidden states are transformers' at the real positions. These classes save no pooler: no made-up
+  # pooler_output is written.
+  ckpt = shared_path("families", *family.split("/"))
+  ref = np.load(ckpt / "reference.npz")
+  rows = [(name, row) for name in sorted({k.split("/")[0] for k in ref.files})
+          for row in range(len(ref[f"{name}/input_ids"]))]
+  keys = [k for k in ("input_ids", "attention_mask", "token_type_ids") if f"ex0/{k}" in ref]
+  lines = [json.dumps({k: ref[f"{name}/{k}"][row].tolist() for k in keys}) for name, row in rows]
+  (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
+  run_cli(f"--checkpoint={ckpt}", f"--input={tmp_path / 'in.jsonl'}", f"--output={tmp_path / 'out.npz'}",
+          "--batch_size=4")
+  out = np.load(tmp_path / "out.npz")
+  assert not any(k.startswith("pooler_output") for k in out.files)
+  assert any(k.startswith("token_type_ids") for k in out.files) == (family != "distilbert")   # none read
+  errors = []
+  for i, (name, row) in enumerate(rows):
+    real = ref[f"{name}/attention_mask"][row].astype(bool)
+    errors.append(np.abs(out[f"hidden_states_{i}"][:, real] - ref[f"{name}/hidden_states"][row][:, real]).max())
+  assert len(errors) == 6 and max(errors) <= TOLERANCE, errors
+  print(f"{family}: max |hidden_states - transformers| = {max(errors):.2e} over {len(errors)} examples")

@@ -9,10 +9,12 @@ import numpy as np
 import pytest
 
 from bert_jax import checkpoint_loader
+from bert_jax import checkpointing
 from bert_jax.interop import checkpoints_hf
 from bert_jax.interop import export
 from bert_jax.models import heads
 from bert_jax.models import encoder as model
+from bert_jax.objectives import electra
 from bert_jax.tools import predict
 from bert_jax.finetune import trainer
 from test_finetune_own_data import make_tweets, tweet_config
@@ -102,3 +104,58 @@ def test_token_and_qa_heads_export_without_a_pooler_and_read_back(tmp_path, head
     np.testing.assert_allclose(out.logits.numpy()[0, :5], np.asarray(ours)[0, :5], atol=1e-4)
   else:
     np.testing.assert_allclose(out.start_logits.numpy()[0, :5], np.asarray(ours["start_logits"])[0, :5], atol=1e-4)
+
+
+def _pretraining_run(workdir, cfg: model.BertConfig, params: dict) -> str:
+  """A workdir as a pretraining run leaves it: its params in checkpoints/<step>, its run record beside."""
+  from test_checkpoint_loader import _vocab  # pylint: disable=g-import-not-at-top
+  ckpt = checkpointing.Checkpointer(str(workdir / "checkpoints"), keep=1, async_save=False)
+  ckpt.save(1, {"params": params})
+  ckpt.close()
+  checkpoint_loader.write_run_record(str(workdir), cfg, _vocab(workdir / "vocab"), do_lower_case=True)
+  return str(workdir)
+
+
+def test_electra_run_exports_its_discriminator_and_generator(tmp_path):
+  # Two layers: an ALBERT-style config.json of one layer cannot say whether it is shared.
+  cfg = model.BertConfig(vocab_size=40, hidden_size=16, num_layers=2, num_heads=2, intermediate_size=32,
+                         max_position_embeddings=16, embedding_size=8)
+  ids = np.array([[2, 7, 4, 11, 3, 0]], np.int32)
+  batch = {"input_ids": ids, "input_mask": (ids > 0).astype(np.int32), "segment_ids": np.zeros_like(ids),
+           "masked_lm_positions": np.array([[2]], np.int32), "masked_lm_ids": np.array([[9]], np.int32),
+           "masked_lm_weights": np.ones((1, 1), np.float32)}
+  params = jax.tree.map(np.asarray, nn.unbox(jax.jit(electra.ElectraForPreTraining(cfg, 0.5).init)(
+      jax.random.key(0), batch)["params"]))
+  run = _pretraining_run(tmp_path / "run", cfg, params)
+  assert export.export(run, tmp_path / "hf") == "ElectraForPreTraining"
+  expected = electra.hf_models(cfg, params, 0.5)
+  for directory, kind, architecture in ((tmp_path / "hf", "discriminator", "ElectraForPreTraining"),
+                                        (tmp_path / "hf" / export.ELECTRA_GENERATOR, "generator", "ElectraForMaskedLM")):
+    config = json.loads((directory / "config.json").read_text())
+    assert (config["model_type"], config["architectures"]) == ("electra", [architecture])
+    assert not any("pooler" in n for n in checkpoints_hf.read_safetensors(directory))
+    assert (directory / "vocab.txt").exists()
+    cfg2, back = checkpoints_hf.load_hf(directory)
+    want_cfg, want = expected[kind]
+    assert cfg2 == want_cfg
+    jax.tree.map(np.testing.assert_array_equal, {**back, "bert": {k: v for k, v in back["bert"].items()
+                                                                  if k != "pooler"}}, want)
+  assert json.loads((tmp_path / "hf" / "generator" / "config.json").read_text())["hidden_size"] == 8
+
+
+def test_distilbert_shaped_run_exports_as_distilbert_for_masked_lm(tmp_path):
+  cfg = model.BertConfig.from_preset("tiny", vocab_size=40, max_position_embeddings=16, type_vocab_size=0)
+  ids = np.ones((1, 4), np.int32)
+  batch = {"input_ids": ids, "input_mask": ids, "segment_ids": 0 * ids, "masked_lm_positions": ids}
+  params = jax.tree.map(np.asarray, nn.unbox(jax.jit(heads.BertForPreTraining(cfg, use_nsp=False).init)(
+      jax.random.key(0), batch)["params"]))
+  del params["bert"]["pooler"]   # a student encoder built without one
+  run = _pretraining_run(tmp_path / "run", cfg, params)
+  assert export.export(run, tmp_path / "hf") == "DistilBertForMaskedLM"
+  names = set(checkpoints_hf.read_safetensors(tmp_path / "hf"))
+  assert {"distilbert.transformer.layer.1.ffn.lin2.weight", "vocab_projector.bias"} <= names
+  assert not any("pooler" in n or "token_type" in n for n in names)
+  cfg2, back = checkpoints_hf.load_hf(tmp_path / "hf")
+  assert cfg2 == cfg
+  jax.tree.map(np.testing.assert_array_equal, {**back, "bert": {k: v for k, v in back["bert"].items()
+                                                                if k != "pooler"}}, params)

@@ -98,11 +98,17 @@ def test_export_writes_the_same_directory_and_reimports_identically(family, tmp_
               "pad_token_id", "type_vocab_size", "max_position_embeddings", "hidden_act"):
     assert config.get(key) == original.get(key), key
   # The very tensors transformers saved: names, shapes and values (RobertaForMaskedLM: no pooler).
-  ours, theirs = checkpoints_hf.read_safetensors(tmp_path), checkpoints_hf.read_safetensors(path)
+  assert_same_tensors_and_reimport(tmp_path, path, cfg, params)
+
+
+def assert_same_tensors_and_reimport(written, original, cfg, params):
+  """The directory `written` holds exactly the tensors of `original` (names, shapes, values) and reads back
+  as (cfg, params)."""
+  ours, theirs = checkpoints_hf.read_safetensors(written), checkpoints_hf.read_safetensors(original)
   assert set(ours) == set(theirs)
   for name, value in theirs.items():
     np.testing.assert_array_equal(ours[name], value, err_msg=name)
-  cfg2, params2 = checkpoints_hf.load_hf(tmp_path)
+  cfg2, params2 = checkpoints_hf.load_hf(written)
   assert cfg2 == cfg
   jax.tree.map(np.testing.assert_array_equal, params2, params)
 
@@ -205,7 +211,8 @@ def test_roberta_position_ids_skip_padding():
     tiny(position_pad_id=1, type_vocab_size=1),
     tiny(causal=True),
     tiny(position_pad_id=1, causal=True),
-], ids=["albert", "albert_unshared", "roberta", "bert_causal", "roberta_causal"])
+    tiny(type_vocab_size=0),
+], ids=["albert", "albert_unshared", "roberta", "bert_causal", "roberta_causal", "distilbert"])
 def test_hf_dict_round_trip(cfg):
   d = cfg.to_hf_dict()
   assert d["model_type"] == cfg.model_type
@@ -215,8 +222,8 @@ def test_hf_dict_round_trip(cfg):
 def test_hf_dicts_the_families_cannot_hold_are_errors():
   with pytest.raises(ValueError, match="both ALBERT"):
     tiny(embedding_size=8, position_pad_id=1).to_hf_dict()
-  with pytest.raises(ValueError, match="model_type 'electra'"):
-    model.BertConfig.from_hf_dict({**tiny().to_hf_dict(), "model_type": "electra"})
+  with pytest.raises(ValueError, match="model_type 'modernbert'"):   # ELECTRA's and DistilBERT's read
+    model.BertConfig.from_hf_dict({**tiny().to_hf_dict(), "model_type": "modernbert"})
   with pytest.raises(ValueError, match="num_hidden_groups 2"):
     model.BertConfig.from_hf_dict({**tiny(embedding_size=8).to_hf_dict(), "num_hidden_layers": 4,
                                    "num_hidden_groups": 2})

@@ -27,6 +27,7 @@ import os
 import shutil
 import time
 
+from absl import logging
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -206,15 +207,14 @@ def init_state(model, tx, configs, encoder_params, mesh, rules, seq_len: int, tr
   param_shardings = _stacked(sharding.logical_to_shardings(nn.get_partition_spec(abstract), mesh, rules),
                              trial_axis)
   if encoder_params is not None:
-    expected = jax.tree.map(lambda x: x.shape, jax.eval_shape(lambda r: nn.unbox(init_one(r)), jax.random.key(0))["bert"])
-    got = jax.tree.map(lambda x: tuple(np.shape(x)), encoder_params)
-    if expected != got:
-      raise ValueError(f"checkpoint encoder does not match the model:\n expected {expected}\n got {got}")
+    check_encoder_shapes(jax.eval_shape(lambda r: nn.unbox(init_one(r)), jax.random.key(0))["bert"], encoder_params)
 
   def init_params(rngs, encoder):
     params = jax.vmap(lambda r: nn.unbox(init_one(r)))(rngs)
-    if encoder is not None:
-      params["bert"] = jax.tree.map(lambda e, p: jnp.broadcast_to(e.astype(p.dtype), p.shape), encoder, params["bert"])
+    if encoder is not None:  # a pooler the checkpoint lacks stays as initialised
+      loaded = jax.tree.map(lambda e, p: jnp.broadcast_to(e.astype(p.dtype), p.shape), encoder,
+                            {k: params["bert"][k] for k in encoder})
+      params["bert"] = {**params["bert"], **loaded}
     return params
 
   keys = [jax.random.split(jax.random.key(c.seed)) for c in configs]
@@ -226,6 +226,18 @@ def init_state(model, tx, configs, encoder_params, mesh, rules, seq_len: int, tr
            "rng": jnp.stack([jax.random.key_data(k[1]) for k in keys])}  # raw uint32: checkpointable
   state = {k: (v if k in ("params", "opt_state") else jax.device_put(v, replicated)) for k, v in state.items()}
   return state, jax.tree.map(lambda x: x.sharding, state)
+
+
+def check_encoder_shapes(expected, encoder_params) -> None:
+  """Raises ValueError unless the checkpoint's encoder has the model's shapes; a missing pooler (ELECTRA and
+  DistilBERT save none) is allowed and is then newly initialised, as transformers does."""
+  expected = jax.tree.map(lambda x: tuple(x.shape), expected)
+  got = jax.tree.map(lambda x: tuple(np.shape(x)), encoder_params)
+  if "pooler" in expected and "pooler" not in got:
+    logging.warning("the checkpoint's encoder has no pooler: it is newly initialised")
+    expected = {k: v for k, v in expected.items() if k != "pooler"}
+  if expected != got:
+    raise ValueError(f"checkpoint encoder does not match the model:\n expected {expected}\n got {got}")
 
 
 def _trial(tree, t: int):

@@ -1,4 +1,4 @@
-"""Hugging Face checkpoints of the BERT family (BERT, ALBERT, RoBERTa, ELECTRA) <-> bert_jax params.
+"""Hugging Face checkpoints of the BERT family (BERT, ALBERT, RoBERTa, ELECTRA, DistilBERT) <-> bert_jax params.
 
 A Hugging Face directory holds `config.json` (its `model_type` names the family), `model.safetensors` and
 usually tokenizer files. Tensor names are those of `transformers` (`BertModel`: `embeddings.word_embeddings.weight`,
@@ -14,6 +14,11 @@ and `generator_lm_head` are our "mlm") and `ElectraForPreTraining` (the discrimi
 `discriminator_predictions` is our "discriminator": {"dense", "prediction"}, one logit per token). Its
 config reads as a BertConfig with or without `embedding_size`, so the family is passed by name
 (`model_type="electra"`) where the config cannot tell it; `load_hf` reads it from config.json.
+
+DistilBERT (Sanh et al. 2019) is BERT's encoder without token types (`type_vocab_size=0`) or pooler, under
+other names (`transformer.layer.{i}.attention.q_lin`, `sa_layer_norm`, `ffn.lin1` ...);
+`DistilBertForMaskedLM`'s `vocab_transform`, `vocab_layer_norm` and `vocab_projector` (its weight tied to the
+word embeddings, its bias the MLM bias) are our "mlm".
 
 The conversion is by explicit name table (`tensor_table`), so a missing, unexpected or misshapen tensor is
 an error naming it. The only tensors skipped are documented buffers and tied copies (`IGNORED`, the family's
@@ -79,6 +84,12 @@ FAMILIES = {
                       ("lm_head.dense", "lm_head.layer_norm", "lm_head.bias"), "lm_head.decoder", None, None,
                       "RobertaForMaskedLM"),
     # No pooler is saved (None): ours is newly initialised on import and never written.
+    "distilbert": Family("distilbert.", "DistilBert", "transformer.layer.{i}.",
+                         {"query": "attention.q_lin", "key": "attention.k_lin", "value": "attention.v_lin",
+                          "out": "attention.out_lin", "attention_layer_norm": "sa_layer_norm",
+                          "intermediate": "ffn.lin1", "output": "ffn.lin2", "output_layer_norm": "output_layer_norm"},
+                         None, ("vocab_transform", "vocab_layer_norm", "vocab_projector.bias"), "vocab_projector",
+                         None, None, "DistilBertForMaskedLM"),
     "electra": Family("electra.", "Electra", "encoder.layer.{i}.", _BERT_LAYER, None,
                       ("generator_predictions.dense", "generator_predictions.LayerNorm", "generator_lm_head.bias"),
                       "generator_lm_head", None, None, "ElectraForMaskedLM", projection="embeddings_project",
@@ -92,10 +103,8 @@ def family(cfg: model.BertConfig, model_type: str | None = None) -> Family:
 
 
 def electra_config(d: dict, **overrides) -> model.BertConfig:
-  """BertConfig of an ElectraConfig dict: the projection exists only when embedding_size != hidden_size."""
-  hidden, embedding = d.get("hidden_size", 256), d.get("embedding_size", 128)  # ElectraConfig defaults
-  fields = {"embedding_size": None if embedding == hidden else embedding, "hidden_act": d.get("hidden_act", "gelu")}
-  return model.BertConfig.from_hf_dict({**d, "model_type": "bert"}, **{**fields, **overrides})
+  """BertConfig of an ElectraConfig dict (`BertConfig.from_hf_dict` reads them; kept for its callers)."""
+  return model.BertConfig.from_hf_dict({**d, "model_type": "electra"}, **overrides)
 
 
 def electra_hf_dict(cfg: model.BertConfig) -> dict:
@@ -120,8 +129,10 @@ def _mlm_names(fam: Family) -> tuple:
 
 
 def _tied(fam: Family) -> dict:
-  """Tied copies: checked equal on import, never written on export."""
-  return {f"{fam.decoder}.weight": "embeddings.word_embeddings.weight", f"{fam.decoder}.bias": fam.mlm[2]}
+  """Tied copies: checked equal on import, never written on export (DistilBERT's decoder bias is the MLM bias
+  itself, no copy)."""
+  tied = {f"{fam.decoder}.weight": "embeddings.word_embeddings.weight", f"{fam.decoder}.bias": fam.mlm[2]}
+  return {name: target for name, target in tied.items() if name != target}
 
 
 # safetensors dtype names (its format spec). safetensors.numpy has no bfloat16, a common storage type.
@@ -159,8 +170,8 @@ def tensor_table(cfg: model.BertConfig, mlm: bool = False, nsp: bool = False, he
   """
   fam = family(cfg, model_type)
   emb = ("bert", "embeddings")
-  table = [(f"embeddings.{t}.weight", emb + (t, "embedding"), "plain")
-           for t in ("word_embeddings", "position_embeddings", "token_type_embeddings")]
+  tables = ("word_embeddings", "position_embeddings") + (("token_type_embeddings",) if cfg.type_vocab_size else ())
+  table = [(f"embeddings.{t}.weight", emb + (t, "embedding"), "plain") for t in tables]
   table += _layer_norm("embeddings.LayerNorm", emb + ("layer_norm",))
   if cfg.embedding_size is not None:
     table += _dense(fam.projection, emb + ("projection",))
@@ -302,9 +313,11 @@ def _initial_pooler(cfg: model.BertConfig) -> dict:
 def to_state_dict(cfg: model.BertConfig, params: dict, pooler: bool = True, model_type: str | None = None) -> dict:
   """Params (either layout) -> HF tensors; the family's prefix is used when heads are present.
 
-  `pooler` False leaves the pooler out (the HF MaskedLM, token classification and QA classes have none).
+  `pooler` False leaves the pooler out (the HF MaskedLM, token classification and QA classes have none);
+  so do params without one (an encoder built with `pool=False`).
   """
   params = jax.tree.map(np.asarray, model.unscan_params(nn.unbox(params)))
+  pooler = pooler and "pooler" in params["bert"]
   mlm, nsp, disc = "mlm" in params, "nsp" in params, "discriminator" in params
   head = next((h for h in HEADS if h in params), None)
   fam = family(cfg, model_type)
@@ -320,7 +333,8 @@ def to_state_dict(cfg: model.BertConfig, params: dict, pooler: bool = True, mode
 
 
 def load_hf(path, scan_layers: bool = False, **config_overrides) -> tuple:
-  """A Hugging Face BERT, ALBERT, RoBERTa or ELECTRA directory -> (BertConfig, params as numpy arrays).
+  """A Hugging Face BERT, ALBERT, RoBERTa, ELECTRA or DistilBERT directory -> (BertConfig, params as numpy
+  arrays).
 
   Args:
     path: directory with config.json and model.safetensors.
@@ -329,10 +343,23 @@ def load_hf(path, scan_layers: bool = False, **config_overrides) -> tuple:
   """
   path = pathlib.Path(path)
   hf_config = json.loads((path / "config.json").read_text())
-  model_type = hf_config.get("model_type")
-  read = electra_config if model_type == "electra" else model.BertConfig.from_hf_dict
-  cfg = read(hf_config, scan_layers=scan_layers, **config_overrides)
-  return cfg, from_state_dict(cfg, read_safetensors(path), scan_layers=scan_layers, model_type=model_type)
+  cfg = model.BertConfig.from_hf_dict(hf_config, scan_layers=scan_layers, **config_overrides)
+  return cfg, from_state_dict(cfg, read_safetensors(path), scan_layers=scan_layers,
+                              model_type=hf_config.get("model_type"))
+
+
+def saved_pooler(path) -> bool:
+  """Whether the Hugging Face directory `path` saved a pooler (`load_hf` makes up a fresh one where it did
+  not: MaskedLM, token classification and QA classes, every ELECTRA and DistilBERT class). Reads the
+  safetensors headers only."""
+  path = pathlib.Path(path)
+  index = path / "model.safetensors.index.json"
+  if index.exists():
+    names = json.loads(index.read_text())["weight_map"]
+  else:
+    with open(path / "model.safetensors", "rb") as f:
+      names = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+  return any("pooler" in name.split(".") for name in names)
 
 
 def read_safetensors(path: pathlib.Path) -> dict:
@@ -372,8 +399,9 @@ def save_hf(path, cfg: model.BertConfig, params: dict, vocab_file=None, config_f
   """Writes config.json, model.safetensors and (if given) vocab.txt, loadable by transformers.
 
   The class (config.json `architectures`) is the family's encoder (`BertModel` ...) without heads, its
-  pretraining class (`BertForPreTraining`, `AlbertForPreTraining`, `RobertaForMaskedLM`; ALBERT without a
-  sentence-order head: `AlbertForMaskedLM`) with an MLM head.
+  pretraining class (`BertForPreTraining`, `AlbertForPreTraining`, `RobertaForMaskedLM`,
+  `DistilBertForMaskedLM`; ALBERT without a sentence-order head: `AlbertForMaskedLM`) with an MLM head. A
+  family without a pooler (ELECTRA, DistilBERT) never gets one written.
 
   Args:
     config_fields: set in config.json over ours (a head's `architectures`, `id2label`, `label2id` ...).

@@ -12,10 +12,14 @@ A finetuned workdir (its task.json says the task) becomes the class of its head,
   span (SQuAD)                 BertForQuestionAnswering
 
 Any other checkpoint (a pretraining run, a TF or HF checkpoint) becomes its family's pretraining class
-(BertForPreTraining, AlbertForPreTraining, RobertaForMaskedLM), or BertModel (...) when it has no MLM head.
-The directory also gets the vocabulary and a tokenizer_config.json (lower-casing, maximum length), so
-`AutoTokenizer` loads it. A scalar-mix head has no `transformers` class: an error; so has a RoBERTa sequence
-classifier (RobertaForSequenceClassification's head is two layers on <s>, ours the pooler and one).
+(BertForPreTraining, AlbertForPreTraining, RobertaForMaskedLM, DistilBertForMaskedLM for an encoder without
+token types), or BertModel (...) when it has no MLM head. An ELECTRA pretraining run (its params have a
+"discriminator") becomes two directories: the discriminator, `ElectraForPreTraining`, in OUTPUT and the
+generator, `ElectraForMaskedLM`, in OUTPUT/generator; neither has a pooler.
+
+Each directory also gets the vocabulary and a tokenizer_config.json (lower-casing, maximum length), so
+`AutoTokenizer` loads it. A scalar-mix head has no `transformers` class: an error; so has a RoBERTa or
+DistilBERT sequence classifier (their heads are two layers on the first token, ours the pooler and one).
 """
 
 import json
@@ -27,8 +31,11 @@ from absl import flags
 from bert_jax import checkpoint_loader
 from bert_jax.interop import checkpoints_hf
 from bert_jax.finetune import trainer
+from bert_jax.objectives import electra
 
 FLAGS = flags.FLAGS
+# Where an ELECTRA run's generator is written, inside the discriminator's directory.
+ELECTRA_GENERATOR = "generator"
 # The class of a finetuned BERT head; other families change the stem (`checkpoints_hf.Family.classes`).
 ARCHITECTURES = {"classification": "BertForSequenceClassification", "regression": "BertForSequenceClassification",
                  "tagging": "BertForTokenClassification", "span": "BertForQuestionAnswering"}
@@ -62,6 +69,8 @@ def export(checkpoint, output) -> str:
   cfg, params, tokenizer = checkpoint_loader.load(checkpoint)
   record = trainer.read_task_record(checkpoint)
   max_length = cfg.max_position_embeddings
+  if record is None and is_electra(checkpoint, params):
+    return _export_electra(cfg, params, tokenizer, output, max_length)
   if record is None:
     params = {k: v for k, v in params.items() if k in ("bert", "mlm", "nsp")}
     fields, pooler = {}, None   # as the class written has one
@@ -70,19 +79,56 @@ def export(checkpoint, output) -> str:
       raise ValueError(f"{checkpoint}: a scalar-mix model (finetuned with scalar_mix) has no transformers class; "
                        "finetune without scalar_mix to export")
     classes = checkpoints_hf.family(cfg).classes
-    if classes == "Roberta" and record["kind"] in ("classification", "regression"):
-      raise ValueError(f"{checkpoint}: RobertaForSequenceClassification's head (dense, tanh, out_proj on <s>, no "
+    if classes in ("Roberta", "DistilBert") and record["kind"] in ("classification", "regression"):
+      raise ValueError(f"{checkpoint}: {classes}ForSequenceClassification's head (two layers on the first token, no "
                        "pooler) is not written; export a tagging or span model, or the encoder")
     head = "qa_outputs" if record["kind"] == "span" else "classifier"
     params, fields = {"bert": params["bert"], head: params[head]}, head_config(record, classes)
     pooler = record["kind"] in ("classification", "regression")   # the HF token and QA classes have none
     max_length = record["max_seq_length"]
   checkpoints_hf.save_hf(output, cfg, params, config_fields=fields, pooler=pooler)
+  _save_tokenizer(tokenizer, output, max_length, checkpoints_hf.family(cfg).classes)
+  return json.loads((pathlib.Path(output) / "config.json").read_text())["architectures"][0]
+
+
+def _save_tokenizer(tokenizer, output, max_length: int, classes: str) -> None:
   tokenizer.save(str(output))
   (pathlib.Path(output) / checkpoint_loader.TOKENIZER_CONFIG).write_text(json.dumps(
       {"do_lower_case": tokenizer.do_lower_case, "model_max_length": max_length,
-       "tokenizer_class": checkpoints_hf.family(cfg).classes + "Tokenizer"}, indent=1) + "\n")
+       "tokenizer_class": classes + "Tokenizer"}, indent=1) + "\n")
+
+
+def is_electra(checkpoint, params: dict) -> bool:
+  """An ELECTRA model: a bert_jax run's params hold its "discriminator"; a Hugging Face directory says so in
+  config.json (the encoder's config alone reads as BERT's or ALBERT's)."""
+  return "discriminator" in params or checkpoint_loader.hf_model_type(checkpoint) == "electra"
+
+
+def _export_electra(cfg, params, tokenizer, output, max_length: int) -> str:
+  """A run's discriminator (OUTPUT) and generator (OUTPUT/generator); a Hugging Face directory's one model."""
+  if "generator" in params:
+    models, directories = electra_models(cfg, params), (output, pathlib.Path(output) / ELECTRA_GENERATOR)
+  else:
+    models, directories = [(cfg, {k: v for k, v in params.items() if k in ("bert", "discriminator", "mlm")})], [output]
+  for directory, (model_cfg, model_params) in zip(directories, models):
+    checkpoints_hf.save_hf(directory, model_cfg, model_params, model_type="electra")
+    _save_tokenizer(tokenizer, directory, max_length, "Electra")
   return json.loads((pathlib.Path(output) / "config.json").read_text())["architectures"][0]
+
+
+def electra_models(cfg, params) -> tuple:
+  """An ELECTRA pretraining run's ((cfg, params) of the discriminator, of the generator), as
+  `electra.hf_models` splits them; the generator's width is read from its params (a run records no
+  `generator_hidden_fraction`), and its heads and intermediate size checked against them."""
+  layer = params["generator"]["encoder"]["layer_0"]   # checkpoint_loader gives the unscanned layout
+  hidden, heads, _ = layer["attention"]["query"]["kernel"].shape
+  models = electra.hf_models(cfg, params, hidden / cfg.hidden_size)
+  gen_cfg = models["generator"][0]
+  found = (heads, layer["intermediate"]["kernel"].shape[1])
+  if (gen_cfg.num_heads, gen_cfg.intermediate_size) != found:
+    raise ValueError(f"the ELECTRA generator's params (heads, intermediate size) {found} are not those of a "
+                     f"generator of width {hidden}: {(gen_cfg.num_heads, gen_cfg.intermediate_size)}")
+  return models["discriminator"], models["generator"]
 
 
 def main(argv) -> None:
@@ -97,3 +143,5 @@ def main(argv) -> None:
   except (ValueError, FileNotFoundError) as e:
     raise SystemExit(f"bert-jax export: {e}") from None
   print(f"wrote {architecture} to {FLAGS.output}")
+  if (pathlib.Path(FLAGS.output) / ELECTRA_GENERATOR / "config.json").exists():
+    print(f"wrote ElectraForMaskedLM (the generator) to {pathlib.Path(FLAGS.output) / ELECTRA_GENERATOR}")

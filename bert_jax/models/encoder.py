@@ -6,7 +6,8 @@ Parameters carry logical axis names only; `config.logical_axis_rules` maps them 
 
 Switches of the same encoder, off by default, composable: ALBERT's factorized embeddings and cross-layer
 sharing (`embedding_size`, `share_layers`; Lan et al. 2020, 3.1), RoBERTa's position ids (`position_pad_id`;
-Liu et al. 2019 as released in fairseq) and a left-to-right mask (`causal`).
+Liu et al. 2019 as released in fairseq), DistilBERT's missing token types (`type_vocab_size=0`; Sanh et al.
+2019, 2) and a left-to-right mask (`causal`).
 
   cfg = BertConfig.from_preset("base", dtype=jnp.bfloat16)
   out = BertEncoder(cfg).apply({"params": p}, input_ids, input_mask, segment_ids)
@@ -52,7 +53,18 @@ _HF_KEYS = {
     "hidden_act": "hidden_act",
 }
 _GELU_APPROXIMATE = {"gelu": False, "gelu_new": True, "gelu_pytorch_tanh": True}
-HF_MODEL_TYPES = ("bert", "albert", "roberta")
+HF_MODEL_TYPES = ("bert", "albert", "roberta", "distilbert", "electra")
+# DistilBertConfig key -> BertConfig field, and transformers' defaults where a key is absent (DistilBERT's
+# LayerNorm eps is fixed at 1e-12 in its modules, ours by default).
+_DISTILBERT_KEYS = {"vocab_size": "vocab_size", "dim": "hidden_size", "n_layers": "num_layers", "n_heads": "num_heads",
+                    "hidden_dim": "intermediate_size", "max_position_embeddings": "max_position_embeddings",
+                    "activation": "hidden_act", "dropout": "hidden_dropout", "attention_dropout": "attention_dropout",
+                    "initializer_range": "initializer_range"}
+_DISTILBERT_DEFAULTS = {"vocab_size": 30522, "dim": 768, "n_layers": 6, "n_heads": 12, "hidden_dim": 3072,
+                        "max_position_embeddings": 512, "activation": "gelu", "dropout": 0.1,
+                        "attention_dropout": 0.1, "initializer_range": 0.02}
+# transformers' ElectraConfig defaults (ELECTRA-small's discriminator) for the keys that differ from BERT's.
+_ELECTRA_DEFAULTS = {"hidden_size": 256, "num_attention_heads": 4, "intermediate_size": 1024, "embedding_size": 128}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,7 +121,9 @@ class BertConfig:
     """The Hugging Face family this config is written as (config.json `model_type`, tensor names)."""
     if self.embedding_size is not None or self.share_layers:
       return "albert"
-    return "bert" if self.position_pad_id is None else "roberta"
+    if self.position_pad_id is not None:
+      return "roberta"
+    return "distilbert" if self.type_vocab_size == 0 else "bert"
 
   @classmethod
   def from_preset(cls, name: str, **overrides) -> "BertConfig":
@@ -125,25 +139,37 @@ class BertConfig:
 
   @classmethod
   def from_hf_dict(cls, d: dict, **overrides) -> "BertConfig":
-    """From a Hugging Face config.json (model_type bert, albert or roberta; none: a Google bert_config.json).
+    """From a Hugging Face config.json (model_type bert, albert, roberta, distilbert or electra; none: a
+    Google bert_config.json).
 
-    Unknown keys are ignored; a family or variant this encoder does not implement is a ValueError.
+    Unknown keys are ignored; a family or variant this encoder does not implement is a ValueError. An
+    ELECTRA config reads as BERT (or, with an embedding size other than the hidden size, as ALBERT's
+    projection): its tensor names are the caller's to know (`checkpoints_hf.load_hf` reads config.json).
     """
     if d.get("position_embedding_type", "absolute") != "absolute":
       raise ValueError(f"position_embedding_type {d['position_embedding_type']!r} is not supported")
     model_type = d.get("model_type", "bert")
     if model_type not in HF_MODEL_TYPES:
       raise ValueError(f"model_type {model_type!r} is not supported; one of {list(HF_MODEL_TYPES)}")
+    if model_type == "distilbert":
+      return cls(**{**_distilbert_fields(d), **overrides})
+    if model_type == "electra":
+      d = {**_ELECTRA_DEFAULTS, **d}
     fields = {f: d[k] for f, k in _HF_KEYS.items() if k in d}
     fields["causal"] = bool(d.get("is_decoder", False))
     if model_type == "albert":
       fields.update(_albert_fields(d))
     elif model_type == "roberta":
       fields["position_pad_id"] = d.get("pad_token_id", 1)  # transformers' RobertaConfig default
+    elif model_type == "electra":  # the projection exists only when the widths differ (ElectraEmbeddings)
+      fields["embedding_size"] = None if d["embedding_size"] == d["hidden_size"] else d["embedding_size"]
     return cls(**{**fields, **overrides})
 
   def to_hf_dict(self) -> dict:
-    """A config.json of `model_type` (BertConfig, AlbertConfig or RobertaConfig in transformers)."""
+    """A config.json of `model_type` (BertConfig, AlbertConfig, RobertaConfig or DistilBertConfig in
+    transformers; ELECTRA's is `checkpoints_hf.electra_hf_dict`)."""
+    if self.model_type == "distilbert":
+      return self._distilbert_hf_dict()
     d = {k: getattr(self, f) for f, k in _HF_KEYS.items()}
     d.update(model_type="bert", architectures=["BertForPreTraining"], pad_token_id=0,
              position_embedding_type="absolute")
@@ -157,6 +183,27 @@ class BertConfig:
     elif self.model_type == "roberta":
       d.update(model_type="roberta", architectures=["RobertaForMaskedLM"], pad_token_id=self.position_pad_id)
     return d
+
+  def _distilbert_hf_dict(self) -> dict:
+    """A DistilBertConfig dict: no token types, learned positions, LayerNorm eps 1e-12, bidirectional."""
+    if self.causal or self.layer_norm_eps != 1e-12:
+      raise ValueError(f"transformers' DistilBERT (type_vocab_size 0) has no causal mask and LayerNorm eps 1e-12; "
+                       f"got causal={self.causal}, layer_norm_eps={self.layer_norm_eps}")
+    d = {k: getattr(self, f) for k, f in _DISTILBERT_KEYS.items()}
+    d.update(model_type="distilbert", architectures=["DistilBertForMaskedLM"], pad_token_id=0,
+             sinusoidal_pos_embds=False)
+    return d
+
+
+def _distilbert_fields(d: dict) -> dict:
+  """BertConfig fields of a DistilBertConfig dict; sinusoidal positions and activations other than GELU are
+  errors."""
+  if d.get("sinusoidal_pos_embds", False):
+    raise ValueError("DistilBERT with sinusoidal_pos_embds is not supported: only learned position embeddings")
+  d = {**_DISTILBERT_DEFAULTS, **d}
+  if d["activation"] not in _GELU_APPROXIMATE:
+    raise ValueError(f"DistilBERT activation {d['activation']!r} is not supported; one of {sorted(_GELU_APPROXIMATE)}")
+  return {**{f: d[k] for k, f in _DISTILBERT_KEYS.items()}, "type_vocab_size": 0}
 
 
 def _albert_fields(d: dict) -> dict:

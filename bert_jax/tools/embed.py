@@ -7,11 +7,15 @@ The feature-based use of BERT (Devlin et al. 2019, 5.3; ELMo-style layer mixing)
 Each input line is {"text": ..., "text_b": ... (optional)}, tokenized by the checkpoint's own tokenizer
 (WordPiece vocab.txt, SentencePiece *.model, byte-level BPE vocab.json + merges.txt), or {"input_ids": [...],
 "attention_mask": [...], "token_type_ids": [...]} (mask and types optional: all ones, all zeros). The output
-holds, for example i (the i-th line): `hidden_states_{i}` [layers + 1, seq, hidden] (embeddings first),
-`last_hidden_state_{i}` [seq, hidden], `pooler_output_{i}` [hidden], and the `input_ids_{i}` /
-`token_type_ids_{i}` / `attention_mask_{i}` that were fed; seq counts every id given, masked ones included.
-DIR is any checkpoint `checkpoint_loader` reads: a Hugging Face directory (BERT, ALBERT, RoBERTa), a Google
-TF checkpoint, a bert_jax pretraining run or a finetuned workdir.
+holds, for example i (the i-th line): `hidden_states_{i}` [layers + 1, seq, hidden] (embeddings first, after
+any projection to the hidden size), `last_hidden_state_{i}` [seq, hidden], `pooler_output_{i}` [hidden], and
+the `input_ids_{i}` / `token_type_ids_{i}` / `attention_mask_{i}` that were fed; seq counts every id given,
+masked ones included. A checkpoint that saved no pooler (ELECTRA, DistilBERT, an HF MaskedLM, token or QA
+class, a bert_jax ELECTRA run) gets no `pooler_output_{i}`: the pooler that loading makes up is untrained. An
+encoder without token types (DistilBERT) gets no `token_type_ids_{i}`: it reads none.
+DIR is any checkpoint `checkpoint_loader` reads: a Hugging Face directory (BERT, ALBERT, RoBERTa, ELECTRA
+discriminator or generator, DistilBERT), a Google TF checkpoint, a bert_jax pretraining run or a finetuned
+workdir.
 """
 
 import json
@@ -87,13 +91,17 @@ def read_examples(lines, tokenizer=None, max_length: int = 512) -> list[Example]
   return examples
 
 
-def embed_examples(cfg: model.BertConfig, params, examples, batch_size: int = 8) -> dict:
+def embed_examples(cfg: model.BertConfig, params, examples, batch_size: int = 8, pool: bool | None = None) -> dict:
   """Runs the encoder over examples ((ids, types) or Examples) in length-sorted, padded batches; returns
-  the .npz arrays."""
+  the .npz arrays.
+
+  `pool`: whether to write `pooler_output`; None: when the params have a pooler.
+  """
+  pool = "pooler" in params if pool is None else pool
   encoder = model.BertEncoder(cfg)
   # Params are an argument, not a closure, so they are not folded into the compiled program as constants.
   run = jax.jit(lambda p, ids, mask, types: encoder.apply({"params": p}, ids, mask, types,
-                                                          output_hidden_states=True))
+                                                          output_hidden_states=True, pool=pool))
   examples = [Example(*e) for e in examples]
   # Padding takes the pad id, as Hugging Face pads: RoBERTa then gives it the pad position, as there.
   pad_id = 0 if cfg.position_pad_id is None else cfg.position_pad_id
@@ -117,8 +125,11 @@ def embed_examples(cfg: model.BertConfig, params, examples, batch_size: int = 8)
       n = len(examples[i].input_ids)
       arrays[f"hidden_states_{i}"] = out["hidden_states"][:, row, :n].astype(np.float32)
       arrays[f"last_hidden_state_{i}"] = out["sequence_output"][row, :n].astype(np.float32)
-      arrays[f"pooler_output_{i}"] = out["pooled_output"][row].astype(np.float32)
-      arrays[f"input_ids_{i}"], arrays[f"token_type_ids_{i}"] = ids[row, :n], types[row, :n]
+      if pool:
+        arrays[f"pooler_output_{i}"] = out["pooled_output"][row].astype(np.float32)
+      arrays[f"input_ids_{i}"] = ids[row, :n]
+      if cfg.type_vocab_size:
+        arrays[f"token_type_ids_{i}"] = types[row, :n]
       arrays[f"attention_mask_{i}"] = mask[row, :n]
   return arrays
 
@@ -146,6 +157,7 @@ def main(argv) -> None:
   cfg, params = checkpoint_loader.load_model(_CHECKPOINT.value, dtype=_DTYPE.value)
   with open(_INPUT.value) as f:
     examples = read_examples(f, _tokenizer(), _MAX_LENGTH.value or longest_input(cfg))
-  arrays = embed_examples(cfg, params["bert"], examples, _BATCH_SIZE.value)
+  pool = "pooler" in params["bert"] and checkpoint_loader.saved_pooler(_CHECKPOINT.value)
+  arrays = embed_examples(cfg, params["bert"], examples, _BATCH_SIZE.value, pool)
   np.savez(_OUTPUT.value, **arrays)
   logging.info("wrote %d examples to %s", len(examples), _OUTPUT.value)
