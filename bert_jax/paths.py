@@ -13,7 +13,7 @@ import ml_collections
 _SPEC_PREFIXES = ("embedded:", "tfds:")
 
 # The path fields of each kind of config (dotted names; a missing field is skipped).
-PRETRAIN_FIELDS = ("init_from", "data.train_files", "data.eval_files", "data.vocab_file")
+PRETRAIN_FIELDS = ("init_from", "data.train_files", "data.eval_files", "data.vocab_file", "distill.teacher")
 FINETUNE_FIELDS = ("init_checkpoint", "bert_config_json", "vocab_file", "data_dir", "task_opts.tfds_data_dir")
 
 

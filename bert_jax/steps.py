@@ -1,7 +1,9 @@
 """The pure train and eval steps of any objective: loss from sums and weights, accumulation, non-finite guard.
 
 Static parts (model, optimizer, config) are bound with functools.partial and the result is jitted once
-in `train.setup`. The objective (`config.objective`, bert_jax/objectives/) returns its losses as sums and
+in `train.setup`. `frozen` holds the variables an objective reads but never trains (DistilBERT's teacher):
+the model sees them as its "frozen" collection, they take no gradient and are neither in the TrainState
+(so neither in the optimizer state nor in checkpoints) nor changed by a step. The objective (`config.objective`, bert_jax/objectives/) returns its losses as sums and
 weights: the number of predicted tokens differs per batch, shard and micro-batch, so the means are
 taken once, over the global batch.
 """
@@ -35,13 +37,18 @@ def _split_micro_batches(batch: Batch, n: int) -> Batch:
   return jax.tree.map(split, batch)
 
 
-def _grads_and_sums(params, batch: Batch, key, *, model, config):
+def variables(params, frozen) -> dict:
+  """The model's variables: the trained params and, when the objective has them, the frozen ones."""
+  return {"params": params, "frozen": frozen} if frozen else {"params": params}
+
+
+def _grads_and_sums(params, batch: Batch, key, frozen, *, model, config):
   """Gradient of the global-batch loss and its sums, accumulated over `config.micro_batches`."""
   objective = objectives.get(config)
   weights = objective.loss_weights(batch)
 
   def loss_fn(p, micro, micro_key):
-    outputs = model.apply({"params": p}, micro, deterministic=False, rngs={"dropout": micro_key})
+    outputs = model.apply(variables(p, frozen), micro, deterministic=False, rngs={"dropout": micro_key})
     sums = objective.loss_sums(outputs, micro, config)
     # Divided by the global batch's weights: summed over micro-batches this is the global mean.
     return objective.loss(sums, weights), sums
@@ -63,7 +70,7 @@ def _grads_and_sums(params, batch: Batch, key, *, model, config):
   return grads, sums
 
 
-def train_step(state: TrainState, batch: Batch, rng: jax.Array, *, model, tx, config):
+def train_step(state: TrainState, batch: Batch, rng: jax.Array, frozen=None, *, model, tx, config):
   """One optimizer step on the global batch -> (new state, metrics of this step).
 
   Dropout keys come from `fold_in(rng, state.step)`, so a resumed run replays the same randomness.
@@ -75,7 +82,7 @@ def train_step(state: TrainState, batch: Batch, rng: jax.Array, *, model, tx, co
   have applied, when skipped), so after skipped steps it trails `schedule(state.step)`.
   """
   key = jax.random.fold_in(rng, state.step)
-  grads, sums = _grads_and_sums(state.params, batch, key, model=model, config=config)
+  grads, sums = _grads_and_sums(state.params, batch, key, frozen, model=model, config=config)
   loss = objectives.get(config).loss(sums)
   grad_norm = optax.tree.norm(grads)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
@@ -101,7 +108,7 @@ def _all_finite(tree) -> jax.Array:
   return jnp.all(jnp.stack(leaves)) if leaves else jnp.bool_(True)
 
 
-def eval_step(params, batch: Batch, *, model, config) -> dict[str, jax.Array]:
+def eval_step(params, batch: Batch, frozen=None, *, model, config) -> dict[str, jax.Array]:
   """Loss sums and correct counts of one held-out batch (no dropout); the caller adds them up."""
-  outputs = model.apply({"params": params}, batch, deterministic=True)
+  outputs = model.apply(variables(params, frozen), batch, deterministic=True)
   return objectives.get(config).loss_sums(outputs, batch, config)

@@ -111,6 +111,9 @@ def check_inputs(config: ml_collections.ConfigDict) -> None:
       problem = problem and f"{problem} (phase 2 starts from phase 1's <workdir>/checkpoints)"
     if problem:
       problems.append(f"init_from: {problem}")
+  objective = objectives.get(config)
+  if hasattr(objective, "input_problems"):   # what the objective itself reads (a teacher checkpoint)
+    problems += objective.input_problems(config)
   if problems:
     raise failures.UserError("invalid inputs:\n  " + "\n  ".join(problems))
 
@@ -118,6 +121,21 @@ def check_inputs(config: ml_collections.ConfigDict) -> None:
 # ---------------------------------------------------------------------------------------------
 # Sharded setup
 # ---------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class FrozenStep:
+  """A jitted step whose last argument is the run's frozen variables (`base.Frozen`), called and lowered
+  without them: `step(state, batch, rng)`, `step.lower(...)`. `frozen` is {} for most objectives, abstract
+  (ShapeDtypeStructs) until `load_frozen`."""
+  jitted: Any
+  frozen: Any
+
+  def __call__(self, *args):
+    return self.jitted(*args, self.frozen)
+
+  def lower(self, *args):
+    return self.jitted.lower(*args, self.frozen)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,8 +149,24 @@ class Setup:
   state_shardings: TrainState         # NamedShardings
   batch_shardings: dict[str, NamedSharding]
   init: Callable[[jax.Array], TrainState]        # rng -> state, jitted with out_shardings
-  train_step: Callable[..., tuple[TrainState, dict]]   # (state, batch, rng); donates state
-  eval_step: Callable[..., dict]                 # (params, batch) -> loss sums
+  train_step: FrozenStep              # (state, batch, rng) -> (state, metrics); donates state
+  eval_step: FrozenStep               # (params, batch) -> loss sums
+  frozen_spec: Any = None             # the objective's base.Frozen, or None
+  frozen_shardings: Any = dataclasses.field(default_factory=dict)
+  # (fresh params, frozen) -> a new run's params (base.Frozen.init_params), jitted; None: keep them.
+  init_params: Callable[..., Any] | None = None
+  # rng -> frozen variables at random values, sharded (benchmarks and tests: shapes are what matter).
+  init_frozen: Callable[..., Any] | None = None
+
+  @property
+  def frozen(self):
+    """The frozen variables the steps are bound to: {}, abstract, or loaded arrays (`load_frozen`)."""
+    return self.train_step.frozen
+
+  def with_frozen(self, frozen) -> "Setup":
+    """This Setup with its steps bound to `frozen` (device arrays sharded by `frozen_shardings`)."""
+    return dataclasses.replace(self, train_step=dataclasses.replace(self.train_step, frozen=frozen),
+                               eval_step=dataclasses.replace(self.eval_step, frozen=frozen))
 
 
 def _in_mesh_context(fn: Callable, mesh: Mesh, rules) -> Callable:
@@ -144,8 +178,23 @@ def _in_mesh_context(fn: Callable, mesh: Mesh, rules) -> Callable:
   return wrapped
 
 
+def _sharded_abstract(boxed_fn: Callable, mesh: Mesh, rules) -> tuple:
+  """(abstract tree with shardings, shardings) of `boxed_fn(rng)`, a tree with logical axis names."""
+  rng_shape = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
+  shardings = sharding.logical_to_shardings(
+      nn.get_partition_spec(jax.eval_shape(_in_mesh_context(boxed_fn, mesh, rules), rng_shape)), mesh, rules)
+  unboxed = jax.eval_shape(_in_mesh_context(lambda rng: nn.unbox(boxed_fn(rng)), mesh, rules), rng_shape)
+  abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), unboxed, shardings)
+  return abstract, shardings
+
+
 def setup(config: ml_collections.ConfigDict, mesh: Mesh) -> Setup:
-  """Model, optimizer, abstract sharded state and the jitted init/train/eval functions."""
+  """Model, optimizer, abstract sharded state and the jitted init/train/eval functions.
+
+  The steps are bound to the objective's frozen variables as abstract values: `load_frozen` binds the
+  real ones before a run steps; `aot` compiles with the abstract ones.
+  """
+  objective = objectives.get(config)
   model = build_model(config)
   tx = optimizer_lib.create_optimizer(config.optimizer)
   rules = sharding.logical_rules(config)
@@ -158,26 +207,48 @@ def setup(config: ml_collections.ConfigDict, mesh: Mesh) -> Setup:
                       nonfinite_streak=zero)
 
   init_fn = _in_mesh_context(lambda rng: nn.unbox(init_boxed(rng)), mesh, rules)
-  rng_shape = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
-  logical_specs = nn.get_partition_spec(jax.eval_shape(_in_mesh_context(init_boxed, mesh, rules), rng_shape))
-  state_shardings = sharding.logical_to_shardings(logical_specs, mesh, rules)
-  abstract_state = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                                jax.eval_shape(init_fn, rng_shape), state_shardings)
+  abstract_state, state_shardings = _sharded_abstract(init_boxed, mesh, rules)
+  frozen_spec = objective.frozen(config) if hasattr(objective, "frozen") else None
+  abstract_frozen, frozen_shardings = _sharded_abstract(frozen_spec.init, mesh, rules) if frozen_spec else ({}, {})
   batch_shardings = {k: sharding.batch_sharding(mesh) for k in abstract_batch(config)}
   replicated = NamedSharding(mesh, jax.sharding.PartitionSpec())
 
   train_fn = functools.partial(steps.train_step, model=model, tx=tx, config=config)
   eval_fn = functools.partial(steps.eval_step, model=model, config=config)
+  init_params = None
+  if frozen_spec is not None and frozen_spec.init_params is not None:
+    init_params = jax.jit(_in_mesh_context(frozen_spec.init_params, mesh, rules),
+                          in_shardings=(state_shardings.params, frozen_shardings),
+                          out_shardings=state_shardings.params)
   return Setup(
-      objective=objectives.get(config), model=model, tx=tx, mesh=mesh, abstract_state=abstract_state, state_shardings=state_shardings,
-      batch_shardings=batch_shardings,
+      objective=objective, model=model, tx=tx, mesh=mesh, abstract_state=abstract_state,
+      state_shardings=state_shardings, batch_shardings=batch_shardings,
       init=jax.jit(init_fn, in_shardings=replicated, out_shardings=state_shardings),
-      train_step=jax.jit(_in_mesh_context(train_fn, mesh, rules),
-                         in_shardings=(state_shardings, batch_shardings, replicated),
-                         out_shardings=(state_shardings, replicated), donate_argnums=(0,)),
-      eval_step=jax.jit(_in_mesh_context(eval_fn, mesh, rules),
-                        in_shardings=(state_shardings.params, batch_shardings), out_shardings=replicated),
+      train_step=FrozenStep(jax.jit(_in_mesh_context(train_fn, mesh, rules),
+                                    in_shardings=(state_shardings, batch_shardings, replicated, frozen_shardings),
+                                    out_shardings=(state_shardings, replicated), donate_argnums=(0,)),
+                            abstract_frozen),
+      eval_step=FrozenStep(jax.jit(_in_mesh_context(eval_fn, mesh, rules),
+                                   in_shardings=(state_shardings.params, batch_shardings, frozen_shardings),
+                                   out_shardings=replicated), abstract_frozen),
+      frozen_spec=frozen_spec, frozen_shardings=frozen_shardings, init_params=init_params,
+      init_frozen=frozen_spec and jax.jit(_in_mesh_context(lambda rng: nn.unbox(frozen_spec.init(rng)), mesh, rules),
+                                          in_shardings=replicated, out_shardings=frozen_shardings),
   )
+
+
+def load_frozen(s: Setup) -> Setup:
+  """`s` with its steps bound to the objective's real frozen variables (a teacher checkpoint), put on the
+  mesh with their shardings; `s` itself when the objective has none."""
+  if s.frozen_spec is None:
+    return s
+  host = s.frozen_spec.load()
+  want = jax.tree.map(lambda a: (a.shape, jnp.dtype(a.dtype)), s.frozen)
+  got = jax.tree.map(lambda a: (tuple(np.shape(a)), jnp.dtype(a.dtype)), host)
+  if want != got:
+    raise ValueError(f"frozen variables do not match the model:\n expected {want}\n got {got}")
+  return s.with_frozen(jax.tree.map(lambda a, sh: jax.make_array_from_callback(a.shape, sh, lambda i: a[i]),
+                                    host, s.frozen_shardings))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -244,6 +315,8 @@ def restore_or_init(s: Setup, config, checkpointer: checkpointing.Checkpointer, 
     train_iter.set_state(data_state)
     return state, f"resumed from {checkpointer.directory}/{step}"
   state = s.init(rng)
+  if s.init_params is not None and not config.init_from:
+    return state.replace(params=s.init_params(state.params, s.frozen)), "initialized from the frozen variables"
   if config.init_from:
     if config.init_from_params_only:
       params = checkpointing.restore_params(config.init_from, s.abstract_state.params)
@@ -393,7 +466,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   tokenizer = load_tokenizer(data_config, config)
   # The model config and tokenizer beside the checkpoints: embed, fill-mask and finetune read them.
   checkpoint_loader.write_run_record(workdir, bert_config(config), tokenizer.source_file, tokenizer.do_lower_case)
-  s = setup(config, mesh)
+  s = load_frozen(setup(config, mesh))
   init_rng, dropout_rng = jax.random.split(jax.random.key(config.seed))
   checkpointer = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"), keep=config.keep_checkpoints,
                                             async_save=config.async_checkpointing)

@@ -118,14 +118,25 @@ LOGICAL_AXIS_RULES = (
 )
 
 
+def distill_config() -> ml_collections.ConfigDict:
+  """The teacher of a distillation (`objective = "distilbert"`, bert_jax/objectives/distilbert.py)."""
+  d = ml_collections.ConfigDict()
+  d.teacher = ""            # checkpoint with its MLM head: HF directory, Google TF checkpoint or bert_jax run
+  d.teacher_preset = ""     # the teacher's size where no checkpoint is read (aot, bench train)
+  d.temperature = 2.0       # of the soft targets (Sanh et al. 2019)
+  d.student_layers = ()     # the teacher layer each student layer starts from; (): round(linspace(0, L_t - 1, L_s))
+  return d
+
+
 def pretrain_config() -> ml_collections.ConfigDict:
   """Every field `bert-jax pretrain` reads; named configs override some and keep the rest."""
   c = ml_collections.ConfigDict()
-  c.objective = "bert"            # bert_jax/objectives/: bert, ltr, albert, spanbert, roberta
+  c.objective = "bert"            # a module of bert_jax/objectives/: bert, roberta, albert, spanbert, ltr, electra, distilbert
   c.model = model_config()
   c.dtype = "bfloat16"            # compute dtype; parameters and optimizer state stay f32
   c.mlm_all_positions = False     # True: MLM logits at every position (costs a full-vocab matmul)
   c.data = data_config()
+  c.distill = distill_config()
   c.optimizer = optimizer_config()
   c.mesh = mesh_config()
   c.logical_axis_rules = LOGICAL_AXIS_RULES

@@ -48,6 +48,7 @@ class BertForPreTraining(nn.Module):
   config: model.BertConfig
   use_nsp: bool = True
   mlm_all_positions: bool = False
+  pool: bool = True   # False: no pooler (an encoder saved without one, e.g. a DistilBERT student)
 
   @nn.compact
   def __call__(self, batch: dict, *, deterministic: bool = True) -> dict:
@@ -56,7 +57,7 @@ class BertForPreTraining(nn.Module):
     bert = model.BertEncoder(cfg, name="bert")
     nsp_positions = batch.get("next_sentence_positions")
     out = bert(batch["input_ids"], batch["input_mask"], batch["segment_ids"],
-               pooled_positions=nsp_positions, deterministic=deterministic,
+               pooled_positions=nsp_positions, deterministic=deterministic, pool=self.pool or self.use_nsp,
                **{k: batch[k] for k in _OPTIONAL_ENCODER_INPUTS if k in batch})
     x = out["sequence_output"]
     if not self.mlm_all_positions:

@@ -3,7 +3,7 @@ cross-entropy sums, the loss from per-term sums and weights, and the metrics of 
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +25,19 @@ class Field:
   dtype: Any
   shape: tuple
   high: int | str = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Frozen:
+  """Variables an objective reads but never trains (a distillation teacher), from `objective.frozen(config)`.
+
+  The loop shards them like params (by their logical axis names) and passes them to the model as its
+  "frozen" collection; they are outside the TrainState, so outside the optimizer state and checkpoints.
+  """
+  init: Callable[[Any], Any]            # rng -> the tree with logical axis names (random values: shapes only)
+  load: Callable[[], Any]               # -> host arrays of the same tree (the real values, e.g. a checkpoint)
+  # (freshly initialised params, frozen) -> the params a new run starts from; None: keep the fresh ones.
+  init_params: Callable[[Any, Any], Any] | None = None
 
 
 def encoder_config(config: ml_collections.ConfigDict) -> encoder.BertConfig:

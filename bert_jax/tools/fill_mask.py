@@ -68,9 +68,9 @@ def _top_k_fn(cfg: model.BertConfig, top_k: int, vocab_size: int):
 
   Only the tokenizer's `vocab_size` ids are candidates: a model's table may be padded past it.
   """
-  mlm = heads.BertForPreTraining(cfg, use_nsp=False)  # the MLM head at `masked_lm_positions`
-
   def top(params, batch):
+    # The MLM head at `masked_lm_positions`; the pooler only where the encoder was saved with one.
+    mlm = heads.BertForPreTraining(cfg, use_nsp=False, pool="pooler" in params["bert"])
     logits = mlm.apply({"params": params}, batch)["mlm_logits"]   # [B, P, V] float32
     probs = jax.nn.softmax(logits, axis=-1)   # float32 on purpose, over the model's whole vocabulary
     return jax.lax.top_k(probs[..., :vocab_size], top_k)
