@@ -1,14 +1,39 @@
-"""ELECTRA-Base pretraining as in Clark et al. 2020 (arXiv:2003.10555), appendix A, Table 6.
+"""ELECTRA-Base pretraining as in Clark et al. 2020 (arXiv:2003.10555), appendix A, Table 6, checked
+against the released code (github.com/google-research/electra at 8a46635).
 
     bert-jax pretrain --config=configs/electra_base.py --workdir=gs://bucket/electra_base \
         --config.data.train_files=gs://bucket/prepared/train --config.data.vocab_file=gs://bucket/vocab.txt
 
-Table 6: small 12 x 256 (4 heads, FFN 1024, embeddings 128), base 12 x 768 (12, 3072, 768), large 24 x 1024
-(16, 4096, 1024); the generator scales hidden size, FFN and heads by 1/4, 1/3, 1/4; mask 15% (25% for
-large); Adam b1 0.9, b2 0.999, eps 1e-6, weight decay 0.01, 10k warmup steps then linear decay, lr 5e-4,
-2e-4, 2e-4; dropout 0.1; batch 128, 256, 2048 for 1M, 766k, 400k steps. Sequences of 128 tokens for
-small, 512 otherwise (3.2); BERT's uncased 30,522-token vocabulary; no NSP. Predictions per sequence
-and 85% [MASK] / 15% kept (no random tokens) as the released electra `pretrain_helpers.mask`.
+Where each value comes from ("cp" is the release's configure_pretraining.py; the base/large block at
+cp:120-132 is commented out in the release, "see Table 6 in the paper"):
+- Sizes (Table 6): small 12 x 256 (4 heads, FFN 1024, E 128: cp:118-119), base 12 x 768 (12, 3072, E 768:
+  cp:126), large 24 x 1024 (16, 4096, E 1024: cp:130); heads = H / 64 and FFN = 4H
+  (util/training_utils.py:109-110); dropout 0.1, 512 positions, 2 token types, init 0.02, erf GELU
+  (model/modeling.py:46-50, 310); vocabulary 30,522, uncased (cp:65-66). No pooler (the release's
+  discriminator reads no [CLS] vector; transformers' ElectraModel has none).
+- Generator: hidden size x 1/4 (cp:75), 1/3 for base (cp:127, 0.33333), as many layers (cp:74), FFN 4x
+  and hidden/64 heads (run_pretraining.py:342-347) = our `generator_config` at these sizes. Token,
+  position and type embeddings and their LayerNorm are shared (`untied_generator_embeddings = False`,
+  cp:71, so both models build "electra/embeddings": model/modeling.py:187-189, 203-205); the generator
+  has its own projection E -> its width (modeling.py:225-228 in scope "generator") and ties its
+  output to the word embeddings (run_pretraining.py:177-178, 266). All else untied (cp:73).
+- Loss: generator MLM + 50 x discriminator (cp:38-39, run_pretraining.py:96-108).
+- Masking: mask_prob 0.15 (cp:40), 0.25 for large (cp:131); max_predictions_per_seq =
+  int((mask_prob + 0.005) * max_seq_length) (cp:106-107): 19, 79, 130; round(real tokens x mask_prob)
+  per sequence, [CLS] and [SEP] counted, at least 1 (pretrain/pretrain_helpers.py:173-176); of the
+  chosen tokens 85% become [MASK] and 15% stay as they are, none random (pretrain_helpers.py:201-202).
+- Optimisation: lr 5e-4 small (cp:43), 2e-4 base and large (cp:124); Adam b1 0.9, b2 0.999, eps 1e-6,
+  no decay on LayerNorm and biases (model/optimization.py:50-56) and no bias correction
+  (optimization.py:113-119); weight decay 0.01 (cp:45); 10k warmup steps (cp:46), linear decay to 0
+  (cp:44, optimization.py:36-42); global-norm clipping 1.0 (optimization.py:62).
+- Batch and length: 128 x 128 tokens for small (cp:82-83); 256 (cp:128) and 2048 (cp:132) sequences
+  of 512 tokens (cp:123) for base and large. Steps: 1M for small (cp:51); 766k and 400k for base and
+  large (Table 6; the release has no per-size value).
+
+Not reproduced: the release multiplies the decayed rate by min(1, step / warmup) (optimization.py:43-45)
+where we warm up to the full rate (at most 1% apart, during warmup); it draws the masked positions
+with replacement (pretrain_helpers.py:188-189), we without; it never masks a [MASK] found in the text
+(pretrain_helpers.py:135), we may; it masks each batch anew at every step, we once per example and epoch.
 """
 
 from configs import common
@@ -28,6 +53,7 @@ def get_config(arg: str = "", size: str = "base"):
   c = common.pretrain_config()
   c.objective = "electra"
   c.model.preset = f"L-{layers}_H-{hidden}_A-{heads}"
+  c.model.vocab_size = 30_522   # cp:65
   if embedding != hidden:
     c.model.embedding_size = embedding
   with c.unlocked():
@@ -42,6 +68,7 @@ def get_config(arg: str = "", size: str = "base"):
   c.optimizer.learning_rate = lr
   c.optimizer.warmup_steps = 10_000
   c.optimizer.total_steps = steps
+  c.optimizer.bias_correction = False
   c.topology = "v3:8x8"
   c.peak_flops_per_device = 61.5e12
   c.mesh.data, c.mesh.fsdp = -1, 1 if size == "small" else 8

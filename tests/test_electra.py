@@ -3,6 +3,9 @@ read as our encoder and heads (transformers' outputs on fixed inputs), and writt
 
 import functools
 import json
+import math
+import subprocess
+import sys
 
 import flax.linen as nn
 import jax
@@ -10,12 +13,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bert_jax import failures
+from bert_jax import sharding
+from bert_jax import train
+from bert_jax.data import input_pipeline
 from bert_jax.interop import checkpoints_hf
 from bert_jax.models import encoder as model
 from bert_jax.models import heads
 from bert_jax.objectives import electra
-from conftest import shared_path
-from test_objectives import _losses, objective_config
+from configs import electra_base, electra_large, electra_small
+from conftest import REPO_ROOT, shared_path
+from test_objectives import objective_config
 from test_train import data_dir  # noqa: F401
 
 
@@ -197,8 +205,95 @@ def test_loss_is_mlm_plus_fifty_times_the_discriminator_loss():
   assert float(electra.loss(sums)) == pytest.approx(2.0 + 50 * 0.05)
 
 
+def _disc_outputs_and_batch():
+  """Two rows, the second with three real tokens; at padding a positive logit and a replaced label that
+  must not count. Real tokens: predicted replaced (logit > 0) / replaced:
+  row 0: 0/0 1/1 0/1 1/0 1/0 -> TP 1, predicted 3, actual 2, correct 2 of 5;
+  row 1: 1/1 1/0 0/1       -> TP 1, predicted 2, actual 2, correct 1 of 3."""
+  logits = np.array([[-1, 2, -3, 4, 5, 6], [3, 2, -1, 1, 1, 1]], np.float32)
+  replaced = np.array([[0, 1, 1, 0, 0, 0], [1, 0, 1, 0, 0, 1]], np.int32)
+  mask = np.array([[1, 1, 1, 1, 1, 0], [1, 1, 1, 0, 0, 0]], np.int32)
+  return {"disc_logits": logits, "replaced": replaced}, {"input_mask": mask}
+
+
+def test_replaced_token_precision_recall_f1_are_counts_that_add_up():
+  outputs, batch = _disc_outputs_and_batch()
+  sums = electra.disc_sums(outputs, batch)
+  counts = {k: float(sums[f"disc_{k}"]) for k in ("true_positives", "predicted_positives", "actual_positives",
+                                                  "correct", "weight")}
+  assert counts == {"true_positives": 2, "predicted_positives": 5, "actual_positives": 4, "correct": 3, "weight": 8}
+  # Summed over the rows one at a time (micro-batches, shards, hosts): the same counts.
+  rows = [electra.disc_sums({k: v[i:i + 1] for k, v in outputs.items()}, {"input_mask": batch["input_mask"][i:i + 1]})
+          for i in range(2)]
+  jax.tree.map(lambda a, b, whole: np.testing.assert_array_equal(a + b, whole), *rows, sums)
+  scalars = electra.summarize("eval", sums)
+  assert scalars["eval/disc_accuracy"] == pytest.approx(3 / 8)
+  assert scalars["eval/disc_precision"] == pytest.approx(2 / 5) and scalars["eval/disc_recall"] == pytest.approx(2 / 4)
+  assert scalars["eval/disc_f1"] == pytest.approx(2 * 0.4 * 0.5 / (0.4 + 0.5))
+
+
+def test_replaced_token_metrics_without_positives_are_zero():
+  outputs, batch = _disc_outputs_and_batch()
+  sums = electra.disc_sums({"disc_logits": -np.abs(outputs["disc_logits"]), "replaced": 0 * outputs["replaced"]}, batch)
+  scalars = electra.summarize("train", sums)
+  assert (scalars["train/disc_accuracy"], scalars["train/disc_precision"], scalars["train/disc_recall"],
+          scalars["train/disc_f1"]) == (1.0, 0.0, 0.0, 0.0)
+
+
+# transformers' ElectraForPreTraining ("electra" + "discriminator_predictions") at vocabulary 30522.
+TRANSFORMERS_DISCRIMINATOR_PARAMS = {electra_small: 13_549_057, electra_base: 109_483_009, electra_large: 335_142_913}
+
+
+@pytest.mark.parametrize("module", list(TRANSFORMERS_DISCRIMINATOR_PARAMS), ids=lambda m: m.__name__)
+def test_discriminator_has_transformers_parameter_count(module):
+  config = module.get_config()
+  batch = train.abstract_batch(config, 1)
+  params = nn.unbox(jax.eval_shape(lambda b: electra.build_model(config).init(jax.random.key(0), b), batch)["params"])
+  count = lambda tree: sum(math.prod(x.shape) for x in jax.tree.leaves(tree))
+  assert "pooler" not in params["bert"]
+  assert count({"bert": params["bert"], "discriminator": params["discriminator"]}) == \
+      TRANSFORMERS_DISCRIMINATOR_PARAMS[module]
+
+
+@pytest.mark.parametrize("fraction, message", [
+    (1.5, r"generator_hidden_fraction 1.5 must be in \(0, 1\]: the generator may not be larger"),
+    (0.3, "generator_hidden_fraction 0.3: the generator's sizes do not fit .*hidden_size 230 is not a multiple"),
+])
+def test_a_generator_that_cannot_be_built_is_named_before_compiling(fraction, message):
+  config = electra_base.get_config()
+  config.generator_hidden_fraction = fraction
+  with pytest.raises(failures.UserError, match=message):
+    train.validate(config, num_devices=8)
+
+
+def test_the_cli_names_a_generator_larger_than_the_discriminator(tmp_path):
+  done = subprocess.run(
+      [sys.executable, "-m", "bert_jax.main", f"--config={REPO_ROOT}/configs/electra_small.py", f"--workdir={tmp_path}",
+       f"--config.data.train_files={tmp_path}", "--config.generator_hidden_fraction=1.5"],
+      cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+  assert done.returncode == failures.USER_ERROR, done.stderr
+  assert "generator_hidden_fraction 1.5 must be in (0, 1]" in done.stderr and "Traceback" not in done.stderr
+
+
+def _train_metrics(config, steps):
+  """Step metrics of the config on one device, batches from the real input pipeline."""
+  mesh = sharding.create_mesh(config.mesh, devices=jax.devices()[:1])
+  s, rngs = train.setup(config, mesh), jax.random.split(jax.random.key(0))
+  state, out = s.init(rngs[0]), []
+  batches = input_pipeline.create_pretrain_iterator(config.data, global_batch_size=config.global_batch_size,
+                                                    process_index=0, process_count=1, objective="electra")
+  for _, host_batch in zip(range(steps), batches):
+    state, metrics = s.train_step(state, sharding.global_batch(host_batch, mesh), rngs[1])
+    out.append(jax.device_get(metrics))
+  return out
+
+
 @pytest.mark.slow
 def test_trains_and_its_loss_falls(data_dir):  # noqa: F811
   config = objective_config(data_dir, "electra", **{"mesh.data": 1, "mesh.fsdp": 1, "mesh.tensor": 1})
-  losses = _losses(config, jax.devices()[:1], steps=12)
+  metrics = _train_metrics(config, steps=12)
+  losses = [float(m["loss"]) for m in metrics]
   assert np.mean(losses[-3:]) < 0.9 * np.mean(losses[:3]), losses
+  scalars = electra.summarize("train", jax.tree.map(lambda *x: sum(x), *metrics))
+  for name in ("disc_accuracy", "disc_precision", "disc_recall", "disc_f1", "mlm_accuracy"):
+    assert math.isfinite(scalars[f"train/{name}"]), scalars

@@ -42,10 +42,22 @@ def batch_schema(d: ml_collections.ConfigDict, batch_size: int) -> dict[str, bas
 
 
 def validate(config: ml_collections.ConfigDict) -> list[str]:
+  """The data format, and a generator no larger than the discriminator (3.2: a smaller generator works best;
+  a larger one would also not fit the discriminator's embedding width)."""
   problems = base.format_problems(config.data, base.SINGLE_FORMATS, "electra")
   fraction = config.get("generator_hidden_fraction", DEFAULT_GENERATOR_FRACTION)
   if not 0 < fraction <= 1:
-    problems.append(f"generator_hidden_fraction {fraction} must be in (0, 1]")
+    return problems + [f"generator_hidden_fraction {fraction} must be in (0, 1]: the generator may not be larger "
+                       "than the discriminator"]
+  cfg = base.encoder_config(config)
+  try:
+    gen = generator_config(cfg, fraction)
+  except ValueError as e:
+    return problems + [f"generator_hidden_fraction {fraction}: the generator's sizes do not fit ({e})"]
+  for name in ("hidden_size", "num_heads", "intermediate_size"):
+    if getattr(gen, name) > getattr(cfg, name):
+      problems.append(f"generator_hidden_fraction {fraction} gives a generator {name} {getattr(gen, name)} larger "
+                      f"than the discriminator's {getattr(cfg, name)}")
   return problems
 
 
@@ -119,7 +131,9 @@ class ElectraForPreTraining(nn.Module):
     sampled = jax.random.categorical(key, jax.lax.stop_gradient(mlm_logits))  # [B, P]
     original = replace_masked(ids, positions, weights, batch["masked_lm_ids"])
     corrupted = replace_masked(ids, positions, weights, sampled)
-    out = bert_encoder(corrupted, batch["input_mask"], batch["segment_ids"], deterministic=deterministic, **optional)
+    # No pooler: transformers' ElectraModel has none, and nothing here reads [CLS].
+    out = bert_encoder(corrupted, batch["input_mask"], batch["segment_ids"], deterministic=deterministic, pool=False,
+                       **optional)
     return {"mlm_logits": mlm_logits, "disc_logits": DiscriminatorHead(cfg, name="discriminator")(out["sequence_output"]),
             "replaced": (corrupted != original).astype(jnp.int32)}
 
@@ -157,8 +171,12 @@ def disc_sums(outputs: dict, batch: base.Batch) -> dict[str, jax.Array]:
   weights = batch["input_mask"].astype(jnp.float32)
   nll = jnp.maximum(logits, 0) - logits * labels + jnp.log1p(jnp.exp(-jnp.abs(logits)))
   correct = ((logits > 0) == (labels > 0)).astype(jnp.float32)
+  predicted, actual = (logits > 0).astype(jnp.float32) * weights, labels * weights   # positive = replaced
   return {"disc_loss_sum": jnp.sum(nll * weights), "disc_weight": jnp.sum(weights),
-          "disc_correct": jnp.sum(correct * weights)}
+          "disc_correct": jnp.sum(correct * weights),
+          # Counts, not ratios, so precision, recall and F1 add up exactly over micro-batches, shards and hosts.
+          "disc_true_positives": jnp.sum(predicted * actual), "disc_predicted_positives": jnp.sum(predicted),
+          "disc_actual_positives": jnp.sum(actual)}
 
 
 def loss_sums(outputs: dict, batch: base.Batch, config=None) -> dict[str, jax.Array]:
@@ -172,19 +190,27 @@ def loss(sums: dict, weights: dict | None = None) -> jax.Array:
 
 
 def summarize(prefix: str, sums: dict) -> dict[str, float]:
-  """Generator MLM loss/accuracy/perplexity and discriminator loss/accuracy."""
-  return base.summarize_terms(prefix, sums, LOSS_TERMS, perplexity_terms=("mlm",))
+  """Generator MLM loss/accuracy/perplexity; discriminator loss, accuracy over the real tokens and
+  replaced-token precision, recall and F1 (positive = replaced; 0 where a denominator is 0), as the release's
+  `disc_precision` / `disc_recall` (run_pretraining.py `metric_fn`)."""
+  out = base.summarize_terms(prefix, sums, LOSS_TERMS, perplexity_terms=("mlm",))
+  if "disc_true_positives" in sums:
+    tp, predicted, actual = (float(sums[f"disc_{k}_positives"]) for k in ("true", "predicted", "actual"))
+    ratio = lambda a, b: a / b if b else 0.0
+    out.update({f"{prefix}/disc_precision": ratio(tp, predicted), f"{prefix}/disc_recall": ratio(tp, actual),
+                f"{prefix}/disc_f1": ratio(2 * tp, predicted + actual)})
+  return out
 
 
 prediction_targets = bert.prediction_targets   # the generator's masked tokens
 
 
 def forward_flops_per_row(config: ml_collections.ConfigDict) -> dict[str, float]:
-  """The discriminator (encoder, unused pooler, head at every token) and the generator (layers, MLM head
+  """The discriminator (encoder without a pooler, head at every token) and the generator (layers, MLM head
   at the masked positions), by component."""
   cfg, d = base.encoder_config(config), config.data
   gen_cfg = generator_config(cfg, config.get("generator_hidden_fraction", DEFAULT_GENERATOR_FRACTION))
-  disc = flops.forward_flops_per_row(cfg, flops.Shapes(seq_length=d.seq_length, mlm_positions=0, use_nsp=False))
+  disc = flops.forward_flops_per_row(cfg, flops.Shapes(d.seq_length, 0, 0, False))
   gen = flops.forward_flops_per_row(gen_cfg, flops.Shapes(d.seq_length, d.max_predictions_per_seq, 0, False))
   disc["discriminator_head"] = float(d.seq_length * 2 * cfg.hidden_size * (cfg.hidden_size + 1))
   return {**disc, **{f"generator_{k}": v for k, v in gen.items()}}
