@@ -221,13 +221,15 @@ def family_problem(path, encoder_config: model.BertConfig) -> str | None:
   differ = [f for f in _STRUCTURE if getattr(cfg, f) != getattr(encoder_config, f)]
   if not differ:
     return None
-  return (f"{path} holds {describe(cfg)} but the config describes {describe(encoder_config)}: they differ in "
+  return (f"{path} holds {describe(cfg, hf_dict.get('model_type'))} but the config describes "
+          f"{describe(encoder_config)}: they differ in "
           f"{', '.join(differ)}")
 
 
-def describe(cfg: model.BertConfig) -> str:
-  """`cfg`'s family and structure in words, e.g. "an albert encoder (L=12 H=768 A=12 I=3072 E=128, shared
-  layers, vocab 30000, 512 positions, 2 token types)"."""
+def describe(cfg: model.BertConfig, family: str | None = None) -> str:
+  """`cfg`'s family (`family`, else `cfg.model_type`: an ELECTRA config reads as BERT's or ALBERT's) and
+  structure in words, e.g. "an albert encoder (L=12 H=768 A=12 I=3072 E=128, shared layers, vocab 30000, 512
+  positions, 2 token types)"."""
   shape = f"L={cfg.num_layers} H={cfg.hidden_size} A={cfg.num_heads} I={cfg.intermediate_size}"
   if cfg.embedding_size is not None:
     shape += f" E={cfg.embedding_size}"
@@ -236,8 +238,9 @@ def describe(cfg: model.BertConfig) -> str:
               if on]
   sizes = [f"vocab {cfg.vocab_size}", f"{cfg.max_position_embeddings} positions",
            f"{cfg.type_vocab_size} token type{'s' if cfg.type_vocab_size != 1 else ''}"]
-  article = "an" if cfg.model_type[0] in "aeiou" else "a"
-  return f"{article} {cfg.model_type} encoder ({', '.join([shape, *switches, *sizes])})"
+  family = family or cfg.model_type
+  article = "an" if family[0] in "aeiou" else "a"
+  return f"{article} {family} encoder ({', '.join([shape, *switches, *sizes])})"
 
 
 def write_run_record(workdir: str, model_config: model.BertConfig, vocab_path: str, do_lower_case: bool) -> None:

@@ -194,3 +194,11 @@ def test_init_from_a_hugging_face_directory_of_another_family(family):
   with pytest.raises(failures.UserError, match=f"init_from: {config.init_from} holds an? {family} encoder .* but "
                      r"the config describes a bert encoder \(L=1 H=32 A=2 I=64, vocab 128"):
     train.check_inputs(config)
+
+
+@pytest.mark.parametrize("family", ["electra/discriminator", "distilbert"])
+def test_init_from_an_electra_or_distilbert_directory_names_its_family(family):
+  # ELECTRA's encoder config reads as ALBERT's (E 32 projected to H 64): config.json's model_type names it.
+  config = tiny_config("embedded:shakespeare", init_from=str(shared_path("families", *family.split("/"))))
+  with pytest.raises(failures.UserError, match=f"holds an? {family.split('/')[0]} encoder"):
+    train.check_inputs(config)
