@@ -105,7 +105,11 @@ def check_inputs(config: ml_collections.ConfigDict) -> None:
     # Another family or size first: restoring it would fail late, on shapes, or succeed as another model
     # (a causal mask changes no shape).
     problem = checkpoint_loader.family_problem(config.init_from, bert_config(config))
-    if not problem:
+    if not problem and _foreign(config.init_from):
+      if not config.init_from_params_only:
+        problem = ("a Hugging Face or Google TF checkpoint holds no optimizer state or data position: set "
+                   "--config.init_from_params_only=True to start from its weights")
+    elif not problem:
       problem = checkpointing.checkpoint_problem(
           config.init_from, ("state",) if config.init_from_params_only else ("state", "data"))
       problem = problem and f"{problem} (phase 2 starts from phase 1's <workdir>/checkpoints)"
@@ -318,13 +322,46 @@ def restore_or_init(s: Setup, config, checkpointer: checkpointing.Checkpointer, 
   if s.init_params is not None and not config.init_from:
     return state.replace(params=s.init_params(state.params, s.frozen)), "initialized from the frozen variables"
   if config.init_from:
-    if config.init_from_params_only:
+    if _foreign(config.init_from):
+      state = state.replace(params=_params_from(config, state.params, s))
+    elif config.init_from_params_only:
       params = checkpointing.restore_params(config.init_from, s.abstract_state.params)
       state = state.replace(params=params)
     else:
       state = checkpointing.restore_state(config.init_from, s.abstract_state)
     return state, f"initialized from {config.init_from} (params only: {config.init_from_params_only})"
   return state, "initialized from scratch"
+
+
+def _foreign(path: str) -> bool:
+  """Whether `init_from` is a Hugging Face or Google TF checkpoint (weights only) rather than a run's."""
+  try:
+    return checkpoint_loader.find(path).kind != "bert_jax"
+  except (OSError, ValueError):
+    return False
+
+
+def _params_from(config, fresh: dict, s: Setup) -> dict:
+  """`fresh` with every part a Hugging Face or TF checkpoint holds ("bert", "mlm", "nsp", ...) read from it;
+  the parts it lacks (a pooler, an MLM head saved without) stay freshly initialised. Shapes must match."""
+  path = config.init_from
+  _, loaded = checkpoint_loader.load_model(path, scan_layers=bert_config(config).scan_layers)
+  host = jax.device_get(fresh)
+
+  def merge(ours, theirs, where):
+    if isinstance(ours, dict):
+      return {k: merge(v, theirs[k], f"{where}/{k}") if isinstance(theirs, dict) and k in theirs else v
+              for k, v in ours.items()}
+    if np.shape(theirs) != np.shape(ours):
+      raise ValueError(f"init_from {path!r}: {where} has shape {np.shape(theirs)}, the model {np.shape(ours)}")
+    return np.asarray(theirs).astype(ours.dtype)
+
+  kept = sorted(k for k in host if k not in loaded)
+  if kept:
+    _say(f"init_from {path}: {', '.join(kept)} newly initialised (not in the checkpoint)")
+  params = merge(host, loaded, "params")
+  return jax.tree.map(lambda a, sh: jax.make_array_from_callback(a.shape, sh, lambda i: a[i]),
+                      params, s.state_shardings.params)
 
 
 def evaluate(s: Setup, eval_iter, eval_start: dict, params) -> dict[str, float]:

@@ -181,3 +181,22 @@ def test_an_unreadable_teacher_or_another_vocabulary_stops_before_compiling(data
   config = distill_config(data_dir, **{"distill.teacher": str(other)})
   with pytest.raises(failures.UserError, match="data's vocabulary .* is not the teacher's"):
     train.check_inputs(config)
+
+
+def test_pretraining_starts_from_a_hugging_face_checkpoint(data_dir):  # noqa: F811
+  """A teacher without an MLM head is first given one by MLM training from its weights: `init_from` reads
+  a Hugging Face directory (params only); what it lacks stays newly initialised."""
+  teacher = tiny_teacher(data_dir)
+  changes = {"model.num_layers": TEACHER_LAYERS, "mesh.fsdp": 1, "mesh.tensor": 1, "init_from": teacher}
+  with pytest.raises(failures.UserError, match="init_from_params_only=True"):
+    train.check_inputs(tiny_config(data_dir, **changes))
+  config = tiny_config(data_dir, init_from_params_only=True, **{**changes, "data.format": "full_sentences"})
+  train.check_inputs(config)
+  s = train.setup(config, sharding.create_mesh(config.mesh, devices=jax.devices()[:1]))
+  state, origin = train.restore_or_init(s, config, _NoCheckpoints(), None, jax.random.key(0))
+  assert origin.startswith(f"initialized from {teacher}")
+  _, saved = checkpoints_hf.load_hf(teacher)
+  got = jax.device_get(state.params)
+  assert set(got) == {"bert", "mlm"}
+  jax.tree.map(np.testing.assert_array_equal, got["bert"], saved["bert"])
+  jax.tree.map(np.testing.assert_array_equal, got["mlm"], saved["mlm"])
