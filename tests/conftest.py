@@ -25,6 +25,14 @@ def shared_path(*parts: str) -> pathlib.Path:
 
 
 @pytest.fixture(scope="session")
+def compilation_cache_dir(tmp_path_factory) -> str:
+  """One persistent compilation cache for the whole run. JAX opens its cache once per process, at the
+  first directory it is given: one directory keeps this process and the CLI processes the tests start
+  (which get it by environment) on the same entries, so a tiny step compiled by one is loaded by the next."""
+  return str(tmp_path_factory.mktemp("jax_cache"))
+
+
+@pytest.fixture(scope="session")
 def minilm_rotten_tomatoes(tmp_path_factory) -> tuple[pathlib.Path, dict]:
   """(workdir, results) of one short finetune of the real MiniLM on rotten_tomatoes, shared by the tests
   that need it: 960 training sentences (30 steps) of at most 40 tokens, every dev sentence.

@@ -12,7 +12,8 @@ from configs import tiny
 
 def _config(data=-1, fsdp=1, tensor=1):
   c = tiny.get_config()
-  c.model.vocab_size, c.model.hidden_size, c.model.intermediate_size = 256, 32, 64
+  # One layer: every layer is sharded alike, and each one more only lengthens the compiles.
+  c.model.vocab_size, c.model.hidden_size, c.model.intermediate_size, c.model.num_layers = 256, 32, 64, 1
   c.model.max_position_embeddings = c.data.seq_length = 32
   c.model.hidden_dropout = c.model.attention_dropout = 0.1   # BERT's; the dropout key is then used
   c.data.max_predictions_per_seq = 5
@@ -39,9 +40,23 @@ def random_batch(config, seed=0) -> dict[str, np.ndarray]:
   return batch
 
 
-def _losses(config, devices, steps=2) -> list[float]:
-  mesh = sharding.create_mesh(config.mesh, devices=devices)
-  s = train.setup(config, mesh)
+@pytest.fixture(scope="module")
+def setups():
+  """(config, train.setup) per mesh shape, built once: the memory test lowers the (8, 1, 1) and (1, 8, 1)
+  steps the loss test has already run, and finds them compiled."""
+  built = {}
+
+  def get(data, fsdp=1, tensor=1, devices=None):
+    key = (data, fsdp, tensor, devices is None)
+    if key not in built:
+      config = _config(data, fsdp, tensor)
+      built[key] = config, train.setup(config, sharding.create_mesh(config.mesh, devices=devices))
+    return built[key]
+  return get
+
+
+def _losses(config, s, steps=2) -> list[float]:
+  mesh = s.mesh
   init_rng, dropout_rng = jax.random.split(jax.random.key(0))
   state = s.init(init_rng)
   losses = []
@@ -53,21 +68,23 @@ def _losses(config, devices, steps=2) -> list[float]:
 
 
 @pytest.mark.slow
-def test_same_losses_on_every_mesh():
+def test_same_losses_on_every_mesh(setups):
   # Dropout on: partitionable threefry draws the same bits whatever the sharding.
-  reference = _losses(_config(data=1), jax.devices()[:1])
+  reference = _losses(*setups(data=1, devices=jax.devices()[:1]))
   for data, fsdp, tensor in [(8, 1, 1), (2, 4, 1), (2, 2, 2), (1, 8, 1)]:
-    losses = _losses(_config(data, fsdp, tensor), jax.devices())
+    losses = _losses(*setups(data, fsdp, tensor))
     # The second loss is after one update, so gradients, clipping and AdamW agree as well.
     np.testing.assert_allclose(losses, reference, rtol=2e-5, err_msg=f"mesh {(data, fsdp, tensor)}")
   assert reference[1] != reference[0]
 
 
-def _compiled_step(config):
-  mesh = sharding.create_mesh(config.mesh)
-  s = train.setup(config, mesh)
+def _compiled_step(config, s):
   rng = jax.eval_shape(lambda: jax.random.key(0))
-  return s, s.train_step.lower(s.abstract_state, train.abstract_batch(config), rng).compile()
+  # The batch as `_losses` passes it, sharded: the lowering (and its executable) is then the one the
+  # jitted step already compiled when it ran.
+  batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=s.batch_shardings[k])
+           for k, v in train.abstract_batch(config).items()}
+  return s.train_step.lower(s.abstract_state, batch, rng).compile()
 
 
 def _bytes_per_device(abstract_tree) -> int:
@@ -75,14 +92,13 @@ def _bytes_per_device(abstract_tree) -> int:
   return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(abstract_tree))
 
 
-def test_fsdp_divides_state_bytes_per_device():
-  data_cfg, fsdp_cfg = _config(data=8), _config(data=1, fsdp=8)
-  data_setup, data_step = _compiled_step(data_cfg)
-  fsdp_setup, fsdp_step = _compiled_step(fsdp_cfg)
+def test_fsdp_divides_state_bytes_per_device(setups):
+  (data_cfg, data_setup), (fsdp_cfg, fsdp_setup) = setups(data=8), setups(data=1, fsdp=8)
+  data_step, fsdp_step = _compiled_step(data_cfg, data_setup), _compiled_step(fsdp_cfg, fsdp_setup)
   replicated = _bytes_per_device(data_setup.abstract_state)
   sharded = _bytes_per_device(fsdp_setup.abstract_state)
   # Every matrix, embedding and layer norm has an `embed` axis (-> fsdp); the other biases stay
-  # replicated (6.9x smaller here, with hidden size 32).
+  # replicated (6.9x smaller here, with hidden size 32 and one layer).
   assert sharded < replicated / 6
   batch_bytes = sum(math.prod(s.shape) * s.dtype.itemsize for s in train.abstract_batch(data_cfg).values()) // 8
   key_bytes = jax.random.key_data(jax.random.key(0)).nbytes

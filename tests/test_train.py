@@ -31,9 +31,9 @@ TINY = {"model.vocab_size": 128, "model.hidden_size": 32, "model.num_layers": 1,
 
 
 @pytest.fixture(scope="module", autouse=True)
-def compilation_cache(tmp_path_factory):
+def compilation_cache(compilation_cache_dir):
   """The tests here compile the same tiny train step many times (and in subprocesses): cache it."""
-  path = str(tmp_path_factory.mktemp("jax_cache"))
+  path = compilation_cache_dir
   names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
            "jax_persistent_cache_min_entry_size_bytes")
   before = {name: getattr(jax.config, name) for name in names}
