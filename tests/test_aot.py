@@ -27,6 +27,11 @@ OVERRIDES = {"model.vocab_size": 256, "model.hidden_size": 128, "model.num_layer
 SPANBERT = {"objective": "spanbert", "data.format": "doc_sentences", "data.span_masking": True}
 
 
+# Two networks: a frozen teacher (a preset, as no checkpoint is read at compile time) beside the student.
+DISTILBERT = {"objective": "distilbert", "data.format": "full_sentences", "model.type_vocab_size": 0,
+              "distill.teacher_preset": "L-2_H-128_A-1"}
+
+
 def _config(overrides=None):
   c = tiny.get_config()
   for key, value in (OVERRIDES if overrides is None else overrides).items():
@@ -108,3 +113,20 @@ def test_aot_reports_a_step_that_does_not_fit(tmp_path):
   assert not memory["fits"] and report["time_per_step"] is None and report["tokens_per_second"] is None
   assert memory["available_hbm_bytes"] <= memory["hbm_bytes"] == 32 * 2**30 < memory["temp_bytes"]
   assert memory["temp_bytes"] >= rows / 4 * 5 * 256 * 4
+
+
+@pytest.mark.slow
+def test_aot_counts_the_frozen_teacher(tmp_path):
+  """The compiled distillation step takes the teacher as an argument: its bytes are in the report."""
+  proc, report = _aot(tmp_path, {**OVERRIDES, **DISTILBERT})
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  memory = report["memory_per_device"]
+  config = _config({**OVERRIDES, **DISTILBERT})
+  s = train.setup(config, sharding.create_mesh(config.mesh, devices=jax.devices()[:4]))
+  per_device = lambda tree: sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize  # noqa: E731
+                                for x in jax.tree.leaves(tree))
+  state, teacher = per_device(s.abstract_state), per_device(s.frozen)
+  assert teacher > 0.5 * per_device(s.abstract_state.params)   # a 2-layer teacher, a 1-layer student
+  batch = sum(math.prod(x.shape) * x.dtype.itemsize for x in train.abstract_batch(config).values()) / 4
+  assert state + teacher + batch <= memory["argument_bytes"] <= 1.5 * (state + teacher + batch)
+  assert report["time_per_step"]["model_flops"] == pytest.approx(objectives.train_flops_per_step(config) / 4)

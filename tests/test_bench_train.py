@@ -16,6 +16,8 @@ OBJECTIVES = {
     "ltr": {"data.format": "full_sentences", "model.causal": True},
     "albert": {"data.format": "sop", "model.share_layers": True, "model.embedding_size": 64},
     "electra": {"data.format": "full_sentences"},
+    # No checkpoint: the teacher's size is a preset (compile-only uses).
+    "distilbert": {"data.format": "full_sentences", "model.type_vocab_size": 0, "distill.teacher_preset": "tiny"},
 }
 CASES = [(name, packing) for name in objectives.NAMES for packing in (False, True)
          if name in OBJECTIVES and not (name == "ltr" and packing)]
@@ -60,3 +62,10 @@ def test_synthetic_batch_values_lie_in_the_schema_ranges(objective, packing):
     np.testing.assert_array_equal(batch["segment_ids"], 0)
   else:
     assert set(np.unique(batch["segment_ids"])) == {0, 1}
+
+
+def test_times_a_distillation_step_with_a_random_teacher():
+  config = _config("distilbert", False)
+  config.mesh.data, config.mesh.fsdp = -1, 2   # the 8 test devices
+  times = bench_train.time_train_steps(config, steps=1, warmup=1)
+  assert len(times) == 1 and times[0] > 0
