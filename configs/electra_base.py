@@ -7,9 +7,9 @@ against the released code (github.com/google-research/electra at 8a46635).
 Where each value comes from ("cp" is the release's configure_pretraining.py; the base/large block at
 cp:120-132 is commented out in the release, "see Table 6 in the paper"):
 - Sizes (Table 6): small 12 x 256 (4 heads, FFN 1024, E 128: cp:118-119), base 12 x 768 (12, 3072, E 768:
-  cp:126), large 24 x 1024 (16, 4096, E 1024: cp:130); heads = H / 64 and FFN = 4H
-  (util/training_utils.py:109-110); dropout 0.1, 512 positions, 2 token types, init 0.02, erf GELU
-  (model/modeling.py:46-50, 310); vocabulary 30,522, uncased (cp:65-66). No pooler (the release's
+  cp:126), large 24 x 1024 (16, 4096, E 1024: cp:130); layers and width util/training_utils.py:98-103,
+  heads = H / 64 and FFN = 4H (:109-110); dropout 0.1, 512 positions, 2 token types, init 0.02, erf
+  GELU (model/modeling.py:46-50, 310); vocabulary 30,522, uncased (cp:65-66). No pooler (the release's
   discriminator reads no [CLS] vector; transformers' ElectraModel has none).
 - Generator: hidden size x 1/4 (cp:75), 1/3 for base (cp:127, 0.33333), as many layers (cp:74), FFN 4x
   and hidden/64 heads (run_pretraining.py:342-347) = our `generator_config` at these sizes. Token,

@@ -132,8 +132,8 @@ class ElectraForPreTraining(nn.Module):
     original = replace_masked(ids, positions, weights, batch["masked_lm_ids"])
     corrupted = replace_masked(ids, positions, weights, sampled)
     # No pooler: transformers' ElectraModel has none, and nothing here reads [CLS].
-    out = bert_encoder(corrupted, batch["input_mask"], batch["segment_ids"], deterministic=deterministic, pool=False,
-                       **optional)
+    out = bert_encoder(corrupted, batch["input_mask"], batch["segment_ids"], deterministic=deterministic,
+                       pool=False, **optional)
     return {"mlm_logits": mlm_logits, "disc_logits": DiscriminatorHead(cfg, name="discriminator")(out["sequence_output"]),
             "replaced": (corrupted != original).astype(jnp.int32)}
 
