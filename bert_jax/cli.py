@@ -17,6 +17,7 @@ SUBCOMMANDS = {
     "prepare": ("bert_jax.data.prepare", "Tokenize a corpus into sharded files for pretraining."),
     "finetune": ("bert_jax.finetune.main", "Finetune on a task (--config=configs/finetune/x.py)."),
     "sweep": ("bert_jax.finetune.sweep", "Hyperparameter sweep over finetuning runs with a results table."),
+    "ablate": ("bert_jax.ablate.main", "Rerun a paper's ablation table against its numbers (--config=configs/ablations/x.py:small)."),
     "predict": ("bert_jax.tools.predict", "Run a finetuned workdir on new text (JSONL/TSV/CSV): labels, values, tags, spans."),
     "export": ("bert_jax.interop.export", "Write a checkpoint as a Hugging Face directory (finetuned: its head's class)."),
     "bench data": ("bert_jax.tools.bench_data", "Benchmark the input pipeline and `prepare`; prints JSON lines."),

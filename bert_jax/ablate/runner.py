@@ -1,0 +1,174 @@
+"""Runs an ablation table: for each variant, pretrain, read its held-out evaluation, finetune over seeds.
+
+Every stage goes through the library's own entry points: `train.train_and_evaluate` (what `bert-jax
+pretrain` calls) and `sweep.run_sweep` (what `bert-jax sweep` calls; one configuration, several seeds).
+Each finished stage leaves a JSON marker, written last and atomically (a temporary file renamed), so a
+killed ablation run again redoes nothing finished and the tables are rebuilt from the markers alone:
+
+    <workdir>/<variant>/pretrain/              the pretraining run (checkpoints, metrics.jsonl, ...)
+    <workdir>/<variant>/PRETRAINED             its final scalars, the steps, tokens and FLOPs it trained
+    <workdir>/<variant>/EVALUATED              the held-out evaluation at the last step (metrics.jsonl)
+    <workdir>/<variant>/finetune/<task>/       a sweep directory (trials/<trial>/DONE per seed)
+    <workdir>/<variant>/finetune/<task>/FINETUNED   the best dev metric of every seed
+
+An unfinished pretraining resumes from its latest checkpoint (exactly, as any `bert-jax pretrain`); an
+unfinished finetuning trial starts over (as in `bert-jax sweep`).
+"""
+
+import json
+import os
+
+import jax
+import ml_collections
+
+from bert_jax import objectives
+from bert_jax import paths
+from bert_jax import train
+from bert_jax.finetune import sweep
+
+PRETRAINED, EVALUATED, FINETUNED = "PRETRAINED", "EVALUATED", "FINETUNED"
+
+
+# ------------------------------------------------------------------------------------------------
+# Configs of the runs.
+
+
+def set_field(config: ml_collections.ConfigDict, dotted: str, value) -> None:
+  """`config.<dotted> = value`. A nested field must exist; a new top-level field is allowed for the
+  fields an objective reads with `config.get` (ELECTRA's `generator_hidden_fraction`)."""
+  *parents, name = dotted.split(".")
+  node = config
+  for p in parents:
+    node = node[p]
+  if name not in node and parents:
+    raise KeyError(f"ablation override {dotted!r}: the pretraining config has no such field")
+  with node.unlocked():
+    node[name] = value
+
+
+def variant_configs(ablation: ml_collections.ConfigDict) -> dict[str, ml_collections.ConfigDict]:
+  """The pretraining config of every variant (name -> config): the base with the variant's overrides,
+  then the shared budget (`budget.kind` "tokens": as the base; "flops": train steps scaled so that every
+  variant spends the FLOPs of `budget.reference` in total)."""
+  configs = {}
+  for v in ablation.variants:
+    c = ablation.base.copy_and_resolve_references()
+    for dotted, value in v.overrides:
+      set_field(c, dotted, value)
+    configs[v.name] = c
+  kind = ablation.budget.kind
+  if kind == "flops":
+    ref = configs[ablation.budget.reference]
+    total = objectives.train_flops_per_step(ref) * ref.train_steps
+    for c in configs.values():
+      c.train_steps = max(1, round(total / objectives.train_flops_per_step(c)))
+      c.optimizer.total_steps = c.train_steps
+  elif kind == "tokens":
+    tokens = {name: pretrain_tokens(c) for name, c in configs.items()}
+    if len(set(tokens.values())) > 1:
+      raise ValueError(f"budget 'tokens' but the variants train on different numbers of tokens: {tokens}")
+  else:
+    raise ValueError(f"budget.kind must be 'tokens' or 'flops', got {kind!r}")
+  return configs
+
+
+def pretrain_tokens(config) -> int:
+  return config.train_steps * config.global_batch_size * config.data.seq_length
+
+
+def encoder_parameters(config) -> int:
+  """Parameters of the encoder (`params["bert"]`, what finetuning keeps), counted from shapes only."""
+  model = train.build_model(config)
+  batch = {k: jax.numpy.zeros(s.shape, s.dtype) for k, s in train.abstract_batch(config, batch_size=1).items()}
+  init = lambda rng: model.init({"params": rng, "dropout": rng}, batch, deterministic=True)["params"]
+  shapes = jax.eval_shape(init, jax.random.key(0))
+  encoder = shapes.get("bert", shapes)
+  return int(sum(x.size for x in jax.tree.leaves(encoder)))
+
+
+def task_config(ablation, task: str, checkpoint: str) -> ml_collections.ConfigDict:
+  """The finetuning config of `task`: one configuration (its batch, rate and epochs), every seed."""
+  c = ablation.tasks[task].copy_and_resolve_references()
+  c.init_checkpoint = checkpoint
+  c.sweep.grid.batch_size, c.sweep.grid.learning_rate = (c.batch_size,), (c.learning_rate,)
+  c.sweep.grid.num_epochs, c.sweep.mode, c.sweep.successive_halving = (c.num_epochs,), "grid", False
+  return c
+
+
+# ------------------------------------------------------------------------------------------------
+# Markers.
+
+
+def write_marker(path: str, record: dict) -> None:
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    json.dump(record, f, indent=1, sort_keys=True)
+  os.replace(tmp, path)   # a marker is either absent or complete
+
+
+def read_marker(path: str) -> dict | None:
+  if not os.path.isfile(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
+def final_evaluation(pretrain_dir: str, step: int) -> dict[str, float]:
+  """The `eval/*` scalars logged at `step` (the last one logged there, if a resumed run logged it twice)."""
+  found = {}
+  with open(os.path.join(pretrain_dir, "metrics.jsonl")) as f:
+    for line in f:
+      record = json.loads(line) if line.strip() else {}
+      if record.get("step") == step and any(k.startswith("eval/") for k in record):
+        found = {k: v for k, v in record.items() if k.startswith("eval/")}
+  if not found:
+    raise ValueError(f"{pretrain_dir}/metrics.jsonl has no held-out evaluation at step {step}: the "
+                     "ablation needs eval_steps > 0 in its pretraining config")
+  return found
+
+
+# ------------------------------------------------------------------------------------------------
+# The stages.
+
+
+def run(ablation: ml_collections.ConfigDict, workdir: str, log=print) -> None:
+  """Runs every stage of every variant that has no marker yet."""
+  workdir = paths.absolute(workdir)
+  configs = variant_configs(ablation)
+  for v in ablation.variants:
+    vdir = os.path.join(workdir, v.name)
+    os.makedirs(vdir, exist_ok=True)
+    config = configs[v.name]
+    if read_marker(os.path.join(vdir, PRETRAINED)) is None:
+      log(f"ablate {ablation.name}/{v.name}: pretraining {config.objective} for {config.train_steps} steps")
+      scalars = train.train_and_evaluate(config, os.path.join(vdir, "pretrain"))
+      write_marker(os.path.join(vdir, PRETRAINED), {
+          "objective": config.objective, "train_steps": config.train_steps, "tokens": pretrain_tokens(config),
+          "flops": objectives.train_flops_per_step(config) * config.train_steps,
+          "parameters": encoder_parameters(config),
+          "final": {k: v for k, v in scalars.items() if k.startswith(("train/", "eval/"))}})
+    if read_marker(os.path.join(vdir, EVALUATED)) is None:
+      write_marker(os.path.join(vdir, EVALUATED), final_evaluation(os.path.join(vdir, "pretrain"),
+                                                                   config.train_steps))
+    for task in ablation.tasks:
+      fdir = os.path.join(vdir, "finetune", task)
+      if read_marker(os.path.join(fdir, FINETUNED)) is None:
+        tc = task_config(ablation, task, os.path.join(vdir, "pretrain"))
+        log(f"ablate {ablation.name}/{v.name}: finetuning {tc.task} over seeds {list(tc.sweep.seeds)}")
+        rows = sweep.run_sweep(tc, fdir)
+        write_marker(os.path.join(fdir, FINETUNED), {
+            "task": tc.task, "metric": rows[0]["metric"],
+            "seeds": [r["seed"] for r in rows], "scores": [r["best"] for r in rows]})
+
+
+def collect(ablation: ml_collections.ConfigDict, workdir: str) -> list[dict]:
+  """What is on disk, one dict per variant (in the config's order); a stage not finished is None."""
+  workdir = paths.absolute(workdir)
+  rows = []
+  for v in ablation.variants:
+    vdir = os.path.join(workdir, v.name)
+    finetuned = {t: read_marker(os.path.join(vdir, "finetune", t, FINETUNED)) for t in ablation.tasks}
+    rows.append({"variant": v.name, "label": v.label, "heldout_metric": v.heldout_metric,
+                 "pretrained": read_marker(os.path.join(vdir, PRETRAINED)),
+                 "evaluated": read_marker(os.path.join(vdir, EVALUATED)), "finetuned": finetuned})
+  return rows

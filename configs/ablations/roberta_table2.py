@@ -1,0 +1,57 @@
+"""Liu et al. 2019 (RoBERTa), Table 2: input format and next sentence prediction (BERT-base size, dev sets).
+
+    bert-jax ablate --config=configs/ablations/roberta_table2.py:small --workdir=runs/ablate/roberta_table2 \
+        --config.base.data.train_files=prepared/news \
+        --config.tasks.sst2.data_dir=../shared/data/tasks/rotten_tomatoes
+
+Variants, from the `data.format` values the pipeline has (bert_jax/data/instances.py): SEGMENT-PAIR + NSP
+(`nsp`: pairs of multi-sentence segments, BERT's format), FULL-SENTENCES (`full_sentences`, crossing
+documents) and DOC-SENTENCES (`doc_sentences`), the last two MLM only (objective roberta). Left out:
+SENTENCE-PAIR + NSP (pairs of single natural sentences: there is no such format), and DOC-SENTENCES'
+dynamic batch size (4.2: larger batches so that the tokens per batch match FULL-SENTENCES).
+Budget: the same steps and batch of full-length rows for every variant.
+
+Table 1 of the same paper (static against dynamic masking) has no config: the pipeline masks every
+example anew in every epoch (dynamic masking, bert_jax/data/input_pipeline.py) and has no switch for
+static masking.
+
+`:paper` is BERT-base trained on full-length sequences (3.1: T = 512): configs/bert_base.py's model and
+optimizer, 256 x 512 tokens for 1M steps, from scratch.
+"""
+
+from configs import bert_base
+from configs.ablations import common
+
+# Liu et al. 2019, Table 2: SQuAD 1.1 / 2.0 F1, MNLI-m, SST-2, RACE accuracy (dev).
+PAPER = {
+    "segment_pair_nsp": {"squad11_f1": 90.4, "squad20_f1": 78.7, "mnli_m": 84.0, "sst2": 92.9, "race": 64.2},
+    "full_sentences": {"squad11_f1": 90.4, "squad20_f1": 79.1, "mnli_m": 84.7, "sst2": 92.5, "race": 64.8},
+    "doc_sentences": {"squad11_f1": 90.6, "squad20_f1": 79.7, "mnli_m": 84.7, "sst2": 92.7, "race": 65.6},
+}
+COLUMNS = {"mnli": "mnli_m", "sst2": "sst2"}
+
+
+def paper_base():
+  c = bert_base.get_config("phase2")
+  c.init_from = ""
+  c.train_steps = c.optimizer.total_steps = 1_000_000
+  return c
+
+
+def get_config(arg: str = "small"):
+  scale = common.check_scale(arg)
+  base = paper_base() if scale == "paper" else common.cpu_base(scale)
+  variants = [
+      common.variant("segment_pair_nsp", "SEGMENT-PAIR + NSP", {"data.format": "nsp"}, PAPER["segment_pair_nsp"]),
+      common.variant("full_sentences", "FULL-SENTENCES",
+                     {"objective": "roberta", "data.format": "full_sentences"}, PAPER["full_sentences"]),
+      common.variant("doc_sentences", "DOC-SENTENCES",
+                     {"objective": "roberta", "data.format": "doc_sentences"}, PAPER["doc_sentences"]),
+  ]
+  return common.ablation(
+      "roberta_table2", "Liu et al. 2019 (RoBERTa), Table 2: input format and NSP", base, variants,
+      common.tasks(scale, ("mnli", "sst2")), budget="tokens",
+      budget_description="same tokens: every variant trains the base's steps x batch x sequence length",
+      paper_source="Liu et al. 2019, Table 2 (BERT-base size, BookCorpus + Wikipedia; dev MNLI-m and SST-2 "
+                   "accuracy, medians over 5 finetuning seeds)",
+      columns=COLUMNS)

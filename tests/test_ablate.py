@@ -1,0 +1,235 @@
+"""`bert-jax ablate`: Welch's test against scipy, the configs of every table at every scale, the tables and
+plot from finished runs, and a kill in the middle of a tiny ablation: the re-run redoes nothing finished
+and writes the tables an uninterrupted run writes."""
+
+import csv
+import importlib
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from conftest import compilation_cache_env
+from bert_jax import objectives
+from bert_jax import train
+from bert_jax.ablate import main as ablate_main
+from bert_jax.ablate import report
+from bert_jax.ablate import runner
+from bert_jax.ablate import stats
+from configs.ablations import common as ablation_common
+from test_train import compilation_cache, data_dir  # noqa: F401  (fixtures: the JAX cache, a prepared corpus)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TABLES = ("devlin_table5", "devlin_table6", "roberta_table2", "spanbert", "electra", "albert")
+
+
+def table(name: str, scale: str):
+  return importlib.import_module(f"configs.ablations.{name}").get_config(scale)
+
+
+# ------------------------------------------------------------------------------------------------
+# Statistics.
+
+
+def test_welch_t_test_matches_a_hand_computed_value():
+  # a: mean 2, sample variance 1; b: mean 5, sample variance 4 (n = 3 each).
+  # t = -3 / sqrt(1/3 + 4/3) = -2.3238; df = (5/3)^2 / ((1/3)^2 / 2 + (4/3)^2 / 2) = 2.9412.
+  # For df = 2.9412, P(|T| >= 2.3238) = 0.1048 (the t distribution's CDF, integrated numerically below).
+  w = stats.welch_t_test([1.0, 2.0, 3.0], [3.0, 5.0, 7.0])
+  assert w.t == pytest.approx(-3 / math.sqrt(5 / 3))
+  assert w.df == pytest.approx((5 / 3) ** 2 / ((1 / 9) / 2 + (16 / 9) / 2))
+  x = np.linspace(abs(w.t), 2000.0, 2_000_001)
+  density = math.gamma((w.df + 1) / 2) / (math.sqrt(w.df * math.pi) * math.gamma(w.df / 2)) * \
+      (1 + x ** 2 / w.df) ** (-(w.df + 1) / 2)
+  tail = float(np.sum((density[1:] + density[:-1]) / 2 * np.diff(x)))
+  assert w.p == pytest.approx(2 * tail, abs=1e-4)
+  assert not w.significant
+
+
+def test_welch_t_test_matches_scipy():
+  scipy_stats = pytest.importorskip("scipy.stats")
+  rng = np.random.default_rng(0)
+  for n1, n2, shift, scale in [(2, 2, 0.5, 1.0), (3, 5, 1.0, 3.0), (5, 3, 4.0, 0.5), (10, 4, 0.1, 1.0), (3, 3, 30.0, 1.0)]:
+    a, b = rng.normal(0, 1, n1), rng.normal(shift, scale, n2)
+    ours, theirs = stats.welch_t_test(a, b), scipy_stats.ttest_ind(a, b, equal_var=False)
+    assert ours.t == pytest.approx(theirs.statistic, rel=1e-10)
+    assert ours.p == pytest.approx(theirs.pvalue, rel=1e-8, abs=1e-14)
+  for t, df in [(0.0, 1.0), (0.3, 1.5), (2.0, 7.3), (12.0, 3.0), (1e-4, 200.0), (4.0, 5000.0)]:
+    assert stats.student_t_two_sided_p(t, df) == pytest.approx(2 * scipy_stats.t.sf(t, df), rel=1e-8, abs=1e-14)
+
+
+def test_welch_t_test_degenerate_cases():
+  assert math.isnan(stats.welch_t_test([1.0], [2.0, 3.0]).p)   # one seed: no test
+  assert stats.welch_t_test([1.0, 1.0], [1.0, 1.0]).p == 1.0
+  assert stats.welch_t_test([1.0, 1.0], [2.0, 2.0]).significant
+  assert stats.mean_std([1.0, 2.0, 3.0]) == (2.0, 1.0) and stats.mean_std([4.0]) == (4.0, 0.0)
+
+
+# ------------------------------------------------------------------------------------------------
+# Configs.
+
+
+@pytest.mark.parametrize("name", TABLES)
+def test_every_variant_of_every_scale_is_a_valid_pretraining_config(name):
+  for scale in ablation_common.SCALES:
+    ablation = table(name, scale)
+    configs = runner.variant_configs(ablation)
+    assert list(configs) == [v.name for v in ablation.variants] and len(configs) >= 2
+    for c in configs.values():
+      train.validate(c, num_devices=32 if scale == "paper" else 8)
+      assert c.eval_steps > 0   # the held-out metric comes from the final evaluation
+    assert set(ablation.tasks) <= set(dict(ablation.paper.columns))   # every task run has the paper's column
+    for v in ablation.variants:   # every mapped column has a published number
+      assert all(v.paper.get(col) is not None for m, col in ablation.paper.columns.items() if m in ablation.tasks)
+    if ablation.budget.kind == "tokens":
+      assert len({runner.pretrain_tokens(c) for c in configs.values()}) == 1
+    else:
+      flops = [objectives.train_flops_per_step(c) * c.train_steps for c in configs.values()]
+      per_step = max(objectives.train_flops_per_step(c) for c in configs.values())
+      assert max(flops) - min(flops) <= per_step   # equal up to one step
+  with pytest.raises(ValueError, match="scale"):
+    table(name, "huge")
+
+
+def test_override_of_a_missing_nested_field_is_an_error():
+  c = table("devlin_table5", "tiny").base.copy_and_resolve_references()
+  with pytest.raises(KeyError, match="no such field"):
+    runner.set_field(c, "data.fromat", "nsp")
+
+
+# ------------------------------------------------------------------------------------------------
+# Tables and plot, from markers written by hand.
+
+
+def _fake_run(ablation, workdir, scores: dict, heldout: dict, parameters: dict) -> None:
+  for v in ablation.variants:
+    vdir = os.path.join(workdir, v.name)
+    os.makedirs(os.path.join(vdir, "finetune", "sst2"))
+    runner.write_marker(os.path.join(vdir, runner.PRETRAINED), {"parameters": parameters[v.name], "tokens": 100,
+                                                                 "flops": 1e9, "train_steps": 6})
+    runner.write_marker(os.path.join(vdir, runner.EVALUATED), {v.heldout_metric: heldout[v.name]})
+    if v.name in scores:
+      runner.write_marker(os.path.join(vdir, "finetune", "sst2", runner.FINETUNED),
+                          {"task": "sst2", "metric": "accuracy", "seeds": [0, 1, 2], "scores": scores[v.name]})
+
+
+def test_tables_and_bar_plot_from_markers(tmp_path):
+  ablation = table("devlin_table5", "tiny")
+  scores = {"mlm_nsp": [0.80, 0.82, 0.81], "no_nsp": [0.76, 0.78, 0.77]}   # ltr_no_nsp: not finetuned yet
+  _fake_run(ablation, str(tmp_path), scores, {"mlm_nsp": 12.5, "no_nsp": 14.0, "ltr_no_nsp": 30.0},
+            {v.name: 1000 for v in ablation.variants})
+  text = ablate_main.run_and_report(ablation, str(tmp_path), train=False)
+  assert "| MLM + NSP (BERT) | 1000 | 81.00 ± 1.00 (n=3) | 92.7 |" in text
+  p = stats.welch_t_test([76, 78, 77], [80, 82, 81]).p
+  assert 0.001 < p < 0.05
+  assert f"| No NSP | 1000 | 77.00 ± 1.00 (n=3) | 92.6 | -4.00 | {p:.3f} | yes | -0.1 | yes |" in text
+  assert "| LTR & No NSP | 1000 | not run |" in text
+  assert "| LTR & No NSP | 1000 | eval/lm_perplexity (lower is better) | 30.00 (n=1) | - | - |" in text   # its own metric
+  assert "| No NSP | 1000 | eval/mlm_perplexity (lower is better) | 14.00 (n=1) | - | 1.50 | - | untested (n=1) |" in text
+  with open(tmp_path / "results.csv") as f:
+    rows = list(csv.DictReader(f))
+  sst2 = {r["variant"]: r for r in rows if r["measurement"] == "sst2"}
+  assert float(sst2["no_nsp"]["mean"]) == pytest.approx(77.0) and sst2["no_nsp"]["exceeds_seed_variation"] == "True"
+  assert float(sst2["no_nsp"]["p_value"]) == pytest.approx(p) and sst2["mlm_nsp"]["delta"] == ""
+  heldout = {r["variant"]: r for r in rows if r["measurement"] == "heldout"}
+  assert heldout["no_nsp"]["delta"] == "1.5" and heldout["ltr_no_nsp"]["delta"] == ""   # not the same metric
+  assert (tmp_path / "results.png").stat().st_size > 1000
+
+
+def test_size_table_plots_against_parameters_and_counts_agreeing_pairs(tmp_path):
+  ablation = table("devlin_table6", "tiny")
+  names = [v.name for v in ablation.variants]
+  # Larger models: lower perplexity and higher accuracy, as in the paper, except the last two swapped.
+  acc = {n: [0.6 + 0.02 * i, 0.61 + 0.02 * i] for i, n in enumerate(names)}
+  acc[names[-1]], acc[names[-2]] = acc[names[-2]], acc[names[-1]]
+  _fake_run(ablation, str(tmp_path), acc, {n: 20.0 - i for i, n in enumerate(names)},
+            {n: 1000 * (i + 1) for i, n in enumerate(names)})
+  text = ablate_main.run_and_report(ablation, str(tmp_path), train=False)
+  assert "Pairs of variants ordered as in the paper: 15 of 15" in text   # perplexity
+  assert "Pairs of variants ordered as in the paper: 14 of 15" in text   # SST-2
+  assert (tmp_path / "results.png").stat().st_size > 1000
+
+
+# ------------------------------------------------------------------------------------------------
+# A tiny ablation, killed in the middle and run again.
+
+
+@pytest.fixture(scope="module")
+def corpus(data_dir, tmp_path_factory):
+  """test_train's prepared corpus (vocabulary 128) and an SST-2-format task written with its words."""
+  rng = np.random.default_rng(0)
+  task = tmp_path_factory.mktemp("ablate_sst2")
+  things = "king queen knight horse castle sword".split()
+  for split, n in (("train", 40), ("dev", 16)):
+    rows = ["sentence\tlabel"]
+    for i in range(n):
+      a, b = rng.choice(things, 2)
+      rows.append(f"the {'brave' if i % 2 else 'old'} {a} sees the {b} .\t{i % 2}")
+    (task / f"{split}.tsv").write_text("\n".join(rows) + "\n")
+  return data_dir, str(task)
+
+
+# Table 5 at the tiny scale with its first two variants (the third compiles another model: time).
+TWO_VARIANTS = """from configs.ablations import devlin_table5
+
+
+def get_config(arg="tiny"):
+  c = devlin_table5.get_config(arg)
+  c.variants = c.variants[:2]
+  return c
+"""
+
+
+def _finished_files(workdir: str) -> dict[str, float]:
+  """mtime of every marker and pretraining checkpoint file under `workdir`."""
+  found = {}
+  for root, _, files in os.walk(workdir):
+    for f in files:
+      path = os.path.join(root, f)
+      if f in (runner.PRETRAINED, runner.EVALUATED, runner.FINETUNED, "DONE") or f"{os.sep}checkpoints{os.sep}" in path:
+        found[os.path.relpath(path, workdir)] = os.stat(path).st_mtime_ns
+  return found
+
+
+@pytest.mark.slow
+def test_killed_ablation_resumes_without_redoing_finished_runs(corpus, tmp_path, compilation_cache):
+  (tmp_path / "two_variants.py").write_text(TWO_VARIANTS)
+  ablation = table("devlin_table5", "tiny")
+  ablation.variants = ablation.variants[:2]
+  ablation.base.data.train_files, ablation.tasks.sst2.data_dir = corpus
+  uninterrupted = str(tmp_path / "uninterrupted")
+  ablate_main.run_and_report(ablation, uninterrupted)
+
+  # The command line, killed (SIGKILL: no chance to clean up) once the first variant finetunes.
+  killed = str(tmp_path / "killed")
+  command = [sys.executable, "-m", "bert_jax.cli", "ablate", f"--config={tmp_path / 'two_variants.py'}:tiny",
+             f"--workdir={killed}", f"--config.base.data.train_files={corpus[0]}",
+             f"--config.tasks.sst2.data_dir={corpus[1]}"]
+  env = dict(os.environ, **compilation_cache_env(compilation_cache))
+  proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  trials = os.path.join(killed, "mlm_nsp", "finetune", "sst2", "trials")
+  deadline = time.time() + 300
+  while time.time() < deadline and proc.poll() is None and not (os.path.isdir(trials) and os.listdir(trials)):
+    time.sleep(0.01)
+  proc.send_signal(signal.SIGKILL)
+  out, _ = proc.communicate(timeout=60)
+  assert proc.returncode == -signal.SIGKILL, out[-3000:]
+  assert os.path.isfile(os.path.join(killed, "mlm_nsp", runner.EVALUATED))
+  assert not os.path.isfile(os.path.join(trials, "..", runner.FINETUNED))
+  before = _finished_files(killed)
+
+  ablate_main.run_and_report(ablation, killed)
+  after = _finished_files(killed)
+  assert {k: after[k] for k in before} == before   # nothing finished was written again
+  assert set(after) > set(before)
+  for name in ("results.md", "results.csv"):
+    with open(os.path.join(killed, name)) as a, open(os.path.join(uninterrupted, name)) as b:
+      assert a.read() == b.read()
+  with open(os.path.join(killed, "results.csv")) as f:
+    rows = list(csv.DictReader(f))
+  assert len(rows) == 4 and all(r["n"] == ("1" if r["measurement"] == "heldout" else "2") for r in rows)
