@@ -45,7 +45,7 @@ def variables(params, frozen) -> dict:
 def _grads_and_sums(params, batch: Batch, key, frozen, *, model, config):
   """Gradient of the global-batch loss and its sums, accumulated over `config.micro_batches`."""
   objective = objectives.get(config)
-  weights = objective.loss_weights(batch)
+  weights = objective.loss_weights(batch, config)
 
   def loss_fn(p, micro, micro_key):
     outputs = model.apply(variables(p, frozen), micro, deterministic=False, rngs={"dropout": micro_key})

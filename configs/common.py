@@ -124,6 +124,7 @@ def distill_config() -> ml_collections.ConfigDict:
   d.teacher = ""            # checkpoint with its MLM head: HF directory, Google TF checkpoint or bert_jax run
   d.teacher_preset = ""     # the teacher's size where no checkpoint is read (aot, bench train)
   d.temperature = 2.0       # of the soft targets (Sanh et al. 2019)
+  d.soft_positions = "all"  # soft targets at every real token; "masked": the masked positions only
   d.student_layers = ()     # the teacher layer each student layer starts from; (): round(linspace(0, L_t - 1, L_s))
   return d
 

@@ -56,8 +56,9 @@ def _batch(config, mesh):
   return sharding.global_batch(next(iter(it)), mesh)
 
 
-def test_teacher_is_frozen_and_outside_the_state(data_dir):  # noqa: F811
-  config = distill_config(data_dir, **{"mesh.fsdp": 1, "mesh.tensor": 1})
+@pytest.mark.parametrize("soft_positions", ["all", "masked"])
+def test_teacher_is_frozen_and_outside_the_state(data_dir, soft_positions):  # noqa: F811
+  config = distill_config(data_dir, **{"mesh.fsdp": 1, "mesh.tensor": 1, "distill.soft_positions": soft_positions})
   s, mesh = _setup(config)
   teacher_before = jax.device_get(s.frozen)
   state = s.init(jax.random.key(0))
@@ -70,7 +71,7 @@ def test_teacher_is_frozen_and_outside_the_state(data_dir):  # noqa: F811
   # No gradient reaches the teacher: d loss / d teacher is exactly zero.
   def loss_of(frozen):
     outputs = s.model.apply({"params": state.params, "frozen": frozen}, batch, deterministic=True)
-    return distilbert.loss(distilbert.loss_sums(outputs, batch, config))
+    return distilbert.loss(distilbert.loss_sums(outputs, batch, config), distilbert.loss_weights(batch, config))
   grads = jax.jit(jax.grad(loss_of))(s.frozen)
   assert all(float(jnp.max(jnp.abs(g))) == 0.0 for g in jax.tree.leaves(grads))
 
@@ -200,3 +201,25 @@ def test_pretraining_starts_from_a_hugging_face_checkpoint(data_dir):  # noqa: F
   assert set(got) == {"bert", "mlm"}
   jax.tree.map(np.testing.assert_array_equal, got["bert"], saved["bert"])
   jax.tree.map(np.testing.assert_array_equal, got["mlm"], saved["mlm"])
+
+
+def test_soft_targets_at_the_masked_positions_only():
+  """`distill.soft_positions = "masked"`: logits [B, P, V], the soft term over the masked positions."""
+  from configs import distilbert_minilm  # pylint: disable=g-import-not-at-top
+  config = distilbert_minilm.get_config()
+  assert distilbert.soft_at_masked(config)
+  rng = np.random.default_rng(1)
+  b, l, p, v, h, t = 2, 5, 2, 6, 3, 2.0
+  outputs = {"mlm_logits": rng.normal(size=(b, p, v)), "teacher_mlm_logits": rng.normal(size=(b, p, v)),
+             "sequence_output": rng.normal(size=(b, l, h)), "teacher_sequence_output": rng.normal(size=(b, l, h))}
+  outputs = {k: jnp.asarray(x, jnp.float32) for k, x in outputs.items()}
+  batch = {"input_mask": np.array([[1, 1, 1, 1, 0], [1, 1, 1, 0, 0]]), "masked_lm_positions": np.array([[1, 3], [2, 0]]),
+           "masked_lm_ids": np.array([[3, 4], [5, 0]]), "masked_lm_weights": np.array([[1.0, 1.0], [1.0, 0.0]])}
+  sums = distilbert.loss_sums(outputs, batch, config)
+  weights = distilbert.loss_weights(batch, config)
+  assert float(weights["soft"]) == 3.0 and float(weights["cos"]) == 7.0 and float(sums["soft_weight"]) == 3.0
+  s_logp = jax.nn.log_softmax(outputs["mlm_logits"] / t)
+  t_p = jax.nn.softmax(outputs["teacher_mlm_logits"] / t)
+  per_slot = -(t_p * s_logp).sum(-1) * t * t
+  np.testing.assert_allclose(float(sums["soft_loss_sum"]), float(per_slot[0, 0] + per_slot[0, 1] + per_slot[1, 0]),
+                             rtol=1e-5)

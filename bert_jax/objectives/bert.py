@@ -43,7 +43,7 @@ def build_model(config: ml_collections.ConfigDict):
                                   mlm_all_positions=config.get("mlm_all_positions", False))
 
 
-def loss_weights(batch: base.Batch) -> dict[str, jax.Array]:
+def loss_weights(batch: base.Batch, config=None) -> dict[str, jax.Array]:
   """The global denominators of each term: masked tokens, and sentence labels when the batch has them."""
   weights = {"mlm": jnp.sum(batch["masked_lm_weights"].astype(jnp.float32))}
   if "next_sentence_labels" in batch:

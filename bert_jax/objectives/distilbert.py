@@ -4,7 +4,8 @@ Loss = 5.0 x soft cross-entropy at temperature T = 2 between the student's and t
 distributions at every real token (times T^2) + 2.0 x the student's MLM loss at the masked positions
 + 1.0 x cosine loss (1 - cos) between the two last hidden states at every real token: the coefficients,
 temperature and reductions of Hugging Face's released `examples/research_projects/distillation`
-(`distiller.py`: `alpha_ce`, `alpha_mlm`, `alpha_cos`; `restrict_ce_to_mask` off). The soft term is a
+(`distiller.py`: `alpha_ce`, `alpha_mlm`, `alpha_cos`; `restrict_ce_to_mask` off, as by default;
+`distill.soft_positions = "masked"` turns it on). The soft term is a
 cross-entropy, not the KL divergence the release logs: they differ by the teacher's entropy, which takes
 no gradient, and `distill_kl` is reported beside it. Dynamic masking, no NSP (one-segment formats).
 
@@ -53,9 +54,17 @@ def temperature(config: ml_collections.ConfigDict) -> float:
   return float(_distill(config).get("temperature", DEFAULT_TEMPERATURE))
 
 
+def soft_at_masked(config) -> bool:
+  """Whether the soft targets are taken at the masked positions only (the release's `restrict_ce_to_mask`:
+  both vocabulary projections shrink from L to P rows) rather than at every real token (its default)."""
+  return config is not None and _distill(config).get("soft_positions", "all") == "masked"
+
+
 def validate(config: ml_collections.ConfigDict) -> list[str]:
   """What can be checked without reading the teacher (`check_inputs` reads it)."""
   problems = base.format_problems(config.data, base.SINGLE_FORMATS, "distilbert")
+  if _distill(config).get("soft_positions", "all") not in ("all", "masked"):
+    problems.append(f"distill.soft_positions {_distill(config).soft_positions!r}: one of 'all', 'masked'")
   if temperature(config) <= 0:
     problems.append(f"distill.temperature {temperature(config)} must be > 0")
   if not _distill(config).get("teacher") and not _distill(config).get("teacher_preset"):
@@ -157,15 +166,20 @@ def _tokenizer_problems(teacher: str, tokenizer) -> list[str]:
 
 
 class TeacherMLM(nn.Module):
-  """A teacher encoder (no pooler) and its MLM head at every position: params {"bert", "mlm"}."""
+  """A teacher encoder (no pooler) and its MLM head at every position, or at `masked_lm_positions` when
+  `at_masked`: params {"bert", "mlm"}."""
   config: encoder.BertConfig
+  at_masked: bool = False
 
   @nn.compact
   def __call__(self, batch: dict) -> dict:
     bert_encoder = encoder.BertEncoder(self.config, name="bert")
     out = bert_encoder(batch["input_ids"], batch["input_mask"], jnp.zeros_like(batch["input_ids"]), pool=False,
                        **{k: batch[k] for k in _ENCODER_INPUTS if k in batch})
-    logits = heads.MaskedLMHead(self.config, name="mlm")(out["sequence_output"], bert_encoder.word_embeddings())
+    x = out["sequence_output"]
+    if self.at_masked:
+      x = heads.gather_positions(x, batch["masked_lm_positions"])
+    logits = heads.MaskedLMHead(self.config, name="mlm")(x, bert_encoder.word_embeddings())
     return {"mlm_logits": logits, "sequence_output": out["sequence_output"]}
 
 
@@ -230,42 +244,47 @@ class DistilBertForPreTraining(nn.Module):
   collection, the teacher's MLM logits and last hidden states under stop_gradient."""
   config: encoder.BertConfig
   teacher_config: encoder.BertConfig
+  at_masked: bool = False   # logits at the masked positions only (`soft_at_masked`)
 
   @nn.compact
   def __call__(self, batch: dict, *, deterministic: bool = True) -> dict:
-    """Returns student and teacher {"mlm_logits": [B, L, V] f32, "sequence_output": [B, L, H]}, the
-    teacher's under "teacher_*"."""
+    """Returns student and teacher {"mlm_logits": [B, L, V] ([B, P, V] `at_masked`) f32, "sequence_output":
+    [B, L, H]}, the teacher's under "teacher_*"."""
     bert_encoder = encoder.BertEncoder(self.config, name="bert")
     optional = {k: batch[k] for k in _ENCODER_INPUTS if k in batch}
     out = bert_encoder(batch["input_ids"], batch["input_mask"], batch["segment_ids"], deterministic=deterministic,
                        pool=False, **optional)
     x = out["sequence_output"]
-    logits = heads.MaskedLMHead(self.config, name="mlm")(x, bert_encoder.word_embeddings())
+    projected = heads.gather_positions(x, batch["masked_lm_positions"]) if self.at_masked else x
+    logits = heads.MaskedLMHead(self.config, name="mlm")(projected, bert_encoder.word_embeddings())
     if self.is_initializing() or not self.has_variable("frozen", "teacher"):
       # Init builds the student only; the teacher comes from outside (base.Frozen).
       teacher = {"mlm_logits": jnp.zeros_like(logits), "sequence_output": jnp.zeros_like(x)}
     else:
       teacher_params = self.get_variable("frozen", "teacher")
-      teacher = TeacherMLM(self.teacher_config, parent=None).apply({"params": teacher_params}, batch)
+      teacher = TeacherMLM(self.teacher_config, self.at_masked, parent=None).apply({"params": teacher_params}, batch)
       teacher = jax.lax.stop_gradient(teacher)
     return {"mlm_logits": logits, "sequence_output": x, "teacher_mlm_logits": teacher["mlm_logits"],
             "teacher_sequence_output": teacher["sequence_output"]}
 
 
 def build_model(config: ml_collections.ConfigDict):
-  return DistilBertForPreTraining(base.encoder_config(config), teacher_config(config))
+  return DistilBertForPreTraining(base.encoder_config(config), teacher_config(config), soft_at_masked(config))
 
 
-def loss_weights(batch: base.Batch) -> dict[str, jax.Array]:
-  """Real tokens (soft targets, cosine) and masked tokens (MLM)."""
+def loss_weights(batch: base.Batch, config=None) -> dict[str, jax.Array]:
+  """Real tokens (cosine; soft targets) and masked tokens (MLM; soft targets `soft_at_masked`)."""
   tokens = jnp.sum(batch["input_mask"].astype(jnp.float32))
-  return {"soft": tokens, "mlm": jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)), "cos": tokens}
+  masked = jnp.sum(batch["masked_lm_weights"].astype(jnp.float32))
+  return {"soft": masked if soft_at_masked(config) else tokens, "mlm": masked, "cos": tokens}
 
 
-def distill_sums(outputs: dict, batch: base.Batch, temp: float) -> dict[str, jax.Array]:
-  """T^2 x soft cross-entropy (and T^2 x the teacher's entropy, for the KL) and 1 - cos at real tokens;
-  `soft_correct` counts tokens where the student's argmax is the teacher's. f32 on purpose."""
-  weights = batch["input_mask"].astype(jnp.float32)
+def distill_sums(outputs: dict, batch: base.Batch, temp: float, at_masked: bool = False) -> dict[str, jax.Array]:
+  """T^2 x soft cross-entropy (and T^2 x the teacher's entropy, for the KL) at real tokens (or the masked
+  positions) and 1 - cos at real tokens; `soft_correct` counts where the student's argmax is the teacher's.
+  f32 on purpose."""
+  tokens = batch["input_mask"].astype(jnp.float32)
+  weights = batch["masked_lm_weights"].astype(jnp.float32) if at_masked else tokens
   s_logp = jax.nn.log_softmax(outputs["mlm_logits"].astype(jnp.float32) / temp, axis=-1)
   t_logp = jax.nn.log_softmax(outputs["teacher_mlm_logits"].astype(jnp.float32) / temp, axis=-1)
   t_p = jnp.exp(t_logp)
@@ -277,13 +296,14 @@ def distill_sums(outputs: dict, batch: base.Batch, temp: float) -> dict[str, jax
   cos = jnp.sum(s * t, -1) / jnp.sqrt(jnp.maximum(jnp.sum(s * s, -1) * jnp.sum(t * t, -1), 1e-12))
   return {"soft_loss_sum": jnp.sum(soft * weights), "soft_weight": jnp.sum(weights),
           "soft_correct": jnp.sum(agree * weights), "soft_teacher_entropy_sum": jnp.sum(entropy * weights),
-          "cos_loss_sum": jnp.sum((1.0 - cos) * weights), "cos_weight": jnp.sum(weights)}
+          "cos_loss_sum": jnp.sum((1.0 - cos) * tokens), "cos_weight": jnp.sum(tokens)}
 
 
 def loss_sums(outputs: dict, batch: base.Batch, config=None) -> dict[str, jax.Array]:
   """`soft_*`, `cos_*` at every real token and the student's `mlm_*` at the masked positions."""
-  temp = DEFAULT_TEMPERATURE if config is None else temperature(config)
-  return {**bert.mlm_sums(outputs, batch, mlm_all_positions=True), **distill_sums(outputs, batch, temp)}
+  temp, at_masked = DEFAULT_TEMPERATURE if config is None else temperature(config), soft_at_masked(config)
+  return {**bert.mlm_sums(outputs, batch, mlm_all_positions=not at_masked),
+          **distill_sums(outputs, batch, temp, at_masked)}
 
 
 def loss(sums: dict, weights: dict | None = None) -> jax.Array:
@@ -307,7 +327,8 @@ def forward_flops_per_row(config: ml_collections.ConfigDict) -> dict[str, float]
   """The student (MLM head at every position) and the teacher's forward, by component. The teacher takes
   no backward pass, so `train_flops_per_step`'s 3x overcounts it: its share is given as a third."""
   cfg, d = base.encoder_config(config), config.data
-  shapes = flops.Shapes(seq_length=d.seq_length, mlm_positions=d.seq_length, pooled_positions=0, use_nsp=False)
+  positions = d.max_predictions_per_seq if soft_at_masked(config) else d.seq_length
+  shapes = flops.Shapes(seq_length=d.seq_length, mlm_positions=positions, pooled_positions=0, use_nsp=False)
   student = flops.forward_flops_per_row(cfg, shapes)
   teacher = flops.forward_flops_per_row(teacher_config(config), shapes)
   return {**student, **{f"teacher_{k}": v / 3.0 for k, v in teacher.items()}}

@@ -159,7 +159,7 @@ def build_model(config: ml_collections.ConfigDict):
                                config.get("generator_hidden_fraction", DEFAULT_GENERATOR_FRACTION))
 
 
-def loss_weights(batch: base.Batch) -> dict[str, jax.Array]:
+def loss_weights(batch: base.Batch, config=None) -> dict[str, jax.Array]:
   """Masked tokens (generator) and real tokens (discriminator)."""
   return {"mlm": jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)),
           "disc": jnp.sum(batch["input_mask"].astype(jnp.float32))}

@@ -55,7 +55,7 @@ def _targets(batch):
   return batch["input_ids"][:, 1:], mask[:, 1:] * mask[:, :-1]
 
 
-def loss_weights(batch: base.Batch) -> dict[str, jax.Array]:
+def loss_weights(batch: base.Batch, config=None) -> dict[str, jax.Array]:
   return {"lm": jnp.sum(_targets(batch)[1])}
 
 

@@ -87,7 +87,7 @@ def build_model(config: ml_collections.ConfigDict):
   return SpanBertForPreTraining(base.encoder_config(config), max_offsets=config.data.max_predictions_per_seq)
 
 
-def loss_weights(batch: base.Batch) -> dict[str, jax.Array]:
+def loss_weights(batch: base.Batch, config=None) -> dict[str, jax.Array]:
   w = jnp.sum(batch["masked_lm_weights"].astype(jnp.float32))
   return {"mlm": w, "sbo": w}
 
