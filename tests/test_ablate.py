@@ -129,8 +129,9 @@ def test_tables_and_bar_plot_from_markers(tmp_path):
   assert 0.001 < p < 0.05
   assert f"| No NSP | 1000 | 77.00 ± 1.00 (n=3) | 92.6 | -4.00 | {p:.3f} | yes | -0.1 | yes |" in text
   assert "| LTR & No NSP | 1000 | not run |" in text
-  assert "| LTR & No NSP | 1000 | eval/lm_perplexity (lower is better) | 30.00 (n=1) | - | - |" in text   # its own metric
-  assert "| No NSP | 1000 | eval/mlm_perplexity (lower is better) | 14.00 (n=1) | - | 1.50 | - | untested (n=1) |" in text
+  # Each objective's own held-out metric; differences only between the same metric, untested (one run).
+  assert "| LTR & No NSP | 1000 | 6 | 100 | 1e+09 | eval/lm_perplexity (lower is better) | 30.00 (n=1) | - | - |" in text
+  assert "| No NSP | 1000 | 6 | 100 | 1e+09 | eval/mlm_perplexity (lower is better) | 14.00 (n=1) | - | 1.50 | - | untested (n=1) |" in text
   with open(tmp_path / "results.csv") as f:
     rows = list(csv.DictReader(f))
   sst2 = {r["variant"]: r for r in rows if r["measurement"] == "sst2"}
@@ -139,6 +140,17 @@ def test_tables_and_bar_plot_from_markers(tmp_path):
   heldout = {r["variant"]: r for r in rows if r["measurement"] == "heldout"}
   assert heldout["no_nsp"]["delta"] == "1.5" and heldout["ltr_no_nsp"]["delta"] == ""   # not the same metric
   assert (tmp_path / "results.png").stat().st_size > 1000
+
+
+def test_a_tie_is_no_ordering(tmp_path):
+  ablation = table("devlin_table5", "tiny")
+  scores = {"mlm_nsp": [0.80, 0.82, 0.81], "no_nsp": [0.76, 0.78, 0.77], "ltr_no_nsp": [0.81, 0.80, 0.82]}
+  _fake_run(ablation, str(tmp_path), scores, {v.name: 10.0 for v in ablation.variants},
+            {v.name: 1000 for v in ablation.variants})
+  text = ablate_main.run_and_report(ablation, str(tmp_path), train=False)
+  assert "| LTR & No NSP | 1000 | 81.00 ± 1.00 (n=3) | 92.1 | 0.00 | 1.000 | no | -0.6 | tie |" in text
+  # mlm_nsp > no_nsp as in the paper; no_nsp < ltr_no_nsp against it; the tied pair is left out.
+  assert "Pairs of variants ordered as in the paper: 1 of 2 (ties left out)" in text
 
 
 def test_size_table_plots_against_parameters_and_counts_agreeing_pairs(tmp_path):

@@ -33,7 +33,7 @@ def measurements(ablation, rows: list[dict]) -> list[dict]:
   for r, v in zip(rows, ablation.variants):
     pre, ev = r["pretrained"] or {}, r["evaluated"]
     common = {"variant": r["variant"], "label": r["label"], "parameters": pre.get("parameters"),
-              "tokens": pre.get("tokens"), "flops": pre.get("flops")}
+              "steps": pre.get("train_steps"), "tokens": pre.get("tokens"), "flops": pre.get("flops")}
     heldout = [ev[r["heldout_metric"]]] if ev and r["heldout_metric"] in ev else []
     out.append({**common, "measurement": "heldout", "metric": r["heldout_metric"], "values": heldout,
                 "paper": v.paper.get(paper_key.get("heldout", ""))})
@@ -65,17 +65,19 @@ def compare(ablation, records: list[dict]) -> list[dict]:
       m["exceeds_seed_variation"] = test.significant if not math.isnan(test.p) else None
       if m["paper"] is not None and ref["paper"] is not None:
         m["paper_delta"] = m["paper"] - ref["paper"]
-        m["ordering_agrees"] = _sign(m["delta"]) == _sign(m["paper_delta"])
+        # A tie of ours (or the paper's) is no ordering: neither agrees nor disagrees.
+        if _sign(m["delta"]) and _sign(m["paper_delta"]):
+          m["ordering_agrees"] = _sign(m["delta"]) == _sign(m["paper_delta"])
   return records
 
 
 def pair_agreement(group: list[dict]) -> tuple[int, int, int]:
-  """(pairs ordered as in the paper, pairs with both numbers, of those pairs our difference exceeding the
-  seed variation) over every pair of variants of one measurement."""
+  """(pairs ordered as in the paper, pairs ordered by both, of those pairs our difference exceeding the seed
+  variation) over the pairs of variants of one measurement with the same metric; ties have no order."""
   usable = [m for m in group if m["values"] and m["paper"] is not None]
   agree = total = significant = 0
   for a, b in itertools.combinations(usable, 2):
-    if a["metric"] != b["metric"]:
+    if a["metric"] != b["metric"] or not _sign(a["mean"] - b["mean"]) or not _sign(a["paper"] - b["paper"]):
       continue
     total += 1
     agree += _sign(a["mean"] - b["mean"]) == _sign(a["paper"] - b["paper"])
@@ -83,8 +85,9 @@ def pair_agreement(group: list[dict]) -> tuple[int, int, int]:
   return agree, total, significant
 
 
-def _sign(x: float) -> int:
-  return (x > 0) - (x < 0)
+def _sign(x: float, tie: float = 1e-9) -> int:
+  """-1, 0 or 1; differences within `tie` (float rounding of equal means) are ties."""
+  return 0 if abs(x) <= tie else (1 if x > 0 else -1)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -95,6 +98,10 @@ def _fmt(x, digits: int = 2) -> str:
   if x is None or (isinstance(x, float) and math.isnan(x)):
     return "-"
   return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
+
+
+def _flops(x) -> str:
+  return "-" if x is None else f"{x:.3g}"
 
 
 def _p(p: float) -> str:
@@ -125,21 +132,23 @@ def write_markdown(ablation, records: list[dict], path: str) -> str:
     heldout = name == "heldout"
     title = "held-out evaluation of the pretraining objective (its own metric)" if heldout else f"{name}: dev {metric} (%)"
     lines += ["", f"## {title}", "",
-              f"| variant | encoder params |{' metric |' if heldout else ''} ours (mean ± std, n) | "
+              f"| variant | encoder params |{' steps | tokens | FLOPs | metric |' if heldout else ''} ours (mean ± std, n) | "
               f"paper ({paper_col or 'none'}) | Δ ours | p | exceeds seed variation | Δ paper | ordering agrees |",
-              f"|---|---:|{'---|' if heldout else ''}---:|---:|---:|---:|:---:|---:|:---:|"]
+              f"|---|---:|{'---:|---:|---:|---|' if heldout else ''}---:|---:|---:|---:|:---:|---:|:---:|"]
     for m in group:
       ours = ("not run" if not m["values"] else f"{m['mean']:.2f} (n=1)" if m["n"] == 1 else
               f"{m['mean']:.2f} ± {m['std']:.2f} (n={m['n']})")
       exceeds = "untested (n=1)" if m["n"] == 1 and not math.isnan(m["delta"]) else _yes_no(m["exceeds_seed_variation"])
-      where = f" {m['metric']}{' (lower is better)' if lower_is_better(m['metric']) else ''} |" if heldout else ""
+      where = (f" {_fmt(m['steps'])} | {_fmt(m['tokens'])} | {_flops(m['flops'])} | {m['metric']}"
+               f"{' (lower is better)' if lower_is_better(m['metric']) else ''} |") if heldout else ""
+      agrees = "tie" if not math.isnan(m["delta"]) and not _sign(m["delta"]) else _yes_no(m["ordering_agrees"])
       lines.append(f"| {m['label']} | {_fmt(m['parameters'])} |{where} {ours} | {_fmt(m['paper'], 1)} | "
                    f"{_fmt(m['delta'])} | {_p(m['p_value'])} | {exceeds} | "
-                   f"{_fmt(m['paper_delta'], 1)} | {_yes_no(m['ordering_agrees'])} |")
+                   f"{_fmt(m['paper_delta'], 1)} | {agrees} |")
     agree, total, significant = pair_agreement(group)
     if total:
-      lines += ["", f"Pairs of variants ordered as in the paper: {agree} of {total}; our difference exceeds the "
-                f"seed variation in {significant} of the {total} pairs."]
+      lines += ["", f"Pairs of variants ordered as in the paper: {agree} of {total} (ties left out); our "
+                f"difference exceeds the seed variation in {significant} of the {total} pairs."]
   text = "\n".join(lines) + "\n"
   with open(path, "w") as f:
     f.write(text)

@@ -39,6 +39,8 @@ def get_config(arg: str = "small"):
     base = common.cpu_base(scale)
     base.objective, base.data.format, base.data.ngram_masking = "albert", "sop", True
     base.model.share_layers = True
+    # Two layers at least: sharing one layer is no sharing, and a 1-layer run record reads back as shared.
+    base.model.num_layers = max(2, base.model.num_layers)
     hidden = base.model.hidden_size
   variants = []
   for sharing, e in PAPER:
