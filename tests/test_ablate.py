@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from conftest import compilation_cache_env
+from bert_jax import failures
 from bert_jax import objectives
 from bert_jax import train
 from bert_jax.ablate import main as ablate_main
@@ -151,6 +152,20 @@ def test_a_tie_is_no_ordering(tmp_path):
   assert "| LTR & No NSP | 1000 | 81.00 ± 1.00 (n=3) | 92.1 | 0.00 | 1.000 | no | -0.6 | tie |" in text
   # mlm_nsp > no_nsp as in the paper; no_nsp < ltr_no_nsp against it; the tied pair is left out.
   assert "Pairs of variants ordered as in the paper: 1 of 2 (ties left out)" in text
+
+
+def test_a_finished_workdir_is_not_rerun_and_refuses_another_config(tmp_path):
+  ablation = table("devlin_table5", "tiny")
+  _fake_run(ablation, str(tmp_path), {v.name: [0.5, 0.6, 0.7] for v in ablation.variants},
+            {v.name: 10.0 for v in ablation.variants}, {v.name: 1000 for v in ablation.variants})
+  before = _finished_files(str(tmp_path))
+  text = ablate_main.run_and_report(ablation, str(tmp_path))   # every stage has its marker: nothing runs
+  assert _finished_files(str(tmp_path)) == before and "60.00 ± 10.00 (n=3)" in text
+  for field, value in (("tasks.sst2.sweep.seeds", (0, 1, 2, 3)), ("base.optimizer.learning_rate", 1e-3)):
+    changed = table("devlin_table5", "tiny")
+    runner.set_field(changed, field, value)
+    with pytest.raises(failures.UserError, match=field.split(".", 2)[-1].replace("sst2.", "")):
+      ablate_main.run_and_report(changed, str(tmp_path))
 
 
 def test_size_table_plots_against_parameters_and_counts_agreeing_pairs(tmp_path):

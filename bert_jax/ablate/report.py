@@ -174,16 +174,20 @@ def plot(ablation, records: list[dict], path: str) -> str:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
-  names = ["heldout"] + list(ablation.tasks)
-  groups = [[m for m in records if m["measurement"] == n] for n in names]
-  fig, axes = plt.subplots(1, len(groups), figsize=(5.5 * len(groups), 4), squeeze=False)
-  for ax, group in zip(axes[0], groups):
+  # One panel per measurement and metric: objectives with their own held-out metric get their own panel.
+  panels = {}
+  for m in records:
+    if m["values"] or m["measurement"] != "heldout":
+      panels.setdefault((m["measurement"], m["metric"] if m["measurement"] == "heldout" else ""), []).append(m)
+  panels = sorted(panels.items(), key=lambda kv: kv[0][0] != "heldout")   # held-out first, tasks in order
+  fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
+  for ax, ((name, _), group) in zip(axes[0], panels):
     metric = next((m["metric"] for m in group if m["metric"]), "")
     if ablation.plot == "size":
       _size_panel(ax, group)
     else:
       _bars_panel(ax, group)
-    ax.set_title(f"held-out {metric}" if group[0]["measurement"] == "heldout" else f"{group[0]['measurement']} dev {metric} (%)")
+    ax.set_title(f"held-out {metric}" if name == "heldout" else f"{name} dev {metric} (%)")
   fig.suptitle(ablation.title, fontsize=10)
   fig.tight_layout()
   fig.savefig(path, dpi=100)
@@ -212,10 +216,12 @@ def _bars_panel(ax, group: list[dict]) -> None:
   x = np.arange(len(group))
   ours = [m["mean"] if m["values"] else 0.0 for m in group]
   err = [m["std"] if m["values"] else 0.0 for m in group]
-  ax.bar(x - 0.2, ours, 0.4, yerr=err, capsize=3, label="ours")
   paper = [m["paper"] for m in group]
-  if any(p is not None for p in paper):
+  with_paper = any(p is not None for p in paper)
+  ax.bar(x - 0.2 if with_paper else x, ours, 0.4, yerr=err, capsize=3, label="ours")
+  if with_paper:
     ax.bar(x + 0.2, [p or 0.0 for p in paper], 0.4, color="gray", label="paper")
+  ax.set_xlim(-0.8, len(group) - 0.2)
   ax.set_xticks(x)
   ax.set_xticklabels([m["label"] for m in group], rotation=20, ha="right", fontsize=8)
   ax.legend(fontsize=8)

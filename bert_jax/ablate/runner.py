@@ -5,11 +5,12 @@ pretrain` calls) and `sweep.run_sweep` (what `bert-jax sweep` calls; one configu
 Each finished stage leaves a JSON marker, written last and atomically (a temporary file renamed), so a
 killed ablation run again redoes nothing finished and the tables are rebuilt from the markers alone:
 
+    <workdir>/<variant>/config.json           the pretraining config (a re-run with another one is an error)
     <workdir>/<variant>/pretrain/              the pretraining run (checkpoints, metrics.jsonl, ...)
     <workdir>/<variant>/PRETRAINED             its final scalars, the steps, tokens and FLOPs it trained
     <workdir>/<variant>/EVALUATED              the held-out evaluation at the last step (metrics.jsonl)
     <workdir>/<variant>/finetune/<task>/       a sweep directory (trials/<trial>/DONE per seed)
-    <workdir>/<variant>/finetune/<task>/FINETUNED   the best dev metric of every seed
+    <workdir>/<variant>/finetune/<task>/FINETUNED   the best dev metric of every seed (config.json beside)
 
 An unfinished pretraining resumes from its latest checkpoint (exactly, as any `bert-jax pretrain`); an
 unfinished finetuning trial starts over (as in `bert-jax sweep`).
@@ -21,12 +22,14 @@ import os
 import jax
 import ml_collections
 
+from bert_jax import failures
 from bert_jax import objectives
 from bert_jax import paths
 from bert_jax import train
 from bert_jax.finetune import sweep
 
 PRETRAINED, EVALUATED, FINETUNED = "PRETRAINED", "EVALUATED", "FINETUNED"
+CONFIG = "config.json"   # the config a stage ran with, beside its marker
 
 
 # ------------------------------------------------------------------------------------------------
@@ -113,6 +116,30 @@ def read_marker(path: str) -> dict | None:
     return json.load(f)
 
 
+def check_same_config(path: str, config: ml_collections.ConfigDict, fields, ignore=()) -> None:
+  """Records `config` (its path `fields` absolute, `ignore` left out) in `path` on the first run of a stage;
+  a later run of the stage with a different config is an error naming the fields, not a silent mix of two
+  experiments."""
+  ours = json.loads(paths.absolute_config(config.copy_and_resolve_references(), fields).to_json())
+  for name in ignore:
+    ours.pop(name, None)
+  theirs = read_marker(path)
+  if theirs is None:
+    write_marker(path, ours)
+    return
+  differ = sorted(k for k in set(_flat(ours)) | set(_flat(theirs)) if _flat(ours).get(k) != _flat(theirs).get(k))
+  if differ:
+    raise failures.UserError(f"{os.path.dirname(path)} holds a run of another config ({', '.join(differ[:5])} "
+                             "differ): give another --workdir, or remove that directory to run it again")
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+  out = {}
+  for k, v in d.items():
+    out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+  return out
+
+
 def final_evaluation(pretrain_dir: str, step: int) -> dict[str, float]:
   """The `eval/*` scalars logged at `step` (the last one logged there, if a resumed run logged it twice)."""
   found = {}
@@ -139,6 +166,7 @@ def run(ablation: ml_collections.ConfigDict, workdir: str, log=print) -> None:
     vdir = os.path.join(workdir, v.name)
     os.makedirs(vdir, exist_ok=True)
     config = configs[v.name]
+    check_same_config(os.path.join(vdir, CONFIG), config, paths.PRETRAIN_FIELDS)
     if read_marker(os.path.join(vdir, PRETRAINED)) is None:
       log(f"ablate {ablation.name}/{v.name}: pretraining {config.objective} for {config.train_steps} steps")
       scalars = train.train_and_evaluate(config, os.path.join(vdir, "pretrain"))
@@ -152,8 +180,11 @@ def run(ablation: ml_collections.ConfigDict, workdir: str, log=print) -> None:
                                                                    config.train_steps))
     for task in ablation.tasks:
       fdir = os.path.join(vdir, "finetune", task)
+      tc = task_config(ablation, task, os.path.join(vdir, "pretrain"))
+      os.makedirs(fdir, exist_ok=True)
+      # The checkpoint's path is left out: a moved workdir holds the same experiment.
+      check_same_config(os.path.join(fdir, CONFIG), tc, paths.FINETUNE_FIELDS, ignore=("init_checkpoint",))
       if read_marker(os.path.join(fdir, FINETUNED)) is None:
-        tc = task_config(ablation, task, os.path.join(vdir, "pretrain"))
         log(f"ablate {ablation.name}/{v.name}: finetuning {tc.task} over seeds {list(tc.sweep.seeds)}")
         rows = sweep.run_sweep(tc, fdir)
         write_marker(os.path.join(fdir, FINETUNED), {
