@@ -29,6 +29,7 @@ from bert_jax.ablate import runner
 # `bert-jax finetune`, which the runner's finetuning (`bert-jax sweep`'s code) imports anyway.
 from bert_jax.finetune import main as finetune_main
 
+flags.adopt_module_key_flags(finetune_main)   # --help lists them
 _REPORT_ONLY = flags.DEFINE_bool("report_only", False, "Only rebuild the tables and plot from the finished runs.")
 
 

@@ -71,18 +71,21 @@ def compare(ablation, records: list[dict]) -> list[dict]:
   return records
 
 
-def pair_agreement(group: list[dict]) -> tuple[int, int, int]:
-  """(pairs ordered as in the paper, pairs ordered by both, of those pairs our difference exceeding the seed
-  variation) over the pairs of variants of one measurement with the same metric; ties have no order."""
+def pair_agreement(group: list[dict]) -> tuple[int, int, int, int]:
+  """(pairs ordered as in the paper, pairs ordered by both, pairs of those with a test (two seeds or more on
+  each side), pairs whose difference exceeds the seed variation) over the pairs of variants of one
+  measurement with the same metric; ties have no order."""
   usable = [m for m in group if m["values"] and m["paper"] is not None]
-  agree = total = significant = 0
+  agree = total = tested = significant = 0
   for a, b in itertools.combinations(usable, 2):
     if a["metric"] != b["metric"] or not _sign(a["mean"] - b["mean"]) or not _sign(a["paper"] - b["paper"]):
       continue
     total += 1
     agree += _sign(a["mean"] - b["mean"]) == _sign(a["paper"] - b["paper"])
-    significant += stats.welch_t_test(a["values"], b["values"]).significant
-  return agree, total, significant
+    test = stats.welch_t_test(a["values"], b["values"])
+    tested += not math.isnan(test.p)
+    significant += test.significant
+  return agree, total, tested, significant
 
 
 def _sign(x: float, tie: float = 1e-9) -> int:
@@ -98,6 +101,11 @@ def _fmt(x, digits: int = 2) -> str:
   if x is None or (isinstance(x, float) and math.isnan(x)):
     return "-"
   return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
+
+
+def _paper(x) -> str:
+  """A published number (or a difference of two) with the digits it was printed with."""
+  return "-" if x is None or math.isnan(x) else f"{round(x, 4):g}"
 
 
 def _flops(x) -> str:
@@ -142,13 +150,14 @@ def write_markdown(ablation, records: list[dict], path: str) -> str:
       where = (f" {_fmt(m['steps'])} | {_fmt(m['tokens'])} | {_flops(m['flops'])} | {m['metric']}"
                f"{' (lower is better)' if lower_is_better(m['metric']) else ''} |") if heldout else ""
       agrees = "tie" if not math.isnan(m["delta"]) and not _sign(m["delta"]) else _yes_no(m["ordering_agrees"])
-      lines.append(f"| {m['label']} | {_fmt(m['parameters'])} |{where} {ours} | {_fmt(m['paper'], 1)} | "
+      lines.append(f"| {m['label']} | {_fmt(m['parameters'])} |{where} {ours} | {_paper(m['paper'])} | "
                    f"{_fmt(m['delta'])} | {_p(m['p_value'])} | {exceeds} | "
-                   f"{_fmt(m['paper_delta'], 1)} | {agrees} |")
-    agree, total, significant = pair_agreement(group)
+                   f"{_paper(m['paper_delta'])} | {agrees} |")
+    agree, total, tested, significant = pair_agreement(group)
     if total:
-      lines += ["", f"Pairs of variants ordered as in the paper: {agree} of {total} (ties left out); our "
-                f"difference exceeds the seed variation in {significant} of the {total} pairs."]
+      spread = (f"our difference exceeds the seed variation in {significant} of the {tested} pairs with a test"
+                if tested else "one run each: no test of our differences")
+      lines += ["", f"Pairs of variants ordered as in the paper: {agree} of {total} (ties left out); {spread}."]
   text = "\n".join(lines) + "\n"
   with open(path, "w") as f:
     f.write(text)
