@@ -32,6 +32,12 @@ def compilation_cache_dir(tmp_path_factory) -> str:
   return str(tmp_path_factory.mktemp("jax_cache"))
 
 
+def compilation_cache_env(path: str) -> dict[str, str]:
+  """The environment variables that point a JAX process at the cache in `path`, for every entry."""
+  return {"JAX_COMPILATION_CACHE_DIR": path, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+          "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+
+
 @pytest.fixture(scope="session")
 def minilm_rotten_tomatoes(tmp_path_factory) -> tuple[pathlib.Path, dict]:
   """(workdir, results) of one short finetune of the real MiniLM on rotten_tomatoes, shared by the tests

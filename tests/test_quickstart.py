@@ -15,6 +15,8 @@ import sys
 
 import pytest
 
+from conftest import compilation_cache_env
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -41,13 +43,14 @@ def _pretrain_argv() -> list[str]:
   return [sys.executable, "-m", "bert_jax.cli"] + argv[1:]
 
 
-def _run(argv, cwd, overrides):
+def _run(argv, cwd, overrides, cache_dir):
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}   # one CPU device, as a user has
+  env.update(compilation_cache_env(cache_dir))   # the second run loads what the first compiled
   return subprocess.run(argv + overrides, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
 @pytest.mark.slow
-def test_readme_pretrain_command_runs_checkpoints_and_resumes(tmp_path):
+def test_readme_pretrain_command_runs_checkpoints_and_resumes(tmp_path, compilation_cache_dir):
   shutil.copytree(ROOT / "configs", tmp_path / "configs")
   argv = _pretrain_argv()
   workdir = next(a.split("=", 1)[1] for a in argv if a.startswith("--workdir="))
@@ -55,7 +58,7 @@ def test_readme_pretrain_command_runs_checkpoints_and_resumes(tmp_path):
   short = ["--config.log_every=2", "--config.eval_every=4", "--config.eval_steps=1", "--config.checkpoint_every=2",
            "--config.keep_checkpoints=2", "--config.optimizer.total_steps=8", "--config.data.eval_fraction=0.05"]
 
-  first = _run(argv, tmp_path, short + ["--config.train_steps=4"])
+  first = _run(argv, tmp_path, short + ["--config.train_steps=4"], compilation_cache_dir)
   assert first.returncode == 0, first.stderr[-3000:]
   checkpoints = tmp_path / workdir / "checkpoints"
   assert sorted(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit()) == [2, 4]
@@ -63,7 +66,7 @@ def test_readme_pretrain_command_runs_checkpoints_and_resumes(tmp_path):
   assert "eval/unigram_accuracy" in (tmp_path / workdir / "metrics.jsonl").read_text()
   assert (tmp_path / workdir / "curves.png").stat().st_size > 0
 
-  second = _run(argv, tmp_path, short + ["--config.train_steps=6"])
+  second = _run(argv, tmp_path, short + ["--config.train_steps=6"], compilation_cache_dir)
   assert second.returncode == 0, second.stderr[-3000:]
   assert "resumed from" in second.stdout and "at step 4" in second.stdout, second.stdout
   assert sorted(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit()) == [4, 6]

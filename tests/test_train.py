@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import compilation_cache_env
 from bert_jax.data import prepare
 from bert_jax import sharding
 from bert_jax import train
@@ -213,8 +214,7 @@ def check_exact_resume_after_sigterm(data_dir, tmp_path, compilation_cache, n, *
   train.train_and_evaluate(tiny_config(data_dir, train_steps=2 * n, **config_changes), a_dir)
   a = train_losses(a_dir)
 
-  env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=compilation_cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+  env = dict(os.environ, **compilation_cache_env(compilation_cache))
   command = [sys.executable, "-m", "bert_jax.main", f"--config={REPO}/configs/tiny.py", f"--workdir={b_dir}",
              *_cli_overrides(changes)]
   # First run: far more steps than needed; SIGTERM once it has logged step n.
