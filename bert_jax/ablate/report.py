@@ -18,8 +18,8 @@ import os
 from bert_jax.ablate import stats
 
 CSV_FIELDS = ("table", "variant", "label", "measurement", "metric", "n", "mean", "std", "paper", "delta",
-              "p_value", "exceeds_seed_variation", "paper_delta", "ordering_agrees", "parameters", "tokens",
-              "flops")
+              "p_value", "exceeds_seed_variation", "paper_delta", "ordering_agrees", "parameters", "steps",
+              "tokens", "flops")
 
 
 def lower_is_better(metric: str) -> bool:
@@ -172,7 +172,7 @@ def write_csv(ablation, records: list[dict], path: str) -> None:
       w.writerow({**m, "table": ablation.name,
                   **{k: "" if m[k] is None or (isinstance(m[k], float) and math.isnan(m[k])) else m[k]
                      for k in ("mean", "std", "paper", "delta", "p_value", "paper_delta", "exceeds_seed_variation",
-                               "ordering_agrees", "parameters", "tokens", "flops")}})
+                               "ordering_agrees", "parameters", "steps", "tokens", "flops")}})
 
 
 def plot(ablation, records: list[dict], path: str) -> str:
