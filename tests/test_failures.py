@@ -23,6 +23,7 @@ from bert_jax import checkpointing
 from bert_jax import failures
 from bert_jax import sharding
 from bert_jax import train
+from conftest import compilation_cache_env
 from test_train import REPO, TINY, compilation_cache, data_dir, read_metrics, tiny_config  # noqa: F401
 
 # Token types 2 and 3 never occur: their embedding rows get exactly zero gradient, and Adam with
@@ -215,7 +216,8 @@ def test_failed_async_save_stops_the_run_at_once(data_dir, trained, tmp_path, mo
 
 
 @pytest.mark.slow
-def test_failed_save_from_the_cli_is_one_paragraph_without_tracebacks(data_dir, trained, tmp_path):  # noqa: F811
+def test_failed_save_from_the_cli_is_one_paragraph_without_tracebacks(data_dir, trained, tmp_path,  # noqa: F811
+                                                                      compilation_cache):  # noqa: F811
   workdir = _copy(trained, tmp_path)
   overrides = [f"--config.{k}={v}" for k, v in {**TINY, **RUN, "data.train_files": data_dir, "train_steps": 40}.items()]
   script = f"""
@@ -229,7 +231,9 @@ from bert_jax import main
 sys.argv = ["bert-jax pretrain", "--config={REPO}/configs/tiny.py", "--workdir={workdir}", *{overrides!r}]
 app.run(main.main, flags_parser=main.parse_flags)
 """
-  done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
+  # The step `trained` compiled, loaded from the cache.
+  done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300,
+                        env=dict(os.environ, **compilation_cache_env(compilation_cache)))
   assert done.returncode == 1, done.stderr[-3000:]
   ours = [line for line in done.stderr.splitlines() if line.startswith("bert-jax pretrain:")]
   assert len(ours) == 1 and f"saving checkpoint {workdir}/checkpoints/6 failed" in ours[0], done.stderr[-3000:]
