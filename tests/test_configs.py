@@ -15,6 +15,7 @@ from bert_jax import sharding
 from bert_jax import train
 from bert_jax.objectives import electra
 from configs import albert_base, albert_large, albert_xlarge, albert_xxlarge
+from configs import distilbert_base, distilbert_minilm
 from configs import electra_base, electra_large, electra_small
 from configs import bert_base, bert_large, ltr_base, roberta_base, roberta_large, spanbert_base, spanbert_large, tiny
 
@@ -38,6 +39,8 @@ CONFIGS = {
     "electra_small.py": electra_small.get_config(),
     "electra_base.py": electra_base.get_config(),
     "electra_large.py": electra_large.get_config(),
+    "distilbert_base.py": distilbert_base.get_config(),
+    "distilbert_minilm.py": distilbert_minilm.get_config(),
     "tiny.py": tiny.get_config(),
 }
 
@@ -61,7 +64,9 @@ def test_config_builds_its_abstract_sharded_train_state(name):
               "albert_base": 11.8e6, "albert_large": 17.8e6, "albert_xlarge": 59.0e6, "albert_xxlarge": 223.1e6,
               "ltr_base": 110e6, "spanbert_base": 111e6, "spanbert_large": 338e6,
               # ELECTRA: the discriminator (14M, 110M, 335M; Clark et al. 2020, Table 1) + head + generator
-              "electra_small": 14.3e6, "electra_base": 120.0e6, "electra_large": 355.7e6}
+              "electra_small": 14.3e6, "electra_base": 120.0e6, "electra_large": 355.7e6,
+              # DistilBERT: the student only (the teacher is not a parameter): DistilBertModel's 66.4M + MLM head
+              "distilbert_base": 67.0e6, "distilbert_minilm": 17.4e6}
   assert n == pytest.approx(expected[name.split(".")[0]], rel=0.05)
   # Adam moments mirror the parameters, with the same shardings.
   adam, = [x for x in s.abstract_state.opt_state if isinstance(x, optimizer.ScaleByAdamState)]
@@ -155,6 +160,22 @@ def test_electra_paper_recipe(module):
   assert (gen.hidden_size, gen.num_heads, gen.intermediate_size) == {
       "small": (64, 1, 256), "base": (256, 4, 1024), "large": (256, 4, 1024)}[size]
   assert "next_sentence_labels" not in train.abstract_batch(c)
+
+
+def test_distilbert_paper_recipe():
+  """Sanh et al. 2019 and the released distillation code: 6 of BERT-base's 12 layers, no token types, 4k
+  batches by accumulation, lr 5e-4 with 5% warmup, eps 1e-6, no weight decay, clip 5, T = 2, 5/2/1."""
+  from bert_jax.objectives import distilbert  # pylint: disable=g-import-not-at-top
+  c = distilbert_base.get_config()
+  o, cfg = c.optimizer, train.bert_config(c)
+  assert (c.objective, cfg.num_layers, cfg.hidden_size, cfg.type_vocab_size, c.data.format) == (
+      "distilbert", 6, 768, 0, "full_sentences")
+  assert (c.global_batch_size, c.micro_batches, c.data.seq_length) == (4096, 8, 512)
+  assert (o.learning_rate, o.warmup_steps, o.eps, o.weight_decay, o.clip_norm) == (
+      5e-4, int(0.05 * c.train_steps), 1e-6, 0.0, 5.0)
+  assert (c.distill.temperature, c.distill.soft_positions, distilbert.LOSS_TERMS) == (
+      2.0, "all", {"soft": 5.0, "mlm": 2.0, "cos": 1.0})
+  assert distilbert.teacher_config(c).num_layers == 12 and "next_sentence_labels" not in train.abstract_batch(c)
 
 
 def test_ltr_is_bert_base_with_a_causal_mask_and_no_nsp():
