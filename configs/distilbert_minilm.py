@@ -12,9 +12,17 @@ Sized for a 2-core CPU: batches of 32 rows of 64 tokens, and the soft targets at
 at every token would cost more than both encoders. The rest is the DistilBERT recipe.
 
 The MiniLM checkpoint is a `BertModel`, without the MLM head the soft targets come from: give it one first
-by MLM training from its weights on the same data (`bert-jax pretrain --config=configs/distilbert_minilm.py
---config.objective=bert --config.model.num_layers=6 --config.model.type_vocab_size=2
---config.init_from=minilm --config.init_from_params_only=True ...`), then name that run as the teacher.
+by MLM training from its weights on the same data, then name that run as the teacher. Measured this way
+(docs/objectives.md, "DistilBERT"):
+
+    bert-jax pretrain --config=configs/distilbert_minilm.py --workdir=runs/teacher --config.objective=bert \
+        --config.model.num_layers=6 --config.model.type_vocab_size=2 --config.init_from=minilm \
+        --config.init_from_params_only=True --config.train_steps=200 --config.optimizer.total_steps=200 \
+        --config.optimizer.warmup_steps=20 --config.optimizer.learning_rate=1e-4 --config.dtype=float32 \
+        --config.data.train_files=data/news_minilm
+    bert-jax pretrain --config=configs/distilbert_minilm.py --workdir=runs/student \
+        --config.distill.teacher=runs/teacher --config.data.train_files=data/news_minilm --config.dtype=float32 \
+        --config.train_steps=300 --config.optimizer.total_steps=300 --config.optimizer.warmup_steps=15
 """
 
 from configs import distilbert_base
