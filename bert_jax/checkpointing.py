@@ -66,7 +66,7 @@ class Checkpointer:
     self.directory = epath.Path(directory)
     self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "data"))
     self._in_flight = None    # the step of a save still being written in the background
-    self._failed = False
+    self._failed, self._failed_step = False, None
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
@@ -103,7 +103,7 @@ class Checkpointer:
       self._fail(step, e)
 
   def _fail(self, step: int, error: Exception) -> None:
-    self._failed = True
+    self._failed, self._failed_step = True, step
     self._wait_for_writes()
     removed = self._remove_temporary(step)
     kept = sorted(int(p.name) for p in self.directory.iterdir() if p.name.isdigit())   # on disk, not orbax's list
@@ -218,9 +218,19 @@ class Checkpointer:
 
   def close(self) -> None:
     if self._failed:   # the failure was reported; waiting would raise it again
+      self._remove_late_temporary(self._failed_step)
       return
     self.check(wait=True)
     self.manager.close()
+
+  def _remove_late_temporary(self, step: int, timeout_s: float = 10.0) -> None:
+    """A write of the failed save that was still ending (on a loaded host) may have made its temporary
+    directory again after `_fail` removed it: remove it until none has come back for half a second."""
+    deadline, quiet_since = time.time() + timeout_s, time.time()
+    while time.time() < deadline and time.time() - quiet_since < 0.5:
+      if self._remove_temporary(step):
+        quiet_since = time.time()
+      time.sleep(0.1)
 
 
 def split_path(path: str) -> tuple[str, int | None]:
