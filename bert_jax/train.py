@@ -251,8 +251,12 @@ def load_frozen(s: Setup) -> Setup:
   got = jax.tree.map(lambda a: (tuple(np.shape(a)), jnp.dtype(a.dtype)), host)
   if want != got:
     raise ValueError(f"frozen variables do not match the model:\n expected {want}\n got {got}")
-  return s.with_frozen(jax.tree.map(lambda a, sh: jax.make_array_from_callback(a.shape, sh, lambda i: a[i]),
-                                    host, s.frozen_shardings))
+  return s.with_frozen(_put_sharded(host, s.frozen_shardings))
+
+
+def _put_sharded(host_tree, shardings):
+  """Host arrays (whole on every process) -> global arrays with `shardings`, each device taking its slice."""
+  return jax.tree.map(lambda a, sh: jax.make_array_from_callback(a.shape, sh, lambda i: a[i]), host_tree, shardings)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -360,8 +364,7 @@ def _params_from(config, fresh: dict, s: Setup) -> dict:
   if kept:
     _say(f"init_from {path}: {', '.join(kept)} newly initialised (not in the checkpoint)")
   params = merge(host, loaded, "params")
-  return jax.tree.map(lambda a, sh: jax.make_array_from_callback(a.shape, sh, lambda i: a[i]),
-                      params, s.state_shardings.params)
+  return _put_sharded(params, s.state_shardings.params)
 
 
 def evaluate(s: Setup, eval_iter, eval_start: dict, params) -> dict[str, float]:
