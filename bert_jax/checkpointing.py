@@ -28,6 +28,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from bert_jax import failures
+from bert_jax import paths
 
 
 def _encode(data_state: Any) -> dict:
@@ -63,7 +64,7 @@ class Checkpointer:
     # Temporary directories of saves cut short by a killed process are removed on creation.
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save, create=True,
                                            cleanup_tmp_directories=True)
-    self.directory = epath.Path(directory)
+    self.directory = epath.Path(paths.absolute(str(directory)))   # orbax refuses relative paths
     self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "data"))
     self._in_flight = None    # the step of a save still being written in the background
     self._failed, self._failed_step = False, None
@@ -284,7 +285,7 @@ def restore_params(path: str, abstract_params: Any = None) -> Any:
   """
   directory, step = split_path(path)
   with _orbax_warnings_off():
-    manager = ocp.CheckpointManager(epath.Path(directory), item_handlers={"state": ocp.PyTreeCheckpointHandler()},
+    manager = ocp.CheckpointManager(epath.Path(paths.absolute(directory)), item_handlers={"state": ocp.PyTreeCheckpointHandler()},
                                     options=ocp.CheckpointManagerOptions(read_only=True))
   step = manager.latest_step() if step is None else step
   if step is None:

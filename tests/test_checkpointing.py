@@ -52,6 +52,21 @@ def test_round_trip_keeps_shardings_and_data_state_and_last_k(tmp_path):
   ckpt.close()
 
 
+def test_relative_paths_save_and_restore(tmp_path, monkeypatch):
+  """A directory as a user types it (relative to the working directory) reaches orbax absolute."""
+  monkeypatch.chdir(tmp_path)
+  mesh = sharding.create_mesh(common.mesh_config())
+  ckpt = checkpointing.Checkpointer("runs/a/checkpoints", async_save=False)
+  assert ckpt.save(1, _state(mesh, 1), {"batch": 1})
+  ckpt.close()
+  assert (tmp_path / "runs/a/checkpoints/1/state").exists()
+  ckpt = checkpointing.Checkpointer("runs/a/checkpoints", async_save=False)
+  assert ckpt.restore(_abstract(_state(mesh)))[1] == {"batch": 1}
+  ckpt.close()
+  params = checkpointing.restore_params("runs/a/checkpoints/1")
+  np.testing.assert_array_equal(params["w"], np.arange(32.0).reshape(8, 4))
+
+
 def test_bytes_iterator_state_round_trips(tmp_path):
   ckpt = checkpointing.Checkpointer(str(tmp_path), keep=1, async_save=False)
   ckpt.save(5, {"x": jnp.zeros(2)}, b"\x00\xffserialized")
