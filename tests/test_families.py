@@ -222,8 +222,8 @@ def test_hf_dict_round_trip(cfg):
 def test_hf_dicts_the_families_cannot_hold_are_errors():
   with pytest.raises(ValueError, match="both ALBERT"):
     tiny(embedding_size=8, position_pad_id=1).to_hf_dict()
-  with pytest.raises(ValueError, match="model_type 'modernbert'"):   # ELECTRA's and DistilBERT's read
-    model.BertConfig.from_hf_dict({**tiny().to_hf_dict(), "model_type": "modernbert"})
+  with pytest.raises(ValueError, match="model_type 'deberta'"):   # ELECTRA's, DistilBERT's, ModernBERT's read
+    model.BertConfig.from_hf_dict({**tiny().to_hf_dict(), "model_type": "deberta"})
   with pytest.raises(ValueError, match="num_hidden_groups 2"):
     model.BertConfig.from_hf_dict({**tiny(embedding_size=8).to_hf_dict(), "num_hidden_layers": 4,
                                    "num_hidden_groups": 2})

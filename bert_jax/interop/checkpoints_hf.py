@@ -1,4 +1,5 @@
-"""Hugging Face checkpoints of the BERT family (BERT, ALBERT, RoBERTa, ELECTRA, DistilBERT) <-> bert_jax params.
+"""Hugging Face checkpoints of the BERT family (BERT, ALBERT, RoBERTa, ELECTRA, DistilBERT, ModernBERT) <->
+bert_jax params.
 
 A Hugging Face directory holds `config.json` (its `model_type` names the family), `model.safetensors` and
 usually tokenizer files. Tensor names are those of `transformers` (`BertModel`: `embeddings.word_embeddings.weight`,
@@ -20,6 +21,9 @@ other names (`transformer.layer.{i}.attention.q_lin`, `sa_layer_norm`, `ffn.lin1
 `DistilBertForMaskedLM`'s `vocab_transform`, `vocab_layer_norm` and `vocab_projector` (its weight tied to the
 word embeddings, its bias the MLM bias) are our "mlm".
 
+ModernBERT (Warner et al. 2024; `ModernBertModel`, `ModernBertForMaskedLM`) fuses query, key and value into
+one tensor; its table and conversion are `modernbert_hf`'s.
+
 The conversion is by explicit name table (`tensor_table`), so a missing, unexpected or misshapen tensor is
 an error naming it. The only tensors skipped are documented buffers and tied copies (`IGNORED`, the family's
 tied decoder). A checkpoint with a head but no pooler (a MaskedLM, token classification or QA class) gets a
@@ -39,6 +43,7 @@ import ml_dtypes
 import numpy as np
 from safetensors.numpy import save_file
 
+from bert_jax.interop import modernbert_hf
 from bert_jax.models import heads
 from bert_jax.models import encoder as model
 
@@ -94,6 +99,9 @@ FAMILIES = {
                       ("generator_predictions.dense", "generator_predictions.LayerNorm", "generator_lm_head.bias"),
                       "generator_lm_head", None, None, "ElectraForMaskedLM", projection="embeddings_project",
                       discriminator="discriminator_predictions"),
+    # Names and conversion: modernbert_hf (one fused Wqkv per layer); no pooler, no sentence-pair head.
+    "modernbert": Family(modernbert_hf.PREFIX, "ModernBert", "layers.{i}.", {}, None, modernbert_hf.HEAD,
+                         "decoder", None, None, "ModernBertForMaskedLM"),
 }
 
 
@@ -252,6 +260,10 @@ def from_state_dict(cfg: model.BertConfig, state: dict, scan_layers: bool = Fals
   `file_name` maps an HF tensor name to the name to report (the TF importer reports TF names).
   """
   fam = family(cfg, model_type)
+  if fam.classes == "ModernBert":
+    params = modernbert_hf.from_state_dict(cfg, state, expected_shapes(cfg, mlm=True, nsp=False))
+    params["bert"]["pooler"] = _initial_pooler(cfg)
+    return model.scan_params(params) if scan_layers else params
   state = _canonical_names(state, fam)
   mlm = any(n.startswith(_mlm_names(fam)) for n in state)
   nsp = fam.nsp is not None and any(n.startswith(f"{fam.nsp}.") for n in state)
@@ -317,6 +329,8 @@ def to_state_dict(cfg: model.BertConfig, params: dict, pooler: bool = True, mode
   so do params without one (an encoder built with `pool=False`).
   """
   params = jax.tree.map(np.asarray, model.unscan_params(nn.unbox(params)))
+  if family(cfg, model_type).classes == "ModernBert":
+    return modernbert_hf.to_state_dict(cfg, params)
   pooler = pooler and "pooler" in params["bert"]
   mlm, nsp, disc = "mlm" in params, "nsp" in params, "discriminator" in params
   head = next((h for h in HEADS if h in params), None)
@@ -333,8 +347,8 @@ def to_state_dict(cfg: model.BertConfig, params: dict, pooler: bool = True, mode
 
 
 def load_hf(path, scan_layers: bool = False, **config_overrides) -> tuple:
-  """A Hugging Face BERT, ALBERT, RoBERTa, ELECTRA or DistilBERT directory -> (BertConfig, params as numpy
-  arrays).
+  """A Hugging Face BERT, ALBERT, RoBERTa, ELECTRA, DistilBERT or ModernBERT directory -> (BertConfig, params
+  as numpy arrays).
 
   Args:
     path: directory with config.json and model.safetensors.

@@ -7,7 +7,10 @@ Parameters carry logical axis names only; `config.logical_axis_rules` maps them 
 Switches of the same encoder, off by default, composable: ALBERT's factorized embeddings and cross-layer
 sharing (`embedding_size`, `share_layers`; Lan et al. 2020, 3.1), RoBERTa's position ids (`position_pad_id`;
 Liu et al. 2019 as released in fairseq), DistilBERT's missing token types (`type_vocab_size=0`; Sanh et al.
-2019, 2) and a left-to-right mask (`causal`).
+2019, 2), a left-to-right mask (`causal`), and ModernBERT's (Warner et al. 2024, 2.1): rotary positions
+(`rope_theta`, `local_rope_theta`), GeGLU (`geglu`), pre-norm layers (`pre_norm`, `final_norm`), LayerNorms and
+linear layers without biases (`norm_bias`, `dense_bias`) and alternating global / sliding-window attention
+(`global_attn_every_n_layers`, `local_attention`).
 
   cfg = BertConfig.from_preset("base", dtype=jnp.bfloat16)
   out = BertEncoder(cfg).apply({"params": p}, input_ids, input_mask, segment_ids)
@@ -21,6 +24,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from bert_jax.models import modernbert_keys
+from bert_jax.models import rotary
 
 # (num_layers, hidden_size, num_heads). tiny..medium: Turc et al. 2019 ("Well-Read Students"),
 # base/large: Devlin et al. 2019, 3. Intermediate size is always 4 * hidden.
@@ -53,7 +59,7 @@ _HF_KEYS = {
     "hidden_act": "hidden_act",
 }
 _GELU_APPROXIMATE = {"gelu": False, "gelu_new": True, "gelu_pytorch_tanh": True}
-HF_MODEL_TYPES = ("bert", "albert", "roberta", "distilbert", "electra")
+HF_MODEL_TYPES = ("bert", "albert", "roberta", "distilbert", "electra", "modernbert")
 # DistilBertConfig key -> BertConfig field, and transformers' defaults where a key is absent (DistilBERT's
 # LayerNorm eps is fixed at 1e-12 in its modules, ours by default).
 _DISTILBERT_KEYS = {"vocab_size": "vocab_size", "dim": "hidden_size", "n_layers": "num_layers", "n_heads": "num_heads",
@@ -94,6 +100,18 @@ class BertConfig:
   # RoBERTa: default position ids count real tokens from position_pad_id + 1; padding (this id in input_ids)
   # gets position_pad_id (HF `create_position_ids_from_input_ids`). None: positions 0..L-1 (BERT).
   position_pad_id: int | None = None
+  # ModernBERT's switches (Warner et al. 2024, 2.1.1), each acting on its own.
+  rope_theta: float | None = None        # rotary positions of this base, no position table; None: learned table
+  local_rope_theta: float | None = None  # RoPE base of the sliding-window layers; None: rope_theta
+  geglu: bool = False        # feed-forward gelu(x W_in) * (x W_gate): `intermediate` projects to 2 * intermediate
+  pre_norm: bool = False     # LayerNorm before each sublayer; layer 0 attends to the embedding norm's output as is
+  final_norm: bool = False   # a LayerNorm (`final_layer_norm`) after the last layer
+  norm_bias: bool = True     # LayerNorms with a bias
+  dense_bias: bool = True    # attention, feed-forward and MLM-transform projections with a bias
+  # Layer i attends globally when i % global_attn_every_n_layers == 0; the others to the keys within
+  # local_attention // 2 positions on either side (Hugging Face's window of local_attention tokens).
+  global_attn_every_n_layers: int = 1
+  local_attention: int | None = None
 
   def __post_init__(self):
     # Accept dtype names ("bfloat16") as they come from ConfigDicts and command lines.
@@ -105,6 +123,13 @@ class BertConfig:
       raise ValueError(f"hidden_act {self.hidden_act!r} not supported; one of {sorted(_GELU_APPROXIMATE)}")
     if self.remat_policy != "none" and self.remat_policy not in REMAT_POLICIES:
       raise ValueError(f"remat_policy {self.remat_policy!r}; one of {['none', *REMAT_POLICIES]}")
+    if (self.global_attn_every_n_layers > 1) != (self.local_attention is not None):
+      raise ValueError(f"global_attn_every_n_layers {self.global_attn_every_n_layers} > 1 and local_attention "
+                       f"{self.local_attention} go together: set both or neither")
+    if self.local_rope_theta is not None and (self.rope_theta is None or self.local_attention is None):
+      raise ValueError("local_rope_theta needs rope_theta and sliding-window layers (local_attention)")
+    if self.pre_norm and self.share_layers:
+      raise ValueError("pre_norm with share_layers is not supported (layer 0 has no attention norm)")
 
   @property
   def head_dim(self) -> int:
@@ -119,6 +144,9 @@ class BertConfig:
   @property
   def model_type(self) -> str:
     """The Hugging Face family this config is written as (config.json `model_type`, tensor names)."""
+    if (self.rope_theta is not None or self.geglu or self.pre_norm or self.final_norm or not self.norm_bias
+        or not self.dense_bias or self.local_attention is not None):
+      return "modernbert"
     if self.embedding_size is not None or self.share_layers:
       return "albert"
     if self.position_pad_id is not None:
@@ -139,8 +167,8 @@ class BertConfig:
 
   @classmethod
   def from_hf_dict(cls, d: dict, **overrides) -> "BertConfig":
-    """From a Hugging Face config.json (model_type bert, albert, roberta, distilbert or electra; none: a
-    Google bert_config.json).
+    """From a Hugging Face config.json (model_type bert, albert, roberta, distilbert, electra or modernbert;
+    none: a Google bert_config.json).
 
     Unknown keys are ignored; a family or variant this encoder does not implement is a ValueError. An
     ELECTRA config reads as BERT (or, with an embedding size other than the hidden size, as ALBERT's
@@ -153,6 +181,8 @@ class BertConfig:
       raise ValueError(f"model_type {model_type!r} is not supported; one of {list(HF_MODEL_TYPES)}")
     if model_type == "distilbert":
       return cls(**{**_distilbert_fields(d), **overrides})
+    if model_type == "modernbert":
+      return cls(**{**modernbert_keys.fields(d), **overrides})
     if model_type == "electra":
       d = {**_ELECTRA_DEFAULTS, **d}
     fields = {f: d[k] for f, k in _HF_KEYS.items() if k in d}
@@ -166,10 +196,12 @@ class BertConfig:
     return cls(**{**fields, **overrides})
 
   def to_hf_dict(self) -> dict:
-    """A config.json of `model_type` (BertConfig, AlbertConfig, RobertaConfig or DistilBertConfig in
-    transformers; ELECTRA's is `checkpoints_hf.electra_hf_dict`)."""
+    """A config.json of `model_type` (BertConfig, AlbertConfig, RobertaConfig, DistilBertConfig or
+    ModernBertConfig in transformers; ELECTRA's is `checkpoints_hf.electra_hf_dict`)."""
     if self.model_type == "distilbert":
       return self._distilbert_hf_dict()
+    if self.model_type == "modernbert":
+      return modernbert_keys.hf_dict(self)
     d = {k: getattr(self, f) for f, k in _HF_KEYS.items()}
     d.update(model_type="bert", architectures=["BertForPreTraining"], pad_token_id=0,
              position_embedding_type="absolute")
@@ -232,7 +264,7 @@ def layer_norm(cfg: BertConfig, name: str) -> nn.LayerNorm:
   # Statistics are computed in float32 by flax whatever cfg.dtype is; the exact two-pass variance
   # matches the reference to 1e-6.
   return nn.LayerNorm(epsilon=cfg.layer_norm_eps, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-                      use_fast_variance=False, name=name,
+                      use_fast_variance=False, name=name, use_bias=cfg.norm_bias,
                       scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
                       bias_init=zeros(("embed",)))
 
@@ -246,9 +278,10 @@ def gelu(cfg: BertConfig, x):
   return nn.gelu(x, approximate=_GELU_APPROXIMATE[cfg.hidden_act])
 
 
-def attention_mask(input_mask, example_ids=None, causal: bool = False):
+def attention_mask(input_mask, example_ids=None, causal: bool = False, window: int | None = None):
   """Boolean mask [B, 1, L, L]: keys must be real tokens of the same example as the query (and, when
-  causal, at or before it)."""
+  causal, at or before it; with a `window`, within window // 2 positions of it, as Hugging Face's
+  ModernBERT)."""
   mask_BQK = jnp.broadcast_to(input_mask[:, None, :].astype(bool), input_mask.shape + input_mask.shape[-1:])
   if example_ids is not None:
     # Block-diagonal: packed examples never attend to each other.
@@ -256,6 +289,9 @@ def attention_mask(input_mask, example_ids=None, causal: bool = False):
   if causal:
     length = input_mask.shape[-1]
     mask_BQK = mask_BQK & jnp.tril(jnp.ones((length, length), bool))
+  if window is not None:
+    position = jnp.arange(input_mask.shape[-1])
+    mask_BQK = mask_BQK & (jnp.abs(position[:, None] - position[None, :]) <= window // 2)
   return mask_BQK[:, None]
 
 
@@ -283,7 +319,8 @@ class BertEmbeddings(nn.Module):
     embed = lambda n, names, name: nn.Embed(n, cfg.embedding_dim, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
                                             embedding_init=dense_init(cfg, names), name=name)
     self.word_embeddings = embed(cfg.vocab_size, ("vocab", "embed"), "word_embeddings")
-    self.position_embeddings = embed(cfg.max_position_embeddings, ("position", "embed"), "position_embeddings")
+    if cfg.rope_theta is None:   # RoPE: positions act in the attention, no table
+      self.position_embeddings = embed(cfg.max_position_embeddings, ("position", "embed"), "position_embeddings")
     if cfg.type_vocab_size:   # 0: no token types (DistilBERT)
       self.token_type_embeddings = embed(cfg.type_vocab_size, ("type_vocab", "embed"), "token_type_embeddings")
     self.layer_norm = layer_norm(cfg, "layer_norm")
@@ -301,7 +338,9 @@ class BertEmbeddings(nn.Module):
 
   def embed(self, input_ids, segment_ids, position_ids, deterministic: bool):
     """The embeddings before any projection to hidden_size: [B, L, embedding_dim]."""
-    x = self.word_embeddings(input_ids) + self.position_embeddings(position_ids)
+    x = self.word_embeddings(input_ids)
+    if self.config.rope_theta is None:
+      x = x + self.position_embeddings(position_ids)
     if self.config.type_vocab_size:
       x = x + self.token_type_embeddings(segment_ids)
     return self.dropout(self.layer_norm(x), deterministic=deterministic)
@@ -322,10 +361,12 @@ class _Einsum(nn.Module):
   def __call__(self, x):
     cfg = self.config
     kernel = self.param("kernel", dense_init(cfg, self.kernel_axes), self.kernel_shape, cfg.param_dtype)
+    x, kernel = nn.dtypes.promote_dtype(x, kernel, dtype=cfg.dtype)
+    y = jnp.einsum(self.equation, x, kernel)
+    if not cfg.dense_bias:
+      return y
     bias_shape = self.kernel_shape[len(self.kernel_shape) - len(self.bias_axes):]
-    bias = self.param("bias", zeros(self.bias_axes), bias_shape, cfg.param_dtype)
-    x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=cfg.dtype)
-    return jnp.einsum(self.equation, x, kernel) + bias
+    return y + self.param("bias", zeros(self.bias_axes), bias_shape, cfg.param_dtype).astype(cfg.dtype)
 
 
 class SelfAttention(nn.Module):
@@ -333,12 +374,15 @@ class SelfAttention(nn.Module):
   config: BertConfig
 
   @nn.compact
-  def __call__(self, x_BLH, mask, deterministic: bool):
+  def __call__(self, x_BLH, mask, rope, deterministic: bool):
+    """`rope`: (cos, sin) tables rotating queries and keys (`rotary.rotary_tables`), or None."""
     cfg = self.config
     shape = (cfg.hidden_size, cfg.num_heads, cfg.head_dim)
     proj = lambda name: _Einsum(cfg, "blh,hnk->blnk", shape, ("embed", "heads", "kv"), ("heads", "kv"), name=name)
     names = ("activation_batch", "activation_length", "activation_heads", "activation_kv")
     q_BLNK, k_BLNK, v_BLNK = (_constrain(proj(n)(x_BLH), *names) for n in ("query", "key", "value"))
+    if rope is not None:
+      q_BLNK, k_BLNK = rotary.apply_rotary(q_BLNK, rope), rotary.apply_rotary(k_BLNK, rope)
     if deterministic or cfg.attention_dropout == 0.0:
       # Lets the backend pick a fused kernel; the softmax is always float32 inside.
       o_BLNK = jax.nn.dot_product_attention(q_BLNK, k_BLNK, v_BLNK, mask=mask)
@@ -358,56 +402,117 @@ class SelfAttention(nn.Module):
     return jnp.einsum("bnqs,bsnk->bqnk", probs.astype(cfg.dtype), v_BLNK)
 
 
+def _pick(flag, on, off):
+  """`on` where `flag` else `off`: a Python choice, or an elementwise one under nn.scan (`flag` traced)."""
+  if on is None or flag is False:
+    return off
+  if flag is True:
+    return on
+  return jax.tree.map(lambda a, b: jnp.where(flag, a, b), on, off)
+
+
+def layer_kinds(cfg: BertConfig) -> list:
+  """[(local, first)] per layer: whether it attends within the sliding window, whether it is layer 0."""
+  return [(cfg.local_attention is not None and i % cfg.global_attn_every_n_layers != 0, i == 0)
+          for i in range(cfg.num_layers)]
+
+
+def layer_context(cfg: BertConfig, input_mask, example_ids, position_ids) -> dict:
+  """What every layer's attention reads: the mask and RoPE tables (or None) of global layers ("mask",
+  "rope") and of sliding-window layers ("local_mask", "local_rope"; None without them)."""
+  rope = lambda theta: None if cfg.rope_theta is None else rotary.rotary_tables(position_ids, cfg.head_dim, theta)
+  local = cfg.local_attention is not None
+  return {"mask": attention_mask(input_mask, example_ids, cfg.causal), "rope": rope(cfg.rope_theta),
+          "local_mask": attention_mask(input_mask, example_ids, cfg.causal, cfg.local_attention) if local else None,
+          "local_rope": rope(cfg.local_rope_theta or cfg.rope_theta) if local else None}
+
+
+def _as_context(context) -> dict:
+  """`layer_context`'s dict, also from a bare attention mask (global attention without RoPE)."""
+  if isinstance(context, dict):
+    return context
+  return {"mask": context, "rope": None, "local_mask": None, "local_rope": None}
+
+
 class BertLayer(nn.Module):
-  """One post-LN Transformer layer. Returns (x, x or None) so that it can be the body of nn.scan."""
+  """One Transformer layer, post-LN (BERT) or pre-LN (`pre_norm`). Returns (x, x or None) so that it can be
+  the body of nn.scan.
+
+  `context`: `layer_context` (or an attention mask alone); `kind`: (local, first) of `layer_kinds`, Python
+  bools, or arrays under nn.scan (then layer 0's unused attention norm has params too, so that every step
+  has the same).
+  """
   config: BertConfig
 
   @nn.compact
-  def __call__(self, x, mask, deterministic: bool, output_hidden_states: bool):
+  def __call__(self, x, context, deterministic: bool, output_hidden_states: bool, kind=(False, False)):
     cfg = self.config
+    context, (local, first) = _as_context(context), kind
+    mask, rope = _pick(local, context["local_mask"], context["mask"]), _pick(local, context["local_rope"],
+                                                                              context["rope"])
     dense = lambda n, names, name: nn.Dense(n, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name=name,
-                                            kernel_init=dense_init(cfg, names), bias_init=zeros(names[-1:]))
-    dropout = nn.Dropout(cfg.hidden_dropout)
-    h = SelfAttention(cfg, name="attention")(x, mask, deterministic)
-    x = layer_norm(cfg, "attention_layer_norm")(x + dropout(h, deterministic=deterministic))
-    x = _constrain(x, "activation_batch", "activation_length", "activation_embed")
-    h = gelu(cfg, dense(cfg.intermediate_size, ("embed", "mlp"), "intermediate")(x))
-    h = _constrain(h, "activation_batch", "activation_length", "activation_mlp")
-    h = dense(cfg.hidden_size, ("mlp", "embed"), "output")(h)
-    x = layer_norm(cfg, "output_layer_norm")(x + dropout(h, deterministic=deterministic))
-    x = _constrain(x, "activation_batch", "activation_length", "activation_embed")
+                                            use_bias=cfg.dense_bias, kernel_init=dense_init(cfg, names),
+                                            bias_init=zeros(names[-1:]))
+    dropout = lambda h: nn.Dropout(cfg.hidden_dropout)(h, deterministic=deterministic)
+    constrain = lambda h: _constrain(h, "activation_batch", "activation_length", "activation_embed")
+    attention = SelfAttention(cfg, name="attention")
+
+    def feed_forward(h):
+      h = dense(cfg.intermediate_size * (2 if cfg.geglu else 1), ("embed", "mlp"), "intermediate")(h)
+      if cfg.geglu:  # the input half first, then the gate, as Hugging Face's ModernBertMLP
+        h, gate = jnp.split(h, 2, axis=-1)
+        h = gelu(cfg, h) * gate
+      else:
+        h = gelu(cfg, h)
+      h = _constrain(h, "activation_batch", "activation_length", "activation_mlp")
+      return dense(cfg.hidden_size, ("mlp", "embed"), "output")(h)
+
+    if cfg.pre_norm:
+      # Layer 0 reads the embedding norm's output as it is (ModernBERT's attn_norm is Identity there).
+      h = x if first is True else _pick(first, x, layer_norm(cfg, "attention_layer_norm")(x))
+      x = constrain(x + dropout(attention(h, mask, rope, deterministic)))
+      x = constrain(x + dropout(feed_forward(layer_norm(cfg, "output_layer_norm")(x))))
+    else:
+      h = attention(x, mask, rope, deterministic)
+      x = constrain(layer_norm(cfg, "attention_layer_norm")(x + dropout(h)))
+      x = constrain(layer_norm(cfg, "output_layer_norm")(x + dropout(feed_forward(x))))
     return x, (x if output_hidden_states else None)
 
 
 class BertLayerStack(nn.Module):
   """num_layers BertLayers: params `layer_0..layer_{N-1}`, or `layers` with a leading axis when scanned;
-  with share_layers, one set `shared_layer` in both layouts."""
+  with share_layers, one set `shared_layer` in both layouts. Under scan, each layer's kind (global or
+  sliding-window, first or not) is a scanned input."""
   config: BertConfig
 
   @nn.compact
-  def __call__(self, x, mask, deterministic: bool, output_hidden_states: bool):
+  def __call__(self, x, context, deterministic: bool, output_hidden_states: bool):
+    """`context`: `layer_context`, or an attention mask alone (global attention without RoPE)."""
     cfg = self.config
     layer = BertLayer
+    kinds = layer_kinds(cfg)
     if cfg.remat_policy != "none":
-      # Arguments counted with self: deterministic and output_hidden_states are Python bools.
+      # Arguments counted with self: deterministic and output_hidden_states are Python bools, and so is each
+      # layer's kind when the layers are not scanned.
       layer = nn.remat(layer, policy=REMAT_POLICIES[cfg.remat_policy], prevent_cse=not cfg.scan_layers,
-                       static_argnums=(3, 4))
+                       static_argnums=(3, 4) if cfg.scan_layers else (3, 4, 5))
     if cfg.scan_layers:
+      in_axes = (nn.broadcast, nn.broadcast, nn.broadcast, 0)
       if cfg.share_layers:  # the one parameter set is broadcast to every step
         stack = nn.scan(layer, variable_broadcast="params", split_rngs={"params": False, "dropout": True},
-                        in_axes=(nn.broadcast, nn.broadcast, nn.broadcast), length=cfg.num_layers)
+                        in_axes=in_axes, length=cfg.num_layers)
       else:
         stack = nn.scan(layer, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
-                        in_axes=(nn.broadcast, nn.broadcast, nn.broadcast), length=cfg.num_layers,
-                        metadata_params={nn.PARTITION_NAME: "layers"})
+                        in_axes=in_axes, length=cfg.num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
       name = "shared_layer" if cfg.share_layers else "layers"
-      x, hidden = stack(cfg, name=name)(x, mask, deterministic, output_hidden_states)
+      kinds_N = tuple(jnp.array(k) for k in zip(*kinds))
+      x, hidden = stack(cfg, name=name)(x, context, deterministic, output_hidden_states, kinds_N)
       return x, (list(hidden) if output_hidden_states else [])
     shared = layer(cfg, name="shared_layer") if cfg.share_layers else None
     hidden = []
     for i in range(cfg.num_layers):
       block = shared if cfg.share_layers else layer(cfg, name=f"layer_{i}")
-      x, h = block(x, mask, deterministic, output_hidden_states)
+      x, h = block(x, context, deterministic, output_hidden_states, kinds[i])
       hidden.append(h)
     return x, (hidden if output_hidden_states else [])
 
@@ -420,6 +525,8 @@ class BertEncoder(nn.Module):
     cfg = self.config
     self.embeddings = BertEmbeddings(cfg)
     self.encoder = BertLayerStack(cfg)
+    if cfg.final_norm:
+      self.final_layer_norm = layer_norm(cfg, "final_layer_norm")
     self.pooler = nn.Dense(cfg.hidden_size, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
                            kernel_init=dense_init(cfg, ("embed", "mlp")), bias_init=zeros(("mlp",)))
 
@@ -428,8 +535,9 @@ class BertEncoder(nn.Module):
                pool: bool = True):
     """Returns {"sequence_output": [B, L, H], "pooled_output": [B, H] or [B, K, H], "hidden_states"}.
 
-    `hidden_states` is [num_layers + 1, B, L, H] (embeddings first, after any projection to H) when
-    output_hidden_states, else None. Given position_ids are used as they are (no RoBERTa offset added).
+    `hidden_states` is [num_layers + 1, B, L, H] (embeddings first, after any projection to H; the last
+    layer's output before any `final_norm`, as Hugging Face's ModernBERT) when output_hidden_states, else
+    None. Given position_ids are used as they are (no RoBERTa offset added).
     `pool=False`: no pooler (its params are then never created; ELECTRA, DistilBERT), "pooled_output" None.
     """
     if input_mask is None:
@@ -440,8 +548,10 @@ class BertEncoder(nn.Module):
       position_ids = default_position_ids(self.config, input_ids)
     x = self.embeddings(input_ids, segment_ids, position_ids, deterministic)
     x_emb = x
-    mask = attention_mask(input_mask, example_ids, self.config.causal)
-    x, hidden = self.encoder(x, mask, deterministic, output_hidden_states)
+    context = layer_context(self.config, input_mask, example_ids, position_ids)
+    x, hidden = self.encoder(x, context, deterministic, output_hidden_states)
+    if self.config.final_norm:
+      x = self.final_layer_norm(x)
     pooled = None
     if pool:
       if pooled_positions is None:
@@ -474,6 +584,10 @@ def scan_params(params):
     if not n:
       return d
     layers = [d[f"layer_{i}"] for i in range(n)]
+    if n > 1 and set(layers[0]) < set(layers[1]):
+      # pre_norm: layer 0 has no attention norm; scanned, its step holds an unused one (ones, as initialised).
+      missing = {k: v for k, v in layers[1].items() if k not in layers[0]}
+      layers[0] = {**jax.tree.map(np.ones_like, missing), **layers[0]}
     rest = {k: v for k, v in d.items() if not re.fullmatch(r"layer_\d+", k)}
     return {**rest, "layers": jax.tree.map(lambda *xs: np.stack(xs) if isinstance(xs[0], np.ndarray)
                                            else jnp.stack(xs), *layers)}

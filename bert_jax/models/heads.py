@@ -12,8 +12,8 @@ from bert_jax.models import encoder as model
 _OPTIONAL_ENCODER_INPUTS = ("position_ids", "example_ids")
 
 
-def _dense(cfg: model.BertConfig, features: int, names: tuple, name: str) -> nn.Dense:
-  return nn.Dense(features, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name=name,
+def _dense(cfg: model.BertConfig, features: int, names: tuple, name: str, use_bias: bool = True) -> nn.Dense:
+  return nn.Dense(features, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name=name, use_bias=use_bias,
                   kernel_init=model.dense_init(cfg, names), bias_init=model.zeros(names[-1:]))
 
 
@@ -25,13 +25,13 @@ def gather_positions(x_BLH, positions_BP):
 class MaskedLMHead(nn.Module):
   """Transform (dense to the embedding width + GELU + LayerNorm), then the decoder tied to the word
   embeddings, plus a bias. BERT's `cls.predictions`, ALBERT's `predictions` (hidden -> embedding_size),
-  RoBERTa's `lm_head`."""
+  RoBERTa's `lm_head`, ModernBERT's `head` and `decoder` (transform and LayerNorm without biases there)."""
   config: model.BertConfig
 
   @nn.compact
   def __call__(self, x, word_embeddings_VE):
     cfg = self.config
-    x = model.gelu(cfg, _dense(cfg, cfg.embedding_dim, ("embed", "mlp"), "transform")(x))
+    x = model.gelu(cfg, _dense(cfg, cfg.embedding_dim, ("embed", "mlp"), "transform", cfg.dense_bias)(x))
     x = model.layer_norm(cfg, "layer_norm")(x)
     bias = self.param("output_bias", model.zeros(("vocab",)), (cfg.vocab_size,), cfg.param_dtype)
     # Logits in float32: the vocabulary softmax is taken by the loss.
