@@ -2,12 +2,13 @@
 
     bert-jax bench train                                  # the comparison config below
     bert-jax bench train --config=configs/tiny.py --steps=20
+    bert-jax bench train --compare --peer_python=PATH     # and the installed peers, same run (bench_compare.py)
 
 Without `--config` the model is the one of a common CPU comparison: L=4 H=256 A=4 I=1024, vocab
-30522, seq 128, batch 16, AdamW. On this kind of 2-core machine Hugging Face's Flax
-`BertForPreTraining` (transformers 4.57) takes 1.81 s per AdamW step there (1,128 tokens/s) and its
-PyTorch model 1.88 s; about 70% of their FLOPs go to the vocabulary projection at every position,
-which this model does at the masked positions only (same loss).
+30522, seq 128 (20 predictions), batch 16, AdamW. `--compare` times Hugging Face's Flax
+`BertForPreTraining` and KerasHub's `BertMaskedLM` on that model and batch in the same run, alternating
+steps with ours, and prints the ratios of the medians; a peer that is not installed is reported so.
+No figure here comes from another machine.
 
 MFU is the analytic model FLOPs (the objective's, `flops.py`) per second over a peak measured here: the best of a
 few large float32 matmuls. Batches are synthetic (random ids, 15% masked, packed rows when
@@ -30,24 +31,22 @@ from bert_jax import objectives
 from bert_jax import sharding
 from bert_jax import train
 from bert_jax.objectives import base
+from bert_jax.tools import bench_compare
 
 from bert_jax import config_path
 
 config_path.put_config_root_on_path(sys.argv)   # config files do `from configs import common`
 
-# Hugging Face's figures for the comparison model on this kind of machine (module docstring).
-HF_SECONDS_PER_STEP = {"flax": 1.81, "torch": 1.88}
-
-
-def comparison_config() -> ml_collections.ConfigDict:
-  """L=4 H=256 A=4 I=1024 ("mini"), vocab 30522, seq 128 (20 predictions), batch 16, AdamW, packed rows."""
+def comparison_config(packing: bool = True) -> ml_collections.ConfigDict:
+  """L=4 H=256 A=4 I=1024 ("mini"), vocab 30522, seq 128 (20 predictions), batch 16, AdamW; packed rows
+  unless `packing=False` (`--compare`: the peers take one example per row)."""
   from configs import common  # pylint: disable=g-import-not-at-top
   c = common.pretrain_config()
   c.model.preset = "mini"
   c.model.vocab_size = 30522
   c.model.max_position_embeddings = 512
   c.data.seq_length, c.data.max_predictions_per_seq = 128, 20
-  c.data.packing = True
+  c.data.packing = packing
   c.global_batch_size = 16
   c.optimizer.name = "adamw"
   return c
@@ -102,31 +101,53 @@ def synthetic_batch(config: ml_collections.ConfigDict, seed: int = 0) -> dict[st
           for name, f in schema.items()}
 
 
+class TrainStepTimer:
+  """Our real train step on a synthetic batch, warmed up (compiled); each call times one step."""
+
+  def __init__(self, config: ml_collections.ConfigDict, warmup: int = 2, batch=None):
+    mesh = sharding.create_mesh(config.mesh)
+    self._s = s = train.setup(config, mesh)
+    init_rng, self._dropout_rng = jax.random.split(jax.random.key(config.seed))
+    if s.init_frozen is not None:   # a teacher at random values: its shapes and dtype are what cost time
+      self._s = s = s.with_frozen(s.init_frozen(init_rng))
+    self._state = s.init(init_rng)
+    self._batch = sharding.global_batch(synthetic_batch(config) if batch is None else batch, mesh)
+    self._metrics = None
+    for _ in range(warmup):
+      self()
+
+  def __call__(self) -> float:
+    start = time.perf_counter()
+    self._state, self._metrics = self._s.train_step(self._state, self._batch, self._dropout_rng)
+    jax.block_until_ready((self._state, self._metrics))
+    return time.perf_counter() - start
+
+  def check_finite(self) -> None:
+    if not np.isfinite(float(self._metrics["loss"])):
+      raise FloatingPointError("the benchmarked train step produced a non-finite loss")
+
+
 def time_train_steps(config: ml_collections.ConfigDict, steps: int, warmup: int = 2) -> list[float]:
   """Seconds of each of `steps` train steps (after `warmup` steps that include compilation)."""
-  mesh = sharding.create_mesh(config.mesh)
-  s = train.setup(config, mesh)
-  init_rng, dropout_rng = jax.random.split(jax.random.key(config.seed))
-  if s.init_frozen is not None:   # a teacher at random values: its shapes and dtype are what cost time
-    s = s.with_frozen(s.init_frozen(init_rng))
-  state = s.init(init_rng)
-  batch = sharding.global_batch(synthetic_batch(config), mesh)
-  times = []
-  for i in range(warmup + steps):
-    start = time.perf_counter()
-    state, metrics = s.train_step(state, batch, dropout_rng)
-    jax.block_until_ready((state, metrics))
-    if i >= warmup:
-      times.append(time.perf_counter() - start)
-  if not np.isfinite(float(metrics["loss"])):
-    raise FloatingPointError("the benchmarked train step produced a non-finite loss")
+  timer = TrainStepTimer(config, warmup)
+  times = [timer() for _ in range(steps)]
+  timer.check_finite()
   return times
 
 
-def benchmark(config: ml_collections.ConfigDict, steps: int) -> dict:
-  """Step time (best and median), tokens/s and MFU against this machine's measured matmul peak."""
+def benchmark(config: ml_collections.ConfigDict, steps: int, peer_python: str | None = None) -> dict:
+  """Step time (best and median), tokens/s and MFU against this machine's measured matmul peak; with
+  `peer_python`, our steps alternate with the installed peers' (`bench_compare`) under "compare"."""
   peak = matmul_peak_flops()
-  times = time_train_steps(config, steps)
+  comparison = None
+  if peer_python is None:
+    times = time_train_steps(config, steps)
+  else:
+    batch = synthetic_batch(config)
+    timer = TrainStepTimer(config, batch=batch)
+    comparison = bench_compare.compare(config, batch, timer, steps, peer_python)
+    timer.check_finite()
+    times = comparison["systems"][bench_compare.OURS]["step_seconds"]
   best, median = min(times), statistics.median(times)
   cfg = train.bert_config(config)
   tokens = config.global_batch_size * config.data.seq_length
@@ -145,6 +166,8 @@ def benchmark(config: ml_collections.ConfigDict, steps: int) -> dict:
       "model_flops_per_step": step_flops, "matmul_peak_flops": peak,
       "mfu": step_flops / best / peak, "mfu_median": step_flops / median / peak,
   }
+  if comparison is not None:
+    result["compare"] = comparison
   return result
 
 
@@ -154,16 +177,17 @@ FLAGS = flags.FLAGS
 def define_flags() -> None:
   """The command's flags, defined when the CLI runs it: importing `bench_train` defines none."""
   config_flags.DEFINE_config_file("config", None, "Pretraining config (default: the comparison model).")
-  flags.DEFINE_integer("steps", 10, "Timed steps (after 2 warm-up steps).")
+  flags.DEFINE_integer("steps", 10, "Timed steps (after 2 warm-up steps); with --compare, per system.")
+  flags.DEFINE_bool("compare", False, "Also time the installed peers (Hugging Face Flax, KerasHub) on the "
+                    "comparison model, alternating steps with ours; prints the ratios of medians.")
+  flags.DEFINE_string("peer_python", sys.executable, "The Python that runs the peers (a virtual environment "
+                      "with transformers<5, flax and keras-hub); default: this one.")
 
 
 def main(argv) -> None:
   if len(argv) > 1:
     raise ValueError(f"unexpected arguments: {argv[1:]}")
-  config = FLAGS.config if FLAGS.config is not None else comparison_config()
-  result = benchmark(config, FLAGS.steps)
-  if FLAGS.config is None:
-    # Hugging Face's figures are for this batch of the comparison model only.
-    result["speedup_vs_hugging_face"] = {name: s / result["step_seconds_best"]
-                                        for name, s in HF_SECONDS_PER_STEP.items()}
+  # The peers take one example per row: so does our step when compared.
+  config = FLAGS.config if FLAGS.config is not None else comparison_config(packing=not FLAGS.compare)
+  result = benchmark(config, FLAGS.steps, FLAGS.peer_python if FLAGS.compare else None)
   print(json.dumps(result))

@@ -1,0 +1,188 @@
+"""One peer's BERT pretraining step, timed for `bert-jax bench train --compare`; a script, not a library.
+
+    PYTHON bert_jax/tools/bench_peers.py hugging_face_flax   # or keras_hub
+
+The peers may need package versions that conflict with ours, so `bench_compare` starts this file by its
+path with any Python (`--peer_python`); it imports only the standard library and numpy at the top, never
+`bert_jax`. Protocol, one JSON object per line:
+
+  stdin  {"model": {...BertConfig fields}, "optimizer": {...}, "batch": "x.npz", "warmup": 2, "seed": 0,
+          "dtype": bert_jax's compute dtype}
+  stdout {"status": "ready", "versions": {...}, "differences": [...]}   (after the warm-up steps)
+         or {"status": "not installed", "reason": "..."} or {"status": "failed", "error": "..."}
+  stdin  {"steps": n}   ->   stdout {"times": [seconds, ...], "loss": float}   (repeated until stdin closes)
+
+Library output on stdout is moved to stderr so that stdout carries the protocol only.
+"""
+
+import functools
+import json
+import os
+import sys
+import time
+import traceback
+
+import numpy as np
+
+PEERS = ("hugging_face_flax", "keras_hub")
+
+
+class NotInstalled(Exception):
+  """The peer's library is absent (or a version without the model): the peer is skipped."""
+
+
+def _schedule_value(step, opt, ops):
+  """bert_jax's schedule (google-research/bert): linear warmup from 0, then `lr * (1 - step / total)`."""
+  peak, warmup, total = opt["learning_rate"], opt["warmup_steps"], opt["total_steps"]
+  step = ops.cast(step, "float32") if hasattr(ops, "cast") else step.astype("float32")
+  decayed = peak * ops.clip(1.0 - step / total, 0.0, 1.0)
+  return ops.where(step < warmup, peak * step / max(warmup, 1), decayed) if warmup > 0 else decayed
+
+
+def _mlm_labels(batch):
+  """Hugging Face's layout: a label and a weight at every position, nonzero at the masked ones."""
+  rows, length = batch["input_ids"].shape
+  labels, weights = np.zeros((rows, length), np.int32), np.zeros((rows, length), np.float32)
+  row = np.arange(rows)[:, None]
+  labels[row, batch["masked_lm_positions"]] = batch["masked_lm_ids"]
+  weights[row, batch["masked_lm_positions"]] = batch["masked_lm_weights"]
+  return labels, weights
+
+
+def _float32(spec) -> list[str]:
+  """The peers compute in float32 (as their users train on a CPU)."""
+  return [] if spec["dtype"] == "float32" else [f"float32 compute (bert_jax: {spec['dtype']})"]
+
+
+def hugging_face_flax(spec, batch):
+  """`FlaxBertForPreTraining` (MLM over every position, as the model computes it, plus NSP) with optax AdamW."""
+  try:
+    import transformers  # pylint: disable=g-import-not-at-top
+    import jax, jax.numpy as jnp, optax  # pylint: disable=g-import-not-at-top,multiple-imports
+  except ImportError as e:
+    raise NotInstalled(str(e)) from e
+  if int(transformers.__version__.split(".")[0]) >= 5:
+    raise NotInstalled(f"transformers {transformers.__version__} has no Flax models (transformers<5 has)")
+  m, opt = spec["model"], spec["optimizer"]
+  config = transformers.BertConfig(
+      vocab_size=m["vocab_size"], hidden_size=m["hidden_size"], num_hidden_layers=m["num_layers"],
+      num_attention_heads=m["num_heads"], intermediate_size=m["intermediate_size"], hidden_act=m["hidden_act"],
+      hidden_dropout_prob=m["hidden_dropout"], attention_probs_dropout_prob=m["attention_dropout"],
+      max_position_embeddings=m["max_position_embeddings"], type_vocab_size=m["type_vocab_size"],
+      initializer_range=m["initializer_range"], layer_norm_eps=m["layer_norm_eps"])
+  model = transformers.FlaxBertForPreTraining(config, seed=spec["seed"], dtype=jnp.float32)
+  # No decay on biases and LayerNorm parameters, as run_mlm_flax.py and bert_jax.
+  decays = lambda path, _: not any("bias" in str(k) or "LayerNorm" in str(k) for k in path)  # noqa: E731
+  tx = optax.chain(optax.clip_by_global_norm(opt["clip_norm"]),
+                   optax.adamw(lambda s: _schedule_value(s, opt, jnp), opt["b1"], opt["b2"], opt["eps"],
+                               weight_decay=opt["weight_decay"],
+                               mask=lambda p: jax.tree_util.tree_map_with_path(decays, p)))
+  labels, weights = _mlm_labels(batch)
+  inputs = jax.device_put((batch["input_ids"], batch["input_mask"], batch["segment_ids"], labels, weights,
+                           batch["next_sentence_labels"]))
+
+  def loss_fn(params, rng, ids, mask, types, labels, weights, nsp_labels):
+    out = model(ids, mask, types, params=params, dropout_rng=rng, train=True)
+    logp = jax.nn.log_softmax(out.prediction_logits.astype(jnp.float32))
+    mlm = -(jnp.take_along_axis(logp, labels[..., None], -1)[..., 0] * weights).sum() / weights.sum()
+    nsp_logp = jax.nn.log_softmax(out.seq_relationship_logits.astype(jnp.float32))
+    return mlm - jnp.take_along_axis(nsp_logp, nsp_labels[:, None], -1).mean()
+
+  @functools.partial(jax.jit, donate_argnums=(0, 1))   # as bert_jax's step
+  def step(params, opt_state, rng, inputs):
+    loss, grads = jax.value_and_grad(loss_fn)(params, rng, *inputs)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+  state = [model.params, tx.init(model.params), jax.random.key(spec["seed"])]
+
+  def run():
+    params, opt_state, rng = state
+    rng, dropout_rng = jax.random.split(rng)
+    params, opt_state, loss = jax.block_until_ready(step(params, opt_state, dropout_rng, inputs))
+    state[:] = params, opt_state, rng
+    return loss
+
+  versions = {"transformers": transformers.__version__, "jax": jax.__version__, "optax": optax.__version__}
+  differences = _float32(spec) + ["MLM logits at every position (the model's own head), loss read at the masked ones",
+                 "optax.adamw: Adam with bias correction whatever bert_jax's optimizer.bias_correction"]
+  return run, versions, differences
+
+
+def keras_hub(spec, batch):
+  """KerasHub `BertMaskedLM` (logits at the masked positions, no NSP head), Keras AdamW, JAX backend."""
+  os.environ["KERAS_BACKEND"] = "jax"   # before Keras is imported
+  try:
+    import keras  # pylint: disable=g-import-not-at-top
+    import keras_hub as kh  # pylint: disable=g-import-not-at-top
+    import jax  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise NotInstalled(str(e)) from e
+  m, opt = spec["model"], spec["optimizer"]
+  keras.utils.set_random_seed(spec["seed"])
+  backbone = kh.models.BertBackbone(
+      vocabulary_size=m["vocab_size"], num_layers=m["num_layers"], num_heads=m["num_heads"],
+      hidden_dim=m["hidden_size"], intermediate_dim=m["intermediate_size"], dropout=m["hidden_dropout"],
+      max_sequence_length=m["max_position_embeddings"], num_segments=m["type_vocab_size"])
+  model = kh.models.BertMaskedLM(backbone=backbone, preprocessor=None)
+
+  class Schedule(keras.optimizers.schedules.LearningRateSchedule):
+    def __call__(self, step):
+      return _schedule_value(step, opt, keras.ops)
+
+  optimizer = keras.optimizers.AdamW(Schedule(), weight_decay=opt["weight_decay"], beta_1=opt["b1"],
+                                     beta_2=opt["b2"], epsilon=opt["eps"], global_clipnorm=opt["clip_norm"])
+  optimizer.exclude_from_weight_decay(var_names=["bias", "gamma", "beta"])   # biases and LayerNorm
+  model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+  x = {"token_ids": batch["input_ids"], "segment_ids": batch["segment_ids"],
+       "padding_mask": batch["input_mask"].astype(bool), "mask_positions": batch["masked_lm_positions"]}
+  x, y, w = jax.device_put((x, batch["masked_lm_ids"], batch["masked_lm_weights"]))
+
+  def run():
+    # The loss comes back as a host float: the step has finished.
+    return model.train_on_batch(x, y, sample_weight=w, return_dict=True)["loss"]
+
+  versions = {"keras_hub": kh.__version__, "keras": keras.__version__, "jax": jax.__version__}
+  differences = _float32(spec) + ["no NSP head or loss (BertMaskedLM is MLM only)",
+                 f"tanh-approximated GELU (bert_jax: {m['hidden_act']}); one dropout rate for hidden and attention",
+                 "Keras AdamW: epsilon added to sqrt(v) before bias correction; bias correction always on"]
+  return run, versions, differences
+
+
+def main(argv) -> None:
+  protocol = os.fdopen(os.dup(1), "w", buffering=1)
+  os.dup2(2, 1)   # anything a library prints goes to stderr
+  sys.stdout = sys.stderr
+
+  def send(**message):
+    protocol.write(json.dumps(message) + "\n")
+
+  name = argv[1] if len(argv) > 1 else ""
+  if name not in PEERS:
+    send(status="failed", error=f"unknown peer {name!r}; one of {PEERS}")
+    return
+  spec = json.loads(sys.stdin.readline())
+  try:
+    with np.load(spec["batch"]) as f:
+      batch = dict(f)
+    run, versions, differences = globals()[name](spec, batch)
+    for _ in range(spec["warmup"]):   # compilation
+      run()
+  except NotInstalled as e:
+    send(status="not installed", reason=str(e))
+    return
+  except Exception:  # pylint: disable=broad-except
+    send(status="failed", error=traceback.format_exc(limit=4))
+    return
+  send(status="ready", versions=versions, differences=differences)
+  for line in sys.stdin:
+    times, loss = [], None
+    for _ in range(json.loads(line)["steps"]):
+      start = time.perf_counter()
+      loss = run()
+      times.append(time.perf_counter() - start)
+    send(times=times, loss=float(np.asarray(loss)))
+
+
+if __name__ == "__main__":
+  main(sys.argv)

@@ -1,0 +1,96 @@
+"""`bench train --compare`: medians and ratios, peers that are not installed, and a step without TensorFlow.
+
+The comparison with the real peers is a benchmark (`bert-jax bench train --compare`), not a test.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from bert_jax.tools import bench_compare, bench_peers, bench_train
+from configs import tiny
+from tests.conftest import REPO_ROOT
+
+
+def test_summarize_takes_medians_and_divides_them():
+  times = {"bert_jax": [1.0, 3.0, 2.0], "peer": [4.0, 10.0, 4.0], "slow": [8.0, 1.0, 9.0]}
+  result = bench_compare.summarize(times, tokens_per_step=100)
+  ours, peer = result["systems"]["bert_jax"], result["systems"]["peer"]
+  assert (ours["step_seconds_median"], peer["step_seconds_median"]) == (2.0, 4.0)
+  assert (ours["tokens_per_second_median"], peer["tokens_per_second_median"]) == (50.0, 25.0)
+  # ours / peer in tokens/s: > 1 where ours is faster.
+  assert result["tokens_per_second_ratio"] == {"bert_jax/peer": 2.0, "bert_jax/slow": 4.0}
+
+
+def test_alternate_takes_turns():
+  calls = []
+  steps = {name: (lambda n=name: calls.append(n) or 1.0) for name in ("ours", "a", "b")}
+  times = bench_compare.alternate(steps, rounds=2)
+  assert calls == ["ours", "a", "b", "ours", "a", "b"]
+  assert times == {"ours": [1.0, 1.0], "a": [1.0, 1.0], "b": [1.0, 1.0]}
+
+
+def _config():
+  c = tiny.get_config()
+  c.global_batch_size = 8
+  return c
+
+
+def test_peers_that_are_not_installed_are_reported_and_skipped(tmp_path, monkeypatch):
+  # Modules that fail to import as absent packages do, ahead of any installed peer.
+  for module in ("transformers", "keras_hub"):
+    (tmp_path / f"{module}.py").write_text(f"raise ModuleNotFoundError(\"No module named '{module}'\")\n")
+  monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+  config = _config()
+  result = bench_compare.compare(config, bench_train.synthetic_batch(config), lambda: 0.5, steps=3)
+  systems = result["systems"]
+  assert systems["bert_jax"]["step_seconds"] == [0.5] * 3 and result["tokens_per_second_ratio"] == {}
+  for peer in bench_peers.PEERS:
+    assert systems[peer] == {"status": f"not installed: No module named '{'keras_hub' if 'keras' in peer else 'transformers'}'"}
+
+
+def test_a_missing_peer_python_is_reported(tmp_path):
+  config = _config()
+  result = bench_compare.compare(config, bench_train.synthetic_batch(config), lambda: 0.5, steps=1,
+                                 peer_python=str(tmp_path / "no-python"))
+  for peer in bench_peers.PEERS:
+    assert result["systems"][peer]["status"].startswith("not installed: ")
+
+
+def test_compare_refuses_what_the_peers_cannot_run():
+  config = _config()
+  config.data.packing = True
+  with pytest.raises(ValueError, match="unpacked"):
+    bench_compare.peer_spec(config, "batch.npz", warmup=1)
+
+
+# TensorFlow is only the data library: the model, the steps and `bench train` run without it (a GPU image
+# may not have it). Any import of it fails in this process.
+_WITHOUT_TENSORFLOW = """
+import sys
+
+class NoTensorFlow:
+  def find_spec(self, name, path=None, target=None):
+    if name.split(".")[0] in ("tensorflow", "tensorflow_text", "tensorflow_datasets"):
+      raise ImportError(f"{name} is blocked")
+
+sys.meta_path.insert(0, NoTensorFlow())
+import bert_jax.models, bert_jax.steps
+from bert_jax import cli
+try:
+  cli.main(["bert-jax", "bench", "train", "--config=configs/tiny.py", "--steps=1"])
+except SystemExit as e:
+  assert not e.code, e.code
+assert not [m for m in sys.modules if m.startswith("tensorflow")]
+"""
+
+
+@pytest.mark.slow
+def test_bench_train_runs_without_tensorflow():
+  env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))   # this tree's bert_jax
+  proc = subprocess.run([sys.executable, "-c", _WITHOUT_TENSORFLOW], cwd=REPO_ROOT, env=env, capture_output=True,
+                        text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert '"tokens_per_second"' in proc.stdout
