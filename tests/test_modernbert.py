@@ -15,6 +15,7 @@ import pytest
 from bert_jax.interop import checkpoints_hf
 from bert_jax.models import encoder as model
 from bert_jax.models import heads
+from bert_jax.models import modernbert_keys
 from bert_jax.models import rotary
 from conftest import shared_path
 import test_embed
@@ -133,7 +134,7 @@ def _tiny(**overrides):
 
 
 def _modern(**overrides):
-  return _tiny(**{**model.modernbert_keys.SWITCHES, "rope_theta": 160000.0, "local_rope_theta": 10000.0,
+  return _tiny(**{**modernbert_keys.SWITCHES, "rope_theta": 160000.0, "local_rope_theta": 10000.0,
                   "norm_bias": False, "dense_bias": False, "global_attn_every_n_layers": 3,
                   "local_attention": 4, "layer_norm_eps": 1e-5, **overrides})
 

@@ -1,0 +1,234 @@
+"""`BertConfig`: the encoder's hyperparameters, its paper presets and its Hugging Face config.json forms.
+
+  cfg = BertConfig.from_preset("base", dtype=jnp.bfloat16)
+  cfg = BertConfig.from_hf_dict(json.load(open("config.json")))
+"""
+
+import dataclasses
+import re
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from bert_jax.models import modernbert_keys
+
+# (num_layers, hidden_size, num_heads). tiny..medium: Turc et al. 2019 ("Well-Read Students"),
+# base/large: Devlin et al. 2019, 3. Intermediate size is always 4 * hidden.
+PRESETS = {
+    "tiny": (2, 128, 2),
+    "mini": (4, 256, 4),
+    "small": (4, 512, 8),
+    "medium": (8, 512, 8),
+    "base": (12, 768, 12),
+    "large": (24, 1024, 16),
+}
+# Devlin et al. 2019, Table 6 (ablation over model size), named like Google's releases.
+TABLE6 = ("L-3_H-768_A-12", "L-6_H-768_A-3", "L-6_H-768_A-12", "L-12_H-768_A-12",
+          "L-12_H-1024_A-16", "L-24_H-1024_A-16")
+_GRID_NAME = re.compile(r"L-(\d+)_H-(\d+)_A-(\d+)")
+
+REMAT_POLICIES = {
+    "full": jax.checkpoint_policies.nothing_saveable,           # recompute the whole layer
+    "dots_saveable": jax.checkpoint_policies.dots_saveable,    # keep every matmul output
+    "minimal": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # keep weight matmuls only
+}
+
+# BertConfig field <-> Hugging Face config.json key.
+_HF_KEYS = {
+    "vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_layers": "num_hidden_layers",
+    "num_heads": "num_attention_heads", "intermediate_size": "intermediate_size",
+    "max_position_embeddings": "max_position_embeddings", "type_vocab_size": "type_vocab_size",
+    "hidden_dropout": "hidden_dropout_prob", "attention_dropout": "attention_probs_dropout_prob",
+    "initializer_range": "initializer_range", "layer_norm_eps": "layer_norm_eps",
+    "hidden_act": "hidden_act",
+}
+_GELU_APPROXIMATE = {"gelu": False, "gelu_new": True, "gelu_pytorch_tanh": True}
+HF_MODEL_TYPES = ("bert", "albert", "roberta", "distilbert", "electra", "modernbert")
+# DistilBertConfig key -> BertConfig field, and transformers' defaults where a key is absent (DistilBERT's
+# LayerNorm eps is fixed at 1e-12 in its modules, ours by default).
+_DISTILBERT_KEYS = {"vocab_size": "vocab_size", "dim": "hidden_size", "n_layers": "num_layers", "n_heads": "num_heads",
+                    "hidden_dim": "intermediate_size", "max_position_embeddings": "max_position_embeddings",
+                    "activation": "hidden_act", "dropout": "hidden_dropout", "attention_dropout": "attention_dropout",
+                    "initializer_range": "initializer_range"}
+_DISTILBERT_DEFAULTS = {"vocab_size": 30522, "dim": 768, "n_layers": 6, "n_heads": 12, "hidden_dim": 3072,
+                        "max_position_embeddings": 512, "activation": "gelu", "dropout": 0.1,
+                        "attention_dropout": 0.1, "initializer_range": 0.02}
+# transformers' ElectraConfig defaults (ELECTRA-small's discriminator) for the keys that differ from BERT's.
+_ELECTRA_DEFAULTS = {"hidden_size": 256, "num_attention_heads": 4, "intermediate_size": 1024, "embedding_size": 128}
+
+
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+  """Hyperparameters of a BERT encoder; defaults are BERT-base."""
+  vocab_size: int = 30522
+  hidden_size: int = 768
+  num_layers: int = 12
+  num_heads: int = 12
+  intermediate_size: int = 3072
+  max_position_embeddings: int = 512
+  type_vocab_size: int = 2      # 0: no token-type embeddings (DistilBERT)
+  hidden_act: str = "gelu"  # exact erf GELU, as in BERT; "gelu_new" is the tanh approximation
+  hidden_dropout: float = 0.1
+  attention_dropout: float = 0.1
+  initializer_range: float = 0.02
+  layer_norm_eps: float = 1e-12
+  dtype: Any = jnp.float32        # compute
+  param_dtype: Any = jnp.float32  # storage
+  scan_layers: bool = False       # one compiled layer body under nn.scan; params get a "layers" axis
+  remat_policy: str = "none"      # "none" or a key of REMAT_POLICIES
+  # ALBERT: embeddings (and their LayerNorm) of this width, projected to hidden_size; the MLM head maps back
+  # to it. None: no projection (BERT). Set equal to hidden_size, the projection is still there (as in ALBERT).
+  embedding_size: int | None = None
+  share_layers: bool = False      # ALBERT: every layer applies one parameter set (`shared_layer`)
+  causal: bool = False            # query i attends to keys <= i only (a left-to-right LM)
+  # RoBERTa: default position ids count real tokens from position_pad_id + 1; padding (this id in input_ids)
+  # gets position_pad_id (HF `create_position_ids_from_input_ids`). None: positions 0..L-1 (BERT).
+  position_pad_id: int | None = None
+  # ModernBERT's switches (Warner et al. 2024, 2.1.1), each acting on its own.
+  rope_theta: float | None = None        # rotary positions of this base, no position table; None: learned table
+  local_rope_theta: float | None = None  # RoPE base of the sliding-window layers; None: rope_theta
+  geglu: bool = False        # feed-forward gelu(x W_in) * (x W_gate): `intermediate` projects to 2 * intermediate
+  pre_norm: bool = False     # LayerNorm before each sublayer; layer 0 attends to the embedding norm's output as is
+  final_norm: bool = False   # a LayerNorm (`final_layer_norm`) after the last layer
+  norm_bias: bool = True     # LayerNorms with a bias
+  dense_bias: bool = True    # attention, feed-forward and MLM-transform projections with a bias
+  # Layer i attends globally when i % global_attn_every_n_layers == 0; the others to the keys within
+  # local_attention // 2 positions on either side (Hugging Face's window of local_attention tokens).
+  global_attn_every_n_layers: int = 1
+  local_attention: int | None = None
+
+  def __post_init__(self):
+    # Accept dtype names ("bfloat16") as they come from ConfigDicts and command lines.
+    object.__setattr__(self, "dtype", jnp.dtype(self.dtype))
+    object.__setattr__(self, "param_dtype", jnp.dtype(self.param_dtype))
+    if self.hidden_size % self.num_heads:
+      raise ValueError(f"hidden_size {self.hidden_size} is not a multiple of num_heads {self.num_heads}")
+    if self.hidden_act not in _GELU_APPROXIMATE:
+      raise ValueError(f"hidden_act {self.hidden_act!r} not supported; one of {sorted(_GELU_APPROXIMATE)}")
+    if self.remat_policy != "none" and self.remat_policy not in REMAT_POLICIES:
+      raise ValueError(f"remat_policy {self.remat_policy!r}; one of {['none', *REMAT_POLICIES]}")
+    if (self.global_attn_every_n_layers > 1) != (self.local_attention is not None):
+      raise ValueError(f"global_attn_every_n_layers {self.global_attn_every_n_layers} > 1 and local_attention "
+                       f"{self.local_attention} go together: set both or neither")
+    if self.local_rope_theta is not None and (self.rope_theta is None or self.local_attention is None):
+      raise ValueError("local_rope_theta needs rope_theta and sliding-window layers (local_attention)")
+    if self.pre_norm and self.share_layers:
+      raise ValueError("pre_norm with share_layers is not supported (layer 0 has no attention norm)")
+
+  @property
+  def head_dim(self) -> int:
+    """Size of one attention head (hidden_size // num_heads)."""
+    return self.hidden_size // self.num_heads
+
+  @property
+  def embedding_dim(self) -> int:
+    """Width of the embedding tables and of the MLM head's transform: embedding_size or hidden_size."""
+    return self.hidden_size if self.embedding_size is None else self.embedding_size
+
+  @property
+  def model_type(self) -> str:
+    """The Hugging Face family this config is written as (config.json `model_type`, tensor names)."""
+    if (self.rope_theta is not None or self.geglu or self.pre_norm or self.final_norm or not self.norm_bias
+        or not self.dense_bias or self.local_attention is not None):
+      return "modernbert"
+    if self.embedding_size is not None or self.share_layers:
+      return "albert"
+    if self.position_pad_id is not None:
+      return "roberta"
+    return "distilbert" if self.type_vocab_size == 0 else "bert"
+
+  @classmethod
+  def from_preset(cls, name: str, **overrides) -> "BertConfig":
+    """A paper size: tiny/mini/small/medium/base/large or a grid name like "L-6_H-768_A-12"."""
+    if name in PRESETS:
+      layers, hidden, heads = PRESETS[name]
+    elif match := _GRID_NAME.fullmatch(name):
+      layers, hidden, heads = map(int, match.groups())
+    else:
+      raise ValueError(f"unknown preset {name!r}; one of {sorted(PRESETS)} or a name like {TABLE6[0]!r}")
+    fields = dict(num_layers=layers, hidden_size=hidden, num_heads=heads, intermediate_size=4 * hidden)
+    return cls(**{**fields, **overrides})
+
+  @classmethod
+  def from_hf_dict(cls, d: dict, **overrides) -> "BertConfig":
+    """From a Hugging Face config.json (model_type bert, albert, roberta, distilbert, electra or modernbert;
+    none: a Google bert_config.json).
+
+    Unknown keys are ignored; a family or variant this encoder does not implement is a ValueError. An
+    ELECTRA config reads as BERT (or, with an embedding size other than the hidden size, as ALBERT's
+    projection): its tensor names are the caller's to know (`checkpoints_hf.load_hf` reads config.json).
+    """
+    if d.get("position_embedding_type", "absolute") != "absolute":
+      raise ValueError(f"position_embedding_type {d['position_embedding_type']!r} is not supported")
+    model_type = d.get("model_type", "bert")
+    if model_type not in HF_MODEL_TYPES:
+      raise ValueError(f"model_type {model_type!r} is not supported; one of {list(HF_MODEL_TYPES)}")
+    if model_type == "distilbert":
+      return cls(**{**_distilbert_fields(d), **overrides})
+    if model_type == "modernbert":
+      return cls(**{**modernbert_keys.fields(d), **overrides})
+    if model_type == "electra":
+      d = {**_ELECTRA_DEFAULTS, **d}
+    fields = {f: d[k] for f, k in _HF_KEYS.items() if k in d}
+    fields["causal"] = bool(d.get("is_decoder", False))
+    if model_type == "albert":
+      fields.update(_albert_fields(d))
+    elif model_type == "roberta":
+      fields["position_pad_id"] = d.get("pad_token_id", 1)  # transformers' RobertaConfig default
+    elif model_type == "electra":  # the projection exists only when the widths differ (ElectraEmbeddings)
+      fields["embedding_size"] = None if d["embedding_size"] == d["hidden_size"] else d["embedding_size"]
+    return cls(**{**fields, **overrides})
+
+  def to_hf_dict(self) -> dict:
+    """A config.json of `model_type` (BertConfig, AlbertConfig, RobertaConfig, DistilBertConfig or
+    ModernBertConfig in transformers; ELECTRA's is `checkpoints_hf.electra_hf_dict`)."""
+    if self.model_type == "distilbert":
+      return self._distilbert_hf_dict()
+    if self.model_type == "modernbert":
+      return modernbert_keys.hf_dict(self)
+    d = {k: getattr(self, f) for f, k in _HF_KEYS.items()}
+    d.update(model_type="bert", architectures=["BertForPreTraining"], pad_token_id=0,
+             position_embedding_type="absolute")
+    if self.causal:
+      d["is_decoder"] = True  # BertModel and RobertaModel mask causally then
+    if self.model_type == "albert":
+      if self.position_pad_id is not None:
+        raise ValueError("no Hugging Face family has both ALBERT's embeddings or sharing and RoBERTa's positions")
+      d.update(model_type="albert", architectures=["AlbertForPreTraining"], embedding_size=self.embedding_size,
+               num_hidden_groups=1 if self.share_layers else self.num_layers, inner_group_num=1)
+    elif self.model_type == "roberta":
+      d.update(model_type="roberta", architectures=["RobertaForMaskedLM"], pad_token_id=self.position_pad_id)
+    return d
+
+  def _distilbert_hf_dict(self) -> dict:
+    """A DistilBertConfig dict: no token types, learned positions, LayerNorm eps 1e-12, bidirectional."""
+    if self.causal or self.layer_norm_eps != 1e-12:
+      raise ValueError(f"transformers' DistilBERT (type_vocab_size 0) has no causal mask and LayerNorm eps 1e-12; "
+                       f"got causal={self.causal}, layer_norm_eps={self.layer_norm_eps}")
+    d = {k: getattr(self, f) for k, f in _DISTILBERT_KEYS.items()}
+    d.update(model_type="distilbert", architectures=["DistilBertForMaskedLM"], pad_token_id=0,
+             sinusoidal_pos_embds=False)
+    return d
+
+
+def _distilbert_fields(d: dict) -> dict:
+  """BertConfig fields of a DistilBertConfig dict; sinusoidal positions and activations other than GELU are
+  errors."""
+  if d.get("sinusoidal_pos_embds", False):
+    raise ValueError("DistilBERT with sinusoidal_pos_embds is not supported: only learned position embeddings")
+  d = {**_DISTILBERT_DEFAULTS, **d}
+  if d["activation"] not in _GELU_APPROXIMATE:
+    raise ValueError(f"DistilBERT activation {d['activation']!r} is not supported; one of {sorted(_GELU_APPROXIMATE)}")
+  return {**{f: d[k] for k, f in _DISTILBERT_KEYS.items()}, "type_vocab_size": 0}
+
+
+def _albert_fields(d: dict) -> dict:
+  """BertConfig fields of an AlbertConfig dict: one group shared by all layers, or one group per layer."""
+  layers, groups = d.get("num_hidden_layers", 12), d.get("num_hidden_groups", 1)
+  if d.get("inner_group_num", 1) != 1 or groups not in (1, layers):
+    raise ValueError(f"ALBERT with num_hidden_groups {groups} and inner_group_num {d.get('inner_group_num')} is "
+                     "not supported: only one layer per group, in one group or one group per layer")
+  # transformers' AlbertConfig defaults where a key is absent.
+  return {"embedding_size": d.get("embedding_size", 128), "share_layers": groups == 1,
+          "hidden_act": d.get("hidden_act", "gelu_new")}
