@@ -177,6 +177,24 @@ def test_tokens_outside_the_window_of_a_local_layer_have_zero_gradient():
   assert np.all(glob > 0)
 
 
+def test_packed_examples_equal_each_alone():
+  # Two examples packed in one row (example_ids, positions restarting at 0) give each one's outputs alone,
+  # through global and sliding-window layers alike; the row's padding changes nothing.
+  cfg = _modern(num_layers=4)
+  ids, params = _init(cfg, length=14)
+  lengths = (7, 5)
+  example_ids = jnp.array([[1] * 7 + [2] * 5 + [0] * 2])
+  positions = jnp.array([list(range(7)) + list(range(5)) + [0, 0]])
+  run = lambda *args, **kw: model.BertEncoder(cfg).apply({"params": params}, *args, pool=False,
+                                                         output_hidden_states=True, **kw)["hidden_states"]
+  packed = run(ids, (example_ids > 0).astype(jnp.int32), example_ids=example_ids, position_ids=positions)
+  start = 0
+  for n in lengths:
+    alone = run(ids[:, start:start + n])
+    np.testing.assert_allclose(packed[:, :, start:start + n], alone, rtol=1e-5, atol=1e-4)
+    start += n
+
+
 def test_rope_scores_depend_only_on_relative_positions():
   q_BLNK, k_BLNK = jax.random.normal(jax.random.key(0), (2, 1, 9, 2, 8))
   scores = lambda start: jnp.einsum("bqnk,bsnk->bnqs", *(rotary.apply_rotary(
