@@ -101,21 +101,22 @@ def test_wrong_tensors_are_named():
     assert name in message, message
 
 
-def _base(**fields):
-  return model.BertConfig.from_hf_dict({"model_type": "modernbert", **fields})
+# The released ModernBERT-base and -large (Warner et al. 2024): layers, hidden, heads, intermediate.
+SIZES = {"base": (22, 768, 12, 1152), "large": (28, 1024, 16, 2624)}
 
 
-_LARGE = dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, intermediate_size=2624)
-
-
-@pytest.mark.parametrize("cfg,masked_lm,expected", [
-    (_base(), True, 149_655_232), (_base(**_LARGE), True, 395_881_664),
-    (_base(), False, 149_014_272), (_base(**_LARGE), False, 394_781_696),
+@pytest.mark.parametrize("size,masked_lm,expected", [
+    ("base", True, 149_655_232), ("large", True, 395_881_664), ("base", False, 149_014_272),
+    ("large", False, 394_781_696),
 ], ids=["base_mlm", "large_mlm", "base_model", "large_model"])
-def test_parameter_counts_of_the_published_sizes(cfg, masked_lm, expected):
+def test_parameter_counts_of_the_published_sizes(size, masked_lm, expected):
   # transformers' ModernBertForMaskedLM / ModernBertModel (vocabulary 50368): no pooler.
-  assert (cfg.num_layers, cfg.local_attention, cfg.max_position_embeddings, cfg.vocab_size) == (
-      cfg.num_layers, 128, 8192, 50368)
+  layers, hidden, heads_, intermediate = SIZES[size]
+  cfg = model.BertConfig.from_hf_dict({"model_type": "modernbert", "num_hidden_layers": layers,
+                                       "hidden_size": hidden, "num_attention_heads": heads_,
+                                       "intermediate_size": intermediate})
+  assert (cfg.global_attn_every_n_layers, cfg.local_attention, cfg.max_position_embeddings, cfg.vocab_size) == (
+      3, 128, 8192, 50368)
   ids = jnp.zeros((1, 4), jnp.int32)
   batch = {"input_ids": ids, "input_mask": ids, "segment_ids": ids}
   if masked_lm:
