@@ -197,12 +197,15 @@ def load(path, *, kind: str = "auto", bert_config_json: str | None = None, scan_
 # The fields that make an encoder's parameters and attention what they are: a checkpoint that differs in one
 # cannot initialise the model (or, worse, would, as another architecture).
 _STRUCTURE = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size", "max_position_embeddings",
-              "type_vocab_size", "embedding_size", "share_layers", "position_pad_id", "causal")
+              "type_vocab_size", "embedding_size", "share_layers", "position_pad_id", "causal", "rope_theta",
+              "local_rope_theta", "geglu", "pre_norm", "final_norm", "norm_bias", "dense_bias",
+              "global_attn_every_n_layers", "local_attention")
 
 
 def family_problem(path, encoder_config: model.BertConfig) -> str | None:
   """Why the checkpoint at `path` cannot initialise `encoder_config`'s encoder: its model config names another
-  family (bert, albert, roberta), switch (embedding_size, share_layers, position_pad_id, causal) or size.
+  family (bert, albert, roberta, modernbert ...), switch (embedding_size, share_layers, position_pad_id, causal,
+  ModernBERT's) or size.
 
   Returns:
     One sentence naming both encoders; None if they agree, or if `path` is no checkpoint with a model config
@@ -234,7 +237,13 @@ def describe(cfg: model.BertConfig, family: str | None = None) -> str:
   if cfg.embedding_size is not None:
     shape += f" E={cfg.embedding_size}"
   switches = [s for s, on in (("shared layers", cfg.share_layers), ("causal", cfg.causal),
-                              (f"positions after pad id {cfg.position_pad_id}", cfg.position_pad_id is not None))
+                              (f"positions after pad id {cfg.position_pad_id}", cfg.position_pad_id is not None),
+                              (f"RoPE base {cfg.rope_theta}", cfg.rope_theta is not None), ("GeGLU", cfg.geglu),
+                              ("pre-norm", cfg.pre_norm), ("final norm", cfg.final_norm),
+                              ("LayerNorms without bias", not cfg.norm_bias),
+                              ("projections without bias", not cfg.dense_bias),
+                              (f"a global layer every {cfg.global_attn_every_n_layers}, window {cfg.local_attention}",
+                               cfg.local_attention is not None))
               if on]
   sizes = [f"vocab {cfg.vocab_size}", f"{cfg.max_position_embeddings} positions",
            f"{cfg.type_vocab_size} token type{'s' if cfg.type_vocab_size != 1 else ''}"]

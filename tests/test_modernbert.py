@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bert_jax import checkpoint_loader
 from bert_jax.interop import checkpoints_hf
 from bert_jax.models import encoder as model
 from bert_jax.models import heads
@@ -273,6 +274,13 @@ def test_hf_dict_round_trip_and_errors():
     _tiny(rope_theta=10000.0).to_hf_dict()   # a BERT with RoPE is no Hugging Face family
   with pytest.raises(ValueError, match="attention_bias, mlp_bias"):
     model.BertConfig.from_hf_dict({**d, "mlp_bias": True})
+  with pytest.raises(ValueError, match="layer_types"):
+    model.BertConfig.from_hf_dict({**d, "layer_types": ["full_attention"] * 3})
+  newer = {**d, "layer_types": ["full_attention", "sliding_attention", "sliding_attention"],
+           "rope_parameters": {"full_attention": {"rope_theta": 5000.0, "rope_type": "default"},
+                               "sliding_attention": {"rope_theta": 500.0, "rope_type": "default"}}}
+  # transformers 5's keys
+  assert model.BertConfig.from_hf_dict(newer) == dataclasses.replace(cfg, rope_theta=5000.0, local_rope_theta=500.0)
   with pytest.raises(ValueError, match="go together"):
     _tiny(global_attn_every_n_layers=3)
   # Every layer global: no window, whatever local_attention says.
@@ -312,3 +320,13 @@ def test_embed_command_on_a_modernbert_directory(tmp_path):
     errors.append(np.abs(out[f"hidden_states_{i}"][:, real] - ref[f"{name}/hidden_states"][row][:, real]).max())
   assert len(errors) == 6 and max(errors) <= TOLERANCE, errors
   print(f"modernbert: max |hidden_states - transformers| = {max(errors):.2e} over {len(errors)} examples")
+
+
+def test_a_bert_config_is_not_initialised_from_a_modernbert_directory():
+  path, cfg, _ = _load()
+  bert = dataclasses.replace(cfg, **{f: getattr(model.BertConfig(), f) for f in modernbert_keys.SWITCHES},
+                             rope_theta=None, local_rope_theta=None, norm_bias=True, dense_bias=True,
+                             global_attn_every_n_layers=1, local_attention=None)
+  problem = checkpoint_loader.family_problem(path, bert)
+  assert "modernbert encoder" in problem and "RoPE base 160000.0" in problem and "geglu, pre_norm" in problem
+  assert checkpoint_loader.family_problem(path, cfg) is None

@@ -41,6 +41,10 @@ def fields(d: dict) -> dict:
     problems.append("decoder_bias false (the MLM decoder always has a bias here)")
   if d["classifier_activation"] != d["hidden_activation"]:
     problems.append("classifier_activation differs from hidden_activation")
+  every = d["global_attn_every_n_layers"]
+  kinds = ["full_attention" if i % every == 0 else "sliding_attention" for i in range(d["num_hidden_layers"])]
+  if d.get("layer_types") not in (None, kinds):   # newer transformers write them out
+    problems.append(f"layer_types {d['layer_types']} (only a global layer every global_attn_every_n_layers)")
   if d["embedding_dropout"] != d["mlp_dropout"]:
     problems.append("embedding_dropout differs from mlp_dropout (one hidden_dropout here)")
   if problems:
