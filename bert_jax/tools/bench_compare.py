@@ -2,9 +2,9 @@
 
 Each peer (`bench_peers.PEERS`) runs in a child process started with `--peer_python` (default: this
 interpreter), so its packages may live in another virtual environment. Every system builds the same
-model (our config's sizes, f32 for the peers), trains on the same batch (written once to an .npz file)
-with AdamW at our learning-rate schedule, compiles during its warm-up steps, and then the systems take
-turns: one timed step of ours, one of each peer, and again. The result holds each system's median step
+model (our config's sizes, f32 for the peers; PyTorch on CUDA when it sees a GPU), trains on the same
+batch (written once to an .npz file) with AdamW at our learning-rate schedule, compiles during its
+warm-up steps, and then the systems take turns: one timed step of ours, one of each peer, and again. The result holds each system's median step
 time and tokens/s and the ratios of medians; a peer that is not installed is reported so and skipped.
 """
 
@@ -125,7 +125,8 @@ def compare(config, batch: dict[str, np.ndarray], ours_step: Callable[[], float]
   result = summarize(times, tokens)
   for p in peers:
     entry = result["systems"].setdefault(p.name, {})
-    entry["status"] = "measured" if p.status == "ready" else f"{p.status}: {p.info.get('reason') or p.info.get('error')}"
+    why = p.info.get("reason") or p.info.get("error")
+    entry["status"] = "measured" if p.status == "ready" else f"{p.status}: {why}"
     entry.update({k: v for k, v in p.info.items() if k in ("versions", "differences")})
   result["systems"][OURS]["status"] = "measured"
   result["peer_python"] = peer_python

@@ -1,6 +1,6 @@
 """One peer's BERT pretraining step, timed for `bert-jax bench train --compare`; a script, not a library.
 
-    PYTHON bert_jax/tools/bench_peers.py hugging_face_flax   # or keras_hub
+    PYTHON bert_jax/tools/bench_peers.py hugging_face_flax   # or keras_hub, hugging_face_torch
 
 The peers may need package versions that conflict with ours, so `bench_compare` starts this file by its
 path with any Python (`--peer_python`); it imports only the standard library and numpy at the top, never
@@ -24,7 +24,7 @@ import traceback
 
 import numpy as np
 
-PEERS = ("hugging_face_flax", "keras_hub")
+PEERS = ("hugging_face_flax", "keras_hub", "hugging_face_torch")
 
 
 class NotInstalled(Exception):
@@ -64,12 +64,7 @@ def hugging_face_flax(spec, batch):
   if int(transformers.__version__.split(".")[0]) >= 5:
     raise NotInstalled(f"transformers {transformers.__version__} has no Flax models (transformers<5 has)")
   m, opt = spec["model"], spec["optimizer"]
-  config = transformers.BertConfig(
-      vocab_size=m["vocab_size"], hidden_size=m["hidden_size"], num_hidden_layers=m["num_layers"],
-      num_attention_heads=m["num_heads"], intermediate_size=m["intermediate_size"], hidden_act=m["hidden_act"],
-      hidden_dropout_prob=m["hidden_dropout"], attention_probs_dropout_prob=m["attention_dropout"],
-      max_position_embeddings=m["max_position_embeddings"], type_vocab_size=m["type_vocab_size"],
-      initializer_range=m["initializer_range"], layer_norm_eps=m["layer_norm_eps"])
+  config = _hugging_face_config(transformers, m)
   model = transformers.FlaxBertForPreTraining(config, seed=spec["seed"], dtype=jnp.float32)
   # No decay on biases and LayerNorm parameters, as run_mlm_flax.py and bert_jax.
   decays = lambda path, _: not any("bias" in str(k) or "LayerNorm" in str(k) for k in path)  # noqa: E731
@@ -146,6 +141,54 @@ def keras_hub(spec, batch):
   differences = _float32(spec) + ["no NSP head or loss (BertMaskedLM is MLM only)",
                  f"tanh-approximated GELU (bert_jax: {m['hidden_act']}); one dropout rate for hidden and attention",
                  "Keras AdamW: epsilon added to sqrt(v) before bias correction; bias correction always on"]
+  return run, versions, differences
+
+
+def _hugging_face_config(transformers, m):
+  return transformers.BertConfig(
+      vocab_size=m["vocab_size"], hidden_size=m["hidden_size"], num_hidden_layers=m["num_layers"],
+      num_attention_heads=m["num_heads"], intermediate_size=m["intermediate_size"], hidden_act=m["hidden_act"],
+      hidden_dropout_prob=m["hidden_dropout"], attention_probs_dropout_prob=m["attention_dropout"],
+      max_position_embeddings=m["max_position_embeddings"], type_vocab_size=m["type_vocab_size"],
+      initializer_range=m["initializer_range"], layer_norm_eps=m["layer_norm_eps"])
+
+
+def hugging_face_torch(spec, batch):
+  """PyTorch `BertForPreTraining` (its own MLM + NSP loss) with torch AdamW, on CUDA when there is one."""
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+    import transformers  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise NotInstalled(str(e)) from e
+  opt = spec["optimizer"]
+  torch.manual_seed(spec["seed"])
+  device = "cuda" if torch.cuda.is_available() else "cpu"
+  model = transformers.BertForPreTraining(_hugging_face_config(transformers, spec["model"])).to(device).train()
+  no_decay = lambda n: "bias" in n or "LayerNorm" in n  # noqa: E731  biases and LayerNorm, as bert_jax
+  named = list(model.named_parameters())
+  groups = [{"params": [p for n, p in named if not no_decay(n)], "weight_decay": opt["weight_decay"]},
+            {"params": [p for n, p in named if no_decay(n)], "weight_decay": 0.0}]
+  optimizer = torch.optim.AdamW(groups, lr=opt["learning_rate"], betas=(opt["b1"], opt["b2"]), eps=opt["eps"])
+  schedule = torch.optim.lr_scheduler.LambdaLR(
+      optimizer, lambda s: float(_schedule_value(np.asarray(s), opt, np)) / opt["learning_rate"])
+  labels, weights = _mlm_labels(batch)
+  labels[weights == 0] = -100   # the positions the loss ignores
+  inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["input_mask"],
+            "token_type_ids": batch["segment_ids"], "labels": labels,
+            "next_sentence_label": batch["next_sentence_labels"]}
+  inputs = {k: torch.as_tensor(np.asarray(v, np.int64), device=device) for k, v in inputs.items()}
+
+  def run():
+    loss = model(**inputs).loss
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), opt["clip_norm"])
+    optimizer.step()
+    schedule.step()
+    return loss.item()   # waits for the device
+
+  versions = {"transformers": transformers.__version__, "torch": torch.__version__, "device": device}
+  differences = _float32(spec) + ["MLM logits at every position (the model's own head), eager PyTorch"]
   return run, versions, differences
 
 

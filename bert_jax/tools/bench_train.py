@@ -5,8 +5,8 @@
     bert-jax bench train --compare --peer_python=PATH     # and the installed peers, same run (bench_compare.py)
 
 Without `--config` the model is the one of a common CPU comparison: L=4 H=256 A=4 I=1024, vocab
-30522, seq 128 (20 predictions), batch 16, AdamW. `--compare` times Hugging Face's Flax
-`BertForPreTraining` and KerasHub's `BertMaskedLM` on that model and batch in the same run, alternating
+30522, seq 128 (20 predictions), batch 16, AdamW. `--compare` times Hugging Face's `BertForPreTraining`
+(Flax and PyTorch) and KerasHub's `BertMaskedLM` on that model and batch in the same run, alternating
 steps with ours, and prints the ratios of the medians; a peer that is not installed is reported so.
 No figure here comes from another machine.
 
@@ -36,6 +36,7 @@ from bert_jax.tools import bench_compare
 from bert_jax import config_path
 
 config_path.put_config_root_on_path(sys.argv)   # config files do `from configs import common`
+
 
 def comparison_config(packing: bool = True) -> ml_collections.ConfigDict:
   """L=4 H=256 A=4 I=1024 ("mini"), vocab 30522, seq 128 (20 predictions), batch 16, AdamW; packed rows
@@ -178,10 +179,10 @@ def define_flags() -> None:
   """The command's flags, defined when the CLI runs it: importing `bench_train` defines none."""
   config_flags.DEFINE_config_file("config", None, "Pretraining config (default: the comparison model).")
   flags.DEFINE_integer("steps", 10, "Timed steps (after 2 warm-up steps); with --compare, per system.")
-  flags.DEFINE_bool("compare", False, "Also time the installed peers (Hugging Face Flax, KerasHub) on the "
+  flags.DEFINE_bool("compare", False, "Also time the installed peers (Hugging Face Flax and PyTorch, KerasHub) on the "
                     "comparison model, alternating steps with ours; prints the ratios of medians.")
   flags.DEFINE_string("peer_python", sys.executable, "The Python that runs the peers (a virtual environment "
-                      "with transformers<5, flax and keras-hub); default: this one.")
+                      "with transformers<5, keras-hub, torch); default: this one.")
 
 
 def main(argv) -> None:
