@@ -334,3 +334,24 @@ def test_a_bert_config_is_not_initialised_from_a_modernbert_directory():
   problem = checkpoint_loader.family_problem(path, bert)
   assert "modernbert encoder" in problem and "RoPE base 160000.0" in problem and "geglu, pre_norm" in problem
   assert checkpoint_loader.family_problem(path, cfg) is None
+
+
+def test_bfloat16_and_dropout_paths_with_every_switch():
+  # bfloat16 compute stays near float32 (RoPE angles are float32 in both); with attention dropout the
+  # non-fused path applies the same sliding-window mask.
+  cfg = _modern(num_layers=3)
+  ids, params = _init(cfg)
+  run = lambda c, **kw: model.BertEncoder(c).apply({"params": params}, ids, pool=False, **kw)["sequence_output"]
+  f32, bf16 = run(cfg), run(dataclasses.replace(cfg, dtype=jnp.bfloat16))
+  assert bf16.dtype == jnp.bfloat16 and np.abs(np.asarray(bf16, np.float32) - f32).max() < 0.1
+  dropped = dataclasses.replace(cfg, attention_dropout=0.5)
+  out = run(dropped, deterministic=False, rngs={"dropout": jax.random.key(0)})
+  assert np.isfinite(np.asarray(out)).all() and np.abs(out - f32).max() > 1e-3
+  # At a rate of 1e-9 (nothing dropped) the non-fused path, taken whenever dropout is on, equals the fused one.
+  x = jax.random.normal(jax.random.key(4), (1, 12, cfg.hidden_size))
+  context = model.layer_context(cfg, jnp.ones((1, 12), jnp.int32), None, jnp.arange(12)[None])
+  p = {"params": params["encoder"]["layer_1"]["attention"]}
+  fused = model.SelfAttention(cfg).apply(p, x, context["local_mask"], context["local_rope"], True)
+  explicit = model.SelfAttention(dataclasses.replace(cfg, attention_dropout=1e-9)).apply(
+      p, x, context["local_mask"], context["local_rope"], False, rngs={"dropout": jax.random.key(0)})
+  np.testing.assert_allclose(fused, explicit, atol=1e-5)
