@@ -35,6 +35,10 @@ def data_config() -> ml_collections.ConfigDict:
   d.span_p = 0.2
   d.span_max_length = 10
   d.short_seq_prob = 0.1
+  # 0: dynamic masking (RoBERTa 4.1): every epoch its own instances and masks. D > 0: static masking as
+  # BERT's preprocessing, the data duplicated D times (`dupe_factor`): epoch e trains on copy e % D, whose
+  # instances and masks are always the same, in a new order every epoch. Held-out batches are unaffected.
+  d.dupe_factor = 0
   # "nsp" (BERT), "sop" (ALBERT), "full_sentences" / "doc_sentences" (RoBERTa, no sentence objective).
   d.format = "nsp"
   d.packing = False

@@ -252,6 +252,28 @@ def test_stream_is_a_function_of_seed_and_epoch(news_dir):
   assert not np.array_equal(epoch0["masked_lm_positions"], epoch1["masked_lm_positions"])
 
 
+def _epoch_rows(maker, epoch):
+  """Every row of an epoch (tokens as masked, and the masked positions), as a sorted list of bytes."""
+  batch = maker.batch(epoch, np.arange(maker.num_rows(epoch)))
+  return [a.tobytes() + b.tobytes() for a, b in zip(batch["input_ids"], batch["masked_lm_positions"])]
+
+
+@pytest.mark.slow
+def test_static_masking_repeats_each_copy_in_a_new_order(news_dir):
+  """dupe_factor D: epoch e holds exactly copy e % D's instances and masks, reordered; other copies differ."""
+  maker = _iterator(news_dir, dupe_factor=2).maker
+  e0, e1, e2 = (_epoch_rows(maker, e) for e in range(3))
+  assert sorted(e0) == sorted(e2) and e0 != e2            # same instances and masks, a new order
+  assert len(set(e0) & set(e1)) < len(e0) // 10           # the other copy: other instances and masks
+  dynamic = _iterator(news_dir).maker
+  assert sorted(_epoch_rows(dynamic, 0)) != sorted(_epoch_rows(dynamic, 2))
+  once = _iterator(news_dir, dupe_factor=1).maker
+  assert sorted(_epoch_rows(once, 0)) == sorted(_epoch_rows(once, 1))
+  held_out = [next(input_pipeline.create_eval_iterator(_config(news_dir, dupe_factor=d), global_batch_size=64))
+              for d in (0, 2)]
+  assert all(np.array_equal(held_out[0][k], held_out[1][k]) for k in held_out[0])
+
+
 def test_eval_is_fixed_finite_and_held_out(news_dir):
   config = _config(news_dir)
   make = lambda: input_pipeline.create_eval_iterator(config, global_batch_size=16, process_index=0,  # noqa: E731

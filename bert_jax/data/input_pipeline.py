@@ -182,23 +182,37 @@ class BatchMaker:
     self.docs = docs.joined(tokenizer.sep_id) if self.separator_id is not None else docs
     self.spec = masking.MaskingSpec.from_config(c, tokenizer)
     self.short_seq_prob, self.seed, self.process_index = c.short_seq_prob, c.seed, process_index
+    self.dupe_factor = c.get("dupe_factor", 0)
     self.packing, self.max_per_row = c.packing, c.max_examples_per_row
     self.special = (tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id)
     self._plans, self._lock = {}, threading.Lock()
 
+  def _static(self, epoch: int) -> bool:
+    return bool(self.dupe_factor) and epoch < _EVAL_EPOCH
+
+  def copy(self, epoch: int) -> int:
+    """The data copy an epoch trains on: the epoch itself (dynamic masking) or epoch % dupe_factor (static)."""
+    return epoch % self.dupe_factor if self._static(epoch) else epoch
+
   def plan(self, epoch: int):
-    """(instances in shuffled order, row starts [R + 1]) of an epoch; the last few are cached."""
+    """(instances in shuffled order, row starts [R + 1], each instance's index in its copy or None when
+    that is its position) of an epoch; the last few are cached."""
     with self._lock:
       if epoch not in self._plans:
-        rng = np.random.default_rng([self.seed, epoch, self.process_index])
+        copy = self.copy(epoch)
+        rng = np.random.default_rng([self.seed, copy, self.process_index])
         inst = instances.plan(self.docs, self.format, self.seq_length, self.short_seq_prob, rng,
                               self.separator_id)
-        inst = inst.take(rng.permutation(len(inst)))
+        if not self._static(epoch):
+          ids, order = None, rng.permutation(len(inst))
+        else:   # the copy's instances, in this epoch's own order
+          ids = order = np.random.default_rng([self.seed, epoch, self.process_index, 1]).permutation(len(inst))
+        inst = inst.take(order)
         rows = (instances.pack(inst.lengths(), self.seq_length, self.max_per_row) if self.packing
                 else np.arange(len(inst) + 1))
         if len(self._plans) >= 3:
           del self._plans[min(self._plans)]
-        self._plans[epoch] = (inst, rows)
+        self._plans[epoch] = (inst, rows, ids)
       return self._plans[epoch]
 
   def num_rows(self, epoch: int) -> int:
@@ -211,13 +225,14 @@ class BatchMaker:
 
   def batch(self, epoch: int, rows: np.ndarray) -> dict:
     """The batch made of the given rows of an epoch's plan."""
-    inst, row_starts = self.plan(epoch)
+    inst, row_starts, ids = self.plan(epoch)
     counts = row_starts[rows + 1] - row_starts[rows]
     local_starts = np.concatenate([[0], np.cumsum(counts)])
     index = np.repeat(row_starts[rows] - local_starts[:-1], counts) + np.arange(local_starts[-1])
     chosen = inst.take(index)
     fields = instances.build_rows(self.docs.tokens, chosen, self.seq_length, *self.special)
-    keys = masking.example_keys(self.seed, epoch, self.process_index, index)
+    # Static masking keys an instance by its copy and its index there, so each epoch of a copy masks it alike.
+    keys = masking.example_keys(self.seed, self.copy(epoch), self.process_index, index if ids is None else ids[index])
     if "masked_lm_positions" in self.schema:
       corrupted, is_masked = masking.mask_batch(fields["input_ids"], fields["input_mask"], keys, self.spec)
     else:   # objectives without masking (left-to-right) see the text as it is
