@@ -11,10 +11,7 @@ SENTENCE-PAIR + NSP (pairs of single natural sentences: there is no such format)
 dynamic batch size (4.2: larger batches so that the tokens per batch match FULL-SENTENCES).
 Budget: the same steps and batch of full-length rows for every variant.
 
-Table 1 of the same paper (static against dynamic masking: BERT's masks fixed once in preprocessing, the
-data duplicated 10 times so each sequence has 10 masks over 40 epochs, 4.1) has no config: the pipeline
-masks every example anew in every epoch (dynamic masking, bert_jax/data/input_pipeline.py) and has no
-static-masking switch or `dupe_factor`. Its published numbers are kept below as TABLE1 for when it has.
+Table 1 of the same paper (static against dynamic masking) is `roberta_table1.py`.
 
 `:paper` is BERT-base trained on full-length sequences (3.1: T = 512): configs/bert_base.py's model and
 optimizer, 256 x 512 tokens for 1M steps, from scratch (Table 2's caption: 1M steps of 256 sequences).
@@ -36,7 +33,7 @@ PAPER = {
 COLUMNS = {"mnli": "mnli_m", "sst2": "sst2"}
 # Liu et al. 2019, Table 1 (BERT-base, dev; SQuAD 2.0 F1, MNLI-m and SST-2 accuracy, medians over 5 seeds):
 # static against dynamic masking, and the published BERT-base ("reference", from Yang et al. 2019). Checked
-# against arXiv:1907.11692, Table 1. No variant runs these (see the docstring).
+# against arXiv:1907.11692, Table 1; run by roberta_table1.py.
 TABLE1 = {
     "reference": {"squad20_f1": 76.3, "mnli_m": 84.3, "sst2": 92.8},
     "static": {"squad20_f1": 78.3, "mnli_m": 84.3, "sst2": 92.5},
