@@ -67,8 +67,8 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
                     "position embeddings (model.max_position_embeddings)")
   if d.max_predictions_per_seq > d.seq_length:
     problems.append(f"data.max_predictions_per_seq {d.max_predictions_per_seq} > seq_length {d.seq_length}")
-  if config.optimizer.name not in ("adamw", "lamb"):
-    problems.append(f"optimizer.name {config.optimizer.name!r} is not 'adamw' or 'lamb'")
+  if config.optimizer.name not in optimizer_lib.NAMES:
+    problems.append(f"optimizer.name {config.optimizer.name!r} is not one of {optimizer_lib.NAMES}")
   if config.train_steps <= 0 or config.optimizer.total_steps <= 0:
     problems.append("train_steps and optimizer.total_steps must be positive")
   try:

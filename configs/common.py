@@ -67,6 +67,13 @@ def model_config(preset: str = "base") -> ml_collections.ConfigDict:
   m.causal = False            # a left-to-right model: position i attends to positions <= i only
   # RoBERTa: positions count from position_pad_id + 1 and padding sits at position_pad_id.
   m.position_pad_id = ml_collections.config_dict.placeholder(int)
+  # ModernBERT's switches (Warner et al. 2024; `BertConfig` documents each); unset: the preset's (BERT's).
+  for name in ("rope_theta", "local_rope_theta"):
+    m[name] = ml_collections.config_dict.placeholder(float)
+  for name in ("geglu", "pre_norm", "final_norm", "norm_bias", "dense_bias"):
+    m[name] = ml_collections.config_dict.placeholder(bool)
+  for name in ("global_attn_every_n_layers", "local_attention"):
+    m[name] = ml_collections.config_dict.placeholder(int)
   m.scan_layers = False       # one compiled layer body (faster compiles for deep models)
   m.remat_policy = "none"     # or "full", "dots_saveable", "minimal" (model.REMAT_POLICIES)
   return m
@@ -75,10 +82,18 @@ def model_config(preset: str = "base") -> ml_collections.ConfigDict:
 def optimizer_config() -> ml_collections.ConfigDict:
   """bert_jax/optimizer.py reads exactly these; finetuning configs reuse them."""
   o = ml_collections.ConfigDict()
-  o.name = "adamw"           # or "lamb" (You et al. 2019) for large batches
+  # "adamw", "lamb" (You et al. 2019) for large batches, or "stable_adamw" (Wortsman et al. 2023, as
+  # ModernBERT uses it: each tensor's step divided by max(1, RMS(g^2 / v)), fully decoupled weight decay).
+  o.name = "adamw"
   o.learning_rate = 1e-4     # peak, reached at the end of warmup
-  o.warmup_steps = 10_000    # linear warmup from 0, then linear decay to 0 at total_steps
+  o.warmup_steps = 10_000    # linear warmup from 0, then the schedule's decay
   o.total_steps = 1_000_000  # length of the schedule (may exceed one run: phase 2 continues phase 1)
+  # "linear": BERT's linear decay to 0 at total_steps. "wsd": warmup-stable-decay (trapezoidal): the peak
+  # until the last `decay_steps` steps, then down to final_lr_fraction x peak by `decay_shape`.
+  o.schedule = "linear"
+  o.decay_steps = 0
+  o.decay_shape = "1-sqrt"   # or "linear"
+  o.final_lr_fraction = 0.0
   o.b1 = 0.9
   o.b2 = 0.999
   o.eps = 1e-6

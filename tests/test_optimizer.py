@@ -167,3 +167,96 @@ def test_lamb_scales_each_layer_by_its_trust_ratio():
 def test_unknown_optimizer_name_is_rejected():
   with pytest.raises(ValueError, match="adamw"):
     optimizer.create_optimizer(_config(name="sgd"))
+
+
+# ModernBERT's optimizer and schedule (Warner et al. 2024): StableAdamW and warmup-stable-decay.
+
+def _spiky_grads(step):
+  """_grads, but the dense kernel's gradient is 30x larger at step 3: StableAdamW's clipping acts there."""
+  g = _grads(step)
+  if step == 3:
+    g["dense"]["kernel"] = 30.0 * g["dense"]["kernel"]
+  return g
+
+
+def _stable_adamw_reference(params, steps, *, lr_fn, peak, b1, b2, eps, wd):
+  """optimi's StableAdamW with decouple_lr=True (AnswerDotAI/ModernBERT src/optimizer.py), in numpy: its
+  debiased betas (beta_hat = (beta^t - beta) / (beta^t - 1)) and lerp updates; returns (params, rms per step)."""
+  params = jax.tree.map(lambda p: np.asarray(p, np.float64), params)
+  m = jax.tree.map(np.zeros_like, params)
+  v = jax.tree.map(np.zeros_like, params)
+  mask, rms_seen = optimizer.decay_mask(params), []
+  for t in range(1, steps + 1):
+    g = jax.tree.map(lambda x: np.asarray(x, np.float64), _spiky_grads(t - 1))
+    b1_hat, b2_hat = (b1**t - b1) / (b1**t - 1), (b2**t - b2) / (b2**t - 1)
+    m = jax.tree.map(lambda m_, g_: m_ + (1 - b1_hat) * (g_ - m_), m, g)
+    v = jax.tree.map(lambda v_, g_: b2_hat * v_ + (1 - b2_hat) * g_ * g_, v, g)
+    rms = jax.tree.map(lambda g_, v_: np.sqrt(np.mean(g_ * g_ / np.maximum(v_, eps * eps))), g, v)
+    rms_seen.append(rms)
+    lr = lr_fn(t - 1)
+
+    def step(p, m_, v_, r, decays):
+      neg_lr = -lr / max(1.0, r)
+      if decays:
+        p = p * (1 + neg_lr / peak * wd)
+      return p + neg_lr * m_ / (np.sqrt(v_) + eps)
+
+    params = jax.tree.map(step, params, m, v, rms, mask)
+  return params, rms_seen
+
+
+def test_stable_adamw_matches_the_reference_update_and_clips_the_spike():
+  c = _config(name="stable_adamw", weight_decay=0.05, b2=0.98, schedule="wsd", decay_steps=4,
+              final_lr_fraction=0.1)
+  schedule = optimizer.learning_rate_schedule(c)
+  tx = optimizer.create_optimizer(c)
+  params = _params()
+  state = tx.init(params)
+  for t in range(8):
+    updates, state = tx.update(_spiky_grads(t), state, params)
+    params = optax.apply_updates(params, updates)
+  want, rms = _stable_adamw_reference(_params(), 8, lr_fn=lambda t: float(schedule(t)), peak=c.learning_rate,
+                                      b1=c.b1, b2=c.b2, eps=c.eps, wd=c.weight_decay)
+  assert rms[3]["dense"]["kernel"] > 1.5 and rms[2]["dense"]["kernel"] <= 1.0   # the clipping is exercised
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), params, want)
+
+
+def test_stable_adamw_without_a_spike_is_adamw_with_fully_decoupled_decay():
+  # RMS(g^2 / v_hat) is exactly 1 at step 1, so nothing is clipped: AdamW's step, decay wd * (lr / peak) * p.
+  c = _config(name="stable_adamw", weight_decay=0.05, warmup_steps=0, total_steps=10**9)
+  params = _params()
+  updates, _ = optimizer.create_optimizer(c).update(_grads(0), optimizer.create_optimizer(c).init(params), params)
+  adam = _config(weight_decay=0.05 / c.learning_rate, warmup_steps=0, total_steps=10**9)
+  want, _ = optimizer.create_optimizer(adam).update(_grads(0), optimizer.create_optimizer(adam).init(params), params)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), updates, want)
+
+
+def test_stable_adamw_refuses_no_bias_correction():
+  with pytest.raises(ValueError, match="bias"):
+    optimizer.create_optimizer(_config(name="stable_adamw", bias_correction=False))
+
+
+@pytest.mark.parametrize("shape", ["1-sqrt", "linear"])
+def test_wsd_schedule_warms_up_holds_then_decays(shape):
+  c = _config(schedule="wsd", learning_rate=0.1, warmup_steps=4, total_steps=20, decay_steps=8,
+              final_lr_fraction=0.01, decay_shape=shape)
+  lr = np.array([float(optimizer.learning_rate_schedule(c)(t)) for t in range(25)])
+  down = (lambda x: 1 - np.sqrt(x)) if shape == "1-sqrt" else (lambda x: 1 - x)
+  want = [0.1 * t / 4 if t < 4 else 0.1 if t <= 12 else 0.1 * (0.01 + 0.99 * down(min(t - 12, 8) / 8))
+          for t in range(25)]
+  np.testing.assert_allclose(lr, want, rtol=1e-6, atol=1e-9)
+  assert lr[20:].tolist() == pytest.approx([0.001] * 5)
+
+
+def test_wsd_without_decay_steps_stays_at_the_peak():
+  c = _config(schedule="wsd", warmup_steps=3, total_steps=10, decay_steps=0)
+  lr = [float(optimizer.learning_rate_schedule(c)(t)) for t in range(3, 30)]
+  assert lr == pytest.approx([0.1] * len(lr))
+
+
+@pytest.mark.parametrize("changes, match", [
+    ({"schedule": "cosine"}, "schedule"), ({"decay_steps": 5}, "wsd"),
+    ({"schedule": "wsd", "decay_steps": 18}, "fit"), ({"schedule": "wsd", "decay_shape": "cos"}, "decay_shape")])
+def test_schedule_fields_that_cannot_act_are_errors(changes, match):
+  with pytest.raises(ValueError, match=match):
+    optimizer.learning_rate_schedule(_config(**changes))
