@@ -34,7 +34,31 @@ def byte_level_pipeline(model, add_prefix_space: bool = False):
   return tk
 
 
-class ByteLevelBPETokenizer(tokenizer_lib._Tokenizer):  # pylint: disable=protected-access
+class TokenizersPipeline(tokenizer_lib._Tokenizer):  # pylint: disable=protected-access
+  """A tokenizer run by a `tokenizers.Tokenizer` (`self._tk`), special tokens left to `build_inputs`."""
+
+  _tk = None
+
+  def tokenize(self, text: str) -> list[str]:
+    return self._tk.encode(text, add_special_tokens=False).tokens
+
+  def encode(self, text: str) -> list[int]:
+    return self._tk.encode(text, add_special_tokens=False).ids
+
+  def encode_batch(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """As `WordPieceTokenizer.encode_batch` (the texts are encoded in parallel, in Rust)."""
+    encodings = self._tk.encode_batch_fast(list(texts), add_special_tokens=False)
+    return tokenizer_lib.concatenate([e.ids for e in encodings])
+
+  def convert_tokens_to_ids(self, tokens: Sequence[str]) -> list[int]:
+    ids = [self._tk.token_to_id(t) for t in tokens]
+    return [self.unk_id if i is None else i for i in ids]
+
+  def convert_ids_to_tokens(self, ids: Iterable[int]) -> list[str]:
+    return [self._tk.id_to_token(int(i)) for i in ids]
+
+
+class ByteLevelBPETokenizer(TokenizersPipeline):
   """Byte-level BPE from `vocab.json` and `merges.txt`.
 
   Args:
@@ -67,24 +91,6 @@ class ByteLevelBPETokenizer(tokenizer_lib._Tokenizer):  # pylint: disable=protec
     if b is not None:
       ids += [self.sep_id] + b + [self.sep_id]
     return ids, [0] * len(ids)
-
-  def tokenize(self, text: str) -> list[str]:
-    return self._tk.encode(text, add_special_tokens=False).tokens
-
-  def encode(self, text: str) -> list[int]:
-    return self._tk.encode(text, add_special_tokens=False).ids
-
-  def encode_batch(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-    """As `WordPieceTokenizer.encode_batch` (the texts are encoded in parallel, in Rust)."""
-    encodings = self._tk.encode_batch_fast(list(texts), add_special_tokens=False)
-    return tokenizer_lib.concatenate([e.ids for e in encodings])
-
-  def convert_tokens_to_ids(self, tokens: Sequence[str]) -> list[int]:
-    ids = [self._tk.token_to_id(t) for t in tokens]
-    return [self.unk_id if i is None else i for i in ids]
-
-  def convert_ids_to_tokens(self, ids: Iterable[int]) -> list[str]:
-    return [self._tk.id_to_token(int(i)) for i in ids]
 
   def _join(self, tokens: list[str]) -> str:
     return self._tk.decoder.decode(tokens)

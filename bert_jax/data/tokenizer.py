@@ -8,9 +8,10 @@ them through `tensorflow_text.FastBertTokenizer` (LinMaxMatch, Song et al. 2021)
 rewrites where the two would differ (`_fast_form`); the rare text it cannot rewrite takes the
 Python path. Tests hold both paths to Hugging Face's ids and to each other.
 SentencePiece preprocesses text as Hugging Face's `AlbertTokenizer`. Byte-level BPE (RoBERTa) lives in
-`bert_jax.data.bpe`. Vocabularies are trained by `bert_jax.data.vocab_training`.
+`bert_jax.data.bpe`, a Hugging Face tokenizer.json in `bert_jax.data.tokenizer_json`. Vocabularies are
+trained by `bert_jax.data.vocab_training`.
 
-    tok = load_tokenizer("vocab.txt")   # or "spm.model", "vocab.json" (+ merges.txt), or a directory
+    tok = load_tokenizer("vocab.txt")   # or "spm.model", "vocab.json" (+ merges.txt), "tokenizer.json", a directory
     ids, segment_ids = tok.encode_pair("A b.", "C d.", max_length=128)
 """
 
@@ -36,6 +37,7 @@ MAX_CHARS_PER_WORD = 100  # google-research/bert `WordpieceTokenizer.max_input_c
 VOCAB_FILE, SPM_FILE = "vocab.txt", "spm.model"
 BPE_VOCAB_FILE, MERGES_FILE = "vocab.json", "merges.txt"  # byte-level BPE, as Hugging Face names them
 TOKENIZER_CONFIG = "tokenizer_config.json"  # Hugging Face's settings beside the vocabulary
+TOKENIZER_JSON = "tokenizer.json"  # a Hugging Face fast tokenizer, read by `bert_jax.data.tokenizer_json`
 
 
 def _resolve_special_ids(lookup, aliases_of: dict) -> dict:
@@ -52,7 +54,7 @@ def _resolve_special_ids(lookup, aliases_of: dict) -> dict:
 class _Tokenizer:
   """What every tokenizer shares: special ids, the input layout, pairs, the word-start table."""
 
-  kind: str  # "wordpiece", "sentencepiece" or "byte_bpe": what `prepare` records
+  kind: str  # "wordpiece", "sentencepiece", "byte_bpe" or "tokenizer_json": what `prepare` records
   vocab_size: int
   do_lower_case: bool
 
@@ -439,7 +441,8 @@ def copy_into(directory: str, source: str, name: str) -> str:
 
 def load_tokenizer(path: str, do_lower_case: bool = True):
   """`vocab.txt` -> WordPiece, `*.model` -> SentencePiece, `vocab.json` (`merges.txt` beside it) ->
-  byte-level BPE; a directory -> the first of those it holds.
+  byte-level BPE, `tokenizer.json` -> Hugging Face's pipeline as the file states it
+  (`bert_jax.data.tokenizer_json`); a directory -> the first of those it holds.
 
   A tokenizer_config.json beside the file gives SentencePiece's `keep_accents` and `remove_space` and
   the BPE's settings. Byte-level BPE is cased by design (RoBERTa, GPT-2): `do_lower_case` does not
@@ -450,6 +453,9 @@ def load_tokenizer(path: str, do_lower_case: bool = True):
     path = _localize(path)
   if os.path.isdir(path):
     path = _tokenizer_file(path)
+  if os.path.basename(path) == TOKENIZER_JSON:
+    from bert_jax.data import tokenizer_json  # pylint: disable=g-import-not-at-top
+    return tokenizer_json.load(path)
   if path.endswith(".model"):
     return SentencePieceTokenizer(path, do_lower_case, **_sentencepiece_options(os.path.dirname(path)))
   if path.endswith(".json"):
@@ -462,10 +468,12 @@ def _tokenizer_file(directory: str) -> str:
   names = set(os.listdir(directory))
   candidates = [VOCAB_FILE] + sorted(n for n in names if n.endswith(".model"))
   candidates += [BPE_VOCAB_FILE] if MERGES_FILE in names else []
+  candidates += [TOKENIZER_JSON]  # Hugging Face's whole pipeline (ModernBERT ships only this)
   found = [os.path.join(directory, n) for n in candidates if os.path.isfile(os.path.join(directory, n))]
   if not found:
     raise FileNotFoundError(
-        f"{directory} holds no {VOCAB_FILE}, SentencePiece *.model or {BPE_VOCAB_FILE} + {MERGES_FILE}")
+        f"{directory} holds no {VOCAB_FILE}, SentencePiece *.model, {BPE_VOCAB_FILE} + {MERGES_FILE} or "
+        f"{TOKENIZER_JSON}")
   return found[0]
 
 
@@ -493,11 +501,13 @@ def _localize(path: str) -> str:
   tf = host_env.import_tensorflow()   # only for remote file systems
   gfile = tf.io.gfile
   if gfile.isdir(path):
-    wanted = (VOCAB_FILE, BPE_VOCAB_FILE, MERGES_FILE, TOKENIZER_CONFIG)
+    wanted = (VOCAB_FILE, BPE_VOCAB_FILE, MERGES_FILE, TOKENIZER_CONFIG, TOKENIZER_JSON,
+              "special_tokens_map.json")
     names = [f.rstrip("/") for f in gfile.listdir(path)]
     sources = [os.path.join(path, f) for f in names if f in wanted or f.endswith(".model")]
   else:
-    beside = [os.path.join(os.path.dirname(path), f) for f in (MERGES_FILE, TOKENIZER_CONFIG)]
+    beside = [os.path.join(os.path.dirname(path), f)
+              for f in (MERGES_FILE, TOKENIZER_CONFIG, "special_tokens_map.json")]
     sources = [path] + [f for f in beside if gfile.exists(f)]
   local = tempfile.mkdtemp(prefix="bert_jax_tokenizer-")
   for source in sources:
