@@ -157,6 +157,35 @@ def test_shared_layers_apply_one_set_num_layers_times():
     np.testing.assert_allclose(out["hidden_states"][i + 1], x, atol=1e-6)
 
 
+@pytest.mark.parametrize("sublayer,shared_names,own_names", [
+    ("attention", {"shared_attention"}, {"attention_layer_norm", "intermediate", "output", "output_layer_norm"}),
+    ("ffn", {"shared_intermediate", "shared_output"}, {"attention", "attention_layer_norm", "output_layer_norm"})])
+def test_one_shared_sublayer_is_one_set_applied_by_every_layer(sublayer, shared_names, own_names):
+  """ALBERT's Table 4 variants: the shared sublayer's params exist once, the rest per layer, and the encoder
+  equals one with that sublayer's params copied into every layer."""
+  cfg = tiny(num_layers=3, shared_sublayer=sublayer, hidden_dropout=0.0, attention_dropout=0.0)
+  ids = np.array([[3, 7, 9, 11, 5]], np.int32)
+  params = model.BertEncoder(cfg).init(jax.random.key(0), ids)["params"]
+  layers = params["encoder"]
+  assert set(layers) == shared_names | {"layer_0", "layer_1", "layer_2"}
+  assert all(set(layers[f"layer_{i}"]) == own_names for i in range(3))
+  plain = tiny(num_layers=3, hidden_dropout=0.0, attention_dropout=0.0)
+  if sublayer == "attention":
+    copy = lambda own: {**own, "attention": layers["shared_attention"]}
+  else:
+    copy = lambda own: {**own, "intermediate": layers["shared_intermediate"], "output": layers["shared_output"]}
+  unshared = {**params, "encoder": {f"layer_{i}": copy(layers[f"layer_{i}"]) for i in range(3)}}
+  np.testing.assert_allclose(model.BertEncoder(cfg).apply({"params": params}, ids)["sequence_output"],
+                             model.BertEncoder(plain).apply({"params": unshared}, ids)["sequence_output"], atol=1e-6)
+  with pytest.raises(ValueError, match="shared_sublayer"):
+    tiny(shared_sublayer="ffn", share_layers=True)
+  with pytest.raises(ValueError, match="shared_sublayer"):
+    tiny(shared_sublayer="ffn", scan_layers=True)
+  with pytest.raises(ValueError, match="no Hugging Face family"):
+    checkpoints_hf.tensor_table(cfg)
+  assert model.BertConfig.from_hf_dict(cfg.to_hf_dict()) == cfg   # a run record reads back as written
+
+
 def _position_jacobian(cfg, params, ids, mask, **kwargs):
   """d output[i] / d input embedding[j] for every i, j: [L, H, L, H] (the position embedding of token j
   adds to its input embedding only)."""

@@ -176,6 +176,9 @@ def tensor_table(cfg: model.BertConfig, mlm: bool = False, nsp: bool = False, he
   `head`: one of HEADS (a finetuning head); `pooler` False for the classes that save none; `discriminator`:
   ELECTRA's replaced-token head.
   """
+  if cfg.shared_sublayer:
+    raise ValueError(f"shared_sublayer {cfg.shared_sublayer!r}: no Hugging Face family shares one sublayer "
+                     "across layers (ALBERT shares all of them or none)")
   fam = family(cfg, model_type)
   emb = ("bert", "embeddings")
   tables = ("word_embeddings", "position_embeddings") + (("token_type_embeddings",) if cfg.type_vocab_size else ())

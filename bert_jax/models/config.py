@@ -58,6 +58,9 @@ _DISTILBERT_DEFAULTS = {"vocab_size": 30522, "dim": 768, "n_layers": 6, "n_heads
 _ELECTRA_DEFAULTS = {"hidden_size": 256, "num_attention_heads": 4, "intermediate_size": 1024, "embedding_size": 128}
 
 
+SHARED_SUBLAYERS = ("", "attention", "ffn")
+
+
 @dataclasses.dataclass(frozen=True)
 class BertConfig:
   """Hyperparameters of a BERT encoder; defaults are BERT-base."""
@@ -81,6 +84,9 @@ class BertConfig:
   # to it. None: no projection (BERT). Set equal to hidden_size, the projection is still there (as in ALBERT).
   embedding_size: int | None = None
   share_layers: bool = False      # ALBERT: every layer applies one parameter set (`shared_layer`)
+  # ALBERT's Table 4: one sublayer shared across layers, the rest per layer (LayerNorms too): "attention"
+  # (`shared_attention`) or "ffn" (`shared_intermediate`, `shared_output`); "": none.
+  shared_sublayer: str = ""
   causal: bool = False            # query i attends to keys <= i only (a left-to-right LM)
   # RoBERTa: default position ids count real tokens from position_pad_id + 1; padding (this id in input_ids)
   # gets position_pad_id (HF `create_position_ids_from_input_ids`). None: positions 0..L-1 (BERT).
@@ -113,6 +119,11 @@ class BertConfig:
                        f"{self.local_attention} go together: set both or neither")
     if self.local_rope_theta is not None and (self.rope_theta is None or self.local_attention is None):
       raise ValueError("local_rope_theta needs rope_theta and sliding-window layers (local_attention)")
+    if self.shared_sublayer not in SHARED_SUBLAYERS:
+      raise ValueError(f"shared_sublayer {self.shared_sublayer!r}; one of {SHARED_SUBLAYERS}")
+    if self.shared_sublayer and (self.share_layers or self.scan_layers):
+      raise ValueError(f"shared_sublayer {self.shared_sublayer!r} goes with neither share_layers (which shares "
+                       "every sublayer) nor scan_layers")
     if self.pre_norm and self.share_layers:
       raise ValueError("pre_norm with share_layers is not supported (layer 0 has no attention norm)")
 
@@ -172,6 +183,8 @@ class BertConfig:
       d = {**_ELECTRA_DEFAULTS, **d}
     fields = {f: d[k] for f, k in _HF_KEYS.items() if k in d}
     fields["causal"] = bool(d.get("is_decoder", False))
+    if d.get("shared_sublayer"):
+      fields["shared_sublayer"] = d["shared_sublayer"]
     if model_type == "albert":
       fields.update(_albert_fields(d))
     elif model_type == "roberta":
@@ -188,6 +201,8 @@ class BertConfig:
     if self.model_type == "modernbert":
       return modernbert_keys.hf_dict(self)
     d = {k: getattr(self, f) for f, k in _HF_KEYS.items()}
+    if self.shared_sublayer:   # no Hugging Face family has it: only our run records carry this key
+      d["shared_sublayer"] = self.shared_sublayer
     d.update(model_type="bert", architectures=["BertForPreTraining"], pad_token_id=0,
              position_embedding_type="absolute")
     if self.causal:

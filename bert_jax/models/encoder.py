@@ -16,6 +16,7 @@ linear layers without biases (`norm_bias`, `dense_bias`) and alternating global 
   out = BertEncoder(cfg).apply({"params": p}, input_ids, input_mask, segment_ids)
 """
 
+import functools
 import re
 
 import flax.linen as nn
@@ -214,6 +215,12 @@ def _as_context(context) -> dict:
   return {"mask": context, "rope": None, "local_mask": None, "local_rope": None}
 
 
+def _dense(cfg: BertConfig, features: int, names: tuple, name: str) -> nn.Dense:
+  """A layer's projection to `features` with logical axis names `names` (bias as `dense_bias`)."""
+  return nn.Dense(features, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name=name, use_bias=cfg.dense_bias,
+                  kernel_init=dense_init(cfg, names), bias_init=zeros(names[-1:]))
+
+
 class BertLayer(nn.Module):
   """One Transformer layer, post-LN (BERT) or pre-LN (`pre_norm`). Returns (x, x or None) so that it can be
   the body of nn.scan.
@@ -223,6 +230,10 @@ class BertLayer(nn.Module):
   has the same).
   """
   config: BertConfig
+  # Sublayers owned by the stack and applied by every layer (`shared_sublayer`); None: this layer's own.
+  shared_attention: nn.Module | None = None
+  shared_intermediate: nn.Module | None = None
+  shared_output: nn.Module | None = None
 
   @nn.compact
   def __call__(self, x, context, deterministic: bool, output_hidden_states: bool, kind=(False, False)):
@@ -230,22 +241,21 @@ class BertLayer(nn.Module):
     context, (local, first) = _as_context(context), kind
     mask, rope = _pick(local, context["local_mask"], context["mask"]), _pick(local, context["local_rope"],
                                                                               context["rope"])
-    dense = lambda n, names, name: nn.Dense(n, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name=name,
-                                            use_bias=cfg.dense_bias, kernel_init=dense_init(cfg, names),
-                                            bias_init=zeros(names[-1:]))
+    dense = functools.partial(_dense, cfg)
     dropout = lambda h: nn.Dropout(cfg.hidden_dropout)(h, deterministic=deterministic)
     constrain = lambda h: _constrain(h, "activation_batch", "activation_length", "activation_embed")
-    attention = SelfAttention(cfg, name="attention")
+    attention = self.shared_attention or SelfAttention(cfg, name="attention")
 
     def feed_forward(h):
-      h = dense(cfg.intermediate_size * (2 if cfg.geglu else 1), ("embed", "mlp"), "intermediate")(h)
+      h = (self.shared_intermediate or dense(cfg.intermediate_size * (2 if cfg.geglu else 1), ("embed", "mlp"),
+                                             "intermediate"))(h)
       if cfg.geglu:  # the input half first, then the gate, as Hugging Face's ModernBertMLP
         h, gate = jnp.split(h, 2, axis=-1)
         h = gelu(cfg, h) * gate
       else:
         h = gelu(cfg, h)
       h = _constrain(h, "activation_batch", "activation_length", "activation_mlp")
-      return dense(cfg.hidden_size, ("mlp", "embed"), "output")(h)
+      return (self.shared_output or dense(cfg.hidden_size, ("mlp", "embed"), "output"))(h)
 
     if cfg.pre_norm:
       # Layer 0 reads the embedding norm's output as it is (ModernBERT's attn_norm is Identity there).
@@ -289,12 +299,24 @@ class BertLayerStack(nn.Module):
       x, hidden = stack(cfg, name=name)(x, context, deterministic, output_hidden_states, kinds_N)
       return x, (list(hidden) if output_hidden_states else [])
     shared = layer(cfg, name="shared_layer") if cfg.share_layers else None
+    sublayers = _shared_sublayers(cfg)
     hidden = []
     for i in range(cfg.num_layers):
-      block = shared if cfg.share_layers else layer(cfg, name=f"layer_{i}")
+      block = shared if cfg.share_layers else layer(cfg, name=f"layer_{i}", **sublayers)
       x, h = block(x, context, deterministic, output_hidden_states, kinds[i])
       hidden.append(h)
     return x, (hidden if output_hidden_states else [])
+
+
+def _shared_sublayers(cfg: BertConfig) -> dict:
+  """The sublayer every layer applies (`shared_sublayer`), created in the calling (stack's) scope."""
+  if cfg.shared_sublayer == "attention":
+    return {"shared_attention": SelfAttention(cfg, name="shared_attention")}
+  if cfg.shared_sublayer == "ffn":
+    return {"shared_intermediate": _dense(cfg, cfg.intermediate_size * (2 if cfg.geglu else 1), ("embed", "mlp"),
+                                          "shared_intermediate"),
+            "shared_output": _dense(cfg, cfg.hidden_size, ("mlp", "embed"), "shared_output")}
+  return {}
 
 
 class BertEncoder(nn.Module):
