@@ -64,6 +64,7 @@ def model_config(preset: str = "base") -> ml_collections.ConfigDict:
   m.hidden_act = ml_collections.config_dict.placeholder(str)   # "gelu" (BERT) or "gelu_new" (ALBERT)
   m.embedding_size = ml_collections.config_dict.placeholder(int)   # ALBERT's E (factorized embeddings)
   m.share_layers = False      # ALBERT: every layer applies one parameter set
+  m.shared_sublayer = ""      # ALBERT's Table 4: "attention" or "ffn" shared across layers, the rest per layer
   m.causal = False            # a left-to-right model: position i attends to positions <= i only
   # RoBERTa: positions count from position_pad_id + 1 and padding sits at position_pad_id.
   m.position_pad_id = ml_collections.config_dict.placeholder(int)
