@@ -18,6 +18,9 @@ OBJECTIVES = {
     "electra": {"data.format": "full_sentences"},
     # No checkpoint: the teacher's size is a preset (compile-only uses).
     "distilbert": {"data.format": "full_sentences", "model.type_vocab_size": 0, "distill.teacher_preset": "tiny"},
+    "modernbert": {"data.format": "doc_sentences", "model.type_vocab_size": 0, "model.rope_theta": 10000.0,
+                   "model.geglu": True, "model.pre_norm": True, "model.final_norm": True,
+                   "model.global_attn_every_n_layers": 2, "model.local_attention": 8},
 }
 CASES = [(name, packing) for name in objectives.NAMES for packing in (False, True)
          if name in OBJECTIVES and not (name == "ltr" and packing)]

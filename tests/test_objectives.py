@@ -21,6 +21,14 @@ CHANGES = {
     "electra": {"data.format": "full_sentences", "model.num_heads": 8},   # the generator's 2 heads: tensor 2
     "albert": {"data.format": "sop", "data.ngram_masking": True, "model.share_layers": True,
                "model.embedding_size": 16},
+    # Layer 0 global, layers 1-2 attend within 4 tokens either side of 32; packed documents; its optimizer.
+    "modernbert": {"data.format": "doc_sentences", "data.packing": True, "data.masked_lm_prob": 0.3,
+                   "data.max_predictions_per_seq": 10, "model.num_layers": 3, "model.type_vocab_size": 0,
+                   "model.rope_theta": 160000.0, "model.local_rope_theta": 10000.0, "model.geglu": True,
+                   "model.pre_norm": True, "model.final_norm": True, "model.norm_bias": False,
+                   "model.dense_bias": False, "model.global_attn_every_n_layers": 3, "model.local_attention": 8,
+                   "model.layer_norm_eps": 1e-5, "optimizer.name": "stable_adamw", "optimizer.schedule": "wsd",
+                   "optimizer.decay_steps": 50, "optimizer.final_lr_fraction": 0.001},
 }
 
 
@@ -86,7 +94,7 @@ def test_unknown_objective_is_a_user_error(data_dir):  # noqa: F811
 
 
 @pytest.mark.parametrize("name, fmt", [("albert", "nsp"), ("spanbert", "nsp"), ("ltr", "sop"),
-                                       ("roberta", "nsp")])
+                                       ("roberta", "nsp"), ("modernbert", "nsp")])
 def test_a_format_the_objective_cannot_use_names_both(data_dir, name, fmt):  # noqa: F811
   with pytest.raises(failures.UserError, match=f"data.format '{fmt}' cannot be used by objective '{name}'"):
     train.validate(objective_config(data_dir, name, **{"data.format": fmt}))
@@ -108,3 +116,24 @@ def test_span_boundary_targets_are_masked_span_tokens(data_dir):  # noqa: F811
   assert not masked[rows, left].any() and not masked[rows, right].any()   # boundaries are not targets
   assert all(masked[r, l + 1:h].all() for r, l, h in zip(rows, left, right))   # the span between them is
   np.testing.assert_array_equal(batch["masked_lm_span_offset"][real], pos - left - 1)
+
+
+@pytest.mark.parametrize("changes, match", [
+    ({"model.rope_theta": None, "model.geglu": None, "model.pre_norm": None, "model.final_norm": None,
+      "model.norm_bias": None, "model.dense_bias": None, "model.global_attn_every_n_layers": None,
+      "model.local_attention": None, "model.local_rope_theta": None}, "needs ModernBERT's encoder switches"),
+    ({"model.type_vocab_size": 2}, "no token types")], ids=["bert_encoder", "token_types"])
+def test_modernbert_needs_its_encoder(data_dir, changes, match):  # noqa: F811
+  with pytest.raises(failures.UserError, match=match):
+    train.validate(objective_config(data_dir, "modernbert", **changes))
+
+
+def test_modernbert_model_is_hugging_faces_masked_lm(data_dir):  # noqa: F811
+  """No pooler, no token types, no NSP head: the parameter tree of ModernBertForMaskedLM's modules."""
+  config = objective_config(data_dir, "modernbert")
+  s = train.setup(config, sharding.create_mesh(config.mesh))
+  params = s.abstract_state.params
+  assert set(params) == {"bert", "mlm"} and "pooler" not in params["bert"]
+  assert "token_type_embeddings" not in params["bert"]["embeddings"]
+  per_row = objectives.get("modernbert").forward_flops_per_row(config)
+  assert per_row["pooler"] == per_row["nsp"] == 0.0
