@@ -26,7 +26,7 @@ from configs.ablations import common as ablation_common
 from test_train import compilation_cache, data_dir  # noqa: F401  (fixtures: the JAX cache, a prepared corpus)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TABLES = ("devlin_table5", "devlin_table6", "roberta_table1", "roberta_table2", "spanbert", "electra", "albert")
+TABLES = ("devlin_table5", "devlin_table6", "roberta_table1", "roberta_table2", "spanbert", "electra", "albert", "albert_table4")
 
 
 def table(name: str, scale: str):
