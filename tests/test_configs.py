@@ -18,6 +18,7 @@ from configs import albert_base, albert_large, albert_xlarge, albert_xxlarge
 from configs import distilbert_base, distilbert_minilm
 from configs import electra_base, electra_large, electra_small
 from configs import bert_base, bert_large, ltr_base, roberta_base, roberta_large, spanbert_base, spanbert_large, tiny
+from configs import modernbert_base, modernbert_large
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = {
@@ -42,6 +43,8 @@ CONFIGS = {
     "distilbert_base.py": distilbert_base.get_config(),
     "distilbert_minilm.py": distilbert_minilm.get_config(),
     "tiny.py": tiny.get_config(),
+    **{f"modernbert_{size}.py:{phase}": module.get_config(phase) for size, module in
+       (("base", modernbert_base), ("large", modernbert_large)) for phase in modernbert_base.PHASES},
 }
 
 
@@ -66,7 +69,9 @@ def test_config_builds_its_abstract_sharded_train_state(name):
               # ELECTRA: the discriminator (14M, 110M, 335M; Clark et al. 2020, Table 1) + head + generator
               "electra_small": 14.3e6, "electra_base": 120.0e6, "electra_large": 355.7e6,
               # DistilBERT: the student only (the teacher is not a parameter): DistilBertModel's 66.4M + MLM head
-              "distilbert_base": 67.0e6, "distilbert_minilm": 17.4e6}
+              "distilbert_base": 67.0e6, "distilbert_minilm": 17.4e6,
+              # transformers' ModernBertForMaskedLM, exactly (test_modernbert_release_recipe)
+              "modernbert_base": 149_655_232, "modernbert_large": 395_881_664}
   assert n == pytest.approx(expected[name.split(".")[0]], rel=0.05)
   # Adam moments mirror the parameters, with the same shardings.
   adam, = [x for x in s.abstract_state.opt_state if isinstance(x, optimizer.ScaleByAdamState)]
@@ -184,6 +189,49 @@ def test_ltr_is_bert_base_with_a_causal_mask_and_no_nsp():
   assert (c.objective, c.model.causal, c.data.format) == ("ltr", True, "full_sentences")
   assert (c.optimizer.to_dict(), c.train_steps, c.global_batch_size) == (b.optimizer.to_dict(), b.train_steps,
                                                                           b.global_batch_size)
+
+
+@pytest.mark.parametrize("module", [modernbert_base, modernbert_large])
+def test_modernbert_release_recipe(module):
+  """Warner et al. 2024 as released (AnswerDotAI/ModernBERT yamls/modernbert/*.yaml): sizes, switches,
+  30% masking, packed 1024- then 8192-token rows, StableAdamW, one warmup-stable-decay schedule over the
+  three phases, tokens per phase; the parameter count of transformers' ModernBertForMaskedLM."""
+  size = module.__name__.split("_")[-1]
+  phases = {p: module.get_config(p) for p in modernbert_base.PHASES}
+  rows, lr, wd, warmup_tokens, count = {
+      "base": ((4608, 576, 576), (8e-4, 3e-4, 3e-4), (1e-5, 1e-5, 1e-5), 3e9, 149_655_232),
+      "large": ((4928, 616, 624), (5e-4, 5e-5, 5e-5), (1e-5, 1e-6, 1e-6), 2e9, 395_881_664)}[size]
+  tokens = (1.719e12, 250e9, 50e9)
+  assert module.get_config().to_dict() == phases["phase1"].to_dict()
+  ends = []
+  for (phase, c), n, length, r, l, w in zip(phases.items(), tokens, (1024, 8192, 8192), rows, lr, wd):
+    cfg, o = train.bert_config(c), c.optimizer
+    assert (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.intermediate_size) == {
+        "base": (22, 768, 12, 1152), "large": (28, 1024, 16, 2624)}[size]
+    assert (cfg.vocab_size, cfg.type_vocab_size, cfg.layer_norm_eps, cfg.global_attn_every_n_layers,
+            cfg.local_attention) == (50368, 0, 1e-5, 3, 128)
+    assert cfg.geglu and cfg.pre_norm and cfg.final_norm and not cfg.norm_bias and not cfg.dense_bias
+    assert (cfg.rope_theta, cfg.local_rope_theta) == ((10_000.0, None) if phase == "phase1" else (160_000.0, 10_000.0))
+    assert (cfg.hidden_dropout, cfg.attention_dropout) == (0.0, 0.0)
+    assert (c.objective, c.data.format, c.data.packing, c.data.masked_lm_prob) == ("modernbert", "doc_sentences",
+                                                                                   True, 0.3)
+    assert (c.data.seq_length, c.global_batch_size, c.data.max_predictions_per_seq) == (length, r,
+                                                                                      math.ceil(0.3 * length))
+    assert (o.name, o.learning_rate, o.weight_decay, o.b1, o.b2, o.eps, o.clip_norm) == (
+        "stable_adamw", l, w, 0.9, 0.98, 1e-6, 0.0)
+    steps = c.train_steps - (ends[-1] if ends else 0)
+    assert steps == math.ceil(n / (r * length)) and (steps - 1) * r * length < n
+    ends.append(c.train_steps)
+    assert (o.schedule, o.decay_shape, o.final_lr_fraction, o.warmup_steps) == (
+        "wsd", "1-sqrt", 0.001, math.ceil(warmup_tokens / (rows[0] * 1024)))
+    assert (o.total_steps, o.decay_steps) == (phases["decay"].train_steps, steps if phase == "decay" else o.decay_steps)
+  schedule = optimizer.learning_rate_schedule(phases["decay"].optimizer)
+  # Constant through phase 1 and the extension at each phase's rate; the decay phase ends at 0.001 x its peak.
+  lr1 = optimizer.learning_rate_schedule(phases["phase1"].optimizer)
+  assert float(lr1(ends[0] - 1)) == pytest.approx(lr[0]) and float(lr1(phases["phase1"].optimizer.warmup_steps // 2)) < lr[0]
+  assert float(schedule(ends[1])) == pytest.approx(lr[2]) and float(schedule(ends[2])) == pytest.approx(lr[2] * 1e-3)
+  s = train.setup(phases["extension"], sharding.create_mesh(phases["extension"].mesh))
+  assert _num_params(s.abstract_state) == count
 
 
 def _parse(*args):

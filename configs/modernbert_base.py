@@ -1,0 +1,106 @@
+"""ModernBERT-base pretraining (Warner et al. 2024, arXiv:2412.13663) in the released recipe's three phases.
+
+    bert-jax pretrain --config=configs/modernbert_base.py --workdir=gs://bucket/modernbert_base \
+        --config.data.train_files=gs://bucket/prepared/train
+    bert-jax pretrain --config=configs/modernbert_base.py:extension --workdir=gs://bucket/modernbert_base_ext \
+        --config.data.train_files=gs://bucket/prepared/train --config.init_from=gs://bucket/modernbert_base/checkpoints
+    bert-jax pretrain --config=configs/modernbert_base.py:decay --workdir=gs://bucket/modernbert_base_decay \
+        --config.data.train_files=gs://bucket/prepared/train --config.init_from=gs://bucket/modernbert_base_ext/checkpoints
+
+Phases: `phase1` (the default) at 1024 tokens, `extension` to 8192 tokens at a constant learning rate,
+`decay` at 8192 with the 1-sqrt decay. Each continues the previous one's step, optimizer and schedule
+(`init_from`): one warmup-stable-decay schedule over the three, its peak the phase's learning rate.
+
+Every number is read from the release's configs, AnswerDotAI/ModernBERT commit 00220af ("Update & add
+ModernBERT training configs"), yamls/modernbert/modernbert-base-{pretrain,context-extension,
+learning-rate-decay}.yaml, cited below as [P:line], [E:line], [D:line]:
+- Model [P:19-60]: vocabulary 50368, 22 layers, width 768, 12 heads, intermediate 1152; rope attention,
+  no qkv/out/mlp biases, prenorm with embedding norm and final norm, GLU MLP with gelu, LayerNorm eps 1e-5
+  without bias, sliding window 128 with a global layer every 3; attention, embedding and MLP dropout 0.0.
+  RoPE base 10000 in phase 1 [P:52]; 160000 in global layers and 10000 in local ones from the extension
+  on [E:56, E:59] (the released checkpoint's).
+- Data: 30% masking [P:6] (80/10/10 as transformers' collator, src/sequence_packer.py:293), no NSP, sequence
+  packing [P:76] of documents truncated to max_seq_len (src/text_data.py), 1024 tokens [P:4] then 8192 [E:7].
+- Optimizer: decoupled StableAdamW [P:105], lr 8e-4 [P:106], betas (0.9, 0.98) [P:107-109], eps 1e-6 [P:110],
+  weight decay 1e-5 [P:111], not on norms and biases [P:112]; no gradient clipping (main.py warns that
+  StableAdamW replaces it). Schedule: warmup_stable_decay, warmup 3B tokens, no decay [P:98-102], for 1.719T
+  tokens [P:115] at 4608 rows [P:117]; then lr 3e-4 constant [E:103-109] for 250B tokens [E:118] at 576 rows
+  [E:120]; then one_minus_sqrt to 0.001 x peak over the phase [D:103-105], lr 3e-4 [D:110], 50B tokens [D:119],
+  576 rows [D:121]. Seed 17 [P:121].
+Steps are tokens / (rows x length), rounded up: every phase has 4,718,592 tokens a step.
+
+Not reproduced: the batch-size warmup [P:77-78] (from the per-device micro-batch to 4608 rows over the first
+50B tokens): here every step has the full batch. The attention-output dropout 0.1 [P:28] (our hidden dropout
+would also act after the MLP, where the recipe has 0.0). Evaluation at 15% masking [P:90] (held-out batches
+mask as training does). Masking draws round(30% x n) tokens per example, not each token independently; the
+initialization is BERT's normal(0.02), not the release's `full_megatron` [P:20]. ModernBERT's BPE tokenizer
+is not built in: prepare the data with a 50368-entry vocabulary.
+"""
+
+import math
+
+from configs import common
+
+# What differs between base and large (configs/modernbert_large.py); phases are "phase1", "extension", "decay".
+BASE = {
+    "size": (22, 768, 12, 1152),                          # layers, width, heads, intermediate [P:21-24]
+    "seed": 17,                                           # [P:121]
+    "tokens": {"phase1": 1_719_000_000_000, "extension": 250_000_000_000, "decay": 50_000_000_000},
+    "rows": {"phase1": 4608, "extension": 576, "decay": 576},
+    "learning_rate": {"phase1": 8e-4, "extension": 3e-4, "decay": 3e-4},
+    "weight_decay": {"phase1": 1e-5, "extension": 1e-5, "decay": 1e-5},
+    "warmup_tokens": 3_000_000_000,                       # [P:100]
+}
+LENGTH = {"phase1": 1024, "extension": 8192, "decay": 8192}   # [P:4], [E:7], [D:7]
+PHASES = tuple(LENGTH)
+MASK_RATE = 0.3                                           # [P:6]
+
+
+def phase_steps(recipe: dict, phase: str) -> int:
+  """Optimizer steps of a phase: its tokens over the tokens of one full batch, rounded up."""
+  return math.ceil(recipe["tokens"][phase] / (recipe["rows"][phase] * LENGTH[phase]))
+
+
+def get_config(arg: str = "", recipe: dict = BASE):
+  """`arg`: "phase1" (or empty), "extension" or "decay"."""
+  phase = arg or "phase1"
+  if phase not in PHASES:
+    raise ValueError(f"unknown phase {arg!r}; one of {PHASES}")
+  c = common.pretrain_config()
+  c.objective = "modernbert"
+  m = c.model
+  m.num_layers, m.hidden_size, m.num_heads, m.intermediate_size = recipe["size"]
+  m.vocab_size = 50_368
+  m.type_vocab_size = 0
+  m.max_position_embeddings = 8192          # unused with RoPE; transformers' ModernBertConfig default
+  m.geglu, m.pre_norm, m.final_norm = True, True, True
+  m.norm_bias, m.dense_bias = False, False
+  m.layer_norm_eps = 1e-5
+  m.global_attn_every_n_layers, m.local_attention = 3, 128
+  m.hidden_dropout, m.attention_dropout = 0.0, 0.0
+  if phase == "phase1":
+    m.rope_theta = 10_000.0
+  else:
+    m.rope_theta, m.local_rope_theta = 160_000.0, 10_000.0
+  c.data.format = "doc_sentences"           # documents apart; packing keeps them from attending to each other
+  c.data.packing = True
+  c.data.seq_length = LENGTH[phase]
+  c.data.masked_lm_prob = MASK_RATE
+  c.data.max_predictions_per_seq = math.ceil(MASK_RATE * LENGTH[phase])
+  c.global_batch_size = recipe["rows"][phase]
+  c.seed = recipe["seed"]
+  ends = {p: sum(phase_steps(recipe, q) for q in PHASES[:i + 1]) for i, p in enumerate(PHASES)}
+  c.train_steps = ends[phase]
+  o = c.optimizer
+  o.name = "stable_adamw"
+  o.learning_rate = recipe["learning_rate"][phase]
+  o.weight_decay = recipe["weight_decay"][phase]
+  o.b1, o.b2, o.eps = 0.9, 0.98, 1e-6
+  o.clip_norm = 0.0
+  o.schedule = "wsd"
+  o.warmup_steps = math.ceil(recipe["warmup_tokens"] / (recipe["rows"]["phase1"] * LENGTH["phase1"]))
+  o.total_steps = ends["decay"]
+  o.decay_steps = phase_steps(recipe, "decay")
+  o.decay_shape = "1-sqrt"
+  o.final_lr_fraction = 0.001
+  return c
