@@ -6,14 +6,18 @@ kept).
 
     bert_cfg, encoder_params = load_encoder(config)   # params None without init_checkpoint
     tokenizer = load_tokenizer(config)
+    pooling = classifier_pooling(config, bert_cfg)    # how a sequence classifier reads the encoder
 """
 
 import dataclasses
+import json
+import os
 
 import ml_collections
 
 from bert_jax import checkpoint_loader
 from bert_jax.models import encoder as model_lib
+from bert_jax.models import heads
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax import train
 
@@ -48,3 +52,22 @@ def load_tokenizer(config: Config):
   if not config.init_checkpoint:
     raise ValueError("set config.vocab_file (or init_checkpoint, whose directory holds the vocabulary)")
   return checkpoint_loader.load_tokenizer(config.init_checkpoint, config.do_lower_case)
+
+
+def classifier_pooling(config: Config, bert_cfg: model_lib.BertConfig) -> str:
+  """`task_opts.classifier_pooling` ("pooler", "cls" or "mean"; `heads.POOLINGS`), else a Hugging Face
+  ModernBERT checkpoint's config.json `classifier_pooling`, else "cls" for ModernBERT (no pooler; its
+  `head` reads the [CLS] vector, as transformers' default) and BERT's "pooler" for the others."""
+  if config.task_opts.get("classifier_pooling"):
+    if config.task_opts.classifier_pooling not in heads.POOLINGS:
+      raise ValueError(f"task_opts.classifier_pooling {config.task_opts.classifier_pooling!r}: one of "
+                       f"{', '.join(heads.POOLINGS)}")
+    return config.task_opts.classifier_pooling
+  if bert_cfg.model_type != "modernbert":
+    return "pooler"
+  if config.init_checkpoint:
+    hf_config = os.path.join(checkpoint_loader.find(config.init_checkpoint).directory, "config.json")
+    if os.path.isfile(hf_config):
+      with open(hf_config, encoding="utf-8") as f:
+        return json.load(f).get("classifier_pooling", "cls")
+  return "cls"

@@ -62,14 +62,21 @@ PER_TRIAL = ("learning_rate", "seed")
 
 
 def build_model(bert_cfg: model_lib.BertConfig, task, use_scalar_mix: bool = False) -> nn.Module:
-  """The encoder with the task's head (or a scalar mix of its layers feeding the head)."""
+  """The encoder with the task's head (or a scalar mix of its layers feeding the head).
+
+  BERT's heads sit on the encoder's output (classification on its pooler); ModernBERT's (Hugging Face's
+  ModernBertFor*) on its `head` (dense, activation, LayerNorm), a sequence classifier reading the [CLS]
+  vector or the mean over real tokens as the task option `classifier_pooling` says (`init.classifier_pooling`).
+  """
   if use_scalar_mix:
     return scalar_mix.ScalarMixModel(bert_cfg, task.kind, task.num_labels)
+  modern = bert_cfg.model_type == "modernbert"
   if task.kind in ("classification", "regression"):
-    return heads.BertForSequenceClassification(bert_cfg, task.num_labels)
+    pooling = task.options.get("classifier_pooling") or ("cls" if modern else "pooler")
+    return heads.BertForSequenceClassification(bert_cfg, task.num_labels, pooling=pooling)
   if task.kind == "tagging":
-    return heads.BertForTokenClassification(bert_cfg, task.num_labels)
-  return heads.BertForQuestionAnswering(bert_cfg)
+    return heads.BertForTokenClassification(bert_cfg, task.num_labels, head=modern)
+  return heads.BertForQuestionAnswering(bert_cfg, head=modern)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -207,7 +214,9 @@ def init_state(model, tx, configs, encoder_params, mesh, rules, seq_len: int, tr
   param_shardings = _stacked(sharding.logical_to_shardings(nn.get_partition_spec(abstract), mesh, rules),
                              trial_axis)
   if encoder_params is not None:
-    check_encoder_shapes(jax.eval_shape(lambda r: nn.unbox(init_one(r)), jax.random.key(0))["bert"], encoder_params)
+    expected = jax.eval_shape(lambda r: nn.unbox(init_one(r)), jax.random.key(0))["bert"]
+    check_encoder_shapes(expected, encoder_params)
+    encoder_params = without_unused_pooler(expected, encoder_params)
 
   def init_params(rngs, encoder):
     params = jax.vmap(lambda r: nn.unbox(init_one(r)))(rngs)
@@ -232,12 +241,19 @@ def check_encoder_shapes(expected, encoder_params) -> None:
   """Raises ValueError unless the checkpoint's encoder has the model's shapes; a missing pooler (ELECTRA and
   DistilBERT save none) is allowed and is then newly initialised, as transformers does."""
   expected = jax.tree.map(lambda x: tuple(x.shape), expected)
-  got = jax.tree.map(lambda x: tuple(np.shape(x)), encoder_params)
+  got = jax.tree.map(lambda x: tuple(np.shape(x)), without_unused_pooler(expected, encoder_params))
   if "pooler" in expected and "pooler" not in got:
     logging.warning("the checkpoint's encoder has no pooler: it is newly initialised")
     expected = {k: v for k, v in expected.items() if k != "pooler"}
   if expected != got:
     raise ValueError(f"checkpoint encoder does not match the model:\n expected {expected}\n got {got}")
+
+
+def without_unused_pooler(expected, encoder_params: dict) -> dict:
+  """The checkpoint's encoder less its pooler when the model has none (a head on "cls" or "mean")."""
+  if "pooler" in encoder_params and "pooler" not in expected:
+    return {k: v for k, v in encoder_params.items() if k != "pooler"}
+  return encoder_params
 
 
 def _trial(tree, t: int):
@@ -300,7 +316,10 @@ def write_task_record(workdir: str, task, config: Config) -> None:
   model's head, beside the run record of `checkpoint_loader.write_run_record`."""
   if jax.process_index() != 0:
     return
-  record = {"task": config.task, "task_opts": config.task_opts.to_dict(), "kind": task.kind,
+  task_opts = config.task_opts.to_dict()
+  if "classifier_pooling" in task.options:   # as resolved for this model, so the same head is rebuilt
+    task_opts["classifier_pooling"] = task.options["classifier_pooling"]
+  record = {"task": config.task, "task_opts": task_opts, "kind": task.kind,
             "label_names": list(task.label_names), "primary_metric": task.primary_metric,
             "max_seq_length": config.max_seq_length, "scalar_mix": config.scalar_mix}
   (epath.Path(workdir) / TASK_FILE).write_text(json.dumps(record, indent=1) + "\n")
@@ -425,6 +444,9 @@ def finetune_trials(configs: list, workdirs: list, *, max_epochs: int | None = N
   task, train, dev, to_predict = _read_data(task, config, tokenizer)  # data errors before the model is loaded
   train_features = train.features
   bert_cfg, encoder_params = init.load_encoder(config)
+  if task.kind in ("classification", "regression"):   # the pooling goes into task.json with the task's options
+    task = dataclasses.replace(task, options={**task.options,
+                                              "classifier_pooling": init.classifier_pooling(config, bert_cfg)})
   mesh = sharding.create_mesh(config.mesh)
   rules, trial_axis, batch_axes = _layout(config, mesh, len(configs))
   if config.batch_size % math.prod(mesh.shape[a] for a in batch_axes):

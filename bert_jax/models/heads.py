@@ -70,10 +70,10 @@ class BertForPreTraining(nn.Module):
     return result
 
 
-def _encode(cfg, input_ids, input_mask, segment_ids, deterministic, encoder_kwargs):
+def _encode(cfg, input_ids, input_mask, segment_ids, deterministic, encoder_kwargs, pool=True):
   # Called inside a compact __call__: the encoder becomes the caller's submodule "bert".
   return model.BertEncoder(cfg, name="bert")(input_ids, input_mask, segment_ids,
-                                             deterministic=deterministic, **encoder_kwargs)
+                                             deterministic=deterministic, pool=pool, **encoder_kwargs)
 
 
 def _classify(cfg, x, num_labels, deterministic, name="classifier"):
@@ -81,40 +81,90 @@ def _classify(cfg, x, num_labels, deterministic, name="classifier"):
   return _dense(cfg, num_labels, ("embed", None), name)(x).astype(jnp.float32)
 
 
+class PredictionHead(nn.Module):
+  """ModernBERT's `head` before its classifiers: dense + activation + LayerNorm (biases as the encoder's)."""
+  config: model.BertConfig
+
+  @nn.compact
+  def __call__(self, x):
+    cfg = self.config
+    x = model.gelu(cfg, _dense(cfg, cfg.hidden_size, ("embed", "mlp"), "dense", cfg.dense_bias)(x))
+    return model.layer_norm(cfg, "norm")(x)
+
+
+# How a sequence classifier summarises the encoder's output: BERT's pooler (tanh dense on [CLS]), or
+# ModernBERT's `classifier_pooling` ("cls": the [CLS] vector, "mean": the mean over real tokens) feeding
+# `PredictionHead`.
+POOLINGS = ("pooler", "cls", "mean")
+
+
+def pool_sequence(x_BLH, input_mask_BL, pooling: str):
+  """[B, H]: the first position ("cls") or the mean over real tokens ("mean") of `x_BLH`."""
+  if pooling == "cls":
+    return x_BLH[:, 0]
+  # Summed in float32: a mean over hundreds of bfloat16 vectors loses digits otherwise.
+  mask_BL1 = input_mask_BL[..., None].astype(jnp.float32)
+  mean = (x_BLH.astype(jnp.float32) * mask_BL1).sum(1) / jnp.maximum(mask_BL1.sum(1), 1.0)
+  return mean.astype(x_BLH.dtype)
+
+
 class BertForSequenceClassification(nn.Module):
-  """Classifier on the pooled [CLS] output; num_labels == 1 is regression. Params {"bert", "classifier"}."""
+  """Classifier on a summary of the sequence; num_labels == 1 is regression.
+
+  `pooling` "pooler" (BERT): params {"bert" (with its pooler), "classifier"}. "cls" | "mean" (ModernBERT's
+  ModernBertForSequenceClassification): {"bert" (no pooler), "head", "classifier"}.
+  """
   config: model.BertConfig
   num_labels: int
+  pooling: str = "pooler"
 
   @nn.compact
   def __call__(self, input_ids, input_mask, segment_ids, *, deterministic: bool = True, **encoder_kwargs):
     """Returns logits [B, num_labels] float32."""
-    out = _encode(self.config, input_ids, input_mask, segment_ids, deterministic, encoder_kwargs)
-    return _classify(self.config, out["pooled_output"], self.num_labels, deterministic)
+    if self.pooling not in POOLINGS:
+      raise ValueError(f"pooling {self.pooling!r}; one of {POOLINGS}")
+    pooler = self.pooling == "pooler"
+    out = _encode(self.config, input_ids, input_mask, segment_ids, deterministic, encoder_kwargs, pool=pooler)
+    if pooler:
+      return _classify(self.config, out["pooled_output"], self.num_labels, deterministic)
+    x = pool_sequence(out["sequence_output"], input_mask, self.pooling)
+    return _classify(self.config, PredictionHead(self.config, name="head")(x), self.num_labels, deterministic)
 
 
 class BertForTokenClassification(nn.Module):
-  """Per-token classifier (e.g. NER). Params {"bert", "classifier"}."""
+  """Per-token classifier (e.g. NER). Params {"bert", "classifier"}, and "head" (ModernBERT's
+  `PredictionHead` before the classifier) when `head`."""
   config: model.BertConfig
   num_labels: int
+  head: bool = False
 
   @nn.compact
   def __call__(self, input_ids, input_mask, segment_ids, *, deterministic: bool = True, **encoder_kwargs):
     """Returns logits [B, L, num_labels] float32."""
-    out = _encode(self.config, input_ids, input_mask, segment_ids, deterministic, encoder_kwargs)
-    return _classify(self.config, out["sequence_output"], self.num_labels, deterministic)
+    # BERT's encoder keeps its (unused) pooler, so its checkpoints load as they are; ModernBERT has none.
+    out = _encode(self.config, input_ids, input_mask, segment_ids, deterministic, encoder_kwargs,
+                  pool=not self.head)
+    x = PredictionHead(self.config, name="head")(out["sequence_output"]) if self.head else out["sequence_output"]
+    return _classify(self.config, x, self.num_labels, deterministic)
 
 
 class BertForQuestionAnswering(nn.Module):
-  """Span start/end scores for extractive QA (Devlin et al. 2019, 4.2). Params {"bert", "qa_outputs"}."""
+  """Span start/end scores for extractive QA (Devlin et al. 2019, 4.2). Params {"bert", "qa_outputs"}, and
+  "head" when `head` (ModernBERT's `PredictionHead` and dropout before the span scores, as
+  ModernBertForQuestionAnswering)."""
   config: model.BertConfig
+  head: bool = False
 
   @nn.compact
   def __call__(self, input_ids, input_mask, segment_ids, *, deterministic: bool = True, **encoder_kwargs):
     """Returns {"start_logits": [B, L], "end_logits": [B, L]} float32 (padding not masked here).
 
-    No dropout before the span scores, as google-research/bert run_squad.py.
+    BERT: no dropout before the span scores, as google-research/bert run_squad.py.
     """
-    out = _encode(self.config, input_ids, input_mask, segment_ids, deterministic, encoder_kwargs)
-    logits = _dense(self.config, 2, ("embed", None), "qa_outputs")(out["sequence_output"]).astype(jnp.float32)
+    cfg = self.config
+    out = _encode(cfg, input_ids, input_mask, segment_ids, deterministic, encoder_kwargs, pool=not self.head)
+    x = out["sequence_output"]
+    if self.head:
+      x = nn.Dropout(cfg.hidden_dropout)(PredictionHead(cfg, name="head")(x), deterministic=deterministic)
+    logits = _dense(cfg, 2, ("embed", None), "qa_outputs")(x).astype(jnp.float32)
     return {"start_logits": logits[..., 0], "end_logits": logits[..., 1]}
