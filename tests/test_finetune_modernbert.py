@@ -12,10 +12,12 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from bert_jax.data import tokenizer as tokenizer_lib
+from bert_jax.finetune import init as finetune_init
 from bert_jax.finetune import tasks
 from bert_jax.finetune import trainer
 from bert_jax.models import config as config_lib
 from bert_jax.models import heads
+from configs.finetune import sst2
 from conftest import shared_path
 from test_finetune_train import make_sentiment_data, tiny_config
 
@@ -120,3 +122,20 @@ def test_finetune_from_a_hugging_face_modernbert_directory(tmp_path):
   assert trainer.build_model(_modern_config(), tasks.from_record(record)).pooling == "mean"
   saved = tokenizer_lib.load_tokenizer(tmp_path / "run")   # the workdir keeps the tokenizer.json
   assert saved.kind == "tokenizer_json" and saved.encode_pair("good movie")[0] == tk.encode("good movie").ids
+
+
+def test_classifier_pooling_from_task_opts_then_the_checkpoint(tmp_path):
+  shutil.copytree(shared_path("families", "modernbert"), tmp_path / "m")
+  config = sst2.get_config()
+  config.init_checkpoint = str(tmp_path / "m")
+  modern, bert = _modern_config(), config_lib.BertConfig.from_preset("tiny")
+  assert finetune_init.classifier_pooling(config, modern) == "cls"   # the reference config.json says so
+  hf = json.loads((tmp_path / "m" / "config.json").read_text())
+  (tmp_path / "m" / "config.json").write_text(json.dumps({**hf, "classifier_pooling": "mean"}))
+  assert finetune_init.classifier_pooling(config, modern) == "mean"
+  assert finetune_init.classifier_pooling(config, bert) == "pooler"
+  config.task_opts.classifier_pooling = "cls"
+  assert finetune_init.classifier_pooling(config, modern) == finetune_init.classifier_pooling(config, bert) == "cls"
+  config.task_opts.classifier_pooling = "max"
+  with pytest.raises(ValueError, match="classifier_pooling"):
+    finetune_init.classifier_pooling(config, modern)
