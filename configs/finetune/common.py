@@ -17,6 +17,9 @@ def get_config() -> ml_collections.ConfigDict:
   # (a directory of the original files, or "tfds" with `task_opts.tfds_data_dir`).
   c.task = ""
   c.task_opts = ml_collections.ConfigDict()
+  # How a sequence classifier reads the encoder: "pooler" (BERT), "cls" or "mean" (ModernBERT); "": the
+  # checkpoint's own (bert_jax/finetune/init.py `classifier_pooling`).
+  c.task_opts.classifier_pooling = ""
   c.data_dir = ""
   c.train_split = "train"
   c.eval_split = ""            # empty: the task's dev split
