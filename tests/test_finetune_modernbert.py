@@ -15,6 +15,7 @@ from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.finetune import init as finetune_init
 from bert_jax.finetune import tasks
 from bert_jax.finetune import trainer
+from bert_jax.interop import export
 from bert_jax.models import config as config_lib
 from bert_jax.models import heads
 from configs.finetune import sst2
@@ -122,6 +123,8 @@ def test_finetune_from_a_hugging_face_modernbert_directory(tmp_path):
   assert trainer.build_model(_modern_config(), tasks.from_record(record)).pooling == "mean"
   saved = tokenizer_lib.load_tokenizer(tmp_path / "run")   # the workdir keeps the tokenizer.json
   assert saved.kind == "tokenizer_json" and saved.encode_pair("good movie")[0] == tk.encode("good movie").ids
+  with pytest.raises(ValueError, match="not written as a transformers class"):   # never a silently headless export
+    export.export(str(tmp_path / "run"), str(tmp_path / "exported"))
 
 
 def test_classifier_pooling_from_task_opts_then_the_checkpoint(tmp_path):

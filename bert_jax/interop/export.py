@@ -79,6 +79,10 @@ def export(checkpoint, output) -> str:
       raise ValueError(f"{checkpoint}: a scalar-mix model (finetuned with scalar_mix) has no transformers class; "
                        "finetune without scalar_mix to export")
     classes = checkpoints_hf.family(cfg).classes
+    pooling = record.get("task_opts", {}).get("classifier_pooling") or "pooler"
+    if "head" in params or (record["kind"] in ("classification", "regression") and pooling != "pooler"):
+      raise ValueError(f"{checkpoint}: a head on the [CLS] vector or the token mean ({pooling} pooling, ModernBERT's "
+                       "dense-norm `head`) is not written as a transformers class yet; export the encoder")
     if classes in ("Roberta", "DistilBert") and record["kind"] in ("classification", "regression"):
       raise ValueError(f"{checkpoint}: {classes}ForSequenceClassification's head (two layers on the first token, no "
                        "pooler) is not written; export a tagging or span model, or the encoder")
