@@ -135,7 +135,7 @@ def test_pairs_labels_and_short_sequences(news_dir, tok):
   docs = maker.docs
   labels, short = [], []
   for epoch in range(3):
-    inst, _ = maker.plan(epoch)
+    inst = maker.plan(epoch)[0]
     doc_a = docs.document_of(inst.a_chunk[:, 0])
     is_next = inst.label == 0
     assert (inst.b_chunk[is_next, 0] == inst.a_chunk[is_next, 1]).all()
