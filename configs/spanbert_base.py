@@ -5,9 +5,10 @@
 
 Recipe: span masking (3.1: whole-word spans, lengths ~ Geometric(p = 0.2) clipped at 10, 15% of the
 tokens, 80/10/10 per span) with the span boundary objective (3.2), single contiguous segments of up to
-512 tokens and no NSP (3.3); BERT's model sizes and cased WordPiece vocabulary; Adam with lr 1e-4,
-b1 0.9, b2 0.999, weight decay 0.01, 10,000 warmup steps then linear decay, dropout 0.1, batch 256
-sequences, 2.4M steps, all at length 512 ("Implementation", 4.x; unlike BERT no 128-token phase).
+512 tokens and no NSP (3.3); BERT's model sizes and cased WordPiece vocabulary. 4.2 ("Implementation"):
+AdamW with lr 1e-4, b1 0.9, b2 0.999, "a decoupled weight decay of 0.1" and "an epsilon of 1e-8", 10,000
+warmup steps then linear decay, dropout 0.1, batch 256 sequences of up to 512 tokens, 2.4M steps (unlike
+BERT no 128-token phase). Checked against arXiv:1907.10529, 4.2 (a text transcription of its ar5iv HTML).
 """
 
 from configs import common
@@ -29,6 +30,8 @@ def get_config(arg: str = "", preset: str = "base"):
   c.global_batch_size = BATCH
   c.train_steps = STEPS
   c.optimizer.learning_rate = 1e-4
+  c.optimizer.weight_decay = 0.1
+  c.optimizer.eps = 1e-8
   c.optimizer.warmup_steps = 10_000
   c.optimizer.total_steps = STEPS
   c.topology = "v3:8x8"

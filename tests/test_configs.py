@@ -136,12 +136,14 @@ def test_albert_paper_recipe(module):
 
 @pytest.mark.parametrize("module", [spanbert_base, spanbert_large])
 def test_spanbert_paper_recipe(module):
-  """Joshi et al. 2020: span masking + SBO, one 512-token segment, no NSP, batch 256, 2.4M steps, lr 1e-4."""
+  """Joshi et al. 2020: span masking + SBO, one 512-token segment, no NSP, batch 256, 2.4M steps, lr 1e-4,
+  decoupled weight decay 0.1, eps 1e-8 (4.2)."""
   c = module.get_config()
   assert (c.objective, c.data.format, c.data.span_masking, c.data.span_p, c.data.span_max_length) == (
       "spanbert", "doc_sentences", True, 0.2, 10)
   assert (c.data.seq_length, c.global_batch_size, c.train_steps, c.optimizer.learning_rate) == (
       512, 256, 2_400_000, 1e-4)
+  assert (c.optimizer.weight_decay, c.optimizer.eps) == (0.1, 1e-8)
   assert "next_sentence_labels" not in train.abstract_batch(c)
 
 
