@@ -215,9 +215,10 @@ def _as_context(context) -> dict:
   return {"mask": context, "rope": None, "local_mask": None, "local_rope": None}
 
 
-def _dense(cfg: BertConfig, features: int, names: tuple, name: str) -> nn.Dense:
-  """A layer's projection to `features` with logical axis names `names` (bias as `dense_bias`)."""
-  return nn.Dense(features, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name=name, use_bias=cfg.dense_bias,
+def dense(cfg: BertConfig, features: int, names: tuple, name: str, use_bias: bool | None = None) -> nn.Dense:
+  """A projection to `features` with logical axis names `names`; bias as `use_bias`, by default `dense_bias`."""
+  return nn.Dense(features, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name=name,
+                  use_bias=cfg.dense_bias if use_bias is None else use_bias,
                   kernel_init=dense_init(cfg, names), bias_init=zeros(names[-1:]))
 
 
@@ -241,13 +242,13 @@ class BertLayer(nn.Module):
     context, (local, first) = _as_context(context), kind
     mask, rope = _pick(local, context["local_mask"], context["mask"]), _pick(local, context["local_rope"],
                                                                               context["rope"])
-    dense = functools.partial(_dense, cfg)
+    layer_dense = functools.partial(dense, cfg)
     dropout = lambda h: nn.Dropout(cfg.hidden_dropout)(h, deterministic=deterministic)
     constrain = lambda h: _constrain(h, "activation_batch", "activation_length", "activation_embed")
     attention = self.shared_attention or SelfAttention(cfg, name="attention")
 
     def feed_forward(h):
-      h = (self.shared_intermediate or dense(cfg.intermediate_size * (2 if cfg.geglu else 1), ("embed", "mlp"),
+      h = (self.shared_intermediate or layer_dense(cfg.intermediate_size * (2 if cfg.geglu else 1), ("embed", "mlp"),
                                              "intermediate"))(h)
       if cfg.geglu:  # the input half first, then the gate, as Hugging Face's ModernBertMLP
         h, gate = jnp.split(h, 2, axis=-1)
@@ -255,7 +256,7 @@ class BertLayer(nn.Module):
       else:
         h = gelu(cfg, h)
       h = _constrain(h, "activation_batch", "activation_length", "activation_mlp")
-      return (self.shared_output or dense(cfg.hidden_size, ("mlp", "embed"), "output"))(h)
+      return (self.shared_output or layer_dense(cfg.hidden_size, ("mlp", "embed"), "output"))(h)
 
     if cfg.pre_norm:
       # Layer 0 reads the embedding norm's output as it is (ModernBERT's attn_norm is Identity there).
@@ -313,9 +314,9 @@ def _shared_sublayers(cfg: BertConfig) -> dict:
   if cfg.shared_sublayer == "attention":
     return {"shared_attention": SelfAttention(cfg, name="shared_attention")}
   if cfg.shared_sublayer == "ffn":
-    return {"shared_intermediate": _dense(cfg, cfg.intermediate_size * (2 if cfg.geglu else 1), ("embed", "mlp"),
+    return {"shared_intermediate": dense(cfg, cfg.intermediate_size * (2 if cfg.geglu else 1), ("embed", "mlp"),
                                           "shared_intermediate"),
-            "shared_output": _dense(cfg, cfg.hidden_size, ("mlp", "embed"), "shared_output")}
+            "shared_output": dense(cfg, cfg.hidden_size, ("mlp", "embed"), "shared_output")}
   return {}
 
 

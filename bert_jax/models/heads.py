@@ -12,11 +12,6 @@ from bert_jax.models import encoder as model
 _OPTIONAL_ENCODER_INPUTS = ("position_ids", "example_ids")
 
 
-def _dense(cfg: model.BertConfig, features: int, names: tuple, name: str, use_bias: bool = True) -> nn.Dense:
-  return nn.Dense(features, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name=name, use_bias=use_bias,
-                  kernel_init=model.dense_init(cfg, names), bias_init=model.zeros(names[-1:]))
-
-
 def gather_positions(x_BLH, positions_BP):
   """x[b, positions[b, p]] -> [B, P, H]."""
   return jnp.take_along_axis(x_BLH, positions_BP[..., None].astype(jnp.int32), axis=1)
@@ -31,7 +26,7 @@ class MaskedLMHead(nn.Module):
   @nn.compact
   def __call__(self, x, word_embeddings_VE):
     cfg = self.config
-    x = model.gelu(cfg, _dense(cfg, cfg.embedding_dim, ("embed", "mlp"), "transform", cfg.dense_bias)(x))
+    x = model.gelu(cfg, model.dense(cfg, cfg.embedding_dim, ("embed", "mlp"), "transform")(x))
     x = model.layer_norm(cfg, "layer_norm")(x)
     bias = self.param("output_bias", model.zeros(("vocab",)), (cfg.vocab_size,), cfg.param_dtype)
     # Logits in float32: the vocabulary softmax is taken by the loss.
@@ -65,7 +60,7 @@ class BertForPreTraining(nn.Module):
       x = gather_positions(x, batch["masked_lm_positions"])
     result = {"mlm_logits": MaskedLMHead(cfg, name="mlm")(x, bert.word_embeddings())}
     if self.use_nsp:
-      nsp = _dense(cfg, 2, ("embed", None), "nsp")
+      nsp = model.dense(cfg, 2, ("embed", None), "nsp", use_bias=True)
       result["nsp_logits"] = nsp(out["pooled_output"]).astype(jnp.float32)
     return result
 
@@ -78,7 +73,7 @@ def _encode(cfg, input_ids, input_mask, segment_ids, deterministic, encoder_kwar
 
 def _classify(cfg, x, num_labels, deterministic, name="classifier"):
   x = nn.Dropout(cfg.hidden_dropout)(x, deterministic=deterministic)
-  return _dense(cfg, num_labels, ("embed", None), name)(x).astype(jnp.float32)
+  return model.dense(cfg, num_labels, ("embed", None), name, use_bias=True)(x).astype(jnp.float32)
 
 
 class PredictionHead(nn.Module):
@@ -88,7 +83,7 @@ class PredictionHead(nn.Module):
   @nn.compact
   def __call__(self, x):
     cfg = self.config
-    x = model.gelu(cfg, _dense(cfg, cfg.hidden_size, ("embed", "mlp"), "dense", cfg.dense_bias)(x))
+    x = model.gelu(cfg, model.dense(cfg, cfg.hidden_size, ("embed", "mlp"), "dense")(x))
     return model.layer_norm(cfg, "norm")(x)
 
 
@@ -166,5 +161,5 @@ class BertForQuestionAnswering(nn.Module):
     x = out["sequence_output"]
     if self.head:
       x = nn.Dropout(cfg.hidden_dropout)(PredictionHead(cfg, name="head")(x), deterministic=deterministic)
-    logits = _dense(cfg, 2, ("embed", None), "qa_outputs")(x).astype(jnp.float32)
+    logits = model.dense(cfg, 2, ("embed", None), "qa_outputs", use_bias=True)(x).astype(jnp.float32)
     return {"start_logits": logits[..., 0], "end_logits": logits[..., 1]}
