@@ -274,8 +274,9 @@ def write_csv(path: str, stats: dict, head_labels: dict) -> None:
                     int(head_labels["positional"][layer, head]), int(head_labels["rare_token"][layer, head])])
 
 
-def plot_heatmap(path: str, values: np.ndarray, title: str) -> bool:
-  """A layers x heads heat map with each value written in its cell; False without matplotlib."""
+def plot_heatmap(path: str, values: np.ndarray, title: str, limits: tuple | None = None) -> bool:
+  """A layers x heads heat map with each value written in its cell, colours over `limits` (None: the values'
+  range); False without matplotlib."""
   try:
     import matplotlib  # pylint: disable=g-import-not-at-top
     matplotlib.use("Agg")
@@ -285,10 +286,11 @@ def plot_heatmap(path: str, values: np.ndarray, title: str) -> bool:
     return False
   num_layers, num_heads = values.shape
   fig, ax = plt.subplots(figsize=(1.2 + 0.5 * num_heads, 1.0 + 0.4 * num_layers))
-  image = ax.imshow(values, cmap="viridis", aspect="auto")
-  mid = np.nanmean(values)
+  vmin, vmax = limits or (np.nanmin(values), np.nanmax(values))
+  image = ax.imshow(values, cmap="viridis", aspect="auto", vmin=vmin, vmax=vmax)
+  mid = (vmin + vmax) / 2
   for (layer, head), v in np.ndenumerate(values):
-    ax.text(head, layer, f"{v:.2f}", ha="center", va="center", fontsize=6, color="black" if v > mid else "white")
+    ax.text(head, layer, f"{v:.2f}", ha="center", va="center", fontsize=7, color="black" if v > mid else "white")
   ax.set_xticks(range(num_heads))
   ax.set_yticks(range(num_layers))
   ax.set_xlabel("head")
@@ -296,7 +298,7 @@ def plot_heatmap(path: str, values: np.ndarray, title: str) -> bool:
   ax.set_title(title, fontsize=9)
   fig.colorbar(image, ax=ax, fraction=0.03)
   fig.tight_layout()
-  fig.savefig(path, dpi=80)
+  fig.savefig(path, dpi=100)
   plt.close(fig)
   return True
 
@@ -335,7 +337,9 @@ def write_outputs(output_dir: str, stats: dict, sums: dict, extra: dict) -> dict
   head_labels = labels(stats)
   write_csv(os.path.join(output_dir, "heads.csv"), stats, head_labels)
   for name in STATS:
-    plot_heatmap(os.path.join(output_dir, f"heads_{name}.png"), stats[name], name)
+    # Weights and shares on one scale, 0 to 1, so that maps compare; entropies over their own range.
+    plot_heatmap(os.path.join(output_dir, f"heads_{name}.png"), stats[name], name,
+                 None if name.startswith("entropy") else (0.0, 1.0))
   summary = {**extra, **summarize(stats, head_labels, sums)}
   with open(os.path.join(output_dir, "summary.json"), "w") as f:
     json.dump(summary, f, indent=1)
