@@ -59,7 +59,6 @@ _RATIOS = {"attn_cls": "queries", "attn_sep": "queries", "attn_punct": "queries"
            "attn_next": "queries", "entropy": "queries", "entropy_cls": "cls_queries",
            "entropy_of_mean": "examples", "confidence": "queries", "argmax_prev": "prev_cases",
            "argmax_next": "next_cases", "argmax_rare": "rare_cases"}
-_LENGTH_BUCKET = 16  # pad batches to a multiple of this: few shapes, few compilations
 _SENTENCE_END = re.compile(r"(?:(?<=[.!?])|(?<=[.!?][\"'”]))\s+(?=[\"'“(]?[A-Z0-9])")
 
 
@@ -224,21 +223,12 @@ def labels(stats: dict) -> dict:
 # The corpus through the encoder.
 
 def _batches(cfg: model.BertConfig, examples, kinds, batch_size: int):
-  """Length-sorted padded batches (ids, mask, types, kinds) of `batch_size` rows, the last one padded too."""
-  pad_id = 0 if cfg.position_pad_id is None else cfg.position_pad_id  # as embed: RoBERTa pads with its pad id
-  order = sorted(range(len(examples)), key=lambda i: len(examples[i].input_ids))
-  for start in range(0, len(order), batch_size):
-    chunk = order[start:start + batch_size]
-    length = -(-max(len(examples[i].input_ids) for i in chunk) // _LENGTH_BUCKET) * _LENGTH_BUCKET
-    length = min(length, embed.longest_input(cfg))
-    ids = np.full((batch_size, length), pad_id, np.int32)
-    mask, types = np.zeros_like(ids), np.zeros_like(ids)
-    kind = {k: np.zeros((batch_size, length), bool) for k in kinds[0]}
+  """`embed.padded_batches` (ids, mask, types), with the inputs' `key_kinds` padded alike."""
+  for chunk, (ids, mask, types) in embed.padded_batches(cfg, examples, batch_size):
+    kind = {k: np.zeros(ids.shape, bool) for k in kinds[0]}
     for row, i in enumerate(chunk):
-      n = len(examples[i].input_ids)
-      ids[row, :n], types[row, :n], mask[row, :n] = examples[i].input_ids, examples[i].token_type_ids, 1
       for k, v in kinds[i].items():
-        kind[k][row, :n] = v
+        kind[k][row, :len(v)] = v
     yield ids, mask, types, kind
 
 
