@@ -1,0 +1,150 @@
+"""`bert-jax analyze prune` (Michel et al. 2019): head importance against finite differences, the pruning
+order, the exported pruned workdir against the masked model, and the command on a tiny finetuned workdir."""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bert_jax.analysis import prune
+from bert_jax.finetune import tasks
+from bert_jax.finetune import trainer
+from bert_jax.models import encoder as model_lib
+from bert_jax.models import heads
+from bert_jax.tools import predict
+from test_finetune_train import make_sentiment_data, tiny_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LAYERS, HEADS = 2, 4
+
+
+def _tiny_classifier():
+  cfg = model_lib.BertConfig(vocab_size=20, hidden_size=16, num_layers=LAYERS, num_heads=HEADS, intermediate_size=32,
+                             max_position_embeddings=16, hidden_dropout=0.0, attention_dropout=0.0,
+                             initializer_range=0.3)   # gradients well above float32's noise
+  model = heads.BertForSequenceClassification(cfg, 3)
+  rng = np.random.default_rng(0)
+  n, length = 6, 8
+  ids = rng.integers(5, 20, (n, length)).astype(np.int32)
+  mask = np.ones((n, length), np.int32)
+  mask[::2, 5:] = 0   # some padding
+  features = {"input_ids": ids * mask, "input_mask": mask, "segment_ids": np.zeros_like(ids),
+              "label": rng.integers(0, 3, n).astype(np.int32)}
+  params = model.init(jax.random.key(1), ids[:1], mask[:1], features["segment_ids"][:1])["params"]
+  return model, params, features
+
+
+def test_importance_is_the_mean_of_finite_difference_abs_gradients():
+  model, params, features = _tiny_classifier()
+  got = prune.head_importance(model, params, features, "classification", np.ones((LAYERS, HEADS)), batch_size=4)
+
+  @jax.jit
+  def losses(head_mask):   # [n]: each example's loss (the rows of a batch do not mix)
+    logits = model.apply({"params": params}, features["input_ids"], features["input_mask"], features["segment_ids"],
+                         head_mask=head_mask)
+    return -jnp.take_along_axis(jax.nn.log_softmax(logits), features["label"][:, None], axis=1)[:, 0]
+
+  eps = 1e-3
+  fd = np.zeros((len(features["label"]), LAYERS, HEADS))
+  for l in range(LAYERS):
+    for h in range(HEADS):
+      step = np.zeros((LAYERS, HEADS), np.float32)
+      step[l, h] = eps
+      fd[:, l, h] = (np.float64(losses(1 + step)) - np.float64(losses(1 - step))) / (2 * eps)
+  np.testing.assert_allclose(got, np.abs(fd).mean(0), rtol=2e-2, atol=1e-6)
+  # The expectation of |gradient| per example, not |gradient| of the mean loss (they differ here).
+  assert not np.allclose(got, np.abs(fd.mean(0)), rtol=2e-2)
+  normalised = prune.normalise_by_layer(got)
+  np.testing.assert_allclose(np.linalg.norm(normalised, axis=1), 1.0, rtol=1e-6)
+
+
+def test_pruning_order_and_fractions():
+  scores = np.array([[0.5, 0.1, 0.9], [0.1, 0.7, 0.2]])
+  assert prune.pruning_order(scores) == [(0, 1), (1, 0), (1, 2), (0, 0), (1, 1), (0, 2)]   # tie: layer 0 first
+  assert [prune.num_pruned(f, 72) for f in prune.FRACTIONS] == [0, 7, 14, 22, 29, 36, 43, 50, 58, 65]
+  assert prune.num_pruned(0.5, 6) == 3 and prune.num_pruned(0.25, 6) == 2
+  with pytest.raises(ValueError, match=r"\[0, 1\)"):
+    prune.num_pruned(1.0, 72)
+  mask = prune.mask_without((2, 3), [(0, 1), (1, 2)])
+  np.testing.assert_array_equal(mask, [[1, 0, 1], [1, 1, 0]])
+  assert prune.by_layer([(1, 2), (0, 1), (1, 0)]) == {0: [1], 1: [0, 2]}
+
+
+def test_the_curve_masks_a_growing_prefix_of_the_order(tiny_run):
+  workdir, data = tiny_run
+  predictor = predict.Predictor.load(workdir)
+  dev = prune.read_dev(predictor, os.path.join(data, "dev.tsv"))
+  model = trainer.build_model(predictor.model_config, predictor.task)
+  rows, scores, raw = prune.curve(model, predictor.params, predictor.task, dev, [0.5, 0.0, 0.25], batch_size=16)
+  order = prune.pruning_order(scores)
+  assert [r["fraction"] for r in rows] == [0.0, 0.25, 0.5] and [r["heads_pruned"] for r in rows] == [0, 2, 4]
+  assert rows[2]["heads"] == " ".join(f"{l}:{h}" for l, h in sorted(order[:4]))
+  assert rows[0]["accuracy"] == pytest.approx(json.loads((workdir / "results.json").read_text())["last_metrics"]
+                                              ["accuracy"])
+  assert np.all(raw > 0) and scores.shape == (LAYERS, HEADS)
+  iterative, _, _ = prune.curve(model, predictor.params, predictor.task, dev, [0.0, 0.25, 0.5], iterative=True,
+                                batch_size=16)
+  assert [r["heads_pruned"] for r in iterative] == [0, 2, 4]
+
+
+def test_a_question_answering_workdir_is_refused():
+  predictor = predict.Predictor(tasks.get_task("squad_v1"), None, None, None, 64)
+  with pytest.raises(ValueError, match="classification, regression, tagging.*'span'"):
+    prune.read_dev(predictor, "dev.json")
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+  """(workdir, data_dir) of a tiny finetuned SST-2-format classifier: 2 layers of 4 heads, seconds to train."""
+  tmp = tmp_path_factory.mktemp("prune")
+  data = make_sentiment_data(tmp / "data", n_train=64, n_dev=32)
+  c = tiny_config(data)
+  c.model.hidden_size, c.model.num_heads, c.model.intermediate_size = 32, HEADS, 64
+  c.num_epochs, c.log_every_steps = 2, 100
+  trainer.finetune(c, str(tmp / "run"))
+  return tmp / "run", data
+
+
+def test_export_reloads_with_fewer_params_and_the_masked_logits(tiny_run, tmp_path):
+  workdir, data = tiny_run
+  summary = prune.run(str(workdir), data, str(tmp_path / "out"), [0.0, 0.5], export_fraction=0.5,
+                      export_dir=str(tmp_path / "pruned"), batch_size=16, timing_repeats=2)
+  report = summary["export"]
+  assert report["heads_removed"] == 4 and report["max_abs_error"] <= 1e-5
+  assert report["params_pruned"] < report["params_unpruned"]
+  # A finetuned workdir `bert-jax predict` loads: the same head, its labels, the pruned config.
+  pruned = predict.Predictor.load(str(tmp_path / "pruned"))
+  assert pruned.model_config.pruned_heads and pruned.task.label_names == ("0", "1")
+  dev = pruned.read(os.path.join(data, "dev.tsv"))
+  scores = pruned.score(dev, pruned.predict(dev))
+  assert scores["accuracy"] == pytest.approx(report["accuracy"])
+  assert scores["accuracy"] == pytest.approx(summary["curve"][-1]["accuracy"])   # masked 50% = removed 50%
+
+
+def test_the_command_end_to_end(tiny_run, tmp_path):
+  workdir, data = tiny_run
+  argv = [sys.executable, "-m", "bert_jax.cli", "analyze", "prune", f"--checkpoint={workdir}",
+          f"--input={data}/dev.tsv", f"--output_dir={tmp_path}/out", "--fractions=0,0.25,0.5,0.75",
+          "--batch_size=16"]
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  run = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  assert run.returncode == 0, run.stderr[-3000:]
+  summary = json.loads(run.stdout[run.stdout.index("{"):])
+  assert [r["heads_pruned"] for r in summary["curve"]] == [0, 2, 4, 6] and summary["metric"] == "accuracy"
+  with open(tmp_path / "out" / "prune.csv") as f:
+    rows = list(csv.DictReader(f))
+  assert [int(r["heads_pruned"]) for r in rows] == [0, 2, 4, 6]
+  with open(tmp_path / "out" / "importance.csv") as f:
+    assert len(list(csv.DictReader(f))) == LAYERS * HEADS
+  assert (tmp_path / "out" / "prune.png").stat().st_size > 1000
+  assert (tmp_path / "out" / "importance.png").stat().st_size > 1000
+  # A fraction of 1 is one line on stderr and exit code 2.
+  bad = subprocess.run(argv[:-2] + ["--fractions=0,1"], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=300)
+  assert bad.returncode == 2 and "fraction 1.0: in [0, 1)" in bad.stderr and "Traceback" not in bad.stderr
