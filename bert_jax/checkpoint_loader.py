@@ -199,7 +199,7 @@ def load(path, *, kind: str = "auto", bert_config_json: str | None = None, scan_
 _STRUCTURE = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size", "max_position_embeddings",
               "type_vocab_size", "embedding_size", "share_layers", "shared_sublayer", "position_pad_id", "causal",
               "rope_theta", "local_rope_theta", "geglu", "pre_norm", "final_norm", "norm_bias", "dense_bias",
-              "global_attn_every_n_layers", "local_attention")
+              "global_attn_every_n_layers", "local_attention", "pruned_heads")
 
 
 def family_problem(path, encoder_config: model.BertConfig) -> str | None:

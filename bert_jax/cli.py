@@ -22,12 +22,20 @@ SUBCOMMANDS = {
     "export": ("bert_jax.interop.export", "Write a checkpoint as a Hugging Face directory (finetuned: its head's class)."),
     "bench data": ("bert_jax.tools.bench_data", "Benchmark the input pipeline and `prepare`; prints JSON lines."),
     "bench train": ("bert_jax.tools.bench_train", "Benchmark the train step (step time, tokens/s, MFU); prints JSON."),
+    "analyze attention": ("bert_jax.analysis.attention", "Attention maps of every layer and head: PNG grids, "
+                          "BertViz-style HTML pages."),
+    "analyze heads": ("bert_jax.analysis.heads", "Per-head attention statistics over a corpus: CSV, heat maps."),
+    "analyze prune": ("bert_jax.analysis.prune", "Head importance of a finetuned model, the pruning curve, a "
+                      "pruned export."),
+    "analyze probe": ("bert_jax.analysis.probe", "Linear/MLP probes on every layer's frozen features; per-layer "
+                      "accuracy curves."),
 }
+_TWO_WORD = ("bench", "analyze")  # `bench data`, `analyze heads`, ...
 
 
 def _usage() -> str:
   lines = ["usage: bert-jax <command> [flags]", "", "commands:"]
-  lines += [f"  {name:<12} {doc}" for name, (_, doc) in SUBCOMMANDS.items()]
+  lines += [f"  {name:<18} {doc}" for name, (_, doc) in SUBCOMMANDS.items()]
   lines += ["", "`bert-jax <command> --help` lists a command's flags."]
   return "\n".join(lines)
 
@@ -38,8 +46,8 @@ def main(argv=None) -> None:
     print(_usage())
     sys.exit(0 if len(argv) >= 2 else 2)
   name, rest = argv[1], argv[2:]
-  if name == "bench" and rest:  # two-word commands: `bench data`, `bench train`
-    name, rest = f"bench {rest[0]}", rest[1:]
+  if name in _TWO_WORD and rest:
+    name, rest = f"{name} {rest[0]}", rest[1:]
   if name not in SUBCOMMANDS:
     print(f"bert-jax: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
     sys.exit(2)

@@ -151,13 +151,14 @@ _SAFETENSORS_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, 
 
 def _transforms(cfg: model.BertConfig):
   """kind -> (to_jax, to_hf). HF Linear weights are [out, in]; our kernels [in, out] with heads split."""
-  h, n, k = cfg.hidden_size, cfg.num_heads, cfg.head_dim
+  # The head count is read off each tensor: a layer with `pruned_heads` has fewer.
+  h, k = cfg.hidden_size, cfg.head_dim
   return {
       "plain": (lambda w: w, lambda w: w),
       "linear": (lambda w: w.T, lambda w: w.T),
-      "qkv_kernel": (lambda w: w.T.reshape(h, n, k), lambda w: w.reshape(h, n * k).T),
-      "qkv_bias": (lambda w: w.reshape(n, k), lambda w: w.reshape(n * k)),
-      "out_kernel": (lambda w: w.T.reshape(n, k, h), lambda w: w.reshape(n * k, h).T),
+      "qkv_kernel": (lambda w: w.T.reshape(h, w.shape[0] // k, k), lambda w: w.reshape(h, w.shape[1] * k).T),
+      "qkv_bias": (lambda w: w.reshape(w.shape[0] // k, k), lambda w: w.reshape(-1)),
+      "out_kernel": (lambda w: w.T.reshape(w.shape[1] // k, k, h), lambda w: w.reshape(w.shape[0] * k, h).T),
   }
 
 

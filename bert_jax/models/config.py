@@ -103,6 +103,9 @@ class BertConfig:
   # local_attention // 2 positions on either side (Hugging Face's window of local_attention tokens).
   global_attn_every_n_layers: int = 1
   local_attention: int | None = None
+  # Heads removed from the weights (Michel et al. 2019; `pruning.prune_heads`): ((layer, (head, ...)), ...), in
+  # the original head numbering, as transformers' `pruned_heads`. Layer i keeps `layer_num_heads(i)` heads.
+  pruned_heads: tuple = ()
 
   def __post_init__(self):
     # Accept dtype names ("bfloat16") as they come from ConfigDicts and command lines.
@@ -126,6 +129,19 @@ class BertConfig:
                        "every sublayer) nor scan_layers")
     if self.pre_norm and self.share_layers:
       raise ValueError("pre_norm with share_layers is not supported (layer 0 has no attention norm)")
+    object.__setattr__(self, "pruned_heads", _pruned_heads(self.pruned_heads, self.num_layers, self.num_heads))
+    if self.pruned_heads and (self.share_layers or self.scan_layers or self.shared_sublayer == "attention"):
+      raise ValueError("pruned_heads need per-layer attention weights: not with share_layers, scan_layers or "
+                       "shared_sublayer 'attention'")
+
+  def layer_num_heads(self, layer: int) -> int:
+    """Heads of layer `layer` after `pruned_heads`."""
+    return self.num_heads - len(dict(self.pruned_heads).get(layer, ()))
+
+  def kept_heads(self, layer: int) -> tuple:
+    """The original numbers of the heads layer `layer` keeps, in weight order."""
+    removed = set(dict(self.pruned_heads).get(layer, ()))
+    return tuple(h for h in range(self.num_heads) if h not in removed)
 
   @property
   def head_dim(self) -> int:
@@ -170,6 +186,8 @@ class BertConfig:
     ELECTRA config reads as BERT (or, with an embedding size other than the hidden size, as ALBERT's
     projection): its tensor names are the caller's to know (`checkpoints_hf.load_hf` reads config.json).
     """
+    if d.get("pruned_heads"):  # every family's key (transformers' PretrainedConfig)
+      overrides = {"pruned_heads": d["pruned_heads"], **overrides}
     if d.get("position_embedding_type", "absolute") != "absolute":
       raise ValueError(f"position_embedding_type {d['position_embedding_type']!r} is not supported")
     model_type = d.get("model_type", "bert")
@@ -196,6 +214,12 @@ class BertConfig:
   def to_hf_dict(self) -> dict:
     """A config.json of `model_type` (BertConfig, AlbertConfig, RobertaConfig, DistilBertConfig or
     ModernBertConfig in transformers; ELECTRA's is `checkpoints_hf.electra_hf_dict`)."""
+    d = self._family_hf_dict()
+    if self.pruned_heads:  # transformers prunes these heads when it builds the model, then loads the weights
+      d["pruned_heads"] = {str(layer): list(heads) for layer, heads in self.pruned_heads}
+    return d
+
+  def _family_hf_dict(self) -> dict:
     if self.model_type == "distilbert":
       return self._distilbert_hf_dict()
     if self.model_type == "modernbert":
@@ -225,6 +249,19 @@ class BertConfig:
     d.update(model_type="distilbert", architectures=["DistilBertForMaskedLM"], pad_token_id=0,
              sinusoidal_pos_embds=False)
     return d
+
+
+def _pruned_heads(pruned, num_layers: int, num_heads: int) -> tuple:
+  """`pruned_heads` as ((layer, (head, ...)), ...), sorted, from that form, a dict or JSON lists; checked."""
+  items = pruned.items() if isinstance(pruned, dict) else pruned
+  out = {}
+  for layer, heads in items:
+    layer, heads = int(layer), tuple(sorted({int(h) for h in heads}))
+    if not 0 <= layer < num_layers or any(not 0 <= h < num_heads for h in heads):
+      raise ValueError(f"pruned_heads: layer {layer} heads {heads} outside {num_layers} layers x {num_heads} heads")
+    if heads:
+      out[layer] = tuple(sorted(set(out.get(layer, ())) | set(heads)))
+  return tuple(sorted(out.items()))
 
 
 def _distilbert_fields(d: dict) -> dict:

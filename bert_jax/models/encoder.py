@@ -153,34 +153,47 @@ class _Einsum(nn.Module):
 class SelfAttention(nn.Module):
   """Multi-head self-attention with output projection (no residual)."""
   config: BertConfig
+  num_heads: int | None = None   # this layer's heads after pruning; None: config.num_heads
 
   @nn.compact
-  def __call__(self, x_BLH, mask, rope, deterministic: bool):
-    """`rope`: (cos, sin) tables rotating queries and keys (`rotary.rotary_tables`), or None."""
+  def __call__(self, x_BLH, mask, rope, deterministic: bool, head_mask_N=None, output_attentions: bool = False):
+    """`rope`: (cos, sin) tables rotating queries and keys (`rotary.rotary_tables`), or None. `head_mask_N`:
+    each head's output scaled by its entry before the output projection (None: all ones).
+
+    Returns the output [B, L, H]; with `output_attentions`, (output, float32 probabilities [B, N, L, L]),
+    computed explicitly (the fused kernel returns none).
+    """
     cfg = self.config
-    shape = (cfg.hidden_size, cfg.num_heads, cfg.head_dim)
+    shape = (cfg.hidden_size, cfg.num_heads if self.num_heads is None else self.num_heads, cfg.head_dim)
     proj = lambda name: _Einsum(cfg, "blh,hnk->blnk", shape, ("embed", "heads", "kv"), ("heads", "kv"), name=name)
     names = ("activation_batch", "activation_length", "activation_heads", "activation_kv")
     q_BLNK, k_BLNK, v_BLNK = (_constrain(proj(n)(x_BLH), *names) for n in ("query", "key", "value"))
     if rope is not None:
       q_BLNK, k_BLNK = rotary.apply_rotary(q_BLNK, rope), rotary.apply_rotary(k_BLNK, rope)
-    if deterministic or cfg.attention_dropout == 0.0:
+    probs = None
+    if shape[1] == 0:  # every head pruned: the output projection's bias is all that is left
+      o_BLNK = v_BLNK
+      probs = jnp.zeros(x_BLH.shape[:1] + (0,) + x_BLH.shape[1:2] * 2, jnp.float32)
+    elif output_attentions or not (deterministic or cfg.attention_dropout == 0.0):
+      o_BLNK, probs = self._explicit_attention(q_BLNK, k_BLNK, v_BLNK, mask, deterministic)
+    else:
       # Lets the backend pick a fused kernel; the softmax is always float32 inside.
       o_BLNK = jax.nn.dot_product_attention(q_BLNK, k_BLNK, v_BLNK, mask=mask)
-    else:
-      o_BLNK = self._attention_with_dropout(q_BLNK, k_BLNK, v_BLNK, mask)
+    if head_mask_N is not None:
+      o_BLNK = o_BLNK * jnp.asarray(head_mask_N, o_BLNK.dtype)[:, None]
     o_BLNK = _constrain(o_BLNK, *names)
     out = _Einsum(cfg, "blnk,nkh->blh", shape[1:] + shape[:1], ("heads", "kv", "embed"), ("embed",), name="out")
-    return out(o_BLNK)
+    return (out(o_BLNK), probs) if output_attentions else out(o_BLNK)
 
-  def _attention_with_dropout(self, q_BLNK, k_BLNK, v_BLNK, mask):
-    # jax.nn.dot_product_attention has no dropout on the probabilities (BERT's attention dropout).
+  def _explicit_attention(self, q_BLNK, k_BLNK, v_BLNK, mask, deterministic: bool):
+    """(context, probabilities), with BERT's dropout on the probabilities when not deterministic
+    (jax.nn.dot_product_attention has none). The returned probabilities are before dropout."""
     cfg = self.config
     logits = jnp.einsum("bqnk,bsnk->bnqs", q_BLNK, k_BLNK, preferred_element_type=jnp.float32)
     logits = jnp.where(mask, logits / np.sqrt(cfg.head_dim), jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(logits, axis=-1)  # float32 on purpose
-    probs = nn.Dropout(cfg.attention_dropout)(probs, deterministic=False)
-    return jnp.einsum("bnqs,bsnk->bqnk", probs.astype(cfg.dtype), v_BLNK)
+    probs = jnp.where(mask, jax.nn.softmax(logits, axis=-1), 0.0)  # float32 on purpose
+    dropped = nn.Dropout(cfg.attention_dropout)(probs, deterministic=deterministic)
+    return jnp.einsum("bnqs,bsnk->bqnk", dropped.astype(cfg.dtype), v_BLNK), probs
 
 
 def _pick(flag, on, off):
@@ -228,16 +241,20 @@ class BertLayer(nn.Module):
 
   `context`: `layer_context` (or an attention mask alone); `kind`: (local, first) of `layer_kinds`, Python
   bools, or arrays under nn.scan (then layer 0's unused attention norm has params too, so that every step
-  has the same).
+  has the same); `head_mask`: [num_heads] scales of the heads' outputs, or None. The second output is
+  (x or None, attention probabilities [B, N, L, L] or None), as output_hidden_states and output_attentions ask.
   """
   config: BertConfig
+  output_attentions: bool = False
+  num_heads: int | None = None   # after pruning; None: config.num_heads
   # Sublayers owned by the stack and applied by every layer (`shared_sublayer`); None: this layer's own.
   shared_attention: nn.Module | None = None
   shared_intermediate: nn.Module | None = None
   shared_output: nn.Module | None = None
 
   @nn.compact
-  def __call__(self, x, context, deterministic: bool, output_hidden_states: bool, kind=(False, False)):
+  def __call__(self, x, context, deterministic: bool, output_hidden_states: bool, kind=(False, False),
+               head_mask=None):
     cfg = self.config
     context, (local, first) = _as_context(context), kind
     mask, rope = _pick(local, context["local_mask"], context["mask"]), _pick(local, context["local_rope"],
@@ -245,7 +262,15 @@ class BertLayer(nn.Module):
     layer_dense = functools.partial(dense, cfg)
     dropout = lambda h: nn.Dropout(cfg.hidden_dropout)(h, deterministic=deterministic)
     constrain = lambda h: _constrain(h, "activation_batch", "activation_length", "activation_embed")
-    attention = self.shared_attention or SelfAttention(cfg, name="attention")
+    self_attention = self.shared_attention or SelfAttention(cfg, self.num_heads, name="attention")
+    probs = []
+
+    def attention(h, mask, rope, deterministic):
+      out = self_attention(h, mask, rope, deterministic, head_mask, self.output_attentions)
+      if self.output_attentions:
+        out, p = out
+        probs.append(p)
+      return out
 
     def feed_forward(h):
       h = (self.shared_intermediate or layer_dense(cfg.intermediate_size * (2 if cfg.geglu else 1), ("embed", "mlp"),
@@ -267,7 +292,7 @@ class BertLayer(nn.Module):
       h = attention(x, mask, rope, deterministic)
       x = constrain(layer_norm(cfg, "attention_layer_norm")(x + dropout(h)))
       x = constrain(layer_norm(cfg, "output_layer_norm")(x + dropout(feed_forward(x))))
-    return x, (x if output_hidden_states else None)
+    return x, (x if output_hidden_states else None, probs[0] if self.output_attentions else None)
 
 
 class BertLayerStack(nn.Module):
@@ -277,8 +302,11 @@ class BertLayerStack(nn.Module):
   config: BertConfig
 
   @nn.compact
-  def __call__(self, x, context, deterministic: bool, output_hidden_states: bool):
-    """`context`: `layer_context`, or an attention mask alone (global attention without RoPE)."""
+  def __call__(self, x, context, deterministic: bool, output_hidden_states: bool, output_attentions: bool = False,
+               head_mask=None):
+    """`context`: `layer_context`, or an attention mask alone (global attention without RoPE); `head_mask`:
+    [num_layers, num_heads] or None. Returns (x, [each layer's output] or [], [each layer's attention
+    probabilities] or [])."""
     cfg = self.config
     layer = BertLayer
     kinds = layer_kinds(cfg)
@@ -288,7 +316,7 @@ class BertLayerStack(nn.Module):
       layer = nn.remat(layer, policy=REMAT_POLICIES[cfg.remat_policy], prevent_cse=not cfg.scan_layers,
                        static_argnums=(3, 4) if cfg.scan_layers else (3, 4, 5))
     if cfg.scan_layers:
-      in_axes = (nn.broadcast, nn.broadcast, nn.broadcast, 0)
+      in_axes = (nn.broadcast, nn.broadcast, nn.broadcast, 0, nn.broadcast if head_mask is None else 0)
       if cfg.share_layers:  # the one parameter set is broadcast to every step
         stack = nn.scan(layer, variable_broadcast="params", split_rngs={"params": False, "dropout": True},
                         in_axes=in_axes, length=cfg.num_layers)
@@ -297,16 +325,19 @@ class BertLayerStack(nn.Module):
                         in_axes=in_axes, length=cfg.num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
       name = "shared_layer" if cfg.share_layers else "layers"
       kinds_N = tuple(jnp.array(k) for k in zip(*kinds))
-      x, hidden = stack(cfg, name=name)(x, context, deterministic, output_hidden_states, kinds_N)
-      return x, (list(hidden) if output_hidden_states else [])
-    shared = layer(cfg, name="shared_layer") if cfg.share_layers else None
+      x, (hidden, probs) = stack(cfg, output_attentions, name=name)(x, context, deterministic, output_hidden_states,
+                                                                    kinds_N, head_mask)
+      return x, (list(hidden) if output_hidden_states else []), (list(probs) if output_attentions else [])
+    shared = layer(cfg, output_attentions, name="shared_layer") if cfg.share_layers else None
     sublayers = _shared_sublayers(cfg)
-    hidden = []
+    hidden, probs = [], []
     for i in range(cfg.num_layers):
-      block = shared if cfg.share_layers else layer(cfg, name=f"layer_{i}", **sublayers)
-      x, h = block(x, context, deterministic, output_hidden_states, kinds[i])
+      block = shared if cfg.share_layers else layer(cfg, output_attentions, cfg.layer_num_heads(i), name=f"layer_{i}", **sublayers)
+      x, (h, p) = block(x, context, deterministic, output_hidden_states, kinds[i],
+                        None if head_mask is None else head_mask[i])
       hidden.append(h)
-    return x, (hidden if output_hidden_states else [])
+      probs.append(p)
+    return x, (hidden if output_hidden_states else []), (probs if output_attentions else [])
 
 
 def _shared_sublayers(cfg: BertConfig) -> dict:
@@ -335,14 +366,22 @@ class BertEncoder(nn.Module):
 
   def __call__(self, input_ids, input_mask=None, segment_ids=None, *, position_ids=None, example_ids=None,
                pooled_positions=None, deterministic: bool = True, output_hidden_states: bool = False,
-               pool: bool = True):
+               pool: bool = True, output_attentions: bool = False, head_mask=None):
     """Returns {"sequence_output": [B, L, H], "pooled_output": [B, H] or [B, K, H], "hidden_states"}.
 
     `hidden_states` is [num_layers + 1, B, L, H] (embeddings first, after any projection to H; the last
     layer's output before any `final_norm`, as Hugging Face's ModernBERT) when output_hidden_states, else
     None. Given position_ids are used as they are (no RoBERTa offset added).
     `pool=False`: no pooler (its params are then never created; ELECTRA, DistilBERT), "pooled_output" None.
+    `output_attentions`: "attentions" is float32 [num_layers, B, num_heads, L, L], each real query's
+    probabilities over the keys (0 on keys it may not attend to), all 0 on padded queries; pruned heads
+    (`pruned_heads`) are rows of 0 in their original place. Computed without the fused kernel: for analysis.
+    `head_mask`: [num_layers, num_heads], each head's output scaled by its entry (Michel et al. 2019); the
+    model must have all its heads.
     """
+    cfg = self.config
+    if head_mask is not None and cfg.pruned_heads:
+      raise ValueError("head_mask needs every head: this model has pruned_heads")
     if input_mask is None:
       input_mask = jnp.ones_like(input_ids)
     if segment_ids is None:
@@ -352,7 +391,7 @@ class BertEncoder(nn.Module):
     x = self.embeddings(input_ids, segment_ids, position_ids, deterministic)
     x_emb = x
     context = layer_context(self.config, input_mask, example_ids, position_ids)
-    x, hidden = self.encoder(x, context, deterministic, output_hidden_states)
+    x, hidden, probs = self.encoder(x, context, deterministic, output_hidden_states, output_attentions, head_mask)
     if self.config.final_norm:
       x = self.final_layer_norm(x)
     pooled = None
@@ -366,7 +405,19 @@ class BertEncoder(nn.Module):
         "sequence_output": x,
         "pooled_output": pooled,
         "hidden_states": jnp.stack([x_emb, *hidden]) if output_hidden_states else None,
+        "attentions": _attentions(cfg, probs, input_mask) if output_attentions else None,
     }
+
+
+def _attentions(cfg: BertConfig, probs: list, input_mask):
+  """Each layer's probabilities [B, kept heads, L, L] -> [num_layers, B, num_heads, L, L], pruned heads 0,
+  padded queries 0."""
+  full = []
+  for i, p in enumerate(probs):
+    if cfg.pruned_heads:
+      p = jnp.zeros(p.shape[:1] + (cfg.num_heads,) + p.shape[2:], p.dtype).at[:, list(cfg.kept_heads(i))].set(p)
+    full.append(p * input_mask[:, None, :, None].astype(p.dtype))
+  return jnp.stack(full)
 
   def word_embeddings(self):
     """The [vocab, embedding_dim] word-embedding table (tied MLM decoder)."""

@@ -81,7 +81,7 @@ class Generator(nn.Module):
     if cfg.embedding_dim != cfg.hidden_size:
       x_BLE = nn.Dense(cfg.hidden_size, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name="projection",
                        kernel_init=encoder.dense_init(cfg, (None, "embed")), bias_init=encoder.zeros(("embed",)))(x_BLE)
-    x, _ = encoder.BertLayerStack(cfg, name="encoder")(x_BLE, mask, deterministic, False)
+    x, _, _ = encoder.BertLayerStack(cfg, name="encoder")(x_BLE, mask, deterministic, False)
     return heads.MaskedLMHead(cfg, name="mlm")(heads.gather_positions(x, positions_BP), word_embeddings_VE)
 
 

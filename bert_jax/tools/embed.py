@@ -91,22 +91,13 @@ def read_examples(lines, tokenizer=None, max_length: int = 512) -> list[Example]
   return examples
 
 
-def embed_examples(cfg: model.BertConfig, params, examples, batch_size: int = 8, pool: bool | None = None) -> dict:
-  """Runs the encoder over examples ((ids, types) or Examples) in length-sorted, padded batches; returns
-  the .npz arrays.
-
-  `pool`: whether to write `pooler_output`; None: when the params have a pooler.
-  """
-  pool = "pooler" in params if pool is None else pool
-  encoder = model.BertEncoder(cfg)
-  # Params are an argument, not a closure, so they are not folded into the compiled program as constants.
-  run = jax.jit(lambda p, ids, mask, types: encoder.apply({"params": p}, ids, mask, types,
-                                                          output_hidden_states=True, pool=pool))
-  examples = [Example(*e) for e in examples]
+def padded_batches(cfg: model.BertConfig, examples: list, batch_size: int):
+  """Yields (example indices, (input_ids, input_mask, segment_ids) [batch_size, length]) over `examples`
+  sorted by length, each padded to a multiple of 16 tokens (few shapes, few compilations); rows past the
+  last example are all padding."""
   # Padding takes the pad id, as Hugging Face pads: RoBERTa then gives it the pad position, as there.
   pad_id = 0 if cfg.position_pad_id is None else cfg.position_pad_id
   order = sorted(range(len(examples)), key=lambda i: len(examples[i].input_ids))
-  arrays = {}
   for start in range(0, len(order), batch_size):
     chunk = order[start:start + batch_size]
     length = -(-max(len(examples[i].input_ids) for i in chunk) // _LENGTH_BUCKET) * _LENGTH_BUCKET
@@ -120,6 +111,23 @@ def embed_examples(cfg: model.BertConfig, params, examples, batch_size: int = 8,
       n = len(e.input_ids)
       ids[row, :n], types[row, :n] = e.input_ids, e.token_type_ids
       mask[row, :n] = 1 if e.attention_mask is None else e.attention_mask
+    yield chunk, (ids, mask, types)
+
+
+def embed_examples(cfg: model.BertConfig, params, examples, batch_size: int = 8, pool: bool | None = None) -> dict:
+  """Runs the encoder over examples ((ids, types) or Examples) in length-sorted, padded batches; returns
+  the .npz arrays.
+
+  `pool`: whether to write `pooler_output`; None: when the params have a pooler.
+  """
+  pool = "pooler" in params if pool is None else pool
+  encoder = model.BertEncoder(cfg)
+  # Params are an argument, not a closure, so they are not folded into the compiled program as constants.
+  run = jax.jit(lambda p, ids, mask, types: encoder.apply({"params": p}, ids, mask, types,
+                                                          output_hidden_states=True, pool=pool))
+  examples = [Example(*e) for e in examples]
+  arrays = {}
+  for chunk, (ids, mask, types) in padded_batches(cfg, examples, batch_size):
     out = jax.device_get(run(params, ids, mask, types))
     for row, i in enumerate(chunk):
       n = len(examples[i].input_ids)
