@@ -408,6 +408,10 @@ class BertEncoder(nn.Module):
         "attentions": _attentions(cfg, probs, input_mask) if output_attentions else None,
     }
 
+  def word_embeddings(self):
+    """The [vocab, embedding_dim] word-embedding table (tied MLM decoder)."""
+    return self.embeddings.word_embeddings.embedding
+
 
 def _attentions(cfg: BertConfig, probs: list, input_mask):
   """Each layer's probabilities [B, kept heads, L, L] -> [num_layers, B, num_heads, L, L], pruned heads 0,
@@ -418,10 +422,6 @@ def _attentions(cfg: BertConfig, probs: list, input_mask):
       p = jnp.zeros(p.shape[:1] + (cfg.num_heads,) + p.shape[2:], p.dtype).at[:, list(cfg.kept_heads(i))].set(p)
     full.append(p * input_mask[:, None, :, None].astype(p.dtype))
   return jnp.stack(full)
-
-  def word_embeddings(self):
-    """The [vocab, embedding_dim] word-embedding table (tied MLM decoder)."""
-    return self.embeddings.word_embeddings.embedding
 
 
 def _map_layer_dicts(tree, fn):
