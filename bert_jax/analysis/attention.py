@@ -26,7 +26,6 @@ from typing import NamedTuple
 
 from absl import app
 from absl import flags
-from absl import logging
 import numpy as np
 
 from bert_jax import checkpoint_loader
@@ -95,33 +94,56 @@ def pick_layers(layers, num_layers: int) -> list[int]:
 
 # ----------------------------------------------------------------------------------------------------- grid
 
+def grid_image(attentions: np.ndarray, n: int, gap: int) -> np.ndarray:
+  """The panels [layers, heads, >= n, >= n] cut to n x n and tiled into one array, `gap` NaN cells apart."""
+  rows, cols = attentions.shape[:2]
+  image = np.full((rows * (n + gap) - gap, cols * (n + gap) - gap), np.nan, np.float32)
+  for r in range(rows):
+    for c in range(cols):
+      image[r * (n + gap):r * (n + gap) + n, c * (n + gap):c * (n + gap) + n] = attentions[r, c, :n, :n]
+  return image
+
+
 def grid_figure(attentions: np.ndarray, tokens: list[str], layers: list[int], max_tokens: int = _MAX_TOKENS,
                 title: str = ""):
   """A matplotlib figure of `attentions` [len(layers), heads, S, S]: a panel per layer (row) and head
-  (column), queries down and keys across, the first `max_tokens` tokens of each axis labelled by `tokens`."""
+  (column), queries down and keys across, the first `max_tokens` tokens of each axis labelled by `tokens`.
+
+  One image of all the panels (`grid_image`) in one Axes: a figure of 72 Axes takes half a minute to draw.
+  """
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
   n = min(len(tokens), max_tokens)
   rows, cols = attentions.shape[:2]
-  panel = max(1.2, 0.15 * n)   # inches: 15 px a token at 100 dpi, room for a 6-point label
-  fig, axes = plt.subplots(rows, cols, figsize=(cols * panel + 1.5, rows * panel + 1.5), squeeze=False,
-                           sharex=True, sharey=True, layout="constrained")
+  gap = max(1, n // 8)
+  cell = max(0.15, 1.2 / n)   # inches: 15 px a token at 100 dpi, room for a 6-point label
+  label = 0.6 + 0.06 * max(len(t) for t in tokens[:n])   # inches for the tick labels and the layer names
+  image = grid_image(attentions, n, gap)
+  width, height = image.shape[1] * cell + label + 1.0, image.shape[0] * cell + label + 1.1
+  fig = plt.figure(figsize=(width, height))
+  ax = fig.add_axes((label / width, label / height, image.shape[1] * cell / width, image.shape[0] * cell / height))
+  cmap = matplotlib.colormaps["Blues"].with_extremes(bad="white")
+  shown = ax.imshow(image, cmap=cmap, vmin=0.0, vmax=1.0, interpolation="nearest", aspect="auto")
   for r in range(rows):
     for c in range(cols):
-      image = axes[r, c].imshow(attentions[r, c, :n, :n], cmap="Blues", vmin=0.0, vmax=1.0,
-                                interpolation="nearest")
-      axes[r, c].tick_params(length=0, labelsize=6)
-    axes[r, 0].set_ylabel(f"layer {layers[r]}", fontsize=9)
-  for c in range(cols):
-    axes[0, c].set_title(f"head {c}", fontsize=9)
-    axes[-1, c].tick_params(axis="x", labelrotation=90)
+      ax.add_patch(matplotlib.patches.Rectangle((c * (n + gap) - 0.5, r * (n + gap) - 0.5), n, n, fill=False,
+                                                linewidth=0.5, edgecolor="0.3"))
   labels = [_plain(t) for t in tokens[:n]]
-  axes[0, 0].set_yticks(range(n), labels)   # shared: the outer panels show them
-  axes[0, 0].set_xticks(range(n), labels)
-  shown = f" (first {n} of {len(tokens)} tokens)" if n < len(tokens) else ""
-  fig.suptitle(f"{_plain(title[:150])}{shown}\nrows: query tokens, columns: key tokens", fontsize=9)
-  fig.colorbar(image, ax=axes, shrink=0.5, aspect=40)
+  ax.set_yticks([r * (n + gap) + q for r in range(rows) for q in range(n)], labels * rows, fontsize=6)
+  ax.set_xticks([c * (n + gap) + k for c in range(cols) for k in range(n)], labels * cols, fontsize=6, rotation=90)
+  ax.tick_params(length=0)
+  for spine in ax.spines.values():
+    spine.set_visible(False)
+  for r in range(rows):
+    ax.text(-label / cell + 0.2, r * (n + gap) + n / 2 - 0.5, f"layer {layers[r]}", rotation=90, va="center",
+            ha="left", fontsize=9)
+  for c in range(cols):
+    ax.text(c * (n + gap) + n / 2 - 0.5, -0.8, f"head {c}", ha="center", va="bottom", fontsize=9)
+  more = f" (first {n} of {len(tokens)} tokens)" if n < len(tokens) else ""
+  fig.suptitle(f"{_plain(title[:150])}{more}\nrows: query tokens, columns: key tokens", fontsize=9,
+               y=1 - 0.1 / height, va="top")
+  fig.colorbar(shown, cax=fig.add_axes((1 - 0.6 / width, 0.25, 0.12 / width, 0.5)))
   return fig
 
 
@@ -309,4 +331,4 @@ def main(argv) -> None:
   layers = pick_layers(values.layers, cfg.num_layers)
   maps = compute(cfg, params["bert"], tokenizer, read_records(values.input), values.max_length, values.batch_size)
   write_maps(values.output_dir, maps, layers, values.max_tokens)
-  logging.warning("wrote %d attention maps (layers %s) to %s", len(maps), layers, values.output_dir)
+  print(f"wrote {len(maps)} inputs' attention maps (layers {layers}): {os.path.join(values.output_dir, 'index.html')}")
