@@ -298,8 +298,9 @@ def test_scan_equals_unscanned_with_every_switch():
   run = lambda c, p: model.BertEncoder(c).apply({"params": p}, ids, mask, output_hidden_states=True, pool=False)
   scanned = dataclasses.replace(cfg, scan_layers=True)
   a, b = run(cfg, params), run(scanned, model.scan_params(params))
-  np.testing.assert_allclose(a["hidden_states"], b["hidden_states"], atol=1e-5)
-  np.testing.assert_allclose(a["sequence_output"], b["sequence_output"], atol=1e-5)
+  # float32 rounding of the differently fused programs: hidden states reach ~6 without the final norm.
+  np.testing.assert_allclose(a["hidden_states"], b["hidden_states"], atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(a["sequence_output"], b["sequence_output"], atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.slow
