@@ -68,6 +68,7 @@ def define_flags() -> None:
   flags.DEFINE_string("export_dir", None, "Where the pruned finetuned workdir goes (none: no export).")
   flags.DEFINE_integer("batch_size", 32, "Examples per forward pass.", allow_override=True)
   flags.DEFINE_integer("timing_repeats", 7, "Timed forward passes of each model (alternating; medians).")
+  flags.DEFINE_integer("timing_batches", 8, "Dev batches in one timed forward pass (0: all).")
 
 
 @dataclasses.dataclass
@@ -253,8 +254,9 @@ def time_forward(runs: dict, repeats: int) -> dict[str, float]:
 
 
 def check_export(predictor: predict.Predictor, pruned: predict.Predictor, dev: Dev, heads, *, batch_size: int,
-                 repeats: int) -> dict:
-  """The pruned model's outputs against the masked model's on `dev`, both parameter counts, forward times."""
+                 repeats: int, timing_batches: int = 8) -> dict:
+  """The pruned model's outputs against the masked model's on `dev`, both parameter counts, and the forward
+  times of both on the first `timing_batches` batches of `dev` (0: all)."""
   model = trainer.build_model(predictor.model_config, predictor.task, predictor.scalar_mix)
   pruned_model = trainer.build_model(pruned.model_config, pruned.task, pruned.scalar_mix)
   cfg = predictor.model_config
@@ -269,14 +271,15 @@ def check_export(predictor: predict.Predictor, pruned: predict.Predictor, dev: D
   # The timed work: the same device-resident batches through each model.
   keys = ("input_ids", "input_mask", "segment_ids")
   n = len(dev.features["input_ids"])
-  batches = [jax.device_put({k: dev.features[k][_batch_rows(s, n, batch_size)[0]] for k in keys})
-             for s in range(0, n, batch_size)]
+  starts = range(0, n, batch_size)[:timing_batches or None]
+  batches = [jax.device_put({k: dev.features[k][_batch_rows(s, n, batch_size)[0]] for k in keys}) for s in starts]
   params, pruned_params = jax.device_put(predictor.params), jax.device_put(pruned.params)
   seconds = time_forward({"unpruned": lambda: [plain_fn(params, b) for b in batches],
                           "pruned": lambda: [pruned_fn(pruned_params, b) for b in batches]}, repeats)
   return {"heads_removed": len(heads), "max_abs_error": error, pruned.task.primary_metric:
           metrics[pruned.task.primary_metric], "params_unpruned": count_params(predictor.params),
           "params_pruned": count_params(pruned.params), "examples": n, "batch_size": batch_size,
+          "timed_examples": min(n, len(batches) * batch_size),
           "forward_s_unpruned": seconds["unpruned"], "forward_s_pruned": seconds["pruned"],
           "speedup": seconds["unpruned"] / seconds["pruned"], "repeats": repeats, "device": jax.devices()[0].platform}
 
@@ -328,7 +331,7 @@ def plot_curve(path: str, rows: list[dict], metric: str, num_heads: int, title: 
 
 def run(checkpoint: str, source: str, output_dir: str, fractions, *, iterative: bool = False,
         export_fraction: float | None = None, export_dir: str | None = None, batch_size: int = 32,
-        timing_repeats: int = 7) -> dict:
+        timing_repeats: int = 7, timing_batches: int = 8) -> dict:
   """What the command does (module docstring); returns its summary (also printed by `main`)."""
   predictor = predict.Predictor.load(checkpoint)
   dev = read_dev(predictor, source)
@@ -350,7 +353,8 @@ def run(checkpoint: str, source: str, output_dir: str, fractions, *, iterative: 
     heads = pruning_order(scores)[:num_pruned(export_fraction, total)]
     export(checkpoint, predictor, heads, export_dir)
     summary["export"] = {"export_dir": export_dir, "fraction": export_fraction, **check_export(
-        predictor, predict.Predictor.load(export_dir), dev, heads, batch_size=batch_size, repeats=timing_repeats)}
+        predictor, predict.Predictor.load(export_dir), dev, heads, batch_size=batch_size, repeats=timing_repeats,
+        timing_batches=timing_batches)}
     with open(os.path.join(output_dir, "export.json"), "w") as f:
       json.dump(summary["export"], f, indent=1)
   return summary
@@ -369,7 +373,7 @@ def main(argv) -> None:
       num_pruned(f, 1)   # in [0, 1), else ValueError
     summary = run(FLAGS.checkpoint, FLAGS.input, FLAGS.output_dir, fractions, iterative=FLAGS.iterative,
                   export_fraction=FLAGS.export_fraction, export_dir=FLAGS.export_dir, batch_size=FLAGS.batch_size,
-                  timing_repeats=FLAGS.timing_repeats)
+                  timing_repeats=FLAGS.timing_repeats, timing_batches=FLAGS.timing_batches)
   except (FileNotFoundError, ValueError) as e:  # the user's files, task or fractions: say which and why
     failures.say_and_exit(failures.UserError(str(e)), prefix="bert-jax analyze prune")
   print(json.dumps(summary, indent=1))
