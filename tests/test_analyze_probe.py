@@ -13,7 +13,6 @@ import jax
 import numpy as np
 import pytest
 
-from bert_jax import cli
 from bert_jax.analysis import probe
 from bert_jax.analysis import senteval
 from bert_jax.data import tokenizer as tokenizer_lib
@@ -149,8 +148,6 @@ def test_token_features_are_the_first_word_piece_of_each_word(tmp_path):
 
 
 def test_command_writes_csv_png_and_summary(tmp_path):
-  if "analyze probe" not in cli.SUBCOMMANDS and "analyze" not in cli.SUBCOMMANDS:
-    pytest.skip("bert-jax has no `analyze` command yet")
   tiny_checkpoint(str(tmp_path / "ckpt"))
   rng = np.random.default_rng(5)
   (tmp_path / "corpus.txt").write_text("\n".join(" ".join(s) for s in corpus(rng, 300)) + "\n")
@@ -158,7 +155,7 @@ def test_command_writes_csv_png_and_summary(tmp_path):
                       for s in corpus(rng, 30))
   (tmp_path / "tags.txt").write_text(conll + "\n")
   argv = [sys.executable, "-m", "bert_jax.cli", "analyze", "probe", f"--checkpoint={tmp_path / 'ckpt'}",
-          f"--task=sentlen,bshift,conll:{tmp_path / 'tags.txt'}", f"--corpus={tmp_path / 'corpus.txt'}",
+          f"--task=sentlen,conll:{tmp_path / 'tags.txt'}", f"--corpus={tmp_path / 'corpus.txt'}",
           f"--output_dir={tmp_path / 'out'}", "--max_examples=120", "--max_epochs=5", "--probe=mlp",
           "--hidden_size=8"]
   run = subprocess.run(argv, cwd=REPO_ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True,
@@ -167,11 +164,12 @@ def test_command_writes_csv_png_and_summary(tmp_path):
   with open(tmp_path / "out" / "probe.csv") as f:
     rows = list(csv.DictReader(f))
   assert [(r["task"], r["layer"]) for r in rows] == [
-      (t, l) for t in ("sentlen", "bshift", "conll:tags") for l in ("0", "1", "2", "mix")]
+      (t, l) for t in ("sentlen", "conll:tags") for l in ("0", "1", "2", "mix")]
   assert all(0 <= float(r["test_accuracy"]) <= 1 for r in rows)
   assert float(rows[0]["majority_baseline"]) < 0.34  # six balanced bins
   summary = json.loads((tmp_path / "out" / "summary.json").read_text())
-  assert set(summary["tasks"]) == {"sentlen", "bshift", "conll:tags"}
-  assert 0 <= summary["tasks"]["bshift"]["expected_layer"] <= 2
+  assert set(summary["tasks"]) == {"sentlen", "conll:tags"}
+  assert 0 <= summary["tasks"]["conll:tags"]["expected_layer"] <= 2
+  assert summary["tasks"]["conll:tags"]["num_classes"] == 2
   assert summary["tasks"]["sentlen"]["examples"] == {"train": 96, "dev": 12, "test": 12}
   assert (tmp_path / "out" / "probe.png").stat().st_size > 10_000

@@ -173,14 +173,7 @@ def encode(cfg: model.BertConfig, params, inputs, batch_size: int = 64) -> np.nd
   Args:
     inputs: (ids [S], read-out [K, S]) per sentence; row k of the read-out weighs the S positions of item k.
   """
-  encoder = model.BertEncoder(cfg)
-
-  @jax.jit
-  def run(p, ids, mask, readout_BKL):
-    out = encoder.apply({"params": p}, ids, mask, jnp.zeros_like(ids), output_hidden_states=True, pool=False)
-    return jnp.einsum("nblh,bkl->nbkh", out["hidden_states"].astype(jnp.float32), readout_BKL,
-                      precision=jax.lax.Precision.HIGHEST)
-
+  run = _read_out(cfg)
   pad_id = 0 if cfg.position_pad_id is None else cfg.position_pad_id
   starts = np.cumsum([0] + [len(r) for _, r in inputs])
   features = np.zeros([cfg.num_layers + 1, starts[-1], cfg.hidden_size], np.float32)
@@ -199,6 +192,19 @@ def encode(cfg: model.BertConfig, params, inputs, batch_size: int = 64) -> np.nd
     for b, i in enumerate(chunk):
       features[:, starts[i]:starts[i + 1]] = out[:, b, :starts[i + 1] - starts[i]]
   return features
+
+
+@functools.lru_cache(maxsize=4)
+def _read_out(cfg: model.BertConfig):
+  """The jitted encoder + read-out of `encode`, one per config: every split and task reuses its compilations."""
+  encoder = model.BertEncoder(cfg)
+
+  @jax.jit
+  def run(p, ids, mask, readout_BKL):
+    out = encoder.apply({"params": p}, ids, mask, jnp.zeros_like(ids), output_hidden_states=True, pool=False)
+    return jnp.einsum("nblh,bkl->nbkh", out["hidden_states"].astype(jnp.float32), readout_BKL,
+                      precision=jax.lax.Precision.HIGHEST)
+  return run
 
 
 # ---------------------------------------------------------------------------------------------
@@ -236,7 +242,7 @@ def standardise(x: dict) -> dict:
 
 def fit(module: nn.Module, x: dict, y: dict, *, shared: bool, learning_rate: float = 3e-3,
         weight_decay: float = 1e-2, batch_size: int = 128, max_epochs: int = 100, patience: int = 8,
-        seed: int = 0):
+        seed: int = 0, mix_rate: float = 10.0):
   """Trains one probe per layer (`shared` False: head l reads x[l]) or one reading all layers (True).
 
   Args:
@@ -247,9 +253,11 @@ def fit(module: nn.Module, x: dict, y: dict, *, shared: bool, learning_rate: flo
   in_axes = (0, None) if shared else (0, 0)
   apply = jax.vmap(module.apply, in_axes=in_axes)
   heads = 1 if shared else x["train"].shape[0]
-  params = jax.vmap(module.init, in_axes=in_axes)(jax.random.split(jax.random.key(seed), heads), x["train"][:, :1])
-  decay = lambda p: jax.tree_util.tree_map_with_path(lambda path, _: path[-1].key == "kernel", p)  # noqa: E731
-  tx = optax.adamw(learning_rate, weight_decay=weight_decay, mask=decay)
+  params = init_params(module, x["train"][:, :1] if shared else x["train"][0, :1], heads, seed)
+  tx = optax.multi_transform(
+      {"kernel": optax.adamw(learning_rate, weight_decay=weight_decay), "other": optax.adam(learning_rate),
+       "mix": optax.adam(learning_rate * mix_rate)},
+      lambda p: jax.tree_util.tree_map_with_path(lambda path, _: _param_group(path), p))
   n = len(y["train"])
   size = min(batch_size, n)
 
@@ -285,6 +293,26 @@ def fit(module: nn.Module, x: dict, y: dict, *, shared: bool, learning_rate: flo
 
   best = train(params, x["train"], y["train"], x["dev"], y["dev"], jax.random.key(seed + 1))
   return best, apply
+
+
+def init_params(module: nn.Module, x, heads: int, seed: int):
+  """`heads` draws of the module's params, stacked: kernels N(0, 1/fan_in), biases and mix logits 0, the mix
+  scale 1 (ScalarMix's own start). Drawn with numpy: compiling JAX's random initialisers takes seconds on CPU."""
+  rng = np.random.default_rng(seed)
+
+  def draw(path, leaf):
+    name = path[-1].key
+    if name == "kernel":
+      return (rng.standard_normal((heads,) + leaf.shape) / np.sqrt(leaf.shape[0])).astype(np.float32)
+    return np.full((heads,) + leaf.shape, 1.0 if name == "scale" else 0.0, np.float32)
+
+  return jax.tree_util.tree_map_with_path(draw, jax.eval_shape(module.init, jax.random.key(0), x))
+
+
+def _param_group(path) -> str:
+  """Weight decay on kernels only; the scalar mix learns `mix_rate` times faster (see `fit`)."""
+  names = [k.key for k in path]
+  return "mix" if "scalar_mix" in names else "kernel" if names[-1] == "kernel" else "other"
 
 
 def accuracies(params, apply, x: dict, y: dict) -> dict:
