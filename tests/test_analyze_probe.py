@@ -173,3 +173,23 @@ def test_command_writes_csv_png_and_summary(tmp_path):
   assert summary["tasks"]["conll:tags"]["num_classes"] == 2
   assert summary["tasks"]["sentlen"]["examples"] == {"train": 96, "dev": 12, "test": 12}
   assert (tmp_path / "out" / "probe.png").stat().st_size > 10_000
+
+
+def test_tsv_and_conll_sources_split_what_they_lack(tmp_path):
+  (tmp_path / "sst").mkdir()
+  for split, n in (("train", 50), ("dev", 7)):
+    rows = "".join(f"{split} film {i}\t{i % 2}\n" for i in range(n))
+    (tmp_path / "sst" / f"{split}.tsv").write_text("sentence\tlabel\n" + rows)
+  task = probe.load_task(f"tsv:{tmp_path / 'sst'}", 40, 0, opts={"text_column": "sentence", "label_column": "label"})
+  assert task["name"] == "tsv:sst" and task["kind"] == "sentence"
+  sizes = {s: len(v) for s, v in task["splits"].items()}
+  assert sizes == {"train": 32, "dev": 4, "test": 4}  # test carved out of train; dev from dev.tsv
+  assert all(e.text_a.startswith("dev") for e in task["splits"]["dev"])
+  assert all(e.text_a.startswith("train") for s in ("train", "test") for e in task["splits"][s])
+  (tmp_path / "tags.txt").write_text("\n\n".join(f"w{i} X N\nv{i} Y V" for i in range(20)) + "\n")
+  task = probe.load_task(f"conll:{tmp_path / 'tags.txt'}", 100, 0, opts={"tag_column": 1})
+  assert task["kind"] == "token" and {s: len(v) for s, v in task["splits"].items()} == {"train": 16, "dev": 2, "test": 2}
+  assert task["splits"]["train"][0].tags == ("X", "Y")
+  (tmp_path / "two.txt").write_text("a X\n\nb Y\n")
+  with pytest.raises(ValueError, match="too few examples"):
+    probe.load_task(f"conll:{tmp_path / 'two.txt'}", 100, 0, opts={"tag_column": -1})

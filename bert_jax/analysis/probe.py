@@ -21,7 +21,8 @@ Adam and decoupled weight decay on the kernels, kept at the epoch of best dev lo
 epochs without one; one training run fits every layer (vmap over the layer axis). Beside them, the scalar-mix
 probe of Tenney et al. 2019 ("BERT rediscovers the classical NLP pipeline"): softmax weights s_l over all layers
 and a scale gamma (`finetune.scalar_mix.ScalarMix`) feed the same classifier; its expected layer is
-E[l] = sum_l l * s_l. The majority baseline is the test accuracy of always answering train's most frequent label.
+E[l] = sum_l l * s_l. The mix logits learn 10x faster than the classifier (`fit`'s `mix_rate`): at the same rate
+early stopping leaves them near uniform (E[l] near the middle layer whatever the task), with an MLP probe most. The majority baseline is the test accuracy of always answering train's most frequent label.
 
 Writes to `--output_dir`: probe.csv (task, layer, train/dev/test accuracy, majority baseline; layer "mix" is
 the scalar-mix probe), probe.png (test accuracy per layer of every task, baselines dashed) and summary.json
@@ -45,6 +46,7 @@ import numpy as np
 import optax
 
 from bert_jax import checkpoint_loader
+from bert_jax import failures
 from bert_jax.analysis import senteval
 from bert_jax.finetune import ner
 from bert_jax.finetune import readers
@@ -118,6 +120,10 @@ def load_task(name: str, max_examples: int, seed: int, sentences=None, opts=None
   caps = dict(zip(senteval.SPLITS, (round(max_examples * f) for f in senteval.SPLIT_FRACTIONS)))
   splits = {s: _sample(splits[s], caps[s], rng) for s in senteval.SPLITS}
   short = os.path.splitext(os.path.basename(os.path.normpath(source)))[0]
+  if not all(splits.values()):
+    sizes = ", ".join(f"{s} {len(v)}" for s, v in splits.items())
+    raise readers.DataError(f"{source}: too few examples to probe ({sizes}); give at least 3, and far more for "
+                            "accuracies that say anything")
   return {"name": f"{kind}:{short}", "kind": "sentence" if kind == "tsv" else "token", "splits": splits}
 
 
@@ -402,6 +408,31 @@ def plot(path: str, results: dict, title: str = "") -> None:
 # The command.
 
 
+def probe_tasks(names) -> dict:
+  """{task name: `probe_task` results + the examples per split} of the `--task` entries, as the flags say."""
+  started = time.time()
+  cfg, params, tokenizer = checkpoint_loader.load(FLAGS.checkpoint)
+  sentences = senteval.read_sentences(FLAGS.corpus) if FLAGS.corpus else None
+  opts = {"tag_column": FLAGS.tag_column, "text_column": FLAGS.text_column, "label_column": FLAGS.label_column}
+  tasks = [load_task(name, FLAGS.max_examples, FLAGS.seed, sentences, opts) for name in names]  # errors first
+  train_opts = {k: FLAGS[k].value for k in ("learning_rate", "weight_decay", "max_epochs", "patience", "seed")}
+  results = {}
+  for task in tasks:
+    x, labels = {}, {}
+    for split, examples in task["splits"].items():
+      if task["kind"] == "token":
+        inputs, labels[split] = token_inputs(tokenizer, examples, FLAGS.max_length)
+      else:
+        inputs, labels[split] = sentence_inputs(tokenizer, examples, FLAGS.max_length, FLAGS.pool)
+      x[split] = encode(cfg, params["bert"], inputs, FLAGS.batch_size)
+    r = probe_task(x, labels, hidden=FLAGS.hidden_size if FLAGS.probe == "mlp" else 0, **train_opts)
+    results[task["name"]] = dict(r, examples={s: len(v) for s, v in labels.items()})
+    logging.warning("%s: test accuracy per layer %s, mix %.3f, majority %.3f, expected layer %.2f (%.0f s)",
+                    task["name"], [round(float(a), 3) for a in r["layers"]["test"]], r["mix"]["test"],
+                    r["majority_baseline"], r["expected_layer"], time.time() - started)
+  return results
+
+
 def main(argv) -> None:
   """`bert-jax analyze probe` (see the module docstring)."""
   if len(argv) > 1:
@@ -413,26 +444,13 @@ def main(argv) -> None:
   if set(names) & set(senteval.BUILDERS) and not FLAGS.corpus:
     raise app.UsageError(f"--corpus is required by {', '.join(sorted(set(names) & set(senteval.BUILDERS)))}")
   started = time.time()
-  cfg, params, tokenizer = checkpoint_loader.load(FLAGS.checkpoint)
-  sentences = senteval.read_sentences(FLAGS.corpus) if FLAGS.corpus else None
-  opts = {"tag_column": FLAGS.tag_column, "text_column": FLAGS.text_column, "label_column": FLAGS.label_column}
-  train_opts = {k: FLAGS[k].value for k in ("learning_rate", "weight_decay", "max_epochs", "patience", "seed")}
+  try:
+    results = probe_tasks(names)
+  except failures.UserError as e:  # the data or a task option (readers.DataError): no traceback
+    failures.say_and_exit(e, prefix="bert-jax analyze probe")
+  except FileNotFoundError as e:
+    failures.say_and_exit(failures.UserError(str(e)), prefix="bert-jax analyze probe")
   os.makedirs(FLAGS.output_dir, exist_ok=True)
-  results = {}
-  for name in names:
-    task = load_task(name, FLAGS.max_examples, FLAGS.seed, sentences, opts)
-    x, labels = {}, {}
-    for split, examples in task["splits"].items():
-      if task["kind"] == "token":
-        inputs, labels[split] = token_inputs(tokenizer, examples, FLAGS.max_length)
-      else:
-        inputs, labels[split] = sentence_inputs(tokenizer, examples, FLAGS.max_length, FLAGS.pool)
-      x[split] = encode(cfg, params["bert"], inputs, FLAGS.batch_size)
-    r = probe_task(x, labels, hidden=FLAGS.hidden_size if FLAGS.probe == "mlp" else 0, **train_opts)
-    results[task["name"]] = dict(r, examples={s: len(v) for s, v in labels.items()})
-    logging.warning("%s: test accuracy per layer %s, mix %.3f, majority %.3f, expected layer %.2f (%.0f s)",
-                    task["name"], np.round(r["layers"]["test"], 3).tolist(), r["mix"]["test"],
-                    r["majority_baseline"], r["expected_layer"], time.time() - started)
   write_csv(os.path.join(FLAGS.output_dir, "probe.csv"), results)
   plot(os.path.join(FLAGS.output_dir, "probe.png"), results,
        f"{FLAGS.probe} probes of {os.path.basename(os.path.normpath(FLAGS.checkpoint))}")

@@ -12,7 +12,7 @@ paper, only sentences of 5 to 28 tokens are kept, and every task's classes are b
   sentlen  the length in tokens, in the paper's 6 equal-width bins over 5..28: 5-8, 9-12, ..., 25-28.
   wc       which one of a set of mid-frequency words the sentence holds; it holds exactly one occurrence of
            one of them. The paper takes 1000 words of frequency ranks 2000-3000 of a book corpus; a corpus of
-           a few million words has too few sentences per word for that (in the news corpus, 2.3M words, a
+           a few million words has too few sentences per word for that (in the news corpus, 2.4M tokens, a
            word of rank 2000-3000 is in ~36 sentences), so by default 30 words are drawn from ranks 500-1500
            (lowercased alphabetic tokens; ~100 sentences each there) among those with enough sentences.
   bshift   whether two adjacent tokens were swapped ("I", inverted) or not ("O", original), half and half.
