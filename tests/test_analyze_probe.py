@@ -188,7 +188,8 @@ def test_tsv_and_conll_sources_split_what_they_lack(tmp_path):
   assert all(e.text_a.startswith("train") for s in ("train", "test") for e in task["splits"][s])
   (tmp_path / "tags.txt").write_text("\n\n".join(f"w{i} X N\nv{i} Y V" for i in range(20)) + "\n")
   task = probe.load_task(f"conll:{tmp_path / 'tags.txt'}", 100, 0, opts={"tag_column": 1})
-  assert task["kind"] == "token" and {s: len(v) for s, v in task["splits"].items()} == {"train": 16, "dev": 2, "test": 2}
+  assert task["kind"] == "token"
+  assert {s: len(v) for s, v in task["splits"].items()} == {"train": 16, "dev": 2, "test": 2}
   assert task["splits"]["train"][0].tags == ("X", "Y")
   (tmp_path / "two.txt").write_text("a X\n\nb Y\n")
   with pytest.raises(ValueError, match="too few examples"):

@@ -22,7 +22,8 @@ epochs without one; one training run fits every layer (vmap over the layer axis)
 probe of Tenney et al. 2019 ("BERT rediscovers the classical NLP pipeline"): softmax weights s_l over all layers
 and a scale gamma (`finetune.scalar_mix.ScalarMix`) feed the same classifier; its expected layer is
 E[l] = sum_l l * s_l. The mix logits learn 10x faster than the classifier (`fit`'s `mix_rate`): at the same rate
-early stopping leaves them near uniform (E[l] near the middle layer whatever the task), with an MLP probe most. The majority baseline is the test accuracy of always answering train's most frequent label.
+early stopping leaves them near uniform (E[l] near the middle layer whatever the task), with an MLP probe most.
+The majority baseline is the test accuracy of always answering train's most frequent label.
 
 Writes to `--output_dir`: probe.csv (task, layer, train/dev/test accuracy, majority baseline; layer "mix" is
 the scalar-mix probe), probe.png (test accuracy per layer of every task, baselines dashed) and summary.json
@@ -270,7 +271,8 @@ def fit(module: nn.Module, x: dict, y: dict, *, shared: bool, learning_rate: flo
   def losses(p, xs, ys):  # [heads] mean cross-entropy over the labels train has (-1: a label it lacks)
     logits = apply(p, xs)
     known = ys >= 0
-    ce = optax.softmax_cross_entropy_with_integer_labels(logits, jnp.broadcast_to(jnp.maximum(ys, 0), logits.shape[:-1]))
+    targets = jnp.broadcast_to(jnp.maximum(ys, 0), logits.shape[:-1])
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
     return (ce * known).sum(-1) / jnp.maximum(known.sum(), 1)
 
   def epoch(x_train, y_train, x_dev, y_dev, carry):
