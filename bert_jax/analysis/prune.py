@@ -15,11 +15,12 @@ the masked model, as the paper's 4.2 does step by step).
 
 Writes to `--output_dir`: prune.csv (fraction, heads_pruned, the metric, the heads masked), prune.png (the
 curve), importance.csv (layer, head, score, raw_score) and importance.png (the heat map). With `--export_dir`
-the heads pruned at `--export_fraction` are removed from the weights (`models.pruning.prune_heads`) and a
-finetuned workdir written there (`bert-jax predict --checkpoint=DIR2` loads it); the pruned model's outputs
-are checked against the masked model's on the dev data, and both forward passes timed side by side
-(export.json). Classification, regression and tagging tasks; question answering (span) is refused: its dev
-features carry no answer positions to take a loss on.
+the heads masked at `--export_fraction` (the curve's, or the least important by the first scores if it is
+not one of `--fractions`) are removed from the weights (`models.pruning.prune_heads`) and a finetuned workdir
+written there (`bert-jax predict --checkpoint=DIR2` loads it); the pruned model's outputs are checked against
+the masked model's on the dev data, and both forward passes timed side by side (export.json). Classification,
+regression and tagging tasks; question answering (span) is refused: its dev features carry no answer positions
+to take a loss on.
 
 `--input`: a labelled file the task reads (as `bert-jax predict` reads it) or the task's data directory (its
 dev split is read). task.json does not record the finetuning's data_dir, so there is no default.
@@ -350,7 +351,9 @@ def run(checkpoint: str, source: str, output_dir: str, fractions, *, iterative: 
   summary = {"checkpoint": checkpoint, "examples": len(dev.examples), "heads": total, "iterative": iterative,
              "metric": task.primary_metric, "curve": [{k: v for k, v in r.items() if k != "heads"} for r in rows]}
   if export_dir:
-    heads = pruning_order(scores)[:num_pruned(export_fraction, total)]
+    masked = [r["heads"] for r in rows if r["fraction"] == export_fraction]   # --iterative's choice, if it made one
+    heads = ([tuple(int(i) for i in h.split(":")) for h in masked[0].split()] if masked else
+             pruning_order(scores)[:num_pruned(export_fraction, total)])
     export(checkpoint, predictor, heads, export_dir)
     summary["export"] = {"export_dir": export_dir, "fraction": export_fraction, **check_export(
         predictor, predict.Predictor.load(export_dir), dev, heads, batch_size=batch_size, repeats=timing_repeats,
