@@ -6,8 +6,14 @@ the model sees them as its "frozen" collection, they take no gradient and are ne
 (so neither in the optimizer state nor in checkpoints) nor changed by a step. The objective (`config.objective`, bert_jax/objectives/) returns its losses as sums and
 weights: the number of predicted tokens differs per batch, shard and micro-batch, so the means are
 taken once, over the global batch.
+
+Batch-size warmup (`config.batch_size_warmup_steps` > 0, ModernBERT's; Warner et al. 2024): the compiled
+shapes never change, the global batch stays `micro_batches` micro-batches, and step t trains on the first
+k(t) of them only (`active_micro_batches`); the others are skipped by `lax.cond` (no compute) and their rows
+are discarded, never trained on. Losses and their denominators count the active micro-batches only.
 """
 
+import math
 from typing import Any
 
 import flax.struct
@@ -42,28 +48,75 @@ def variables(params, frozen) -> dict:
   return {"params": params, "frozen": frozen} if frozen else {"params": params}
 
 
-def _grads_and_sums(params, batch: Batch, key, frozen, *, model, config):
-  """Gradient of the global-batch loss and its sums, accumulated over `config.micro_batches`."""
+def batch_size_warmup(config) -> tuple[int, int, int] | None:
+  """(first k, micro_batches, warmup steps) of the batch-size warmup, None when it is off.
+
+  Raises ValueError naming the field when the warmup cannot be built from whole micro-batches.
+  """
+  warmup_steps = int(config.get("batch_size_warmup_steps", 0))
+  if warmup_steps == 0:
+    return None
+  n, rows, min_rows = int(config.micro_batches), int(config.global_batch_size), int(config.batch_size_warmup_min_rows)
+  if warmup_steps < 0:
+    raise ValueError(f"batch_size_warmup_steps {warmup_steps} is negative (0 turns the warmup off)")
+  if not 0 < min_rows < rows:
+    raise ValueError(f"batch_size_warmup_min_rows {min_rows} must be in (0, global_batch_size {rows})")
+  if rows % n or min_rows % (rows // n):
+    raise ValueError(
+        f"batch_size_warmup_min_rows {min_rows} is not a whole number of micro-batches of global_batch_size "
+        f"{rows} / micro_batches {n} rows: set micro_batches to a multiple of {rows // math.gcd(rows, min_rows)}")
+  return min_rows // (rows // n), n, warmup_steps
+
+
+def active_micro_batches(step: jax.Array, config) -> jax.Array:
+  """k(step): micro-batches trained on at `step`, from ceil(min_rows / micro rows) up to all of them.
+
+  Linear in the step: the warmup's steps are split evenly among k = k0, ..., n, so k reaches n before
+  `batch_size_warmup_steps` and the warmup trains on as many rows as a continuous ramp from min_rows to
+  the global batch would ((k0 + n) / 2 micro-batches a step on average); n at every step after it.
+  """
+  k0, n, warmup_steps = batch_size_warmup(config)
+  t = jnp.minimum(step, warmup_steps)   # bounded: no int32 overflow in the product
+  return jnp.minimum(k0 + t * (n - k0 + 1) // warmup_steps, n)
+
+
+def _grads_and_sums(params, batch: Batch, key, frozen, step, *, model, config):
+  """Gradient of the global-batch loss and its sums, accumulated over `config.micro_batches`.
+
+  With a batch-size warmup only the first `active_micro_batches(step)` micro-batches count.
+  """
   objective = objectives.get(config)
-  weights = objective.loss_weights(batch, config)
+  n = int(config.micro_batches)
+  micro_batches = _split_micro_batches(batch, n)
+  if batch_size_warmup(config) is None:
+    weights, active = objective.loss_weights(batch, config), None
+  else:
+    active = jnp.arange(n) < active_micro_batches(step, config)
+    # Weights are sums over rows: the active micro-batches' are the denominators (the mean over what trains).
+    micro_weights = jax.vmap(lambda m: objective.loss_weights(m, config))(micro_batches)
+    weights = jax.tree.map(lambda w: jnp.sum(jnp.where(active, w, 0)), micro_weights)
 
   def loss_fn(p, micro, micro_key):
     outputs = model.apply(variables(p, frozen), micro, deterministic=False, rngs={"dropout": micro_key})
     sums = objective.loss_sums(outputs, micro, config)
-    # Divided by the global batch's weights: summed over micro-batches this is the global mean.
+    # Divided by the global batch's weights (its active micro-batches'): summed over micro-batches, the mean.
     return objective.loss(sums, weights), sums
 
   grad_fn = jax.grad(loss_fn, has_aux=True)
-  n = int(config.micro_batches)
   if n == 1:
     return grad_fn(params, batch, key)
 
+  def add(carry, i, micro):
+    grads, sums = grad_fn(params, micro, jax.random.fold_in(key, i))
+    return jax.tree.map(jnp.add, carry, (grads, sums))
+
   def body(carry, xs):
     i, micro = xs
-    grads, sums = grad_fn(params, micro, jax.random.fold_in(key, i))
-    return jax.tree.map(jnp.add, carry, (grads, sums)), None
+    if active is None:
+      return add(carry, i, micro), None
+    # A skipped micro-batch costs no forward or backward pass: lax.cond runs one branch.
+    return jax.lax.cond(active[i], add, lambda c, *_: c, carry, i, micro), None
 
-  micro_batches = _split_micro_batches(batch, n)
   shapes = jax.eval_shape(grad_fn, params, jax.tree.map(lambda x: x[0], micro_batches), key)
   zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
   (grads, sums), _ = jax.lax.scan(body, zeros, (jnp.arange(n), micro_batches))
@@ -82,7 +135,7 @@ def train_step(state: TrainState, batch: Batch, rng: jax.Array, frozen=None, *, 
   have applied, when skipped), so after skipped steps it trails `schedule(state.step)`.
   """
   key = jax.random.fold_in(rng, state.step)
-  grads, sums = _grads_and_sums(state.params, batch, key, frozen, model=model, config=config)
+  grads, sums = _grads_and_sums(state.params, batch, key, frozen, state.step, model=model, config=config)
   loss = objectives.get(config).loss(sums)
   grad_norm = optax.tree.norm(grads)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)

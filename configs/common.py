@@ -164,6 +164,13 @@ def pretrain_config() -> ml_collections.ConfigDict:
   c.seed = 0                      # parameter init and dropout; data has its own `data.seed`
   c.global_batch_size = 256
   c.micro_batches = 1             # gradient accumulation: the global batch is split into this many
+  # Batch-size warmup (ModernBERT's), off at 0: step t trains on the first k(t) micro-batches, k rising
+  # linearly from batch_size_warmup_min_rows / (global_batch_size / micro_batches) to micro_batches over
+  # this many steps (bert_jax/steps.py, `active_micro_batches`). The input pipeline still delivers full
+  # batches: the rows of the skipped micro-batches are discarded, never trained on (perf/tokens_per_sec
+  # and MFU still count them). min_rows must be a whole number of micro-batches, below global_batch_size.
+  c.batch_size_warmup_steps = 0
+  c.batch_size_warmup_min_rows = 0
   c.train_steps = 1_000_000       # the run stops when state.step reaches this
   # Start from another run's checkpoint (a checkpoint directory or one step inside it) when this run
   # has none of its own. Full state by default, so phase 2 continues phase 1's step and schedule.

@@ -29,12 +29,21 @@ learning-rate-decay}.yaml, cited below as [P:line], [E:line], [D:line]:
   576 rows [D:121]. Seed 17 [P:121].
 Steps are tokens / (rows x length), rounded up: every phase has 4,718,592 tokens a step.
 
-Not reproduced: the batch-size warmup [P:77-78] (from the per-device micro-batch to 4608 rows over the first
-50B tokens): here every step has the full batch. The attention-output dropout 0.1 [P:28] (our hidden dropout
-would also act after the MLP, where the recipe has 0.0). Evaluation at 15% masking [P:90] (held-out batches
-mask as training does). Masking draws round(30% x n) tokens per example, not each token independently; the
-initialization is BERT's normal(0.02), not the release's `full_megatron` [P:20]. ModernBERT's BPE tokenizer
-is not built in: prepare the data with a 50368-entry vocabulary.
+Batch-size warmup [P:77-78]: from the per-device micro-batch, 96 rows [P:123] on 8 GPUs = 768 rows, to 4608
+over the first 50B tokens. Here (bert_jax/steps.py) phase 1 has micro_batches = 4608 / 768 = 6 and step t
+trains on the first k(t) of them, k rising linearly from 1 to 6 over the warmup's steps (each k holds for
+a sixth of them), the other micro-batches' rows discarded. No rounding of the rows: 768 divides 4608; the
+ramp moves in 768-row micro-batches where the release's moves 8 rows at a time (one per GPU). A larger
+micro_batches for memory must stay a multiple of 6. The warmup's steps are 50B tokens over a full step's
+tokens, rounded up, as for every token count here (10,597 steps); those steps train 7/12 of that, ~29B
+tokens, where the release counts the 50B tokens themselves (~18.2k steps of its ramp) and its
+learning-rate warmup of 3B tokens falls inside the ramp, at small batches.
+
+Not reproduced: the attention-output dropout 0.1 [P:28] (our hidden dropout would also act after the MLP,
+where the recipe has 0.0). Evaluation at 15% masking [P:90] (held-out batches mask as training does).
+Masking draws round(30% x n) tokens per example, not each token independently; the initialization is
+BERT's normal(0.02), not the release's `full_megatron` [P:20]. ModernBERT's BPE tokenizer is not built in:
+prepare the data with a 50368-entry vocabulary.
 """
 
 import math
@@ -50,6 +59,8 @@ BASE = {
     "learning_rate": {"phase1": 8e-4, "extension": 3e-4, "decay": 3e-4},
     "weight_decay": {"phase1": 1e-5, "extension": 1e-5, "decay": 1e-5},
     "warmup_tokens": 3_000_000_000,                       # [P:100]
+    "batch_warmup_tokens": 50_000_000_000,                # [P:78]
+    "batch_warmup_min_rows": 768,                         # 96 a device [P:77, P:123] x 8 GPUs
 }
 LENGTH = {"phase1": 1024, "extension": 8192, "decay": 8192}   # [P:4], [E:7], [D:7]
 PHASES = tuple(LENGTH)
@@ -59,6 +70,11 @@ MASK_RATE = 0.3                                           # [P:6]
 def phase_steps(recipe: dict, phase: str) -> int:
   """Optimizer steps of a phase: its tokens over the tokens of one full batch, rounded up."""
   return math.ceil(recipe["tokens"][phase] / (recipe["rows"][phase] * LENGTH[phase]))
+
+
+def full_steps(recipe: dict, tokens: int) -> int:
+  """Steps of phase 1 that hold `tokens` at its full batch, rounded up."""
+  return math.ceil(tokens / (recipe["rows"]["phase1"] * LENGTH["phase1"]))
 
 
 def get_config(arg: str = "", recipe: dict = BASE):
@@ -89,6 +105,10 @@ def get_config(arg: str = "", recipe: dict = BASE):
   c.data.max_predictions_per_seq = math.ceil(MASK_RATE * LENGTH[phase])
   c.global_batch_size = recipe["rows"][phase]
   c.seed = recipe["seed"]
+  if phase == "phase1":   # the batch-size warmup: whole micro-batches of min_rows each (bert_jax/steps.py)
+    c.micro_batches = recipe["rows"]["phase1"] // recipe["batch_warmup_min_rows"]
+    c.batch_size_warmup_min_rows = recipe["batch_warmup_min_rows"]
+    c.batch_size_warmup_steps = full_steps(recipe, recipe["batch_warmup_tokens"])
   ends = {p: sum(phase_steps(recipe, q) for q in PHASES[:i + 1]) for i, p in enumerate(PHASES)}
   c.train_steps = ends[phase]
   o = c.optimizer
@@ -98,7 +118,7 @@ def get_config(arg: str = "", recipe: dict = BASE):
   o.b1, o.b2, o.eps = 0.9, 0.98, 1e-6
   o.clip_norm = 0.0
   o.schedule = "wsd"
-  o.warmup_steps = math.ceil(recipe["warmup_tokens"] / (recipe["rows"]["phase1"] * LENGTH["phase1"]))
+  o.warmup_steps = full_steps(recipe, recipe["warmup_tokens"])
   o.total_steps = ends["decay"]
   o.decay_steps = phase_steps(recipe, "decay")
   o.decay_shape = "1-sqrt"

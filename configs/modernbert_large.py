@@ -15,7 +15,10 @@ at 616 rows [E:120]; then the 1-sqrt decay with lr 5e-5, weight decay 1e-6 [D:11
 Not reproduced, beyond base's list: large started from ModernBERT-base's weights tiled from the middle
 [P:119-125]; its phase-1 rate "was too high and required a restart" [P:106]: the paper reports 5e-4 for
 900B tokens, then a roll-back and 5e-5 for the remaining 800B (set `--config.optimizer.learning_rate=5e-5`
-with `--config.init_from=<the rolled-back checkpoint>`); its batch-size warmup was over 10B tokens [P:78].
+with `--config.init_from=<the rolled-back checkpoint>`).
+The batch-size warmup goes from 56 rows a device [P:77, P:130] on 8 GPUs = 448 rows to 4928 over 10B tokens
+[P:78]: phase 1 has micro_batches = 4928 / 448 = 11 (no rounding; a larger one must stay a multiple of 11),
+k rising from 1 to 11 over 1,982 steps (10B tokens at the full batch; they train 6/11 of that, ~5.5B).
 The decay phase's 624 rows make its steps 5,111,808 tokens, against 5,046,272 before.
 """
 
@@ -30,6 +33,8 @@ LARGE = {
     "learning_rate": {"phase1": 5e-4, "extension": 5e-5, "decay": 5e-5},
     "weight_decay": {"phase1": 1e-5, "extension": 1e-6, "decay": 1e-6},
     "warmup_tokens": 2_000_000_000,
+    "batch_warmup_tokens": 10_000_000_000,
+    "batch_warmup_min_rows": 448,
 }
 
 
