@@ -10,8 +10,9 @@ lookups are gathers (0 FLOPs). The backward pass costs twice the forward pass (o
 input gradient, one for the weight gradient), so a train step is 3x the forward pass; recomputation
 under remat is not counted (it is hardware FLOPs, not model FLOPs).
 
-Attention is counted over the full sequence length whatever the padding or packing: the fused
-attention path computes every (query, key) score and masks afterwards.
+Attention is counted over the full sequence length whatever the padding, packing or sliding window
+(ModernBERT's local layers): the fused attention path computes every (query, key) score and masks
+afterwards.
 """
 
 import dataclasses
@@ -36,7 +37,8 @@ def forward_flops_per_row(cfg: model.BertConfig, shapes: Shapes) -> dict[str, fl
       "attention_scores": 2 * s * h,   # q . k over all S keys, summed over heads: H = heads x head_dim
       "attention_values": 2 * s * h,   # probs x v
       "attention_out": 2 * h * h,
-      "mlp": 2 * 2 * h * i,            # intermediate and output dense
+      # intermediate (to 2 x I with GeGLU: input and gate halves) and output dense
+      "mlp": 2 * (3 if cfg.geglu else 2) * h * i,
   }
   flops = {k: float(cfg.num_layers * s * f) for k, f in per_layer_per_token.items()}
   e = getattr(cfg, "embedding_size", None) or h

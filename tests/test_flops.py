@@ -1,5 +1,7 @@
 """Analytic FLOPs: a hand count for a tiny model, and agreement with XLA's own count."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -48,8 +50,8 @@ def _xla_train_flops(cfg, batch, mlm_all_positions):
   return jax.jit(jax.grad(loss)).lower(params, batch).compile().cost_analysis()["flops"]
 
 
-@pytest.mark.parametrize("mlm_all_positions", [False, True])
-def test_close_to_xla_cost_analysis(mlm_all_positions):
+@pytest.mark.parametrize("mlm_all_positions,geglu", [(False, False), (True, False), (False, True)])
+def test_close_to_xla_cost_analysis(mlm_all_positions, geglu):
   batch_size, seq, preds = 4, 64, 10
   batch = {
       "input_ids": jnp.ones((batch_size, seq), jnp.int32),
@@ -57,9 +59,10 @@ def test_close_to_xla_cost_analysis(mlm_all_positions):
       "segment_ids": jnp.zeros((batch_size, seq), jnp.int32),
       "masked_lm_positions": jnp.zeros((batch_size, preds), jnp.int32),
   }
-  xla = _xla_train_flops(TINY, batch, mlm_all_positions)
+  cfg = dataclasses.replace(TINY, geglu=geglu)   # GeGLU: a third matmul in every feed-forward block
+  xla = _xla_train_flops(cfg, batch, mlm_all_positions)
   shapes = flops.Shapes(seq_length=seq, mlm_positions=seq if mlm_all_positions else preds)
-  analytic = batch_size * flops.train_flops_per_row(TINY, shapes)
+  analytic = batch_size * flops.train_flops_per_row(cfg, shapes)
   # XLA also counts elementwise work (layer norm, softmax, GELU, dropout): measured 1.04 here,
   # 1.01-1.02 at L=4 H=256 with a 30k vocabulary. Matmuls must not be missing (>= 1) or doubled.
   assert 1.0 <= xla / analytic <= 1.12
