@@ -1,7 +1,7 @@
 """`bert-jax analyze heads`: what every attention head looks at, averaged over a corpus.
 
-    bert-jax analyze heads --checkpoint=/work/shared/data/minilm \
-        --input=/work/shared/data/corpora/news_articles.jsonl --output_dir=heads/ --max_examples=1000
+    bert-jax analyze heads --checkpoint=path/to/minilm \
+        --input=news_articles.jsonl --output_dir=heads/ --max_examples=1000
 
 Input: JSON lines with a text field (`--text_key`), or plain text whose documents are separated by blank
 lines. Documents are split into sentences (after . ! ? followed by a capital, digit or quote). By default

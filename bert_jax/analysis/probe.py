@@ -1,7 +1,7 @@
 """`bert-jax analyze probe`: what each representation of a frozen encoder holds, read by probing classifiers.
 
-    bert-jax analyze probe --checkpoint=/work/shared/data/minilm --task=sentlen,wc,bshift \\
-        --corpus=/work/shared/data/corpora/news_articles.jsonl --output_dir=/tmp/probe
+    bert-jax analyze probe --checkpoint=path/to/minilm --task=sentlen,wc,bshift \\
+        --corpus=news_articles.jsonl --output_dir=/tmp/probe
 
 Tasks (`--task`, comma separated):
   sentlen, wc, bshift  SentEval-style tasks built from the raw text of `--corpus` (Conneau et al. 2018; see

@@ -1,7 +1,7 @@
 """SentEval-style probing tasks built from raw text, with no labels needed (Conneau et al. 2018, "What you can
 cram into a single $&!#* vector", section 3): sentence length, word content and bigram shift.
 
-    sentences = senteval.read_sentences("/work/shared/data/corpora/news_articles.jsonl")
+    sentences = senteval.read_sentences("news_articles.jsonl")
     splits = senteval.build("bshift", sentences, num_examples=3000, seed=0)   # {"train", "dev", "test"}
 
 The corpus is JSON lines (a `text` field) or plain text (one document a line), split into sentences after
