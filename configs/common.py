@@ -77,6 +77,8 @@ def model_config(preset: str = "base") -> ml_collections.ConfigDict:
     m[name] = ml_collections.config_dict.placeholder(int)
   m.scan_layers = False       # one compiled layer body (faster compiles for deep models)
   m.remat_policy = "none"     # or "full", "dots_saveable", "minimal" (model.REMAT_POLICIES)
+  # "xla" or "splash": Pallas' block-sparse TPU attention kernel (models/splash.py; no [B, N, L, L] scores).
+  m.attention_kernel = "xla"
   return m
 
 

@@ -59,6 +59,7 @@ _ELECTRA_DEFAULTS = {"hidden_size": 256, "num_attention_heads": 4, "intermediate
 
 
 SHARED_SUBLAYERS = ("", "attention", "ffn")
+ATTENTION_KERNELS = ("xla", "splash", "splash_interpret")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +107,11 @@ class BertConfig:
   # Heads removed from the weights (Michel et al. 2019; `pruning.prune_heads`): ((layer, (head, ...)), ...), in
   # the original head numbering, as transformers' `pruned_heads`. Layer i keeps `layer_num_heads(i)` heads.
   pruned_heads: tuple = ()
+  # How the fused attention runs (`models/splash.py`): "xla" (jax.nn.dot_product_attention with a dense mask,
+  # any backend), "splash" (Pallas' block-sparse TPU kernel: segment ids and windows, no [B, N, L, L] scores)
+  # or "splash_interpret" (that kernel interpreted, on any backend: tests). Attention probabilities
+  # (`output_attentions`) and attention dropout always take the explicit path.
+  attention_kernel: str = "xla"
 
   def __post_init__(self):
     # Accept dtype names ("bfloat16") as they come from ConfigDicts and command lines.
@@ -122,6 +128,8 @@ class BertConfig:
                        f"{self.local_attention} go together: set both or neither")
     if self.local_rope_theta is not None and (self.rope_theta is None or self.local_attention is None):
       raise ValueError("local_rope_theta needs rope_theta and sliding-window layers (local_attention)")
+    if self.attention_kernel not in ATTENTION_KERNELS:
+      raise ValueError(f"attention_kernel {self.attention_kernel!r}; one of {ATTENTION_KERNELS}")
     if self.shared_sublayer not in SHARED_SUBLAYERS:
       raise ValueError(f"shared_sublayer {self.shared_sublayer!r}; one of {SHARED_SUBLAYERS}")
     if self.shared_sublayer and (self.share_layers or self.scan_layers):

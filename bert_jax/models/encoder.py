@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bert_jax.models import rotary
+from bert_jax.models import splash
 # The config lives in its own module; these names are re-exported for the callers of `encoder`.
 from bert_jax.models.config import BertConfig, HF_MODEL_TYPES, PRESETS, REMAT_POLICIES, TABLE6  # noqa: F401
 from bert_jax.models.config import _GELU_APPROXIMATE, _HF_KEYS  # noqa: F401
@@ -156,9 +157,11 @@ class SelfAttention(nn.Module):
   num_heads: int | None = None   # this layer's heads after pruning; None: config.num_heads
 
   @nn.compact
-  def __call__(self, x_BLH, mask, rope, deterministic: bool, head_mask_N=None, output_attentions: bool = False):
+  def __call__(self, x_BLH, mask, rope, deterministic: bool, head_mask_N=None, output_attentions: bool = False,
+               segments=None):
     """`rope`: (cos, sin) tables rotating queries and keys (`rotary.rotary_tables`), or None. `head_mask_N`:
-    each head's output scaled by its entry before the output projection (None: all ones).
+    each head's output scaled by its entry before the output projection (None: all ones). `segments`: the
+    splash kernel's `splash.SegmentMask` (then the fused path runs it instead of the dense `mask`), or None.
 
     Returns the output [B, L, H]; with `output_attentions`, (output, float32 probabilities [B, N, L, L]),
     computed explicitly (the fused kernel returns none).
@@ -176,6 +179,8 @@ class SelfAttention(nn.Module):
       probs = jnp.zeros(x_BLH.shape[:1] + (0,) + x_BLH.shape[1:2] * 2, jnp.float32)
     elif output_attentions or not (deterministic or cfg.attention_dropout == 0.0):
       o_BLNK, probs = self._explicit_attention(q_BLNK, k_BLNK, v_BLNK, mask, deterministic)
+    elif segments is not None:
+      o_BLNK = splash.attention(q_BLNK, k_BLNK, v_BLNK, segments)
     else:
       # Lets the backend pick a fused kernel; the softmax is always float32 inside.
       o_BLNK = jax.nn.dot_product_attention(q_BLNK, k_BLNK, v_BLNK, mask=mask)
@@ -213,19 +218,23 @@ def layer_kinds(cfg: BertConfig) -> list:
 
 def layer_context(cfg: BertConfig, input_mask, example_ids, position_ids) -> dict:
   """What every layer's attention reads: the mask and RoPE tables (or None) of global layers ("mask",
-  "rope") and of sliding-window layers ("local_mask", "local_rope"; None without them)."""
+  "rope") and of sliding-window layers ("local_mask", "local_rope"; None without them), and with a splash
+  `attention_kernel` the kernel's `splash.SegmentMask` ("segments"; else None)."""
   rope = lambda theta: None if cfg.rope_theta is None else rotary.rotary_tables(position_ids, cfg.head_dim, theta)
   local = cfg.local_attention is not None
+  segments = None
+  if cfg.attention_kernel != "xla":   # the kernel's mask; the dense ones remain for the explicit path
+    segments = splash.segment_mask(cfg.attention_kernel, input_mask, example_ids, cfg.local_attention, cfg.causal)
   return {"mask": attention_mask(input_mask, example_ids, cfg.causal), "rope": rope(cfg.rope_theta),
           "local_mask": attention_mask(input_mask, example_ids, cfg.causal, cfg.local_attention) if local else None,
-          "local_rope": rope(cfg.local_rope_theta or cfg.rope_theta) if local else None}
+          "local_rope": rope(cfg.local_rope_theta or cfg.rope_theta) if local else None, "segments": segments}
 
 
 def _as_context(context) -> dict:
   """`layer_context`'s dict, also from a bare attention mask (global attention without RoPE)."""
   if isinstance(context, dict):
     return context
-  return {"mask": context, "rope": None, "local_mask": None, "local_rope": None}
+  return {"mask": context, "rope": None, "local_mask": None, "local_rope": None, "segments": None}
 
 
 def dense(cfg: BertConfig, features: int, names: tuple, name: str, use_bias: bool | None = None) -> nn.Dense:
@@ -265,8 +274,10 @@ class BertLayer(nn.Module):
     self_attention = self.shared_attention or SelfAttention(cfg, self.num_heads, name="attention")
     probs = []
 
+    segments = context["segments"] and context["segments"].replace(local=local)
+
     def attention(h, mask, rope, deterministic):
-      out = self_attention(h, mask, rope, deterministic, head_mask, self.output_attentions)
+      out = self_attention(h, mask, rope, deterministic, head_mask, self.output_attentions, segments)
       if self.output_attentions:
         out, p = out
         probs.append(p)
