@@ -33,6 +33,7 @@ from bert_jax import optimizer as optimizer_lib
 from bert_jax import paths
 from bert_jax import sharding
 from bert_jax import steps
+from bert_jax.models import splash
 
 TrainState = steps.TrainState
 bert_config = objectives.encoder_config   # the encoder a pretraining config describes
@@ -67,6 +68,9 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
                     "position embeddings (model.max_position_embeddings)")
   if d.max_predictions_per_seq > d.seq_length:
     problems.append(f"data.max_predictions_per_seq {d.max_predictions_per_seq} > seq_length {d.seq_length}")
+  if cfg.attention_kernel != "xla" and d.seq_length % splash.BLOCKS[-1]:
+    problems.append(f"model.attention_kernel {cfg.attention_kernel!r} tiles sequences in blocks of "
+                    f"{splash.BLOCKS[-1]} tokens: data.seq_length {d.seq_length} is no multiple (or set it to 'xla')")
   if config.optimizer.name not in optimizer_lib.NAMES:
     problems.append(f"optimizer.name {config.optimizer.name!r} is not one of {optimizer_lib.NAMES}")
   if config.train_steps <= 0 or config.optimizer.total_steps <= 0:

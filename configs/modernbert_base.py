@@ -61,6 +61,9 @@ BASE = {
     "warmup_tokens": 3_000_000_000,                       # [P:100]
     "batch_warmup_tokens": 50_000_000_000,                # [P:78]
     "batch_warmup_min_rows": 768,                         # 96 a device [P:77, P:123] x 8 GPUs
+    # Memory, not recipe (the step's math is the same): the 8192-token phases' 576 rows in 3 passes, so that
+    # 3 rows of 8192 a device fit v5e:8x8's 16 GiB (`bert-jax aot`: docs/objectives.md; measured for base).
+    "micro_batches_8192": 3,
 }
 LENGTH = {"phase1": 1024, "extension": 8192, "decay": 8192}   # [P:4], [E:7], [D:7]
 PHASES = tuple(LENGTH)
@@ -94,6 +97,10 @@ def get_config(arg: str = "", recipe: dict = BASE):
   m.layer_norm_eps = 1e-5
   m.global_attn_every_n_layers, m.local_attention = 3, 128
   m.hidden_dropout, m.attention_dropout = 0.0, 0.0
+  # The release attends with FlashAttention 2 over unpadded sequences and sliding windows; on TPU this is
+  # Pallas' splash kernel with segment ids and a local mask (bert_jax/models/splash.py), XLA's attention under
+  # the same mask elsewhere. Without it 8192 tokens materialise [rows, heads, 8192, 8192] scores.
+  m.attention_kernel = "splash"
   if phase == "phase1":
     m.rope_theta = 10_000.0
   else:
@@ -109,6 +116,8 @@ def get_config(arg: str = "", recipe: dict = BASE):
     c.micro_batches = recipe["rows"]["phase1"] // recipe["batch_warmup_min_rows"]
     c.batch_size_warmup_min_rows = recipe["batch_warmup_min_rows"]
     c.batch_size_warmup_steps = full_steps(recipe, recipe["batch_warmup_tokens"])
+  else:
+    c.micro_batches = recipe["micro_batches_8192"]
   ends = {p: sum(phase_steps(recipe, q) for q in PHASES[:i + 1]) for i, p in enumerate(PHASES)}
   c.train_steps = ends[phase]
   o = c.optimizer

@@ -130,3 +130,32 @@ def test_aot_counts_the_frozen_teacher(tmp_path):
   batch = sum(math.prod(x.shape) * x.dtype.itemsize for x in train.abstract_batch(config).values()) / 4
   assert state + teacher + batch <= memory["argument_bytes"] <= 1.5 * (state + teacher + batch)
   assert report["time_per_step"]["model_flops"] == pytest.approx(objectives.train_flops_per_step(config) / 4)
+
+
+# A tiny ModernBERT-style encoder: one global and one 32-token-window layer over 128 tokens, packed.
+MODERNBERT_SPLASH = {**OVERRIDES, "objective": "modernbert", "data.format": "doc_sentences", "data.packing": True,
+                     "model.type_vocab_size": 0, "model.num_layers": 2, "model.rope_theta": 10000.0,
+                     "model.geglu": True, "model.pre_norm": True, "model.final_norm": True,
+                     "model.norm_bias": False, "model.dense_bias": False, "model.global_attn_every_n_layers": 2,
+                     "model.local_attention": 32, "model.max_position_embeddings": 128,
+                     "model.attention_dropout": 0.0, "data.seq_length": 128, "data.max_predictions_per_seq": 20}
+
+
+@pytest.mark.slow
+def test_aot_compiles_the_splash_kernel(tmp_path):
+  """With `attention_kernel=splash` the TPU step holds the Pallas kernel, and the report adds what XLA's
+  cost analysis cannot see in it: the kernel's FLOPs (the window's only in the local layer) and bytes."""
+  from bert_jax import flops  # pylint: disable=g-import-not-at-top
+  overrides = {**MODERNBERT_SPLASH, "model.attention_kernel": "splash"}
+  proc, report = _aot(tmp_path, overrides)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "+ attention kernel" in proc.stdout
+  timing = report["time_per_step"]
+  config = _config(overrides)
+  kernel_flops, kernel_bytes = flops.kernel_attention_per_row(objectives.encoder_config(config), 128)
+  assert kernel_flops > 0 and kernel_bytes > 0
+  assert timing["kernel_flops"] == pytest.approx(kernel_flops * 16 / 4)
+  assert timing["kernel_bytes"] == pytest.approx(kernel_bytes * 16 / 4)
+  # What XLA sees plus the kernel is the model: XLA's share no longer includes the attention matmuls.
+  assert 1.0 <= (timing["xla_flops"] + timing["kernel_flops"]) / timing["model_flops"] <= 2.0
+  assert timing["loop_factor"] == 1.0

@@ -66,3 +66,24 @@ def test_close_to_xla_cost_analysis(mlm_all_positions, geglu):
   # XLA also counts elementwise work (layer norm, softmax, GELU, dropout): measured 1.04 here,
   # 1.01-1.02 at L=4 H=256 with a 30k vocabulary. Matmuls must not be missing (>= 1) or doubled.
   assert 1.0 <= xla / analytic <= 1.12
+
+
+def test_splash_kernel_counts_the_window_only():
+  """With the splash kernel a sliding-window layer is counted over window+1 keys (the kernel skips the
+  blocks outside it); the dense path still counts every key; `kernel_attention_per_row` is the share XLA
+  cannot see (zero without the kernel, or with attention dropout, which takes the explicit path)."""
+  local = dataclasses.replace(TINY, num_layers=4, global_attn_every_n_layers=2, local_attention=16,
+                              attention_dropout=0.0)
+  shapes = flops.Shapes(seq_length=128, mlm_positions=10)
+  splash = dataclasses.replace(local, attention_kernel="splash")
+  assert flops.attended_keys(local, 128) == [128, 128, 128, 128]
+  assert flops.attended_keys(splash, 128) == [128, 17, 128, 17]
+  dense, sparse = flops.forward_flops_per_row(local, shapes), flops.forward_flops_per_row(splash, shapes)
+  assert sparse["attention_scores"] == sparse["attention_values"] == 128 * (2 * 128 + 2 * 17) * 2 * 128
+  assert {k: v for k, v in dense.items() if not k.startswith("attention_s") and k != "attention_values"} == {
+      k: v for k, v in sparse.items() if not k.startswith("attention_s") and k != "attention_values"}
+  kernel_flops, kernel_bytes = flops.kernel_attention_per_row(splash, 128)
+  assert kernel_flops == 3 * (sparse["attention_scores"] + sparse["attention_values"])
+  assert kernel_bytes > 0
+  assert flops.kernel_attention_per_row(local, 128) == (0.0, 0.0)
+  assert flops.kernel_attention_per_row(dataclasses.replace(splash, attention_dropout=0.1), 128) == (0.0, 0.0)

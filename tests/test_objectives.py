@@ -137,3 +137,6 @@ def test_modernbert_model_is_hugging_faces_masked_lm(data_dir):  # noqa: F811
   assert "token_type_embeddings" not in params["bert"]["embeddings"]
   per_row = objectives.get("modernbert").forward_flops_per_row(config)
   assert per_row["pooler"] == per_row["nsp"] == 0.0
+  cfg = objectives.encoder_config(config)   # GeGLU: three h x i matrices a layer, counted once
+  assert cfg.geglu and per_row["mlp"] == (cfg.num_layers * config.data.seq_length
+                                          * 2 * 3 * cfg.hidden_size * cfg.intermediate_size)

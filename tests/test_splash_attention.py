@@ -60,10 +60,12 @@ def _modernbert(**overrides):
   return BertConfig(**{**fields, **overrides})
 
 
-@pytest.mark.parametrize("scan_layers", [False, True])
-def test_encoder_splash_equals_xla(scan_layers):
+@pytest.mark.parametrize("scan_layers,kernel", [(False, "splash_interpret"), (True, "splash_interpret"),
+                                               (True, "splash")])
+def test_encoder_splash_equals_xla(scan_layers, kernel):
   """A ModernBERT-style encoder (one global layer, two with a 64-token window, packed and padded) gives
-  the same hidden states and parameter gradients with either kernel."""
+  the same hidden states and parameter gradients with either kernel ("splash" on this CPU: XLA's attention
+  under the kernel's mask, `lax.platform_dependent`)."""
   _, _, _, input_mask, example_ids = _inputs()
   ids = jnp.asarray(np.random.default_rng(1).integers(0, 64, (B, L)))
   model = lambda kernel: encoder.BertEncoder(_modernbert(scan_layers=scan_layers, attention_kernel=kernel))
@@ -75,7 +77,7 @@ def test_encoder_splash_equals_xla(scan_layers):
     return (out * input_mask[..., None]).sum(), out
 
   (_, xla), g_xla = jax.value_and_grad(loss, has_aux=True)(params, "xla")
-  (_, ours), g_ours = jax.value_and_grad(loss, has_aux=True)(params, "splash_interpret")
+  (_, ours), g_ours = jax.value_and_grad(loss, has_aux=True)(params, kernel)
   np.testing.assert_allclose(np.asarray(ours)[real], np.asarray(xla)[real], atol=1e-5)
   for a, b in zip(jax.tree.leaves(g_ours), jax.tree.leaves(g_xla)):
     np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
@@ -105,11 +107,13 @@ def test_sharded_over_batch_and_heads():
 
 
 def test_lowers_for_tpu_as_a_mosaic_kernel():
-  """The real kernel ("splash", not interpreted) lowers for TPU from this CPU: what `bert-jax aot` compiles."""
+  """"splash" lowers for TPU from this CPU as the Mosaic kernel (what `bert-jax aot` compiles), and for
+  the CPU without it."""
   q, k, v, input_mask, example_ids = _inputs()
   mask = splash.segment_mask("splash", input_mask, example_ids, 32).replace(local=True)
-  exported = jax.export.export(jax.jit(lambda q, k, v: splash.attention(q, k, v, mask)), platforms=["tpu"])(q, k, v)
-  assert "tpu_custom_call" in exported.mlir_module()
+  f = jax.jit(lambda q, k, v: splash.attention(q, k, v, mask))
+  assert "tpu_custom_call" in jax.export.export(f, platforms=["tpu"])(q, k, v).mlir_module()
+  assert "tpu_custom_call" not in jax.export.export(f, platforms=["cpu"])(q, k, v).mlir_module()
 
 
 def test_bad_lengths_and_names_fail_clearly():
@@ -119,3 +123,13 @@ def test_bad_lengths_and_names_fail_clearly():
     splash.attention(q[:, :100], k[:, :100], v[:, :100], short)
   with pytest.raises(ValueError, match="attention_kernel 'flash'"):
     BertConfig(attention_kernel="flash")
+
+
+def test_config_with_untileable_length_stops_before_compiling():
+  from bert_jax import train  # pylint: disable=g-import-not-at-top
+  from configs import modernbert_base  # pylint: disable=g-import-not-at-top
+  c = modernbert_base.get_config()
+  assert c.model.attention_kernel == "splash"
+  c.data.seq_length, c.data.max_predictions_per_seq = 200, 60
+  with pytest.raises(Exception, match="attention_kernel 'splash'.*seq_length 200"):
+    train.validate(c, num_devices=8)

@@ -11,10 +11,12 @@ The masks it takes are the encoder's (`encoder.attention_mask`), expressed as th
 - a sliding window of `window` tokens (`window // 2` on either side, Hugging Face's ModernBERT) as a
   `LocalMask`, causality as a `CausalMask`.
 
-`BertConfig.attention_kernel` chooses: "xla" (any backend), "splash" (TPU; what `bert-jax aot` compiles),
-"splash_interpret" (the same kernel run by Pallas' interpreter on any backend: slow, for tests). Queries
-are scaled by 1/sqrt(head_dim) before the kernel (it does not scale). Under a mesh the kernel runs per shard
-(`jax.shard_map`): batch and heads may be sharded, the sequence may not.
+`BertConfig.attention_kernel` chooses: "xla" (the dense mask, any backend); "splash": the kernel where the
+step is lowered for TPU (what `bert-jax aot` compiles from a CPU host), XLA's attention under the same mask
+on other platforms (`lax.platform_dependent`), so one config runs everywhere; "splash_interpret": the
+kernel run by Pallas' interpreter on any backend (slow: tests). Queries are scaled by 1/sqrt(head_dim)
+before the kernel (it does not scale). Under a mesh the kernel runs per shard (`jax.shard_map`): batch and
+heads may be sharded, the sequence may not.
 """
 
 from typing import Any
@@ -76,13 +78,38 @@ def _kernel(num_heads: int, length: int, window: int | None, causal: bool, inter
 
 
 def attention(q_BLNK, k_BLNK, v_BLNK, mask: SegmentMask):
-  """softmax(q k / sqrt(head_dim)) v over the keys `mask` allows, [B, L, N, K] in and out."""
+  """softmax(q k / sqrt(head_dim)) v over the keys `mask` allows, [B, L, N, K] in and out: the splash kernel
+  where the step is lowered for TPU (or interpreted), XLA's attention under the same mask elsewhere."""
   check_length(q_BLNK.shape[1])
+  if mask.interpret:
+    return _splash(q_BLNK, k_BLNK, v_BLNK, mask.segment_ids, jnp.asarray(mask.local), mask)
+  return jax.lax.platform_dependent(
+      q_BLNK, k_BLNK, v_BLNK, mask.segment_ids, jnp.asarray(mask.local),
+      tpu=lambda *a: _splash(*a, mask), default=lambda *a: _dense(*a, mask))
+
+
+def dense_mask(segment_ids, local, mask: SegmentMask):
+  """The boolean [B, 1, L, L] mask the kernel applies: same segment (padding with padding), and for a local
+  layer within the window, causal if asked."""
+  allowed = segment_ids[:, :, None] == segment_ids[:, None, :]
+  position = jnp.arange(segment_ids.shape[-1])
+  if mask.causal:
+    allowed &= position[:, None] >= position[None, :]
+  if mask.window is not None:
+    allowed &= jnp.logical_not(local) | (jnp.abs(position[:, None] - position[None, :]) <= mask.window // 2)
+  return allowed[:, None]
+
+
+def _dense(q_BLNK, k_BLNK, v_BLNK, segment_ids, local, mask: SegmentMask):
+  return jax.nn.dot_product_attention(q_BLNK, k_BLNK, v_BLNK, mask=dense_mask(segment_ids, local, mask))
+
+
+def _splash(q_BLNK, k_BLNK, v_BLNK, segment_ids, local, mask: SegmentMask):
   scale = np.asarray(1.0 / np.sqrt(q_BLNK.shape[-1]), q_BLNK.dtype)
   q, k, v = (x.transpose(0, 2, 1, 3) for x in (q_BLNK * scale, k_BLNK, v_BLNK))   # [B, N, L, K]
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty:
-    o = _shard(q, k, v, mask.segment_ids, mask.local, mask)
+    o = _shard(q, k, v, segment_ids, local, mask)
   else:
     spec = _fitting(mesh, q.shape, nn.logical_to_mesh_axes(
         ("activation_batch", "activation_heads", "activation_length", "activation_kv")))
@@ -93,7 +120,7 @@ def attention(q_BLNK, k_BLNK, v_BLNK, mask: SegmentMask):
     # The local flag may be traced (nn.scan): it enters the shard_map as a replicated operand.
     o = jax.shard_map(lambda q, k, v, s, local: _shard(q, k, v, s, local, mask), mesh=mesh,
                       in_specs=(spec, spec, spec, segment_spec, jax.sharding.PartitionSpec()), out_specs=spec,
-                      check_vma=False)(q, k, v, mask.segment_ids, jnp.asarray(mask.local))
+                      check_vma=False)(q, k, v, segment_ids, local)
   return o.transpose(0, 2, 1, 3)
 
 
@@ -112,8 +139,8 @@ def _shard(q, k, v, segment_ids, local, mask: SegmentMask):
     kernel = _kernel(q.shape[1], q.shape[2], window, mask.causal, mask.interpret)
     return jax.vmap(kernel)(q, k, v, segment_ids=kernel_lib.SegmentIds(segment_ids, segment_ids))
 
-  if mask.window is None or local is False or (isinstance(mask.local, bool) and not mask.local):
+  if mask.window is None or (isinstance(mask.local, bool) and not mask.local):
     return run(None, q, k, v, segment_ids)
-  if local is True or (isinstance(mask.local, bool) and mask.local):
+  if isinstance(mask.local, bool) and mask.local:
     return run(mask.window, q, k, v, segment_ids)
   return jax.lax.cond(local, lambda *a: run(mask.window, *a), lambda *a: run(None, *a), q, k, v, segment_ids)

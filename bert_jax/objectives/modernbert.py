@@ -40,14 +40,9 @@ def build_model(config: ml_collections.ConfigDict):
 
 
 def forward_flops_per_row(config: ml_collections.ConfigDict) -> dict[str, float]:
-  """Forward FLOPs of one row, by component: BERT's count without pooler, with GeGLU's third matrix.
-
-  Sliding-window layers are counted over the full row, as the fused attention computes them (flops.py).
-  """
+  """Forward FLOPs of one row, by component: BERT's count without pooler (flops.py counts GeGLU's third
+  matrix and, with the splash kernel, sliding-window layers over their window only)."""
   d, cfg = config.data, base.encoder_config(config)
   shapes = flops.Shapes(seq_length=d.seq_length, use_nsp=False, pooled_positions=0,
                         mlm_positions=d.seq_length if config.get("mlm_all_positions", False) else d.max_predictions_per_seq)
-  counts = flops.forward_flops_per_row(cfg, shapes)
-  if cfg.geglu:   # the input projection is to 2 x intermediate: 3 matrices of h x i instead of 2
-    counts["mlp"] *= 1.5
-  return counts
+  return flops.forward_flops_per_row(cfg, shapes)

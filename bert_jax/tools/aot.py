@@ -134,26 +134,32 @@ def memory_report(compiled, hbm_per_device: float) -> dict[str, float]:
   return report
 
 
-def time_report(compiled, chip: Chip, model_flops_per_device: float, loop_trips: int = 1) -> dict[str, float]:
+def time_report(compiled, chip: Chip, model_flops_per_device: float, loop_trips: int = 1,
+                kernel: tuple = (0.0, 0.0)) -> dict[str, float]:
   """Estimated step time per device: max(FLOPs / peak, bytes accessed / HBM bandwidth).
 
   `loop_trips` is how often the step runs its outermost loop (`micro_batches`), which XLA counts once.
+  `kernel`: (FLOPs, bytes) per device inside custom calls, which XLA's cost analysis does not see (the
+  splash attention kernel: `flops.kernel_attention_per_row`); added to its counts.
   """
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost   # older jax returned a list
   xla_flops, xla_bytes = float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
-  # Loop bodies are counted once by XLA: scale by the trip count, and up to the analytic count when a
-  # loop inside (a scanned layer stack) leaves it short.
-  loop_factor = max(float(loop_trips), model_flops_per_device / xla_flops if xla_flops else 1.0)
+  kernel_flops, kernel_bytes = kernel
+  # Loop bodies are counted once by XLA: scale by the trip count, and up to the analytic count (less the
+  # kernel's share) when a loop inside (a scanned layer stack) leaves it short.
+  visible = model_flops_per_device - kernel_flops
+  loop_factor = max(float(loop_trips), visible / xla_flops if xla_flops else 1.0)
   peak, bandwidth = chip.peak_flops / chip.cores, chip.hbm_bandwidth / chip.cores
-  compute_s = xla_flops * loop_factor / peak
-  memory_s = xla_bytes * loop_factor / bandwidth
+  compute_s = (xla_flops * loop_factor + kernel_flops) / peak
+  memory_s = (xla_bytes * loop_factor + kernel_bytes) / bandwidth
   step_s = max(compute_s, memory_s)
   return {
       "xla_flops": xla_flops, "xla_bytes_accessed": xla_bytes,
       # XLA's own estimate, when it has one (negative values, seen for v5e, mean none).
       "xla_optimal_seconds": optimal if (optimal := float(cost.get("optimal_seconds", -1.0))) > 0 else None,
       "model_flops": model_flops_per_device, "loop_factor": loop_factor,
+      "kernel_flops": kernel_flops, "kernel_bytes": kernel_bytes,
       "peak_flops": peak, "hbm_bandwidth": bandwidth,
       "compute_seconds": compute_s, "memory_seconds": memory_s, "step_seconds": step_s,
       "bound": "compute" if compute_s >= memory_s else "memory",
@@ -163,7 +169,7 @@ def time_report(compiled, chip: Chip, model_flops_per_device: float, loop_trips:
 
 def run(config, topology: str) -> dict[str, Any]:
   """Compile `config`'s train step for `topology` and return the report (see module docstring)."""
-  from bert_jax import objectives, sharding  # pylint: disable=g-import-not-at-top
+  from bert_jax import flops, objectives, sharding  # pylint: disable=g-import-not-at-top
   generation, chip, _ = parse_topology(topology)
   devices = topology_devices(topology)
   n, hbm = len(devices), chip.hbm_bytes / chip.cores
@@ -185,7 +191,9 @@ def run(config, topology: str) -> dict[str, Any]:
             "time_per_step": None, "tokens_per_second": None}
   compile_s = time.perf_counter() - start
   tokens = config.global_batch_size * config.data.seq_length
-  timing = time_report(compiled, chip, objectives.train_flops_per_step(config) / n, int(config.micro_batches))
+  per_row = flops.kernel_attention_per_row(objectives.encoder_config(config), config.data.seq_length)
+  timing = time_report(compiled, chip, objectives.train_flops_per_step(config) / n, int(config.micro_batches),
+                       kernel=tuple(x * config.global_batch_size / n for x in per_row))
   return {
       **report, "compile_seconds": compile_s, "memory_per_device": memory_report(compiled, hbm),
       "time_per_step": timing,
@@ -198,6 +206,10 @@ def format_report(r: dict[str, Any]) -> str:
   m, t = r["memory_per_device"], r["time_per_step"]
   gib = lambda b: f"{b / GiB:7.2f} GiB"   # noqa: E731
   mesh = " x ".join(f"{axis} {size}" for axis, size in r["mesh"].items())
+  kernel_flops = kernel_bytes = ""
+  if t and t.get("kernel_flops"):
+    kernel_flops = f" + attention kernel {t['kernel_flops'] / 1e12:.2f}"
+    kernel_bytes = f" + attention kernel {t['kernel_bytes'] / 1e9:.1f} GB, estimated"
   lines = [
       f"{r['topology']}: {r['chips']} chips x {r['devices_per_chip']} device(s) = {r['devices']} "
       f"{r['device_kind']} devices; mesh {mesh}; batch {r['global_batch_size']} x {r['seq_length']} "
@@ -220,9 +232,9 @@ def format_report(r: dict[str, Any]) -> str:
       + ("fits" if m["fits"] else "DOES NOT FIT"),
       "estimated step time per device:",
       f"  compute {1e3 * t['compute_seconds']:.1f} ms ({t['model_flops'] / 1e12:.2f} model TFLOP, XLA "
-      f"{t['xla_flops'] / 1e12:.2f} x{t['loop_factor']:.1f} at {t['peak_flops'] / 1e12:.1f} TFLOP/s)",
-      f"  memory  {1e3 * t['memory_seconds']:.1f} ms ({t['xla_bytes_accessed'] * t['loop_factor'] / 1e9:.1f} GB "
-      f"at {t['hbm_bandwidth'] / 1e9:.0f} GB/s)",
+      f"{t['xla_flops'] / 1e12:.2f} x{t['loop_factor']:.1f}{kernel_flops} at {t['peak_flops'] / 1e12:.1f} TFLOP/s)",
+      f"  memory  {1e3 * t['memory_seconds']:.1f} ms ({t['xla_bytes_accessed'] * t['loop_factor'] / 1e9:.1f} GB"
+      f"{kernel_bytes} at {t['hbm_bandwidth'] / 1e9:.0f} GB/s)",
       f"  step    {1e3 * t['step_seconds']:.1f} ms ({t['bound']}-bound), {r['tokens_per_second']:,.0f} tokens/s, "
       f"MFU bound {100 * t['mfu_bound']:.0f}%",
   ]
