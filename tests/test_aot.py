@@ -159,3 +159,21 @@ def test_aot_compiles_the_splash_kernel(tmp_path):
   # What XLA sees plus the kernel is the model: XLA's share no longer includes the attention matmuls.
   assert 1.0 <= (timing["xla_flops"] + timing["kernel_flops"]) / timing["model_flops"] <= 2.0
   assert timing["loop_factor"] == 1.0
+
+
+@pytest.mark.slow
+def test_aot_compiles_electra_with_its_generator(tmp_path):
+  """ELECTRA's step trains two networks: the generator's params and Adam moments are in the state the
+  compiled step takes, and its FLOPs in the model count."""
+  overrides = {**OVERRIDES, "objective": "electra", "data.format": "full_sentences"}
+  proc, report = _aot(tmp_path, overrides)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  config = _config(overrides)
+  s = train.setup(config, sharding.create_mesh(config.mesh, devices=jax.devices()[:4]))
+  assert "generator" in s.abstract_state.params
+  state = sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
+              for x in jax.tree.leaves(s.abstract_state))
+  memory, timing = report["memory_per_device"], report["time_per_step"]
+  assert memory["fits"] and state <= memory["argument_bytes"]
+  assert timing["model_flops"] == pytest.approx(objectives.train_flops_per_step(config) / 4)
+  assert timing["model_flops"] > objectives.train_flops_per_step(_config()) / 4   # the generator's too
