@@ -274,7 +274,9 @@ class BertLayer(nn.Module):
     self_attention = self.shared_attention or SelfAttention(cfg, self.num_heads, name="attention")
     probs = []
 
-    segments = context["segments"] and context["segments"].replace(local=local)
+    segments = context.get("segments")
+    if segments is not None:   # the kernel's mask, told whether this layer is a sliding-window one
+      segments = segments.replace(local=local)
 
     def attention(h, mask, rope, deterministic):
       out = self_attention(h, mask, rope, deterministic, head_mask, self.output_attentions, segments)
