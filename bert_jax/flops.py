@@ -59,27 +59,30 @@ def attended_keys(cfg: model.BertConfig, seq_length: int) -> list[int]:
   return [window if local and splash else seq_length for local, _ in model.layer_kinds(cfg)]
 
 
-def kernel_attention_per_row(cfg: model.BertConfig, seq_length: int, bytes_per_element: int = 2) -> tuple:
-  """(FLOPs, HBM bytes) of one row's attention inside the splash kernel over a train step (forward and
-  backward); (0, 0) when attention runs as XLA ops. XLA's cost analysis cannot see into the kernel (a
-  custom call), so `bert-jax aot` adds these to its counts.
+def kernel_attention_per_row(cfg: model.BertConfig, seq_length: int) -> dict[str, float]:
+  """One row's attention inside the splash kernel over a train step, which XLA's cost analysis cannot see
+  (a custom call): `bert-jax aot` adds it to XLA's counts. All 0 when attention runs as XLA ops.
 
-  FLOPs: 3x the forward scores and values. Bytes, an estimate from the kernel's blocking: the forward pass
-  reads q and writes o once and reads k and v once per query block that reaches them (all S / block of them
-  in a global layer, the few a window spans in a local one); the backward passes (dq, then dk and dv) read
-  about twice that.
+  - "model_flops": the model count's share (3x the forward scores and values, `forward_flops_per_row`).
+  - "flops": what the kernel computes. It works in blocks of keys: a query block of a sliding-window layer
+    computes every key block its window reaches (3 for a window inside one block's width, not 129 keys).
+    The backward kernels recompute the scores: dq takes 3 matmuls, dk and dv 4, against the forward's 2.
+  - "bytes": an estimate from that blocking. The forward pass reads q and writes o once and reads k and v
+    once per query block that reaches them; the backward passes read about twice that.
   """
   from bert_jax.models import splash  # pylint: disable=g-import-not-at-top
+  out = {"model_flops": 0.0, "flops": 0.0, "bytes": 0.0}
   if cfg.attention_kernel == "xla" or cfg.attention_dropout > 0:   # dropout takes the explicit path
-    return 0.0, 0.0
-  h, s = cfg.hidden_size, seq_length
+    return out
+  h, s, itemsize = cfg.hidden_size, seq_length, cfg.dtype.itemsize
   block = next(b for b in splash.BLOCKS if s % b == 0)
-  flops = bytes_ = 0.0
   for keys in attended_keys(cfg, s):
-    flops += 3 * 2 * (2 * s * keys * h)
-    rereads = s // block if keys >= s else min(s // block, -(-keys // block) + 1)
-    bytes_ += 3 * bytes_per_element * h * s * (2 + 2 * rereads)
-  return flops, bytes_
+    out["model_flops"] += 3 * 2 * (2 * s * keys * h)
+    # Key blocks a query block computes: all of them, or its own and those the half-window reaches.
+    blocks = s // block if keys >= s else min(s // block, 1 + 2 * -(-(keys // 2) // block))
+    out["flops"] += (2 + 3 + 4) * 2 * s * (blocks * block) * h
+    out["bytes"] += 3 * itemsize * h * s * (2 + 2 * blocks)
+  return out
 
 
 def train_flops_per_row(cfg: model.BertConfig, shapes: Shapes) -> float:

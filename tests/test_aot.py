@@ -152,12 +152,12 @@ def test_aot_compiles_the_splash_kernel(tmp_path):
   assert "+ attention kernel" in proc.stdout
   timing = report["time_per_step"]
   config = _config(overrides)
-  kernel_flops, kernel_bytes = flops.kernel_attention_per_row(objectives.encoder_config(config), 128)
-  assert kernel_flops > 0 and kernel_bytes > 0
-  assert timing["kernel_flops"] == pytest.approx(kernel_flops * 16 / 4)
-  assert timing["kernel_bytes"] == pytest.approx(kernel_bytes * 16 / 4)
-  # What XLA sees plus the kernel is the model: XLA's share no longer includes the attention matmuls.
-  assert 1.0 <= (timing["xla_flops"] + timing["kernel_flops"]) / timing["model_flops"] <= 2.0
+  kernel = flops.kernel_attention_per_row(objectives.encoder_config(config), 128)
+  assert kernel["flops"] > 0 and kernel["bytes"] > 0
+  assert timing["kernel_flops"] == pytest.approx(kernel["flops"] * 16 / 4)
+  assert timing["kernel_bytes"] == pytest.approx(kernel["bytes"] * 16 / 4)
+  # XLA's count lacks the attention matmuls: with the kernel's model share it is about the model's.
+  assert 1.0 <= (timing["xla_flops"] + kernel["model_flops"] * 16 / 4) / timing["model_flops"] <= 1.3
   assert timing["loop_factor"] == 1.0
 
 

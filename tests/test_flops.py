@@ -82,8 +82,17 @@ def test_splash_kernel_counts_the_window_only():
   assert sparse["attention_scores"] == sparse["attention_values"] == 128 * (2 * 128 + 2 * 17) * 2 * 128
   assert {k: v for k, v in dense.items() if not k.startswith("attention_s") and k != "attention_values"} == {
       k: v for k, v in sparse.items() if not k.startswith("attention_s") and k != "attention_values"}
-  kernel_flops, kernel_bytes = flops.kernel_attention_per_row(splash, 128)
-  assert kernel_flops == 3 * (sparse["attention_scores"] + sparse["attention_values"])
-  assert kernel_bytes > 0
-  assert flops.kernel_attention_per_row(local, 128) == (0.0, 0.0)
-  assert flops.kernel_attention_per_row(dataclasses.replace(splash, attention_dropout=0.1), 128) == (0.0, 0.0)
+  kernel = flops.kernel_attention_per_row(splash, 128)
+  assert kernel["model_flops"] == 3 * (sparse["attention_scores"] + sparse["attention_values"])
+  # One block of 128 keys holds every key: the kernel computes all of them in every layer, and its
+  # backward pass recomputes the scores (9 matmuls of S x keys x H against the forward's 2).
+  assert kernel["flops"] == 4 * 9 * 2 * 128 * 128 * 128
+  assert kernel["bytes"] == 4 * 3 * 4 * 128 * 128 * (2 + 2)   # float32: 4 bytes an element
+  # At 8192 tokens a 129-key window inside 512-token blocks computes 3 key blocks a query block.
+  long = dataclasses.replace(splash, num_layers=2, dtype=jnp.bfloat16)
+  long_kernel = flops.kernel_attention_per_row(long, 8192)
+  assert long_kernel["flops"] == 9 * 2 * 8192 * (8192 + 3 * 512) * 128
+  assert long_kernel["bytes"] == 3 * 2 * 128 * 8192 * ((2 + 2 * 16) + (2 + 2 * 3))
+  zero = {"model_flops": 0.0, "flops": 0.0, "bytes": 0.0}
+  assert flops.kernel_attention_per_row(local, 128) == zero
+  assert flops.kernel_attention_per_row(dataclasses.replace(splash, attention_dropout=0.1), 128) == zero

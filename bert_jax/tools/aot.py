@@ -135,20 +135,21 @@ def memory_report(compiled, hbm_per_device: float) -> dict[str, float]:
 
 
 def time_report(compiled, chip: Chip, model_flops_per_device: float, loop_trips: int = 1,
-                kernel: tuple = (0.0, 0.0)) -> dict[str, float]:
+                kernel: dict | None = None) -> dict[str, float]:
   """Estimated step time per device: max(FLOPs / peak, bytes accessed / HBM bandwidth).
 
   `loop_trips` is how often the step runs its outermost loop (`micro_batches`), which XLA counts once.
-  `kernel`: (FLOPs, bytes) per device inside custom calls, which XLA's cost analysis does not see (the
-  splash attention kernel: `flops.kernel_attention_per_row`); added to its counts.
+  `kernel`: per device, what runs inside custom calls, which XLA's cost analysis does not see (the splash
+  attention kernel: `flops.kernel_attention_per_row`'s model FLOPs, FLOPs and bytes); added to its counts.
   """
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost   # older jax returned a list
   xla_flops, xla_bytes = float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
-  kernel_flops, kernel_bytes = kernel
+  kernel = kernel or {"model_flops": 0.0, "flops": 0.0, "bytes": 0.0}
+  kernel_flops, kernel_bytes = kernel["flops"], kernel["bytes"]
   # Loop bodies are counted once by XLA: scale by the trip count, and up to the analytic count (less the
   # kernel's share) when a loop inside (a scanned layer stack) leaves it short.
-  visible = model_flops_per_device - kernel_flops
+  visible = model_flops_per_device - kernel["model_flops"]
   loop_factor = max(float(loop_trips), visible / xla_flops if xla_flops else 1.0)
   peak, bandwidth = chip.peak_flops / chip.cores, chip.hbm_bandwidth / chip.cores
   compute_s = (xla_flops * loop_factor + kernel_flops) / peak
@@ -193,7 +194,7 @@ def run(config, topology: str) -> dict[str, Any]:
   tokens = config.global_batch_size * config.data.seq_length
   per_row = flops.kernel_attention_per_row(objectives.encoder_config(config), config.data.seq_length)
   timing = time_report(compiled, chip, objectives.train_flops_per_step(config) / n, int(config.micro_batches),
-                       kernel=tuple(x * config.global_batch_size / n for x in per_row))
+                       kernel={k: v * config.global_batch_size / n for k, v in per_row.items()})
   return {
       **report, "compile_seconds": compile_s, "memory_per_device": memory_report(compiled, hbm),
       "time_per_step": timing,
