@@ -75,7 +75,7 @@ def kernel_attention_per_row(cfg: model.BertConfig, seq_length: int) -> dict[str
   if cfg.attention_kernel == "xla" or cfg.attention_dropout > 0:   # dropout takes the explicit path
     return out
   h, s, itemsize = cfg.hidden_size, seq_length, cfg.dtype.itemsize
-  block = next(b for b in splash.BLOCKS if s % b == 0)
+  block = splash.block_size(s)
   for keys in attended_keys(cfg, s):
     out["model_flops"] += 3 * 2 * (2 * s * keys * h)
     # Key blocks a query block computes: all of them, or its own and those the half-window reaches.

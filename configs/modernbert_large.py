@@ -35,7 +35,7 @@ LARGE = {
     "warmup_tokens": 2_000_000_000,
     "batch_warmup_tokens": 10_000_000_000,
     "batch_warmup_min_rows": 448,
-    "micro_batches_8192": 1,   # not sized: 616 and 624 rows share no useful factor with 3; see `bert-jax aot`
+    "micro_batches_8192": 1,   # not sized for a topology yet (`bert-jax aot`)
 }
 
 

@@ -60,6 +60,11 @@ def check_length(length: int):
                      f"got {length}: use attention_kernel 'xla'")
 
 
+def block_size(length: int) -> int:
+  """The query and key block the kernel uses for a sequence of `length` tokens (`check_length` first)."""
+  return next(b for b in BLOCKS if length % b == 0)
+
+
 def _kernel(num_heads: int, length: int, window: int | None, causal: bool, interpret: bool):
   """A splash kernel for one example's [num_heads, length, head_dim] queries, keys and values."""
   shape = (length, length)
@@ -69,7 +74,7 @@ def _kernel(num_heads: int, length: int, window: int | None, causal: bool, inter
     base = mask_lib.CausalMask(shape)
   else:
     base = mask_lib.FullMask(shape)
-  block = next(b for b in BLOCKS if length % b == 0)
+  block = block_size(length)
   sizes = kernel_lib.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
                                 block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block,
                                 block_kv_dq=block)
@@ -139,8 +144,9 @@ def _shard(q, k, v, segment_ids, local, mask: SegmentMask):
     kernel = _kernel(q.shape[1], q.shape[2], window, mask.causal, mask.interpret)
     return jax.vmap(kernel)(q, k, v, segment_ids=kernel_lib.SegmentIds(segment_ids, segment_ids))
 
-  if mask.window is None or (isinstance(mask.local, bool) and not mask.local):
+  static = mask.local if isinstance(mask.local, bool) else None   # None: traced, `local` decides
+  if mask.window is None or static is False:
     return run(None, q, k, v, segment_ids)
-  if isinstance(mask.local, bool) and mask.local:
+  if static:
     return run(mask.window, q, k, v, segment_ids)
   return jax.lax.cond(local, lambda *a: run(mask.window, *a), lambda *a: run(None, *a), q, k, v, segment_ids)
