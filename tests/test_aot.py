@@ -44,11 +44,11 @@ def _config(overrides=None):
 def test_aot_report_for_a_small_topology(tmp_path):
   out = tmp_path / "report.json"
   cmd = [sys.executable, "-m", "bert_jax.cli", "aot", "--config=configs/tiny.py", "--topology=v4:2x2x1",
-         f"--json={out}"] + [f"--config.{k}={v}" for k, v in OVERRIDES.items()]
+         f"--json={out}", "--report", "--report_top=8"] + [f"--config.{k}={v}" for k, v in OVERRIDES.items()]
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  assert "fits" in proc.stdout and "estimated step time" in proc.stdout
+  assert "fits" in proc.stdout and "estimated step time" in proc.stdout and "memory traffic by op" in proc.stdout
   report = json.loads(out.read_text())
   assert report["device_kind"] == "TPU v4" and report["devices"] == report["chips"] == 4
 
@@ -73,6 +73,16 @@ def test_aot_report_for_a_small_topology(tmp_path):
   assert timing["step_seconds"] == max(timing["compute_seconds"], timing["memory_seconds"]) > 0
   assert report["tokens_per_second"] == pytest.approx(16 * 32 / timing["step_seconds"])
   assert 0 < timing["mfu_bound"] <= 1
+
+  # --report: the compiled step's ops by bytes moved. Their sum is of the order of XLA's own count (which
+  # also counts the TPU's tile padding, large for these 64-wide arrays); fsdp 2 gathers weights.
+  traffic = report["traffic"]
+  assert 0.3 <= traffic["total_bytes"] / timing["xla_bytes_accessed"] <= 1.5
+  sizes = [r["bytes"] for r in traffic["top_ops"]]
+  assert len(sizes) == 8 and sizes == sorted(sizes, reverse=True) and sizes[0] > 0
+  assert sum(k["bytes"] for k in traffic["by_category"]) == pytest.approx(traffic["total_bytes"])
+  assert any(k["category"] == "collective all-gather" for k in traffic["by_category"])
+  assert any("BertForPreTraining" in s["source"] for s in traffic["top_sources"])
 
 
 def _aot(tmp_path, overrides) -> tuple[subprocess.CompletedProcess, dict]:

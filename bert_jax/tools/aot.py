@@ -32,6 +32,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from bert_jax import config_path
+from bert_jax.tools import hlo_bytes
 
 config_path.put_config_root_on_path(sys.argv)   # config files do `from configs import common`
 
@@ -168,8 +169,12 @@ def time_report(compiled, chip: Chip, model_flops_per_device: float, loop_trips:
   }
 
 
-def run(config, topology: str) -> dict[str, Any]:
-  """Compile `config`'s train step for `topology` and return the report (see module docstring)."""
+def run(config, topology: str, report_top: int = 0) -> dict[str, Any]:
+  """Compile `config`'s train step for `topology` and return the report (see module docstring).
+
+  `report_top` > 0 adds "traffic": the compiled step's memory traffic by op (`hlo_bytes`), that many
+  largest ops, sources and kinds.
+  """
   from bert_jax import flops, objectives, sharding  # pylint: disable=g-import-not-at-top
   generation, chip, _ = parse_topology(topology)
   devices = topology_devices(topology)
@@ -195,11 +200,14 @@ def run(config, topology: str) -> dict[str, Any]:
   per_row = flops.kernel_attention_per_row(objectives.encoder_config(config), config.data.seq_length)
   timing = time_report(compiled, chip, objectives.train_flops_per_step(config) / n, int(config.micro_batches),
                        kernel={k: v * config.global_batch_size / n for k, v in per_row.items()})
-  return {
+  report = {
       **report, "compile_seconds": compile_s, "memory_per_device": memory_report(compiled, hbm),
       "time_per_step": timing,
       "tokens_per_second": tokens / timing["step_seconds"] if timing["step_seconds"] else 0.0,
   }
+  if report_top > 0:
+    report["traffic"] = hlo_bytes.summarize(hlo_bytes.traffic(compiled.as_text()), report_top)
+  return report
 
 
 def format_report(r: dict[str, Any]) -> str:
@@ -239,12 +247,17 @@ def format_report(r: dict[str, Any]) -> str:
       f"  step    {1e3 * t['step_seconds']:.1f} ms ({t['bound']}-bound), {r['tokens_per_second']:,.0f} tokens/s, "
       f"MFU bound {100 * t['mfu_bound']:.0f}%",
   ]
+  if "traffic" in r:
+    lines.append(hlo_bytes.format_summary(r["traffic"], t["xla_bytes_accessed"]))
   return "\n".join(lines)
 
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Pretraining config file (configs/x.py[:arg]).")
 _TOPOLOGY = flags.DEFINE_string("topology", None, "TPU topology, e.g. v3:8x8, v4:4x4x4, v5e:8x8, v6e:8x8; "
                                 "default: the config's `topology` field.")
+_REPORT = flags.DEFINE_bool("report", False, "Also list the compiled step's largest memory consumers: ops, "
+                             "the JAX ops that made them and op kinds, by bytes read and written.")
+_REPORT_TOP = flags.DEFINE_integer("report_top", 15, "With --report: how many of each to list.")
 _JSON = flags.DEFINE_string("json", None, "Also write the report as JSON to this file.")
 
 
@@ -259,7 +272,7 @@ def main(argv) -> None:
   topology = _TOPOLOGY.value or config.get("topology", "")
   if not topology:
     raise ValueError("no --topology and the config has no `topology` field")
-  report = run(config, topology)
+  report = run(config, topology, _REPORT_TOP.value if _REPORT.value else 0)
   print(format_report(report))
   print(json.dumps(report))
   if _JSON.value:

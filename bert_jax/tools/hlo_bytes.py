@@ -1,0 +1,255 @@
+"""Where a compiled step's memory traffic goes: the bytes each executed HLO op reads and writes.
+
+`bert-jax aot --report` prints this for the step it compiled. It reads the optimized HLO text
+(`compiled.as_text()`): every op that runs (in the entry computation, loop bodies and conditions,
+conditional branches, called computations; not inside fusions, which run as one op) moves the bytes of
+its operands and of its result. A loop body's ops are counted once per trip (`known_trip_count`); both
+branches of a conditional are counted, as if each were taken. An asynchronous pair (`copy-start` /
+`copy-done`, `all-gather-start` / `-done`) reads its operands at the start and writes its result at the
+done. An update in place (a dynamic-update-slice, alone or at the root of a fusion) reads and writes the
+update, not the buffer around it. Shapes are the on-device ones, TPU tile padding not included; all memory spaces are counted.
+
+The sum is close to XLA's own "bytes accessed" (its cost analysis counts loop bodies once); the point is
+the ranking: which fusions, copies and collectives move the bytes, under the JAX op names (`op_name`
+metadata) that made them, so that a regression or a waste (an f32 weight read where bf16 would do, a
+materialised mask, a layout copy) shows by name.
+"""
+
+import collections
+import dataclasses
+import math
+import re
+
+DTYPE_BITS = {
+    "pred": 8, "s2": 2, "u2": 2, "s4": 4, "u4": 4, "s8": 8, "u8": 8, "s16": 16, "u16": 16, "s32": 32, "u32": 32,
+    "s64": 64, "u64": 64, "f16": 16, "bf16": 16, "f32": 32, "f64": 64, "c64": 64, "c128": 128, "token": 0,
+}
+# f8e4m3fn, f8e5m2, f4e2m1fn, ...: the digit after "f" is the width.
+_FLOAT_SMALL = re.compile(r"f(\d)e\d+m\d+\w*$")
+_ARRAY = re.compile(r"\b([a-z]+\d*(?:e\d+m\d+\w*)?)\[([\d,]*)\]")
+_INSTR = re.compile(r"^\s*(ROOT\s+)?%(\S+)\s*=\s*(.*)$")
+_HEADER = re.compile(r"^(ENTRY\s+)?%(\S+)\s*\(.*\{\s*$")
+_TRIPS = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+_OP_NAME = re.compile(r'op_name="((?:[^"\\]|\\.)*)"')
+_KIND = re.compile(r"\bkind=(\w+)")
+_TARGET = re.compile(r'custom_call_target="([^"]*)"')
+
+# Ops that move no data of their own (bookkeeping, or control whose bodies are counted instead).
+FREE_OPS = frozenset({"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while", "conditional",
+                      "call", "after-all", "partition-id", "replica-id", "opt-barrier", "add-dependency",
+                      "domain", "iota"})
+COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute",
+               "collective-broadcast", "ragged-all-to-all")
+
+
+def dtype_bytes(dtype: str) -> float:
+  if dtype in DTYPE_BITS:
+    return DTYPE_BITS[dtype] / 8
+  if match := _FLOAT_SMALL.match(dtype):
+    return int(match.group(1)) / 8
+  raise ValueError(f"unknown HLO element type {dtype!r}")
+
+
+def shape_bytes(shape: str) -> float:
+  """Bytes of an HLO shape as printed, a tuple's elements summed: "(f32[2,3]{1,0}, s32[])" -> 28."""
+  return sum(dtype_bytes(dtype) * math.prod(int(d) for d in dims.split(",") if d)
+             for dtype, dims in _ARRAY.findall(shape))
+
+
+@dataclasses.dataclass(frozen=True)
+class Op:
+  name: str
+  shape: str       # the result's shape, as printed
+  opcode: str
+  operands: tuple  # operand names
+  attrs: str       # everything after the operand list
+  args: str = ""   # the operand list as printed (a parameter's number)
+  root: bool = False
+
+
+def _closing(text: str, start: int) -> int:
+  """Index of the bracket closing the one at text[start] (brackets of any kind nest; quotes skipped)."""
+  depth, quoted, i = 0, False, start
+  while i < len(text):
+    c = text[i]
+    if quoted:
+      if c == "\\":
+        i += 1
+      elif c == '"':
+        quoted = False
+    elif c == '"':
+      quoted = True
+    elif c in "([{":
+      depth += 1
+    elif c in ")]}":
+      depth -= 1
+      if depth == 0:
+        return i
+    i += 1
+  raise ValueError(f"unbalanced HLO text: {text[start:start + 80]!r}")
+
+
+def parse_op(line: str) -> Op | None:
+  """One instruction line of HLO text, or None for a line that is not one."""
+  match = _INSTR.match(line)
+  if not match:
+    return None
+  name, rest = match.group(2), match.group(3)
+  if rest.startswith("("):   # a tuple shape
+    end = _closing(rest, 0) + 1
+  else:   # an array shape and its layout hold no spaces
+    end = rest.index(" ")
+  shape, rest = rest[:end], rest[end:].lstrip()
+  paren = rest.index("(")
+  opcode = rest[:paren]
+  close = _closing(rest, paren)
+  operands = tuple(re.findall(r"%([^\s,()]+)", rest[paren + 1:close]))
+  return Op(name, shape, opcode, operands, rest[close + 1:], rest[paren + 1:close], bool(match.group(1)))
+
+
+def parse_module(text: str) -> tuple[str, dict[str, list[Op]]]:
+  """(entry computation name, computation name -> its ops) of a module's HLO text."""
+  computations, entry, current = {}, None, None
+  for line in text.splitlines():
+    if current is None:
+      if header := _HEADER.match(line):
+        current = header.group(2)
+        computations[current] = []
+        if header.group(1):
+          entry = current
+      continue
+    if line.startswith("}"):
+      current = None
+    elif op := parse_op(line):
+      computations[current].append(op)
+  if entry is None:
+    raise ValueError("no ENTRY computation in the HLO text")
+  return entry, computations
+
+
+def _called(op: Op) -> list[tuple[str, int]]:
+  """Computations an executed op runs as ops of their own (not fusions), with how often per run of `op`."""
+  attrs = op.attrs
+  if op.opcode == "while":
+    trips = int(m.group(1)) if (m := _TRIPS.search(attrs)) else 1
+    found = dict(re.findall(r"\b(body|condition)=%([^\s,}]+)", attrs))
+    return [(found[k], trips + (k == "condition")) for k in ("body", "condition") if k in found]
+  if op.opcode == "conditional":
+    if m := re.search(r"branch_computations=\{([^}]*)\}", attrs):
+      return [(n, 1) for n in re.findall(r"%([^\s,}]+)", m.group(1))]
+    return [(n, 1) for n in re.findall(r"\b(?:true|false)_computation=%([^\s,}]+)", attrs)]
+  if op.opcode == "call":
+    return [(n, 1) for n in re.findall(r"\bto_apply=%([^\s,}]+)", attrs)]
+  return []
+
+
+def _in_place(op: Op, computations: dict[str, list[Op]], shapes: dict[str, str]) -> tuple[set[int], float]:
+  """For an op that updates a buffer in place (dynamic-update-slice, or a fusion whose result is one or a
+  tuple of them): the operand positions it does not read, and the bytes it does not write (the buffer
+  less the update), as XLA's cost analysis counts them. Else (set(), 0)."""
+  if op.opcode == "dynamic-update-slice":
+    update = shape_bytes(shapes.get(op.operands[1], "")) if len(op.operands) > 1 else 0.0
+    return {0}, shape_bytes(op.shape) - update
+  if op.opcode != "fusion" or not (m := re.search(r"\bcalls=%([^\s,}]+)", op.attrs)):
+    return set(), 0.0
+  fused = computations.get(m.group(1), [])
+  local = {o.name: o for o in fused}
+  root = next((o for o in fused if o.root), None)
+  outputs = [local[n] for n in root.operands if n in local] if root and root.opcode == "tuple" else [root]
+  skipped, unwritten = set(), 0.0
+  for out in outputs:
+    while out is not None and out.opcode == "bitcast" and out.operands:
+      out = local.get(out.operands[0])
+    if out is None or out.opcode != "dynamic-update-slice" or len(out.operands) < 2:
+      continue
+    buffer, update = local.get(out.operands[0]), local.get(out.operands[1])
+    if buffer is None or buffer.opcode != "parameter" or update is None:
+      continue
+    skipped.add(int(buffer.args))
+    unwritten += shape_bytes(out.shape) - shape_bytes(update.shape)
+  return skipped, unwritten
+
+
+def category(op: Op) -> str:
+  base = op.opcode.removesuffix("-start").removesuffix("-done")
+  if op.opcode == "fusion":
+    return f"fusion {m.group(1)}" if (m := _KIND.search(op.attrs)) else "fusion"
+  if base in COLLECTIVES:
+    return f"collective {base}"
+  if base == "custom-call":
+    return f"custom-call {m.group(1)}" if (m := _TARGET.search(op.attrs)) else "custom-call"
+  if base == "async":   # an async wrapper: name it by what it wraps where it says
+    return "async"
+  return base
+
+
+def source(op: Op) -> str:
+  """The JAX op that made `op` (its `op_name`), with layer indices folded: layer_7 -> layer_*."""
+  match = _OP_NAME.search(op.attrs)
+  if not match:
+    return f"({category(op)}, no op_name)"
+  name = match.group(1).replace("\\'", "'")
+  return re.sub(r"layer_\d+", "layer_*", name)
+
+
+def traffic(text: str) -> list[dict]:
+  """Per executed op: name, category, source, shape, trips (per step) and bytes (per step: per run x trips)."""
+  entry, computations = parse_module(text)
+  shapes = {op.name: op.shape for ops in computations.values() for op in ops}
+  rows, runs = [], collections.Counter({entry: 1})
+  order = [entry]
+  for comp in order:   # breadth-first from the entry: every computation that runs ops of its own
+    for op in computations.get(comp, []):
+      for callee, n in _called(op):
+        if callee not in runs:
+          order.append(callee)
+        runs[callee] += runs[comp] * n
+  for comp in order:
+    trips = runs[comp]
+    for op in computations.get(comp, []):
+      if op.opcode in FREE_OPS:
+        continue
+      skipped, unwritten = _in_place(op, computations, shapes)
+      read = sum(shape_bytes(shapes.get(o, "")) for i, o in enumerate(op.operands) if i not in skipped)
+      written = shape_bytes(op.shape) - unwritten
+      if op.opcode.endswith("-start"):
+        written = 0.0   # the done op writes the result; the start's tuple repeats its operands
+      elif op.opcode.endswith("-done"):
+        read = 0.0      # its operand is the start's handle
+      rows.append({"name": op.name, "category": category(op), "source": source(op), "shape": op.shape,
+                   "trips": trips, "bytes": (read + written) * trips})
+  return rows
+
+
+def summarize(rows: list[dict], top: int = 15) -> dict:
+  """Totals by category and by source, and the `top` ops, sources and categories by bytes."""
+  categories, sources = collections.Counter(), collections.Counter()
+  for r in rows:
+    categories[r["category"]] += r["bytes"]
+    sources[r["source"]] += r["bytes"]
+  total = sum(categories.values())
+  kinds = [{"category": k, "bytes": v} for k, v in categories.most_common(top)]
+  if rest := total - sum(k["bytes"] for k in kinds):
+    kinds.append({"category": f"{len(categories) - len(kinds)} other kinds", "bytes": rest})
+  return {
+      "total_bytes": total, "ops": len(rows), "by_category": kinds,
+      "top_sources": [{"source": k, "bytes": v} for k, v in sources.most_common(top)],
+      "top_ops": sorted(rows, key=lambda r: -r["bytes"])[:top],
+  }
+
+
+def format_summary(s: dict, xla_bytes: float | None = None) -> str:
+  """The text `bert-jax aot --report` prints."""
+  gb = lambda b: f"{b / 1e9:8.3f} GB"   # noqa: E731
+  pct = lambda b: f"{100 * b / s['total_bytes']:5.1f}%" if s["total_bytes"] else "  -  "   # noqa: E731
+  head = f"memory traffic by op (per device per step): {gb(s['total_bytes']).strip()} over {s['ops']} ops"
+  if xla_bytes:
+    head += f"; XLA's cost analysis: {xla_bytes / 1e9:.3f} GB, loop bodies once"
+  lines = [head, "  by kind:"]
+  lines += [f"    {gb(c['bytes'])} {pct(c['bytes'])}  {c['category']}" for c in s["by_category"]]
+  lines.append("  largest sources (JAX op names, layers folded):")
+  lines += [f"    {gb(c['bytes'])} {pct(c['bytes'])}  {c['source']}" for c in s["top_sources"]]
+  lines.append("  largest ops:")
+  lines += [f"    {gb(r['bytes'])} {pct(r['bytes'])}  {r['category']:<24} x{r['trips']:<4} {r['name']}  "
+            f"{re.sub(r'{[^}]*}', '', r['shape'])[:60]}  {r['source'][-90:]}" for r in s["top_ops"]]
+  return "\n".join(lines)

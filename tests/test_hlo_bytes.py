@@ -1,0 +1,106 @@
+"""`hlo_bytes`: the memory traffic of each executed op of a compiled step, from its HLO text."""
+
+import pytest
+
+from bert_jax.tools import hlo_bytes
+
+# A module in the printed form of an optimized TPU step: a while loop of 3 trips around a fusion, an
+# asynchronous all-gather, and a fusion that updates a buffer in place.
+HLO = """HloModule jit_step, is_scheduled=true, entry_computation_layout={(f32[4,8]{1,0})->f32[16,8]{1,0}}
+
+%fused_add (param_0: f32[4,8], param_1: f32[4,8]) -> f32[4,8] {
+  %param_0 = f32[4,8]{1,0:T(8,128)} parameter(0)
+  %param_1 = f32[4,8]{1,0:T(8,128)} parameter(1)
+  ROOT %add.1 = f32[4,8]{1,0:T(8,128)} add(%param_0, %param_1), metadata={op_name="jit(step)/inner/add"}
+}
+
+%fused_update (param_0.1: f32[16,8], param_1.1: bf16[1,8], param_2: s32[]) -> f32[16,8] {
+  %param_0.1 = f32[16,8]{1,0} parameter(0)
+  %param_1.1 = bf16[1,8]{1,0} parameter(1)
+  %convert.1 = f32[1,8]{1,0} convert(%param_1.1)
+  %param_2 = s32[] parameter(2)
+  %constant.1 = s32[] constant(0)
+  ROOT %dynamic-update-slice.1 = f32[16,8]{1,0} dynamic-update-slice(%param_0.1, %convert.1, %param_2, %constant.1)
+}
+
+%body (state: (s32[], f32[4,8])) -> (s32[], f32[4,8]) {
+  %state = (s32[], f32[4,8]{1,0}) parameter(0)
+  %gte.0 = s32[] get-tuple-element(%state), index=0
+  %gte.1 = f32[4,8]{1,0} get-tuple-element(%state), index=1
+  %fusion.1 = f32[4,8]{1,0:T(8,128)S(1)} fusion(%gte.1, %gte.1), kind=kLoop, calls=%fused_add, metadata={op_name="jit(step)/encoder/layer_3/add" stack_frame_id=7}
+  %one = s32[] constant(1)
+  %next = s32[] add(%gte.0, %one)
+  ROOT %tuple.1 = (s32[], f32[4,8]{1,0}) tuple(%next, %fusion.1)
+}
+
+%cond (state.1: (s32[], f32[4,8])) -> pred[] {
+  %state.1 = (s32[], f32[4,8]{1,0}) parameter(0)
+  %gte.2 = s32[] get-tuple-element(%state.1), index=0
+  %three = s32[] constant(3)
+  ROOT %lt = pred[] compare(%gte.2, %three), direction=LT
+}
+
+ENTRY %main (a: f32[4,8], buf: f32[16,8], u: bf16[1,8], k: s32[]) -> f32[16,8] {
+  %a = f32[4,8]{1,0} parameter(0), metadata={op_name="x"}
+  %buf = f32[16,8]{1,0} parameter(1)
+  %u = bf16[1,8]{1,0} parameter(2)
+  %k = s32[] parameter(3)
+  %zero = s32[] constant(0)
+  %init = (s32[], f32[4,8]{1,0}) tuple(%zero, %a)
+  %while.1 = (s32[], f32[4,8]{1,0}) while(%init), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"3"}}
+  %all-gather-start.1 = (f32[4,8]{1,0}, f32[16,8]{1,0}) all-gather-start(%a), replica_groups={{0,1,2,3}}, dimensions={0}, metadata={op_name="jit(step)/gather"}
+  %all-gather-done.1 = f32[16,8]{1,0} all-gather-done(%all-gather-start.1), metadata={op_name="jit(step)/gather"}
+  ROOT %fusion.2 = f32[16,8]{1,0} fusion(%buf, %u, %k), kind=kLoop, calls=%fused_update, metadata={op_name="jit(step)/update"}
+}
+"""
+
+
+def _rows():
+  return {r["name"]: r for r in hlo_bytes.traffic(HLO)}
+
+
+def test_shape_bytes():
+  assert hlo_bytes.shape_bytes("f32[4,8]{1,0:T(8,128)S(1)}") == 128
+  assert hlo_bytes.shape_bytes("(s32[], bf16[2,3]{1,0}, pred[5])") == 4 + 12 + 5
+  assert hlo_bytes.shape_bytes("f8e4m3fn[16]") == 16 and hlo_bytes.shape_bytes("s4[16]") == 8
+  assert hlo_bytes.shape_bytes("token[]") == 0
+  with pytest.raises(ValueError, match="unknown HLO element type"):
+    hlo_bytes.shape_bytes("q7[3]")
+
+
+def test_each_executed_op_moves_its_operands_and_result_once_per_trip():
+  rows = _rows()
+  # The loop body runs 3 times, its condition 4; a fusion counts as one op (its inner add is not counted).
+  assert rows["fusion.1"]["trips"] == 3 and rows["fusion.1"]["bytes"] == 3 * (128 + 128 + 128)
+  assert rows["next"]["bytes"] == 3 * 12 and rows["lt"]["trips"] == 4 and rows["lt"]["bytes"] == 4 * 9
+  assert "add.1" not in rows and "convert.1" not in rows
+  # Bookkeeping moves nothing: parameters, constants, tuples, the while op itself.
+  assert not {"a", "zero", "init", "while.1", "gte.1", "tuple.1"} & rows.keys()
+  # The asynchronous gather reads its operand at the start and writes its result at the done.
+  assert rows["all-gather-start.1"]["bytes"] == 128 and rows["all-gather-done.1"]["bytes"] == 512
+  assert rows["all-gather-start.1"]["category"] == rows["all-gather-done.1"]["category"] == "collective all-gather"
+  # The in-place update reads the update (bf16) and the index and writes the updated row, not the buffer.
+  assert rows["fusion.2"]["bytes"] == (16 + 4) + 32
+  assert rows["fusion.1"]["category"] == "fusion kLoop" and rows["next"]["category"] == "add"
+  assert rows["fusion.1"]["source"] == "jit(step)/encoder/layer_*/add"
+  assert rows["next"]["source"] == "(add, no op_name)"
+
+
+def test_summary_ranks_ops_sources_and_kinds():
+  rows = hlo_bytes.traffic(HLO)
+  s = hlo_bytes.summarize(rows, top=2)
+  total = 3 * 384 + 36 + 36 + 128 + 512 + 52
+  assert s["total_bytes"] == total and s["ops"] == len(rows) == 6
+  assert [r["name"] for r in s["top_ops"]] == ["fusion.1", "all-gather-done.1"]
+  assert s["top_sources"][0] == {"source": "jit(step)/encoder/layer_*/add", "bytes": 1152}
+  assert s["top_sources"][1] == {"source": "jit(step)/gather", "bytes": 640}
+  # Two kinds by name, the rest summed so that the kinds add up to the total.
+  assert [k["category"] for k in s["by_category"]] == ["fusion kLoop", "collective all-gather", "2 other kinds"]
+  assert sum(k["bytes"] for k in s["by_category"]) == total
+  text = hlo_bytes.format_summary(s, xla_bytes=2e3)
+  assert "over 6 ops" in text and "XLA's cost analysis: 0.000 GB" in text and "layer_*/add" in text
+
+
+def test_a_module_without_entry_is_refused():
+  with pytest.raises(ValueError, match="no ENTRY"):
+    hlo_bytes.traffic("HloModule m\n")
