@@ -187,3 +187,35 @@ def test_aot_compiles_electra_with_its_generator(tmp_path):
   assert memory["fits"] and state <= memory["argument_bytes"]
   assert timing["model_flops"] == pytest.approx(objectives.train_flops_per_step(config) / 4)
   assert timing["model_flops"] > objectives.train_flops_per_step(_config()) / 4   # the generator's too
+
+
+def test_mesh_candidates_divide_the_batch_the_hidden_size_and_the_heads():
+  from bert_jax.tools import aot   # pylint: disable=g-import-not-at-top
+  from configs import bert_large   # pylint: disable=g-import-not-at-top
+  c = bert_large.get_config("phase1")   # 256 rows, hidden 1024, 16 heads
+  found = aot.mesh_candidates(c, 64)
+  assert all(d * f * t == 64 for d, f, t in found) and len(set(found)) == len(found)
+  assert {(64, 1, 1), (16, 4, 1), (1, 64, 1), (8, 4, 2), (1, 8, 8)} <= set(found)
+  assert not [m for m in found if m[2] > 8]   # tensor at most 8
+  c.global_batch_size, c.micro_batches = 32, 2   # 16 rows a micro-batch: data x fsdp divides 16
+  assert all(16 % (d * f) == 0 for d, f, _ in aot.mesh_candidates(c, 64))
+  assert (8, 2, 4) in aot.mesh_candidates(c, 64) and (16, 4, 1) not in aot.mesh_candidates(c, 64)
+  c.global_batch_size, c.micro_batches = 256, 1
+  c.model.hidden_size, c.model.num_heads = 768, 12   # tensor divides the heads: 1, 2 or 4 of 64
+  assert {t for _, _, t in aot.mesh_candidates(c, 64)} == {1, 2, 4}
+
+
+@pytest.mark.slow
+def test_aot_search_mesh_ranks_the_splits_of_a_small_topology(tmp_path):
+  out = tmp_path / "search.json"
+  cmd = [sys.executable, "-m", "bert_jax.cli", "aot", "--config=configs/tiny.py", "--topology=v4:2x2x1",
+         "--search_mesh", f"--json={out}"] + [f"--config.{k}={v}" for k, v in OVERRIDES.items()]
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  ranked = json.loads(out.read_text())
+  # One head: no tensor split; 16 rows and width 128 divide over every data x fsdp split of 4 devices.
+  assert sorted(tuple(r["mesh"].values()) for r in ranked) == [(1, 4, 1), (2, 2, 1), (4, 1, 1)]
+  steps = [r["time_per_step"]["step_seconds"] for r in ranked]
+  assert all(r["memory_per_device"]["fits"] for r in ranked) and steps == sorted(steps)
+  assert "best first" in proc.stdout and proc.stdout.count("MFU bound") >= 6   # as compiled, then ranked

@@ -22,6 +22,7 @@ usual case); the report then gives that figure and no time, and the command exit
 
 import dataclasses
 import json
+import math
 import os
 import re
 import sys
@@ -210,6 +211,67 @@ def run(config, topology: str, report_top: int = 0) -> dict[str, Any]:
   return report
 
 
+def mesh_candidates(config, num_devices: int, max_tensor: int = 8) -> list[tuple[int, int, int]]:
+  """The (data, fsdp, tensor) splits of one slice's devices that `config` can run on: the batch rows of a
+  micro-batch divide over data x fsdp, fsdp divides the hidden size (parameters' `embed` axis), tensor
+  divides the heads and is at most `max_tensor`. Slices (`mesh.dcn_*`) are kept as the config has them."""
+  from bert_jax import objectives, sharding  # pylint: disable=g-import-not-at-top
+  model = objectives.encoder_config(config)   # presets resolved
+  dcn = sharding.dcn_mesh_shape(config.mesh)
+  per_slice = num_devices // math.prod(dcn)
+  rows = config.global_batch_size // int(config.micro_batches)
+  divisors = lambda n: [d for d in range(1, n + 1) if n % d == 0]   # noqa: E731
+  out = []
+  for tensor in divisors(per_slice):
+    if tensor > max_tensor or model.num_heads % tensor:
+      continue
+    for fsdp in divisors(per_slice // tensor):
+      data = per_slice // tensor // fsdp
+      if rows % (data * dcn[0] * fsdp * dcn[1]) == 0 and model.hidden_size % fsdp == 0:
+        out.append((data, fsdp, tensor))
+  return out
+
+
+def search_mesh(config, topology: str, candidates=None, log=print) -> list[dict[str, Any]]:
+  """Compile `config` for `topology` on every mesh of `candidates` (default `mesh_candidates`) and return
+  the reports, best first: those that fit by estimated step time, then those that do not."""
+  _, chip, _ = parse_topology(topology)
+  n = len(topology_devices(topology))
+  candidates = mesh_candidates(config, n) if candidates is None else candidates
+  if not candidates:
+    raise ValueError(f"no (data, fsdp, tensor) split of {topology}'s {n} devices suits this config")
+  from bert_jax import sharding  # pylint: disable=g-import-not-at-top
+  per_slice = n // math.prod(sharding.dcn_mesh_shape(config.mesh))
+  if wrong := [c for c in candidates if math.prod(c) != per_slice]:
+    raise ValueError(f"meshes {wrong} do not have {topology}'s {per_slice} devices per slice")
+  reports = []
+  for data, fsdp, tensor in candidates:
+    c = config.copy_and_resolve_references()
+    c.mesh.data, c.mesh.fsdp, c.mesh.tensor = data, fsdp, tensor
+    try:
+      r = run(c, topology)
+    except Exception as e:  # pylint: disable=broad-except
+      log(f"  {data}x{fsdp}x{tensor}: the compiler refused it: {str(e).strip().splitlines()[0][:200]}")
+      continue
+    reports.append(r)
+    log(summary_line(r))
+  fits = lambda r: r["memory_per_device"]["fits"]   # noqa: E731
+  return sorted(reports, key=lambda r: (not fits(r), r["time_per_step"]["step_seconds"] if fits(r) else 0.0))
+
+
+def summary_line(r: dict[str, Any]) -> str:
+  """One line of a mesh search: the mesh, memory, step estimate, bound, compile time."""
+  m, t = r["memory_per_device"], r["time_per_step"]
+  mesh = "x".join(str(v) for v in r["mesh"].values())
+  if t is None:
+    needed = f"{m['temp_bytes'] / GiB:.2f} GiB temporaries" if m.get("temp_bytes") else "out of memory"
+    return f"  {mesh:>10}  DOES NOT FIT ({needed}); compiled in {r['compile_seconds']:.0f} s"
+  return (f"  {mesh:>10}  {m['total_bytes'] / GiB:6.2f} GiB {'fits' if m['fits'] else 'DOES NOT FIT'}  "
+          f"step {1e3 * t['step_seconds']:8.1f} ms ({t['bound']}-bound, compute {1e3 * t['compute_seconds']:.1f} ms, "
+          f"memory {1e3 * t['memory_seconds']:.1f} ms)  MFU bound {100 * t['mfu_bound']:3.0f}%  "
+          f"compiled in {r['compile_seconds']:.0f} s")
+
+
 def format_report(r: dict[str, Any]) -> str:
   """The human-readable part of `bert-jax aot`'s output."""
   m, t = r["memory_per_device"], r["time_per_step"]
@@ -258,6 +320,11 @@ _TOPOLOGY = flags.DEFINE_string("topology", None, "TPU topology, e.g. v3:8x8, v4
 _REPORT = flags.DEFINE_bool("report", False, "Also list the compiled step's largest memory consumers: ops, "
                              "the JAX ops that made them and op kinds, by bytes read and written.")
 _REPORT_TOP = flags.DEFINE_integer("report_top", 15, "With --report: how many of each to list.")
+_SEARCH = flags.DEFINE_bool("search_mesh", False, "Compile every (data, fsdp, tensor) split of the topology "
+                             "that suits the config (or those of --mesh_candidates) and rank them by estimated "
+                             "step time among those that fit.")
+_CANDIDATES = flags.DEFINE_list("mesh_candidates", [], "With --search_mesh: only these meshes, each "
+                                "DATAxFSDPxTENSOR, e.g. 16x4x1,8x4x2.")
 _JSON = flags.DEFINE_string("json", None, "Also write the report as JSON to this file.")
 
 
@@ -272,6 +339,18 @@ def main(argv) -> None:
   topology = _TOPOLOGY.value or config.get("topology", "")
   if not topology:
     raise ValueError("no --topology and the config has no `topology` field")
+  if _SEARCH.value:
+    candidates = [tuple(int(x) for x in c.split("x")) for c in _CANDIDATES.value] or None
+    ranked = search_mesh(config, topology, candidates)
+    print(f"{topology}, meshes data x fsdp x tensor, best first:")
+    print("\n".join(summary_line(r) for r in ranked))
+    print(json.dumps(ranked))
+    if _JSON.value:
+      with open(_JSON.value, "w") as f:
+        json.dump(ranked, f, indent=2)
+    if not ranked[0]["memory_per_device"]["fits"]:
+      sys.exit(1)
+    return
   report = run(config, topology, _REPORT_TOP.value if _REPORT.value else 0)
   print(format_report(report))
   print(json.dumps(report))
