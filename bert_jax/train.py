@@ -56,6 +56,19 @@ def abstract_batch(config: ml_collections.ConfigDict, batch_size: int | None = N
   return {name: jax.ShapeDtypeStruct(f.shape, f.dtype) for name, f in schema.items()}
 
 
+DROPOUT_RNGS = ("threefry2x32", "rbg", "unsafe_rbg")
+
+
+def rngs(config: ml_collections.ConfigDict) -> tuple[jax.Array, jax.Array]:
+  """(parameter init key, dropout key) from `config.seed`; the dropout key of `config.dropout_rng`'s
+  implementation. The train step folds the step into the dropout key, so a resume replays it."""
+  init_rng, dropout_rng = jax.random.split(jax.random.key(config.seed))
+  impl = config.get("dropout_rng", DROPOUT_RNGS[0])
+  if impl != DROPOUT_RNGS[0]:
+    dropout_rng = jax.random.fold_in(jax.random.key(config.seed, impl=impl), 1)
+  return init_rng, dropout_rng
+
+
 def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) -> None:
   """Stops a config that cannot work with a clear message, before anything is compiled."""
   num_devices = jax.device_count() if num_devices is None else num_devices
@@ -71,6 +84,8 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
   if cfg.attention_kernel != "xla" and d.seq_length % splash.BLOCKS[-1]:
     problems.append(f"model.attention_kernel {cfg.attention_kernel!r} tiles sequences in blocks of "
                     f"{splash.BLOCKS[-1]} tokens: data.seq_length {d.seq_length} is no multiple (or set it to 'xla')")
+  if config.get("dropout_rng", DROPOUT_RNGS[0]) not in DROPOUT_RNGS:
+    problems.append(f"dropout_rng {config.dropout_rng!r} is not one of {DROPOUT_RNGS}")
   if config.optimizer.name not in optimizer_lib.NAMES:
     problems.append(f"optimizer.name {config.optimizer.name!r} is not one of {optimizer_lib.NAMES}")
   if config.train_steps <= 0 or config.optimizer.total_steps <= 0:
@@ -511,7 +526,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   # The model config and tokenizer beside the checkpoints: embed, fill-mask and finetune read them.
   checkpoint_loader.write_run_record(workdir, bert_config(config), tokenizer.source_file, tokenizer.do_lower_case)
   s = load_frozen(setup(config, mesh))
-  init_rng, dropout_rng = jax.random.split(jax.random.key(config.seed))
+  init_rng, dropout_rng = rngs(config)
   checkpointer = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"), keep=config.keep_checkpoints,
                                             async_save=config.async_checkpointing)
   train_iter = create_iterator(data_config, config, "train", tokenizer)

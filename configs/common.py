@@ -164,6 +164,10 @@ def pretrain_config() -> ml_collections.ConfigDict:
   c.mesh = mesh_config()
   c.logical_axis_rules = LOGICAL_AXIS_RULES
   c.seed = 0                      # parameter init and dropout; data has its own `data.seed`
+  # Dropout's random bits (`jax.random` implementations): "threefry2x32" hashes per element, the same on
+  # every backend and mesh; "rbg" draws them from XLA's RngBitGenerator (the TPU's hardware generator),
+  # cheaper, the same on a resume with the same backend and mesh; "unsafe_rbg" also splits keys with it.
+  c.dropout_rng = "threefry2x32"
   c.global_batch_size = 256
   c.micro_batches = 1             # gradient accumulation: the global batch is split into this many
   # Batch-size warmup (ModernBERT's), off at 0: step t trains on the first k(t) micro-batches, k rising

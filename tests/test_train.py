@@ -293,3 +293,28 @@ def test_relative_workdir_and_paths_become_absolute(data_dir, tmp_path, monkeypa
   config = tiny_config("prepared", train_steps=2, checkpoint_every=1, eval_steps=0)
   train.train_and_evaluate(config, "runs/rel")
   assert sorted(os.listdir(tmp_path / "runs" / "rel" / "checkpoints")) == ["1", "2"]
+
+
+def test_dropout_bits_come_from_the_configured_generator():
+  config = tiny.get_config()
+  init_rng, dropout_rng = train.rngs(config)
+  assert str(jax.random.key_impl(dropout_rng)) == "threefry2x32"
+  # The default keeps the keys runs have always had: both halves of split(key(seed)).
+  expected = jax.random.split(jax.random.key(config.seed))
+  assert (jax.random.key_data(dropout_rng) == jax.random.key_data(expected[1])).all()
+  config.dropout_rng = "rbg"
+  init_rbg, dropout_rbg = train.rngs(config)
+  assert str(jax.random.key_impl(dropout_rbg)) == "rbg"
+  assert (jax.random.key_data(init_rbg) == jax.random.key_data(init_rng)).all()   # parameters do not change
+  keep = lambda k: jax.random.bernoulli(jax.random.fold_in(k, 3), 0.9, (64, 64))   # noqa: E731
+  assert (keep(dropout_rbg) == keep(train.rngs(config)[1])).all()   # the same key, the same mask
+  assert 0.85 < float(keep(dropout_rbg).mean()) < 0.95 and (keep(dropout_rbg) != keep(dropout_rng)).any()
+  config.dropout_rng = "philox"
+  with pytest.raises(Exception, match="dropout_rng 'philox' is not one of"):
+    train.validate(config)
+
+
+@pytest.mark.slow
+def test_exact_resume_with_hardware_generated_dropout_bits(data_dir, tmp_path, compilation_cache):
+  """With dropout_rng "rbg" (XLA's RngBitGenerator) too, a resumed run replays the same dropout."""
+  check_exact_resume_after_sigterm(data_dir, tmp_path, compilation_cache, n=4, dropout_rng="rbg")

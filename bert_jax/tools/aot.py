@@ -92,7 +92,7 @@ def compile_train_step(config, devices) -> Any:
   from bert_jax import sharding, train  # pylint: disable=g-import-not-at-top
   mesh = sharding.create_mesh(config.mesh, devices=devices)
   pieces = train.setup(config, mesh)
-  rng = jax.eval_shape(lambda: jax.random.key(0))
+  rng = jax.eval_shape(lambda: train.rngs(config)[1])
   lowered = pieces.train_step.lower(pieces.abstract_state, train.abstract_batch(config), rng)
   return lowered.compile()
 

@@ -108,7 +108,7 @@ class TrainStepTimer:
   def __init__(self, config: ml_collections.ConfigDict, warmup: int = 2, batch=None):
     mesh = sharding.create_mesh(config.mesh)
     self._s = s = train.setup(config, mesh)
-    init_rng, self._dropout_rng = jax.random.split(jax.random.key(config.seed))
+    init_rng, self._dropout_rng = train.rngs(config)
     if s.init_frozen is not None:   # a teacher at random values: its shapes and dtype are what cost time
       self._s = s = s.with_frozen(s.init_frozen(init_rng))
     self._state = s.init(init_rng)
