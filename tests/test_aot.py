@@ -13,6 +13,7 @@ import jax
 import pytest
 
 from bert_jax import objectives, sharding, train
+from bert_jax.tools import hlo_bytes
 from conftest import REPO_ROOT
 from configs import tiny
 
@@ -44,7 +45,7 @@ def _config(overrides=None):
 def test_aot_report_for_a_small_topology(tmp_path):
   out = tmp_path / "report.json"
   cmd = [sys.executable, "-m", "bert_jax.cli", "aot", "--config=configs/tiny.py", "--topology=v4:2x2x1",
-         f"--json={out}", "--report", "--report_top=8"] + [f"--config.{k}={v}" for k, v in OVERRIDES.items()]
+         f"--json={out}", "--report", "--report_top=8", f"--hlo={tmp_path / 'step.hlo'}"] + [f"--config.{k}={v}" for k, v in OVERRIDES.items()]
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
@@ -83,6 +84,10 @@ def test_aot_report_for_a_small_topology(tmp_path):
   assert sum(k["bytes"] for k in traffic["by_category"]) == pytest.approx(traffic["total_bytes"])
   assert any(k["category"] == "collective all-gather" for k in traffic["by_category"])
   assert any("BertForPreTraining" in s["source"] for s in traffic["top_sources"])
+  # --hlo wrote the compiled step's text: the report reads the same from it.
+  text = (tmp_path / "step.hlo").read_text()
+  assert text.startswith("HloModule")
+  assert hlo_bytes.summarize(hlo_bytes.traffic(text))["total_bytes"] == pytest.approx(traffic["total_bytes"])
 
 
 def _aot(tmp_path, overrides) -> tuple[subprocess.CompletedProcess, dict]:

@@ -170,11 +170,11 @@ def time_report(compiled, chip: Chip, model_flops_per_device: float, loop_trips:
   }
 
 
-def run(config, topology: str, report_top: int = 0) -> dict[str, Any]:
+def run(config, topology: str, report_top: int = 0, hlo_path: str = "") -> dict[str, Any]:
   """Compile `config`'s train step for `topology` and return the report (see module docstring).
 
   `report_top` > 0 adds "traffic": the compiled step's memory traffic by op (`hlo_bytes`), that many
-  largest ops, sources and kinds.
+  largest ops, sources and kinds. `hlo_path`: also write the optimized HLO text there.
   """
   from bert_jax import flops, objectives, sharding  # pylint: disable=g-import-not-at-top
   generation, chip, _ = parse_topology(topology)
@@ -206,8 +206,13 @@ def run(config, topology: str, report_top: int = 0) -> dict[str, Any]:
       "time_per_step": timing,
       "tokens_per_second": tokens / timing["step_seconds"] if timing["step_seconds"] else 0.0,
   }
-  if report_top > 0:
-    report["traffic"] = hlo_bytes.summarize(hlo_bytes.traffic(compiled.as_text()), report_top)
+  if report_top > 0 or hlo_path:
+    text = compiled.as_text()
+    if hlo_path:
+      with open(hlo_path, "w") as f:
+        f.write(text)
+    if report_top > 0:
+      report["traffic"] = hlo_bytes.summarize(hlo_bytes.traffic(text), report_top)
   return report
 
 
@@ -325,6 +330,8 @@ _SEARCH = flags.DEFINE_bool("search_mesh", False, "Compile every (data, fsdp, te
                              "step time among those that fit.")
 _CANDIDATES = flags.DEFINE_list("mesh_candidates", [], "With --search_mesh: only these meshes, each "
                                 "DATAxFSDPxTENSOR, e.g. 16x4x1,8x4x2.")
+_HLO = flags.DEFINE_string("hlo", None, "Also write the compiled step's optimized HLO text to this file "
+                           "(to diff two versions, or to read with bert_jax.tools.hlo_bytes).")
 _JSON = flags.DEFINE_string("json", None, "Also write the report as JSON to this file.")
 
 
@@ -351,7 +358,7 @@ def main(argv) -> None:
     if not ranked[0]["memory_per_device"]["fits"]:
       sys.exit(1)
     return
-  report = run(config, topology, _REPORT_TOP.value if _REPORT.value else 0)
+  report = run(config, topology, _REPORT_TOP.value if _REPORT.value else 0, _HLO.value or "")
   print(format_report(report))
   print(json.dumps(report))
   if _JSON.value:

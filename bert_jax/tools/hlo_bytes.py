@@ -6,8 +6,10 @@ conditional branches, called computations; not inside fusions, which run as one 
 its operands and of its result. A loop body's ops are counted once per trip (`known_trip_count`); both
 branches of a conditional are counted, as if each were taken. An asynchronous pair (`copy-start` /
 `copy-done`, `all-gather-start` / `-done`) reads its operands at the start and writes its result at the
-done. An update in place (a dynamic-update-slice, alone or at the root of a fusion) reads and writes the
-update, not the buffer around it. Shapes are the on-device ones, TPU tile padding not included; all memory spaces are counted.
+done. As in XLA's cost analysis, a slice reads what it returns, not its operand (so does a fusion's
+parameter that only slices use), and an update in place (a dynamic-update-slice, alone or at the root of
+a fusion) reads and writes the update, not the buffer around it; ConcatBitcast and AllocateBuffer move
+nothing. Shapes are the on-device ones, TPU tile padding not included; all memory spaces are counted.
 
 The sum is close to XLA's own "bytes accessed" (its cost analysis counts loop bodies once); the point is
 the ranking: which fusions, copies and collectives move the bytes, under the JAX op names (`op_name`
@@ -143,20 +145,56 @@ def _called(op: Op) -> list[tuple[str, int]]:
   return []
 
 
-def _in_place(op: Op, computations: dict[str, list[Op]], shapes: dict[str, str]) -> tuple[set[int], float]:
-  """For an op that updates a buffer in place (dynamic-update-slice, or a fusion whose result is one or a
-  tuple of them): the operand positions it does not read, and the bytes it does not write (the buffer
-  less the update), as XLA's cost analysis counts them. Else (set(), 0)."""
-  if op.opcode == "dynamic-update-slice":
-    update = shape_bytes(shapes.get(op.operands[1], "")) if len(op.operands) > 1 else 0.0
-    return {0}, shape_bytes(op.shape) - update
-  if op.opcode != "fusion" or not (m := re.search(r"\bcalls=%([^\s,}]+)", op.attrs)):
-    return set(), 0.0
-  fused = computations.get(m.group(1), [])
+# Custom calls that move no data: ConcatBitcast joins adjacent buffers by a bitcast, AllocateBuffer leaves
+# its buffer uninitialised.
+FREE_CUSTOM_CALLS = frozenset({"ConcatBitcast", "AllocateBuffer"})
+PARTIAL_READS = frozenset({"slice", "dynamic-slice", "gather"})   # read what they return, not their operand
+
+
+def moved(op: Op, computations: dict[str, list[Op]], shapes: dict[str, str]) -> tuple[float, float]:
+  """(bytes read, bytes written) by one run of an executed op, counted as XLA's cost analysis does:
+  operands and result, except that a slice reads what it returns (so does a fusion's parameter that only
+  slices use), an update in place (dynamic-update-slice, alone or at a fusion's root) reads and writes
+  the update and not the buffer, an asynchronous pair reads at the start and writes at the done (an
+  asynchronous slice does both at the done), and a bitcast-like custom call moves nothing."""
+  reads = [shape_bytes(shapes.get(o, "")) for o in op.operands]
+  written = shape_bytes(op.shape)
+  opcode = op.opcode
+  if opcode == "slice-start":
+    return 0.0, 0.0
+  if opcode == "slice-done":
+    return written, written
+  if opcode.endswith("-start"):
+    return sum(reads), 0.0   # the done writes the result; the start's tuple repeats its operands
+  if opcode.endswith("-done"):
+    return 0.0, written      # its operand is the start's handle
+  if opcode == "custom-call" and (m := _TARGET.search(op.attrs)) and m.group(1) in FREE_CUSTOM_CALLS:
+    return 0.0, 0.0
+  if opcode in PARTIAL_READS and reads:
+    reads[0] = written
+  if opcode == "dynamic-update-slice" and len(reads) > 1:
+    reads[0], written = 0.0, reads[1]
+  if opcode == "fusion" and (m := re.search(r"\bcalls=%([^\s,}]+)", op.attrs)):
+    written -= _fused(computations.get(m.group(1), []), reads)
+  return sum(reads), written
+
+
+def _fused(fused: list[Op], reads: list[float]) -> float:
+  """Lowers `reads` (per operand of the fusion) for parameters read in part or updated in place; returns
+  the bytes of the result that are not written (a buffer updated in place, less its update)."""
   local = {o.name: o for o in fused}
+  users = collections.defaultdict(list)
+  for o in fused:
+    for x in o.operands:
+      users[x].append(o)
+  for o in fused:
+    if o.opcode == "parameter" and (i := int(o.args)) < len(reads):
+      feeds = users[o.name]
+      if feeds and all(u.opcode in PARTIAL_READS and u.operands[0] == o.name for u in feeds):
+        reads[i] = sum(shape_bytes(u.shape) for u in feeds)
   root = next((o for o in fused if o.root), None)
   outputs = [local[n] for n in root.operands if n in local] if root and root.opcode == "tuple" else [root]
-  skipped, unwritten = set(), 0.0
+  unwritten = 0.0
   for out in outputs:
     while out is not None and out.opcode == "bitcast" and out.operands:
       out = local.get(out.operands[0])
@@ -165,9 +203,9 @@ def _in_place(op: Op, computations: dict[str, list[Op]], shapes: dict[str, str])
     buffer, update = local.get(out.operands[0]), local.get(out.operands[1])
     if buffer is None or buffer.opcode != "parameter" or update is None:
       continue
-    skipped.add(int(buffer.args))
+    reads[int(buffer.args)] = 0.0
     unwritten += shape_bytes(out.shape) - shape_bytes(update.shape)
-  return skipped, unwritten
+  return unwritten
 
 
 def category(op: Op) -> str:
@@ -209,13 +247,7 @@ def traffic(text: str) -> list[dict]:
     for op in computations.get(comp, []):
       if op.opcode in FREE_OPS:
         continue
-      skipped, unwritten = _in_place(op, computations, shapes)
-      read = sum(shape_bytes(shapes.get(o, "")) for i, o in enumerate(op.operands) if i not in skipped)
-      written = shape_bytes(op.shape) - unwritten
-      if op.opcode.endswith("-start"):
-        written = 0.0   # the done op writes the result; the start's tuple repeats its operands
-      elif op.opcode.endswith("-done"):
-        read = 0.0      # its operand is the start's handle
+      read, written = moved(op, computations, shapes)
       rows.append({"name": op.name, "category": category(op), "source": source(op), "shape": op.shape,
                    "trips": trips, "bytes": (read + written) * trips})
   return rows
