@@ -104,3 +104,42 @@ def test_summary_ranks_ops_sources_and_kinds():
 def test_a_module_without_entry_is_refused():
   with pytest.raises(ValueError, match="no ENTRY"):
     hlo_bytes.traffic("HloModule m\n")
+
+
+# Reads of part of a buffer: a slice, an asynchronous slice (a DMA), a fusion whose parameter only a
+# slice uses; and a custom call that joins buffers by a bitcast.
+PARTIAL = """HloModule jit_step
+
+%fused_row (param_0.2: f32[16,8]) -> f32[1,8] {
+  %param_0.2 = f32[16,8]{1,0} parameter(0)
+  %slice.3 = f32[1,8]{1,0} slice(%param_0.2), slice={[3:4], [0:8]}
+  ROOT %negate.1 = f32[1,8]{1,0} negate(%slice.3)
+}
+
+%fused_sum (param_0.3: f32[16,8]) -> f32[8] {
+  %param_0.3 = f32[16,8]{1,0} parameter(0)
+  %slice.4 = f32[1,8]{1,0} slice(%param_0.3), slice={[0:1], [0:8]}
+  %bitcast.4 = f32[8]{0} bitcast(%slice.4)
+  %negate.2 = f32[16,8]{1,0} negate(%param_0.3)
+  ROOT %slice.5 = f32[8]{0} slice(%bitcast.4), slice={[0:8]}
+}
+
+ENTRY %main (buf: f32[16,8]) -> f32[4,8] {
+  %buf = f32[16,8]{1,0} parameter(0)
+  %slice-start.1 = ((f32[16,8]{1,0}), f32[4,8]{1,0:S(1)}, s32[]{:S(2)}) slice-start(%buf), slice={[0:4], [0:8]}
+  %slice-done.1 = f32[4,8]{1,0:S(1)} slice-done(%slice-start.1)
+  %custom-call.1 = f32[4,8]{1,0} custom-call(%slice-done.1), custom_call_target="ConcatBitcast"
+  %slice.2 = f32[2,8]{1,0} slice(%buf), slice={[0:2], [0:8]}
+  %fusion.3 = f32[1,8]{1,0} fusion(%buf), kind=kLoop, calls=%fused_row
+  %fusion.4 = f32[8]{0} fusion(%buf), kind=kLoop, calls=%fused_sum
+  ROOT %copy.1 = f32[4,8]{1,0} copy(%custom-call.1)
+}
+"""
+
+
+def test_partial_reads_are_what_is_read():
+  rows = {r["name"]: r["bytes"] for r in hlo_bytes.traffic(PARTIAL)}
+  assert rows["slice-start.1"] == 0 and rows["slice-done.1"] == 128 + 128   # read and written at the done
+  assert rows["custom-call.1"] == 0 and rows["copy.1"] == 128 + 128
+  assert rows["slice.2"] == 64 + 64 and rows["fusion.3"] == 32 + 32
+  assert rows["fusion.4"] == 512 + 32   # the parameter also feeds a negate: read whole
