@@ -179,6 +179,8 @@ def test_size_table_plots_against_parameters_and_counts_agreeing_pairs(tmp_path)
   text = ablate_main.run_and_report(ablation, str(tmp_path), train=False)
   assert "ordered as in the paper: 15 of 15 (ties left out); one run each: no test" in text   # perplexity
   assert "ordered as in the paper: 14 of 15 (ties left out); our difference exceeds the seed variation in " in text
+  assert "Larger model better in 15 of 15 pairs of different size: monotone in size." in text   # perplexity
+  assert "Larger model better in 14 of 15 pairs of different size: not monotone in size." in text   # sst2
   assert (tmp_path / "results.png").stat().st_size > 1000
 
 

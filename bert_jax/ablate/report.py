@@ -88,6 +88,21 @@ def pair_agreement(group: list[dict]) -> tuple[int, int, int, int]:
   return agree, total, tested, significant
 
 
+def size_order(group: list[dict]) -> tuple[int, int]:
+  """(pairs of variants of different size where the larger is better, such pairs) over one measurement's
+  variants with the same metric; all pairs agreeing means ours is monotone in size."""
+  usable = [m for m in group if m["values"] and m["parameters"]]
+  better = total = 0
+  for a, b in itertools.combinations(usable, 2):
+    if a["metric"] != b["metric"] or a["parameters"] == b["parameters"]:
+      continue
+    small, large = sorted((a, b), key=lambda m: m["parameters"])
+    gain = large["mean"] - small["mean"]
+    total += 1
+    better += (-gain if lower_is_better(large["metric"]) else gain) > 0
+  return better, total
+
+
 def _sign(x: float, tie: float = 1e-9) -> int:
   """-1, 0 or 1; differences within `tie` (float rounding of equal means) are ties."""
   return 0 if abs(x) <= tie else (1 if x > 0 else -1)
@@ -158,6 +173,9 @@ def write_markdown(ablation, records: list[dict], path: str) -> str:
       spread = (f"our difference exceeds the seed variation in {significant} of the {tested} pairs with a test"
                 if tested else "one run each: no test of our differences")
       lines += ["", f"Pairs of variants ordered as in the paper: {agree} of {total} (ties left out); {spread}."]
+    if ablation.plot == "size" and (sized := size_order(group))[1]:
+      lines += ["", f"Larger model better in {sized[0]} of {sized[1]} pairs of different size: "
+                    f"{'monotone' if sized[0] == sized[1] else 'not monotone'} in size."]
   text = "\n".join(lines) + "\n"
   with open(path, "w") as f:
     f.write(text)
