@@ -128,9 +128,11 @@ def train_step(state: TrainState, batch: Batch, rng: jax.Array, frozen=None, *, 
 
   Dropout keys come from `fold_in(rng, state.step)`, so a resumed run replays the same randomness.
   A step whose loss, gradient, update or new parameters are not all finite leaves params and optimizer
-  state untouched (an update can be NaN while loss and gradient are finite, e.g. with Adam's eps = 0
-  and a zero gradient): `state.step` counts it, the optimizer's own count (which drives the
-  learning-rate schedule) does not. So the parameters of a TrainState are always finite. The logged
+  state untouched: `state.step` counts it, the optimizer's own count (which drives the learning-rate
+  schedule) does not. So the parameters of a TrainState are always finite. An update can be NaN while
+  loss and gradient are finite only with Adam's eps = 0 (0 / 0 at a zero gradient); elsewhere the test
+  is of loss and gradient norm alone (`update_can_be_nonfinite`), which XLA folds into the update, where
+  testing every update and parameter costs a second pass over parameters and moments. The logged
   `learning_rate` is the schedule at the optimizer's count, i.e. the rate this step applies (or would
   have applied, when skipped), so after skipped steps it trails `schedule(state.step)`.
   """
@@ -140,7 +142,9 @@ def train_step(state: TrainState, batch: Batch, rng: jax.Array, frozen=None, *, 
   grad_norm = optax.tree.norm(grads)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
-  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & _all_finite(updates) & _all_finite(params)
+  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+  if update_can_be_nonfinite(config.optimizer):
+    finite &= _all_finite(updates) & _all_finite(params)
   keep_new = lambda new, old: jnp.where(finite, new, old)
   new_state = state.replace(
       step=state.step + 1,
@@ -153,6 +157,14 @@ def train_step(state: TrainState, batch: Batch, rng: jax.Array, frozen=None, *, 
   metrics = dict(sums, loss=loss, grad_norm=grad_norm, learning_rate=lr,
                  nonfinite_count=new_state.nonfinite_count, nonfinite_streak=new_state.nonfinite_streak)
   return new_state, metrics
+
+
+def update_can_be_nonfinite(opt_config) -> bool:
+  """Whether finite gradients can give a non-finite update or parameter. AdamW, LAMB and StableAdamW
+  divide by sqrt(v) + eps (StableAdamW's RMS by max(v, eps^2)); LAMB's trust ratio and the global-norm
+  clip guard their own zero norms. So with eps > 0 a finite gradient gives a finite update, and the new
+  parameters are finite short of an f32 overflow of parameter + update, which is not tested."""
+  return float(opt_config.get("eps", 0.0)) <= 0.0
 
 
 def _all_finite(tree) -> jax.Array:

@@ -64,3 +64,24 @@ def test_logged_learning_rate_is_the_applied_one_after_a_skipped_step():
   # A skipped step logs the rate it would have applied, the one the next applied step uses.
   assert logged[1] == logged[2] == logged[3]
   assert logged[6] != float(schedule(6))   # the schedule at state.step is not what was applied
+
+
+def test_the_guard_tests_every_update_only_where_adam_can_divide_zero_by_zero():
+  model = _BiasOnlyLM()
+  counts = {}
+  for eps in (0.0, 1e-6):
+    config = _config()
+    config.optimizer.eps = eps
+    tx = optimizer.create_optimizer(config.optimizer)
+    params = model.init(jax.random.key(0), _batch(False))["params"]
+    zero = jnp.zeros([], jnp.int32)
+    state = steps.TrainState(step=zero, params=params, opt_state=tx.init(params), nonfinite_count=zero,
+                             nonfinite_streak=zero)
+    step = functools.partial(steps.train_step, model=model, tx=tx, config=config)
+    counts[eps] = str(jax.make_jaxpr(step)(state, _batch(False), jax.random.key(1))).count("is_finite")
+    # Either way a NaN loss leaves the parameters and moments as they were.
+    new, _ = jax.jit(step)(state, _batch(poisoned=True), jax.random.key(1))
+    assert int(new.nonfinite_count) == 1
+    jax.tree.map(np.testing.assert_array_equal, (new.params, new.opt_state), (state.params, state.opt_state))
+  assert steps.update_can_be_nonfinite(common.optimizer_config()) is False   # the default eps is 1e-6
+  assert counts[1e-6] == 2 and counts[0.0] > 2   # loss and gradient norm; then every update and parameter
