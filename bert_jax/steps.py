@@ -130,7 +130,7 @@ def train_step(state: TrainState, batch: Batch, rng: jax.Array, frozen=None, *, 
   A step whose loss, gradient, update or new parameters are not all finite leaves params and optimizer
   state untouched: `state.step` counts it, the optimizer's own count (which drives the learning-rate
   schedule) does not. So the parameters of a TrainState are always finite. An update can be NaN while
-  loss and gradient are finite only with Adam's eps = 0 (0 / 0 at a zero gradient); elsewhere the test
+  loss and gradient are finite only with Adam's eps = 0 or nearly (0 / 0 at a zero gradient); elsewhere the test
   is of loss and gradient norm alone (`update_can_be_nonfinite`), which XLA folds into the update, where
   testing every update and parameter costs a second pass over parameters and moments. The logged
   `learning_rate` is the schedule at the optimizer's count, i.e. the rate this step applies (or would
@@ -162,9 +162,10 @@ def train_step(state: TrainState, batch: Batch, rng: jax.Array, frozen=None, *, 
 def update_can_be_nonfinite(opt_config) -> bool:
   """Whether finite gradients can give a non-finite update or parameter. AdamW, LAMB and StableAdamW
   divide by sqrt(v) + eps (StableAdamW's RMS by max(v, eps^2)); LAMB's trust ratio and the global-norm
-  clip guard their own zero norms. So with eps > 0 a finite gradient gives a finite update, and the new
-  parameters are finite short of an f32 overflow of parameter + update, which is not tested."""
-  return float(opt_config.get("eps", 0.0)) <= 0.0
+  clip guard their own zero norms. So with an eps whose square is still a normal f32 (eps >= 1e-18) a
+  finite gradient gives a finite update, and the new parameters are finite short of an f32 overflow of
+  parameter + update, which is not tested. A smaller eps (0, or one that rounds to 0) keeps the full test."""
+  return float(opt_config.get("eps", 0.0)) < 1e-18
 
 
 def _all_finite(tree) -> jax.Array:

@@ -197,11 +197,14 @@ def test_aot_compiles_electra_with_its_generator(tmp_path):
 def test_mesh_candidates_divide_the_batch_the_hidden_size_and_the_heads():
   from bert_jax.tools import aot   # pylint: disable=g-import-not-at-top
   from configs import bert_large   # pylint: disable=g-import-not-at-top
-  c = bert_large.get_config("phase1")   # 256 rows, hidden 1024, 16 heads
+  c = bert_large.get_config("phase1")   # 256 rows, hidden 1024, 16 heads, vocabulary 30522 = 2 x 15261
   found = aot.mesh_candidates(c, 64)
   assert all(d * f * t == 64 for d, f, t in found) and len(set(found)) == len(found)
-  assert {(64, 1, 1), (16, 4, 1), (1, 64, 1), (8, 4, 2), (1, 8, 8)} <= set(found)
-  assert not [m for m in found if m[2] > 8]   # tensor at most 8
+  assert {(64, 1, 1), (16, 4, 1), (1, 64, 1), (8, 4, 2), (1, 32, 2)} <= set(found)
+  assert {t for _, _, t in found} == {1, 2}   # the vocabulary splits in two only
+  c.model.vocab_size = 32768
+  found = aot.mesh_candidates(c, 64)
+  assert (1, 8, 8) in found and not [m for m in found if m[2] > 8]   # tensor at most 8
   c.global_batch_size, c.micro_batches = 32, 2   # 16 rows a micro-batch: data x fsdp divides 16
   assert all(16 % (d * f) == 0 for d, f, _ in aot.mesh_candidates(c, 64))
   assert (8, 2, 4) in aot.mesh_candidates(c, 64) and (16, 4, 1) not in aot.mesh_candidates(c, 64)
@@ -224,3 +227,21 @@ def test_aot_search_mesh_ranks_the_splits_of_a_small_topology(tmp_path):
   steps = [r["time_per_step"]["step_seconds"] for r in ranked]
   assert all(r["memory_per_device"]["fits"] for r in ranked) and steps == sorted(steps)
   assert "best first" in proc.stdout and proc.stdout.count("MFU bound") >= 6   # as compiled, then ranked
+
+
+def test_search_mesh_refuses_malformed_meshes_and_says_when_none_is_left(monkeypatch):
+  from bert_jax.tools import aot   # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(aot, "topology_devices", lambda topology: list(range(4)))
+
+  def refuse(config, topology):
+    raise RuntimeError("")   # no message: the log names the error's type
+
+  monkeypatch.setattr(aot, "run", refuse)
+  with pytest.raises(ValueError, match="not data x fsdp x tensor"):
+    aot.search_mesh(_config(), "v4:2x2x1", [(4, 1)])
+  with pytest.raises(ValueError, match="not data x fsdp x tensor"):
+    aot.search_mesh(_config(), "v4:2x2x1", [(2, 1, 1)])
+  logs = []
+  with pytest.raises(ValueError, match="every mesh"):
+    aot.search_mesh(_config(), "v4:2x2x1", [(4, 1, 1)], log=logs.append)
+  assert logs == ["  4x1x1: refused: RuntimeError"]

@@ -143,3 +143,67 @@ def test_partial_reads_are_what_is_read():
   assert rows["custom-call.1"] == 0 and rows["copy.1"] == 128 + 128
   assert rows["slice.2"] == 64 + 64 and rows["fusion.3"] == 32 + 32
   assert rows["fusion.4"] == 512 + 32   # the parameter also feeds a negate: read whole
+
+
+def test_trip_count_from_the_loop_condition_where_xla_gives_none():
+  # TPU's backend config carries no known_trip_count: the condition's `i < 3` gives it.
+  without = HLO.replace(', backend_config={"known_trip_count":{"n":"3"}}', "")
+  rows = {r["name"]: r for r in hlo_bytes.traffic(without)}
+  assert rows["fusion.1"]["trips"] == 3 and rows["lt"]["trips"] == 4
+  assert hlo_bytes.summarize(list(rows.values()))["unknown_loops"] == 0
+  # A condition that is no `i < constant`: the body once, and the summary says so.
+  unknown = without.replace("compare(%gte.2, %three), direction=LT", "compare(%gte.2, %gte.2), direction=LT")
+  rows = hlo_bytes.traffic(unknown)
+  assert {r["name"]: r["trips"] for r in rows}["fusion.1"] == 1
+  s = hlo_bytes.summarize(rows)
+  assert s["unknown_loops"] == 1 and s["ops"] == 6 and "1 loop(s) of unknown trip count" in hlo_bytes.format_summary(s)
+
+
+# A TPU all-gather as the compiler emits it: a start fusion, a fusion beside it that carries the
+# collective's buffers through (aliased to its operands), and a done fusion.
+ASYNC = """HloModule jit_step
+
+%fused_start (p0: bf16[4,8]) -> (bf16[4,8], bf16[16,8], u32[]) {
+  %p0 = bf16[4,8]{1,0} parameter(0)
+  %all-gather.1 = bf16[16,8]{1,0} all-gather(%p0), channel_id=1, dimensions={0}
+  ROOT %custom-call.1 = (bf16[4,8]{1,0}, bf16[16,8]{1,0}, u32[]) custom-call(%all-gather.1), custom_call_target="AsyncCollectiveStart"
+}
+
+%fused_beside (q0: bf16[4,8], q1: bf16[16,8], q2: u32[], q3: f32[2,8]) -> (f32[2,8], bf16[4,8], bf16[16,8], u32[]) {
+  %q0 = bf16[4,8]{1,0} parameter(0)
+  %q1 = bf16[16,8]{1,0} parameter(1)
+  %q2 = u32[] parameter(2)
+  %q3 = f32[2,8]{1,0} parameter(3)
+  %neg = f32[2,8]{1,0} negate(%q3)
+  ROOT %tuple.9 = (f32[2,8]{1,0}, bf16[4,8]{1,0}, bf16[16,8]{1,0}, u32[]) tuple(%neg, %q0, %q1, %q2)
+}
+
+%fused_done (r0: bf16[4,8], r1: bf16[16,8], r2: u32[]) -> bf16[16,8] {
+  %r0 = bf16[4,8]{1,0} parameter(0)
+  %r1 = bf16[16,8]{1,0} parameter(1)
+  %r2 = u32[] parameter(2)
+  %all-gather.2 = bf16[16,8]{1,0} all-gather(%r0), channel_id=1, dimensions={0}
+  ROOT %custom-call.2 = bf16[16,8]{1,0} custom-call(%r0, %r1, %all-gather.2, %r2), custom_call_target="AsyncCollectiveDone"
+}
+
+ENTRY %main (w: bf16[4,8], x: f32[2,8]) -> bf16[16,8] {
+  %w = bf16[4,8]{1,0} parameter(0)
+  %x = f32[2,8]{1,0} parameter(1)
+  %start = (bf16[4,8]{1,0}, bf16[16,8]{1,0}, u32[]) fusion(%w), kind=kCustom, output_to_operand_aliasing={{0}: (0, {})}, calls=%fused_start
+  %g0 = bf16[4,8]{1,0} get-tuple-element(%start), index=0
+  %g1 = bf16[16,8]{1,0} get-tuple-element(%start), index=1
+  %g2 = u32[] get-tuple-element(%start), index=2
+  %beside = (f32[2,8]{1,0}, bf16[4,8]{1,0}, bf16[16,8]{1,0}, u32[]) fusion(%g0, %g1, %g2, %x), kind=kOutput, output_to_operand_aliasing={{1}: (0, {}), {2}: (1, {}), {3}: (2, {})}, calls=%fused_beside
+  %h0 = bf16[4,8]{1,0} get-tuple-element(%beside), index=1
+  %h1 = bf16[16,8]{1,0} get-tuple-element(%beside), index=2
+  %h2 = u32[] get-tuple-element(%beside), index=3
+  ROOT %done = bf16[16,8]{1,0} fusion(%h0, %h1, %h2), kind=kCustom, output_to_operand_aliasing={{}: (1, {})}, calls=%fused_done
+}
+"""
+
+
+def test_a_tpu_collective_moves_its_input_and_result_once():
+  rows = {r["name"]: r for r in hlo_bytes.traffic(ASYNC)}
+  assert rows["start"]["bytes"] == 64 and rows["done"]["bytes"] == 256   # read bf16[4,8], write bf16[16,8]
+  assert rows["start"]["category"] == rows["done"]["category"] == "collective all-gather"
+  assert rows["beside"]["bytes"] == 64 + 64 and rows["beside"]["category"] == "fusion kOutput"   # its negate only

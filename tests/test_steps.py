@@ -84,4 +84,5 @@ def test_the_guard_tests_every_update_only_where_adam_can_divide_zero_by_zero():
     assert int(new.nonfinite_count) == 1
     jax.tree.map(np.testing.assert_array_equal, (new.params, new.opt_state), (state.params, state.opt_state))
   assert steps.update_can_be_nonfinite(common.optimizer_config()) is False   # the default eps is 1e-6
+  assert steps.update_can_be_nonfinite(ml_collections.ConfigDict({"eps": 1e-20}))   # eps^2 underflows
   assert counts[1e-6] == 2 and counts[0.0] > 2   # loss and gradient norm; then every update and parameter

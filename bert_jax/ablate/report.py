@@ -88,19 +88,21 @@ def pair_agreement(group: list[dict]) -> tuple[int, int, int, int]:
   return agree, total, tested, significant
 
 
-def size_order(group: list[dict]) -> tuple[int, int]:
-  """(pairs of variants of different size where the larger is better, such pairs) over one measurement's
-  variants with the same metric; all pairs agreeing means ours is monotone in size."""
+def size_order(group: list[dict]) -> tuple[int, int, int]:
+  """(pairs of variants of different size where the larger is better, such pairs with a difference,
+  ties left out) over one measurement's variants with the same metric; all pairs agreeing means ours is
+  monotone in size."""
   usable = [m for m in group if m["values"] and m["parameters"]]
-  better = total = 0
+  better = total = ties = 0
   for a, b in itertools.combinations(usable, 2):
     if a["metric"] != b["metric"] or a["parameters"] == b["parameters"]:
       continue
     small, large = sorted((a, b), key=lambda m: m["parameters"])
-    gain = large["mean"] - small["mean"]
-    total += 1
-    better += (-gain if lower_is_better(large["metric"]) else gain) > 0
-  return better, total
+    gain = _sign(large["mean"] - small["mean"]) * (-1 if lower_is_better(large["metric"]) else 1)
+    ties += gain == 0
+    total += gain != 0
+    better += gain > 0
+  return better, total, ties
 
 
 def _sign(x: float, tie: float = 1e-9) -> int:
@@ -174,8 +176,10 @@ def write_markdown(ablation, records: list[dict], path: str) -> str:
                 if tested else "one run each: no test of our differences")
       lines += ["", f"Pairs of variants ordered as in the paper: {agree} of {total} (ties left out); {spread}."]
     if ablation.plot == "size" and (sized := size_order(group))[1]:
-      lines += ["", f"Larger model better in {sized[0]} of {sized[1]} pairs of different size: "
-                    f"{'monotone' if sized[0] == sized[1] else 'not monotone'} in size."]
+      better, total, ties = sized
+      lines += ["", f"Larger model better in {better} of {total} pairs of different size"
+                    f"{f' ({ties} ties left out)' if ties else ''}: "
+                    f"{'monotone' if better == total else 'not monotone'} in size."]
   text = "\n".join(lines) + "\n"
   with open(path, "w") as f:
     f.write(text)

@@ -219,7 +219,9 @@ def run(config, topology: str, report_top: int = 0, hlo_path: str = "") -> dict[
 def mesh_candidates(config, num_devices: int, max_tensor: int = 8) -> list[tuple[int, int, int]]:
   """The (data, fsdp, tensor) splits of one slice's devices that `config` can run on: the batch rows of a
   micro-batch divide over data x fsdp, fsdp divides the hidden size (parameters' `embed` axis), tensor
-  divides the heads and is at most `max_tensor`. Slices (`mesh.dcn_*`) are kept as the config has them."""
+  divides the heads, the feed-forward width and the vocabulary (their axes under the logical rules; jit
+  refuses uneven shardings) and is at most `max_tensor`. Slices (`mesh.dcn_*`) are kept as the config has
+  them and multiply each axis."""
   from bert_jax import objectives, sharding  # pylint: disable=g-import-not-at-top
   model = objectives.encoder_config(config)   # presets resolved
   dcn = sharding.dcn_mesh_shape(config.mesh)
@@ -228,27 +230,28 @@ def mesh_candidates(config, num_devices: int, max_tensor: int = 8) -> list[tuple
   divisors = lambda n: [d for d in range(1, n + 1) if n % d == 0]   # noqa: E731
   out = []
   for tensor in divisors(per_slice):
-    if tensor > max_tensor or model.num_heads % tensor:
+    split = tensor * dcn[2]
+    if tensor > max_tensor or any(n % split for n in (model.num_heads, model.intermediate_size, model.vocab_size)):
       continue
     for fsdp in divisors(per_slice // tensor):
       data = per_slice // tensor // fsdp
-      if rows % (data * dcn[0] * fsdp * dcn[1]) == 0 and model.hidden_size % fsdp == 0:
+      if rows % (data * dcn[0] * fsdp * dcn[1]) == 0 and model.hidden_size % (fsdp * dcn[1]) == 0:
         out.append((data, fsdp, tensor))
   return out
 
 
 def search_mesh(config, topology: str, candidates=None, log=print) -> list[dict[str, Any]]:
   """Compile `config` for `topology` on every mesh of `candidates` (default `mesh_candidates`) and return
-  the reports, best first: those that fit by estimated step time, then those that do not."""
-  _, chip, _ = parse_topology(topology)
+  the reports, best first: those that fit by estimated step time, then those that do not. A split that
+  jit or the compiler refuses is logged and left out; none left is an error."""
+  from bert_jax import sharding  # pylint: disable=g-import-not-at-top
   n = len(topology_devices(topology))
-  candidates = mesh_candidates(config, n) if candidates is None else candidates
+  per_slice = n // math.prod(sharding.dcn_mesh_shape(config.mesh))
+  candidates = mesh_candidates(config, n) if candidates is None else [tuple(c) for c in candidates]
   if not candidates:
     raise ValueError(f"no (data, fsdp, tensor) split of {topology}'s {n} devices suits this config")
-  from bert_jax import sharding  # pylint: disable=g-import-not-at-top
-  per_slice = n // math.prod(sharding.dcn_mesh_shape(config.mesh))
-  if wrong := [c for c in candidates if math.prod(c) != per_slice]:
-    raise ValueError(f"meshes {wrong} do not have {topology}'s {per_slice} devices per slice")
+  if wrong := [c for c in candidates if len(c) != 3 or math.prod(c) != per_slice]:
+    raise ValueError(f"meshes {wrong} are not data x fsdp x tensor of {topology}'s {per_slice} devices per slice")
   reports = []
   for data, fsdp, tensor in candidates:
     c = config.copy_and_resolve_references()
@@ -256,10 +259,13 @@ def search_mesh(config, topology: str, candidates=None, log=print) -> list[dict[
     try:
       r = run(c, topology)
     except Exception as e:  # pylint: disable=broad-except
-      log(f"  {data}x{fsdp}x{tensor}: the compiler refused it: {str(e).strip().splitlines()[0][:200]}")
+      first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+      log(f"  {data}x{fsdp}x{tensor}: refused: {first[:200]}")
       continue
     reports.append(r)
     log(summary_line(r))
+  if not reports:
+    raise ValueError(f"every mesh of {candidates} was refused for {topology} (see above)")
   fits = lambda r: r["memory_per_device"]["fits"]   # noqa: E731
   return sorted(reports, key=lambda r: (not fits(r), r["time_per_step"]["step_seconds"] if fits(r) else 0.0))
 
@@ -347,6 +353,8 @@ def main(argv) -> None:
   if not topology:
     raise ValueError("no --topology and the config has no `topology` field")
   if _SEARCH.value:
+    if _REPORT.value or _HLO.value:
+      raise ValueError("--report and --hlo describe one compiled step: run them with the mesh the search picks")
     candidates = [tuple(int(x) for x in c.split("x")) for c in _CANDIDATES.value] or None
     ranked = search_mesh(config, topology, candidates)
     print(f"{topology}, meshes data x fsdp x tensor, best first:")
