@@ -143,7 +143,7 @@ def trip_count(op: Op, computations: dict[str, list[Op]]) -> int | None:
     return None
   cond = computations.get(m.group(1), [])
   local = {o.name: o for o in cond}
-  root = next((o for o in cond if o.root), None)
+  root = _root(cond)
   if root is None or root.opcode != "compare" or "direction=LT" not in root.attrs or len(root.operands) != 2:
     return None
   bound = local.get(root.operands[1])
@@ -175,6 +175,17 @@ FREE_CUSTOM_CALLS = frozenset({"ConcatBitcast", "AllocateBuffer"})
 PARTIAL_READS = frozenset({"slice", "dynamic-slice", "gather"})   # read what they return, not their operand
 
 
+def _calls(op: Op, computations: dict[str, list[Op]]) -> list[Op] | None:
+  """The ops of the computation a fusion calls, or None for an op that is no fusion."""
+  if op.opcode != "fusion" or not (m := re.search(r"\bcalls=%([^\s,}]+)", op.attrs)):
+    return None
+  return computations.get(m.group(1), [])
+
+
+def _root(ops: list[Op]) -> Op | None:
+  return next((o for o in ops if o.root), None)
+
+
 def moved(op: Op, computations: dict[str, list[Op]], shapes: dict[str, str]) -> tuple[float, float]:
   """(bytes read, bytes written) by one run of an executed op, counted as XLA's cost analysis does:
   operands and result, except that a slice reads what it returns (so does a fusion's parameter that only
@@ -198,9 +209,8 @@ def moved(op: Op, computations: dict[str, list[Op]], shapes: dict[str, str]) -> 
     reads[0] = written
   if opcode == "dynamic-update-slice" and len(reads) > 1:
     reads[0], written = 0.0, reads[1]
-  if opcode == "fusion" and (m := re.search(r"\bcalls=%([^\s,}]+)", op.attrs)):
-    fused = computations.get(m.group(1), [])
-    root = next((o for o in fused if o.root), None)
+  if (fused := _calls(op, computations)) is not None:
+    root = _root(fused)
     target = _TARGET.search(root.attrs).group(1) if root is not None and root.opcode == "custom-call" else ""
     if target == "AsyncCollectiveStart":   # a TPU collective: its input is read here...
       return sum(reads), 0.0
@@ -224,7 +234,7 @@ def _fused(fused: list[Op], reads: list[float]) -> float:
       feeds = users[o.name]
       if feeds and all(u.opcode in PARTIAL_READS and u.operands[0] == o.name for u in feeds):
         reads[i] = sum(shape_bytes(u.shape) for u in feeds)
-  root = next((o for o in fused if o.root), None)
+  root = _root(fused)
   outputs = [local[n] for n in root.operands if n in local] if root and root.opcode == "tuple" else [root]
   unwritten = 0.0
   for out in outputs:
@@ -252,7 +262,7 @@ def _passed_through(op: Op, fused: list[Op], reads: list[float]) -> float:
   if not (m := re.search(r"output_to_operand_aliasing=\{(.*?)\}\}?,\s*\w+=", op.attrs)):
     return 0.0
   local = {o.name: o for o in fused}
-  root = next((o for o in fused if o.root), None)
+  root = _root(fused)
   if root is None or root.opcode != "tuple":
     return 0.0
   elements = _ARRAY.findall(op.shape)
@@ -275,9 +285,8 @@ def _passed_through(op: Op, fused: list[Op], reads: list[float]) -> float:
 def category(op: Op, computations: dict[str, list[Op]] | None = None) -> str:
   base = op.opcode.removesuffix("-start").removesuffix("-done")
   if op.opcode == "fusion":
-    if computations and (m := re.search(r"\bcalls=%([^\s,}]+)", op.attrs)):
-      fused = computations.get(m.group(1), [])
-      root = next((o for o in fused if o.root), None)
+    if computations and (fused := _calls(op, computations)) is not None:
+      root = _root(fused)
       if root is not None and root.opcode == "custom-call" and "AsyncCollective" in root.attrs:
         kind = next((o.opcode for o in fused if o.opcode in COLLECTIVES), "")
         return f"collective {kind}".strip()
