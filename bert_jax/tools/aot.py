@@ -325,20 +325,25 @@ def format_report(r: dict[str, Any]) -> str:
   return "\n".join(lines)
 
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Pretraining config file (configs/x.py[:arg]).")
-_TOPOLOGY = flags.DEFINE_string("topology", None, "TPU topology, e.g. v3:8x8, v4:4x4x4, v5e:8x8, v6e:8x8; "
-                                "default: the config's `topology` field.")
-_REPORT = flags.DEFINE_bool("report", False, "Also list the compiled step's largest memory consumers: ops, "
-                             "the JAX ops that made them and op kinds, by bytes read and written.")
-_REPORT_TOP = flags.DEFINE_integer("report_top", 15, "With --report: how many of each to list.")
-_SEARCH = flags.DEFINE_bool("search_mesh", False, "Compile every (data, fsdp, tensor) split of the topology "
-                             "that suits the config (or those of --mesh_candidates) and rank them by estimated "
-                             "step time among those that fit.")
-_CANDIDATES = flags.DEFINE_list("mesh_candidates", [], "With --search_mesh: only these meshes, each "
-                                "DATAxFSDPxTENSOR, e.g. 16x4x1,8x4x2.")
-_HLO = flags.DEFINE_string("hlo", None, "Also write the compiled step's optimized HLO text to this file "
-                           "(to diff two versions, or to read with bert_jax.tools.hlo_bytes).")
-_JSON = flags.DEFINE_string("json", None, "Also write the report as JSON to this file.")
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """The command's flags, defined when the CLI runs it: importing `aot` (as the tests do) defines none."""
+  config_flags.DEFINE_config_file("config", None, "Pretraining config file (configs/x.py[:arg]).")
+  flags.DEFINE_string("topology", None, "TPU topology, e.g. v3:8x8, v4:4x4x4, v5e:8x8, v6e:8x8; "
+                      "default: the config's `topology` field.")
+  flags.DEFINE_bool("report", False, "Also list the compiled step's largest memory consumers: ops, "
+                    "the JAX ops that made them and op kinds, by bytes read and written.")
+  flags.DEFINE_integer("report_top", 15, "With --report: how many of each to list.")
+  flags.DEFINE_bool("search_mesh", False, "Compile every (data, fsdp, tensor) split of the topology "
+                    "that suits the config (or those of --mesh_candidates) and rank them by estimated "
+                    "step time among those that fit.")
+  flags.DEFINE_list("mesh_candidates", [], "With --search_mesh: only these meshes, each "
+                    "DATAxFSDPxTENSOR, e.g. 16x4x1,8x4x2.")
+  flags.DEFINE_string("hlo", None, "Also write the compiled step's optimized HLO text to this file "
+                      "(to diff two versions, or to read with bert_jax.tools.hlo_bytes).")
+  flags.DEFINE_string("json", None, "Also write the report as JSON to this file.")
 
 
 def main(argv) -> None:
@@ -348,29 +353,29 @@ def main(argv) -> None:
   # Compiling for a topology needs no accelerator: keep jax off the (absent) local TPU.
   if not os.environ.get("JAX_PLATFORMS"):
     jax.config.update("jax_platforms", "cpu")
-  config = _CONFIG.value
-  topology = _TOPOLOGY.value or config.get("topology", "")
+  config = FLAGS.config
+  topology = FLAGS.topology or config.get("topology", "")
   if not topology:
     raise ValueError("no --topology and the config has no `topology` field")
-  if _SEARCH.value:
-    if _REPORT.value or _HLO.value:
+  if FLAGS.search_mesh:
+    if FLAGS.report or FLAGS.hlo:
       raise ValueError("--report and --hlo describe one compiled step: run them with the mesh the search picks")
-    candidates = [tuple(int(x) for x in c.split("x")) for c in _CANDIDATES.value] or None
+    candidates = [tuple(int(x) for x in c.split("x")) for c in FLAGS.mesh_candidates] or None
     ranked = search_mesh(config, topology, candidates)
     print(f"{topology}, meshes data x fsdp x tensor, best first:")
     print("\n".join(summary_line(r) for r in ranked))
     print(json.dumps(ranked))
-    if _JSON.value:
-      with open(_JSON.value, "w") as f:
+    if FLAGS.json:
+      with open(FLAGS.json, "w") as f:
         json.dump(ranked, f, indent=2)
     if not ranked[0]["memory_per_device"]["fits"]:
       sys.exit(1)
     return
-  report = run(config, topology, _REPORT_TOP.value if _REPORT.value else 0, _HLO.value or "")
+  report = run(config, topology, FLAGS.report_top if FLAGS.report else 0, FLAGS.hlo or "")
   print(format_report(report))
   print(json.dumps(report))
-  if _JSON.value:
-    with open(_JSON.value, "w") as f:
+  if FLAGS.json:
+    with open(FLAGS.json, "w") as f:
       json.dump(report, f, indent=2)
   if not report["memory_per_device"]["fits"]:
     sys.exit(1)

@@ -1,0 +1,39 @@
+"""The CLI's flag rule: modules the tests (or other code) import as libraries define no flags at import."""
+
+import ast
+import os
+import subprocess
+import sys
+
+from conftest import REPO_ROOT
+
+
+def _bert_jax_modules_imported_by_tests() -> list[str]:
+  found = set()
+  for path in sorted((REPO_ROOT / "tests").glob("*.py")):
+    for node in ast.walk(ast.parse(path.read_text())):
+      if isinstance(node, ast.Import):
+        found.update(a.name for a in node.names if a.name.startswith("bert_jax"))
+      elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("bert_jax"):
+        # `from bert_jax.tools import aot` imports bert_jax.tools.aot when aot is a module.
+        found.update(f"{node.module}.{a.name}" for a in node.names)
+        found.add(node.module)
+  return sorted(found)
+
+
+def test_every_module_the_tests_import_can_be_imported_in_one_process():
+  """pytest imports all of them into one process: two modules defining `--config` at import collide there."""
+  modules = _bert_jax_modules_imported_by_tests()
+  assert "bert_jax.tools.aot" in modules and "bert_jax.ablate.main" in modules  # with finetune.main: two `--config`s
+  code = ("import importlib, importlib.util, sys\n"
+          "for name in sys.argv[1:]:\n"
+          "  try:\n"
+          "    spec = importlib.util.find_spec(name)\n"
+          "  except ModuleNotFoundError:  # a name imported from a module\n"
+          "    spec = None\n"
+          "  if spec is not None:\n"
+          "    importlib.import_module(name)\n")
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  run = subprocess.run([sys.executable, "-c", code, *modules], cwd=REPO_ROOT, capture_output=True, text=True,
+                       timeout=300, env=env)
+  assert run.returncode == 0, run.stderr[-3000:]
