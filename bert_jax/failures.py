@@ -6,6 +6,8 @@
   2   USER_ERROR  the config, a path or the data is wrong: a restart would fail the same way
   3   DIVERGED    non-finite steps in a row: a restart would replay them from the same checkpoint
   75  RESTART     another host of the job died (EX_TEMPFAIL): restart the whole job, it resumes
+  143 STOPPED     SIGTERM before the end (128 + 15): `bert-jax ablate` saved the run and stopped; the same
+                  command resumes it (`pretrain` itself saves and exits 0, as a preempted job should)
   1   anything else, e.g. a checkpoint that could not be written: restarted
 
 The optional loss-spike guard (`LossSpikeGuard`) keeps a run going instead: it goes back to the last
@@ -33,6 +35,7 @@ import time
 USER_ERROR = 2
 DIVERGED = 3
 RESTART = 75   # launch/supervisor.py's RESTART_EXIT_CODE: keep the two equal
+STOPPED = 128 + signal.SIGTERM
 
 
 class RunError(Exception):
@@ -56,6 +59,11 @@ class Diverged(RunError, FloatingPointError):
 
 class SaveFailed(RunError):
   """A checkpoint could not be written (a full disk, a revoked bucket permission ...)."""
+
+
+class Stopped(RunError):
+  """SIGTERM ended a stage before its end; what it did is saved."""
+  exit_code = STOPPED
 
 
 class PeerLost(RunError):

@@ -262,3 +262,26 @@ def test_killed_ablation_resumes_without_redoing_finished_runs(corpus, tmp_path,
   with open(os.path.join(killed, "results.csv")) as f:
     rows = list(csv.DictReader(f))
   assert len(rows) == 4 and all(r["n"] == ("1" if r["measurement"] == "heldout" else "2") for r in rows)
+
+
+def test_sigterm_during_pretraining_stops_the_ablation_without_marking_the_variant(
+    corpus, tmp_path, compilation_cache, monkeypatch):
+  """train saves and returns at a SIGTERM: the variant is not pretrained until a re-run reaches the end."""
+  from bert_jax import checkpointing  # pylint: disable=g-import-not-at-top
+  ablation = table("devlin_table5", "tiny")
+  ablation.variants = ablation.variants[:1]
+  ablation.base.data.train_files, ablation.tasks.sst2.data_dir = corpus
+  monkeypatch.setattr(checkpointing.PreemptionWatcher, "reached", lambda self, step: step == 2)
+  with pytest.raises(failures.Stopped, match="stopped at step 2 of 6"):
+    runner.run(ablation, str(tmp_path))
+  vdir = tmp_path / ablation.variants[0].name
+  assert not (vdir / runner.PRETRAINED).exists() and not (vdir / runner.EVALUATED).exists()
+  assert runner.last_checkpoint_step(str(vdir / "pretrain")) == 2
+  assert failures.Stopped.exit_code == 128 + signal.SIGTERM
+
+  monkeypatch.undo()
+  ablation.tasks = {}
+  runner.run(ablation, str(tmp_path))
+  assert runner.read_marker(str(vdir / runner.PRETRAINED))["train_steps"] == 6
+  assert runner.last_checkpoint_step(str(vdir / "pretrain")) == 6
+  assert runner.read_marker(str(vdir / runner.EVALUATED))

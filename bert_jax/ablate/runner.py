@@ -22,6 +22,7 @@ import os
 import jax
 import ml_collections
 
+from bert_jax import checkpointing
 from bert_jax import failures
 from bert_jax import objectives
 from bert_jax import paths
@@ -140,6 +141,14 @@ def _flat(d: dict, prefix: str = "") -> dict:
   return out
 
 
+def last_checkpoint_step(pretrain_dir: str) -> int | None:
+  checkpointer = checkpointing.Checkpointer(os.path.join(pretrain_dir, "checkpoints"), async_save=False)
+  try:
+    return checkpointer.latest_step()
+  finally:
+    checkpointer.close()
+
+
 def final_evaluation(pretrain_dir: str, step: int) -> dict[str, float]:
   """The `eval/*` scalars logged at `step` (the last one logged there, if a resumed run logged it twice)."""
   found = {}
@@ -170,6 +179,10 @@ def run(ablation: ml_collections.ConfigDict, workdir: str, log=print) -> None:
     if read_marker(os.path.join(vdir, PRETRAINED)) is None:
       log(f"ablate {ablation.name}/{v.name}: pretraining {config.objective} for {config.train_steps} steps")
       scalars = train.train_and_evaluate(config, os.path.join(vdir, "pretrain"))
+      reached = last_checkpoint_step(os.path.join(vdir, "pretrain"))
+      if reached != config.train_steps:   # SIGTERM: train saved and returned early
+        raise failures.Stopped(f"{ablation.name}/{v.name}: pretraining stopped at step {reached} of "
+                               f"{config.train_steps}; it is saved, and the same command resumes it")
       write_marker(os.path.join(vdir, PRETRAINED), {
           "objective": config.objective, "train_steps": config.train_steps, "tokens": pretrain_tokens(config),
           "flops": objectives.train_flops_per_step(config) * config.train_steps,
