@@ -24,6 +24,25 @@ OVERRIDES = {"model.vocab_size": 256, "model.hidden_size": 128, "model.num_layer
              "data.max_predictions_per_seq": 5, "global_batch_size": 16, "mesh.data": 2, "mesh.fsdp": 2}
 
 
+@pytest.mark.slow
+def test_aot_counts_a_scanned_layer_stack_per_layer(tmp_path):
+  """XLA's cost analysis counts a loop body once: a scanned stack's bytes are counted by op, each layer's
+  trip included, and come out near the unrolled stack's by the same count."""
+  layers = {**OVERRIDES, "model.num_layers": 4}
+  proc, unrolled = _aot(tmp_path / "unrolled", {**layers, "model.scan_layers": False}, ["--report"])
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  proc, scanned = _aot(tmp_path / "scanned", {**layers, "model.scan_layers": True}, ["--report"])
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "by op, loop bodies per trip" in proc.stdout
+  u, s = unrolled["time_per_step"], scanned["time_per_step"]
+  assert u["bytes_source"] == "xla" and u["step_bytes"] == u["xla_bytes_accessed"]
+  assert s["bytes_source"] == "hlo_bytes" and s["step_bytes"] == scanned["traffic"]["total_bytes"]
+  assert 0.7 <= s["step_bytes"] / unrolled["traffic"]["total_bytes"] <= 1.5
+  assert max(r["trips"] for r in scanned["traffic"]["top_ops"]) == 4
+  assert s["memory_seconds"] == pytest.approx(s["step_bytes"] / s["hbm_bandwidth"])
+  assert s["model_flops"] == u["model_flops"]
+
+
 # A non-BERT objective: SpanBERT brings its own batch fields (span boundaries) and head (SBO).
 SPANBERT = {"objective": "spanbert", "data.format": "doc_sentences", "data.span_masking": True}
 
@@ -90,11 +109,12 @@ def test_aot_report_for_a_small_topology(tmp_path):
   assert hlo_bytes.summarize(hlo_bytes.traffic(text))["total_bytes"] == pytest.approx(traffic["total_bytes"])
 
 
-def _aot(tmp_path, overrides) -> tuple[subprocess.CompletedProcess, dict]:
+def _aot(tmp_path, overrides, flags=()) -> tuple[subprocess.CompletedProcess, dict]:
   """`bert-jax aot` of the tiny config with `overrides` for v4:2x2x1: the process and its JSON report."""
+  tmp_path.mkdir(parents=True, exist_ok=True)
   out = tmp_path / "report.json"
   cmd = [sys.executable, "-m", "bert_jax.cli", "aot", "--config=configs/tiny.py", "--topology=v4:2x2x1",
-         f"--json={out}"] + [f"--config.{k}={v}" for k, v in overrides.items()]
+         f"--json={out}", *flags] + [f"--config.{k}={v}" for k, v in overrides.items()]
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
   return proc, (json.loads(out.read_text()) if out.exists() else {})

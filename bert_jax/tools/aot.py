@@ -10,11 +10,12 @@ the larger of compute time (FLOPs / peak) and memory time (bytes accessed / HBM 
 
 The estimate ignores collectives over ICI/DCN and assumes the MXUs can be kept busy; it is an upper
 bound on speed. XLA's cost analysis counts the body of a loop once (a scanned layer stack, gradient
-accumulation), so XLA's FLOPs and bytes accessed are multiplied by `micro_batches` (the accumulation
-loop's trip count), or by more where that still falls short of the analytic model FLOPs (the objective's,
-`flops.py`; a scanned layer stack). The optimizer update, outside that loop, is then counted that many
-times too: a small overestimate. At that floor the compute time is the model FLOPs at peak and the MFU
-bound reads 100%: then only the memory time can lower it.
+accumulation). XLA's FLOPs are therefore multiplied by `micro_batches` (the accumulation loop's trip
+count), or by more where that still falls short of the analytic model FLOPs (the objective's, `flops.py`;
+a scanned layer stack); at that floor the compute time is the model FLOPs at peak. The bytes of a step
+with a loop are our own count from its optimized HLO (`hlo_bytes`), which counts each loop body once per
+trip; that of a step without one is XLA's (which also counts the TPU's tile padding). The report says
+which.
 
 When the step does not fit, the TPU compiler stops and says how much it needed (for temporaries, the
 usual case); the report then gives that figure and no time, and the command exits with status 1.
@@ -137,12 +138,14 @@ def memory_report(compiled, hbm_per_device: float) -> dict[str, float]:
 
 
 def time_report(compiled, chip: Chip, model_flops_per_device: float, loop_trips: int = 1,
-                kernel: dict | None = None) -> dict[str, float]:
+                kernel: dict | None = None, loop_bytes: float | None = None) -> dict[str, Any]:
   """Estimated step time per device: max(FLOPs / peak, bytes accessed / HBM bandwidth).
 
   `loop_trips` is how often the step runs its outermost loop (`micro_batches`), which XLA counts once.
   `kernel`: per device, what runs inside custom calls, which XLA's cost analysis does not see (the splash
   attention kernel: `flops.kernel_attention_per_row`'s model FLOPs, FLOPs and bytes); added to its counts.
+  `loop_bytes`: for a step with loops, the bytes its ops move with each loop body counted per trip
+  (`step_bytes`); it replaces XLA's count, which counts them once.
   """
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost   # older jax returned a list
@@ -155,10 +158,12 @@ def time_report(compiled, chip: Chip, model_flops_per_device: float, loop_trips:
   loop_factor = max(float(loop_trips), visible / xla_flops if xla_flops else 1.0)
   peak, bandwidth = chip.peak_flops / chip.cores, chip.hbm_bandwidth / chip.cores
   compute_s = (xla_flops * loop_factor + kernel_flops) / peak
-  memory_s = (xla_bytes * loop_factor + kernel_bytes) / bandwidth
+  step_bytes = xla_bytes if loop_bytes is None else loop_bytes
+  memory_s = (step_bytes + kernel_bytes) / bandwidth
   step_s = max(compute_s, memory_s)
   return {
-      "xla_flops": xla_flops, "xla_bytes_accessed": xla_bytes,
+      "xla_flops": xla_flops, "xla_bytes_accessed": xla_bytes, "step_bytes": step_bytes,
+      "bytes_source": "xla" if loop_bytes is None else "hlo_bytes",
       # XLA's own estimate, when it has one (negative values, seen for v5e, mean none).
       "xla_optimal_seconds": optimal if (optimal := float(cost.get("optimal_seconds", -1.0))) > 0 else None,
       "model_flops": model_flops_per_device, "loop_factor": loop_factor,
@@ -168,6 +173,20 @@ def time_report(compiled, chip: Chip, model_flops_per_device: float, loop_trips:
       "bound": "compute" if compute_s >= memory_s else "memory",
       "mfu_bound": model_flops_per_device / peak / step_s if step_s else 0.0,
   }
+
+
+def loop_bytes(hlo_text: str) -> float | None:
+  """The bytes a step with loops moves, each body counted per trip (`hlo_bytes`); None without loops."""
+  if not _WHILE.search(hlo_text):
+    return None
+  summary = hlo_bytes.summarize(hlo_bytes.traffic(hlo_text), 0)
+  if summary["unknown_loops"]:
+    raise ValueError(f"{summary['unknown_loops']} loop(s) of the compiled step have no trip count that "
+                     "the byte count can read: its memory time would be too low")
+  return summary["total_bytes"]
+
+
+_WHILE = re.compile(r"\swhile\(%")
 
 
 def run(config, topology: str, report_top: int = 0, hlo_path: str = "") -> dict[str, Any]:
@@ -199,15 +218,16 @@ def run(config, topology: str, report_top: int = 0, hlo_path: str = "") -> dict[
   compile_s = time.perf_counter() - start
   tokens = config.global_batch_size * config.data.seq_length
   per_row = flops.kernel_attention_per_row(objectives.encoder_config(config), config.data.seq_length)
+  text = compiled.as_text()
   timing = time_report(compiled, chip, objectives.train_flops_per_step(config) / n, int(config.micro_batches),
-                       kernel={k: v * config.global_batch_size / n for k, v in per_row.items()})
+                       kernel={k: v * config.global_batch_size / n for k, v in per_row.items()},
+                       loop_bytes=loop_bytes(text))
   report = {
       **report, "compile_seconds": compile_s, "memory_per_device": memory_report(compiled, hbm),
       "time_per_step": timing,
       "tokens_per_second": tokens / timing["step_seconds"] if timing["step_seconds"] else 0.0,
   }
   if report_top > 0 or hlo_path:
-    text = compiled.as_text()
     if hlo_path:
       with open(hlo_path, "w") as f:
         f.write(text)
@@ -315,7 +335,8 @@ def format_report(r: dict[str, Any]) -> str:
       "estimated step time per device:",
       f"  compute {1e3 * t['compute_seconds']:.1f} ms ({t['model_flops'] / 1e12:.2f} model TFLOP, XLA "
       f"{t['xla_flops'] / 1e12:.2f} x{t['loop_factor']:.1f}{kernel_flops} at {t['peak_flops'] / 1e12:.1f} TFLOP/s)",
-      f"  memory  {1e3 * t['memory_seconds']:.1f} ms ({t['xla_bytes_accessed'] * t['loop_factor'] / 1e9:.1f} GB"
+      f"  memory  {1e3 * t['memory_seconds']:.1f} ms ({t['step_bytes'] / 1e9:.1f} GB"
+      f"{' by op, loop bodies per trip' if t['bytes_source'] == 'hlo_bytes' else ''}"
       f"{kernel_bytes} at {t['hbm_bandwidth'] / 1e9:.0f} GB/s)",
       f"  step    {1e3 * t['step_seconds']:.1f} ms ({t['bound']}-bound), {r['tokens_per_second']:,.0f} tokens/s, "
       f"MFU bound {100 * t['mfu_bound']:.0f}%",
