@@ -124,8 +124,35 @@ PARTIAL = """HloModule jit_step
   ROOT %slice.5 = f32[8]{0} slice(%bitcast.4), slice={[0:8]}
 }
 
-ENTRY %main (buf: f32[16,8]) -> f32[4,8] {
+%inner_layer (param_0.5: f32[16,8], param_1.5: s32[]) -> f32[1,8] {
+  %param_0.5 = f32[16,8]{1,0} parameter(0)
+  %param_1.5 = s32[] parameter(1)
+  %zero.5 = s32[] constant(0)
+  ROOT %dynamic-slice.5 = f32[1,8]{1,0} dynamic-slice(%param_0.5, %param_1.5, %zero.5), dynamic_slice_sizes={1,8}
+}
+
+%inner_whole (param_0.7: f32[16,8]) -> f32[16,8] {
+  %param_0.7 = f32[16,8]{1,0} parameter(0)
+  ROOT %negate.7 = f32[16,8]{1,0} negate(%param_0.7)
+}
+
+%fused_layer (param_0.6: s32[], param_1.6: f32[16,8]) -> f32[1,8] {
+  %param_1.6 = f32[16,8]{1,0} parameter(1)
+  %param_0.6 = s32[] parameter(0)
+  %fusion.6 = f32[1,8]{1,0} fusion(%param_1.6, %param_0.6), kind=kLoop, calls=%inner_layer
+  ROOT %negate.6 = f32[1,8]{1,0} negate(%fusion.6)
+}
+
+%fused_whole (param_0.8: f32[16,8]) -> f32[16,8] {
+  %param_0.8 = f32[16,8]{1,0} parameter(0)
+  ROOT %fusion.8 = f32[16,8]{1,0} fusion(%param_0.8), kind=kLoop, calls=%inner_whole
+}
+
+ENTRY %main (buf: f32[16,8], i: s32[]) -> f32[4,8] {
   %buf = f32[16,8]{1,0} parameter(0)
+  %i = s32[] parameter(1)
+  %fusion.9 = f32[1,8]{1,0} fusion(%i, %buf), kind=kOutput, calls=%fused_layer
+  %fusion.10 = f32[16,8]{1,0} fusion(%buf), kind=kLoop, calls=%fused_whole
   %slice-start.1 = ((f32[16,8]{1,0}), f32[4,8]{1,0:S(1)}, s32[]{:S(2)}) slice-start(%buf), slice={[0:4], [0:8]}
   %slice-done.1 = f32[4,8]{1,0:S(1)} slice-done(%slice-start.1)
   %custom-call.1 = f32[4,8]{1,0} custom-call(%slice-done.1), custom_call_target="ConcatBitcast"
@@ -143,6 +170,9 @@ def test_partial_reads_are_what_is_read():
   assert rows["custom-call.1"] == 0 and rows["copy.1"] == 128 + 128
   assert rows["slice.2"] == 64 + 64 and rows["fusion.3"] == 32 + 32
   assert rows["fusion.4"] == 512 + 32   # the parameter also feeds a negate: read whole
+  # A scanned layer's fusion: a nested fusion slices this trip's row out of the stacked buffer.
+  assert rows["fusion.9"] == 4 + 32 + 32
+  assert rows["fusion.10"] == 512 + 512   # a nested fusion that reads it whole
 
 
 def test_trip_count_from_the_loop_condition_where_xla_gives_none():

@@ -10,7 +10,8 @@ says so); both branches of a conditional are counted, as if each were taken. An 
 from AsyncCollectiveStart to AsyncCollectiveDone) reads its input at the start and writes its result at
 the done, and the fusions between carry its buffers through without moving them (an output that is an
 unchanged parameter aliased to that operand moves nothing). As in XLA's cost analysis, a slice reads
-what it returns, not its operand (so does a fusion's parameter that only slices use), and an update in
+what it returns, not its operand (so does a fusion's parameter that only slices use, directly or in a
+nested fusion), and an update in
 place (a dynamic-update-slice, alone or at the root of a fusion) reads and writes the update, not the
 buffer around it; ConcatBitcast and AllocateBuffer move nothing. Shapes are the on-device ones, TPU tile
 padding not included; all memory spaces are counted.
@@ -216,24 +217,53 @@ def moved(op: Op, computations: dict[str, list[Op]], shapes: dict[str, str]) -> 
       return sum(reads), 0.0
     if target == "AsyncCollectiveDone":    # ...and its result written here, once
       return 0.0, written
-    written -= _fused(fused, reads)
+    written -= _fused(fused, reads, computations)
     written -= _passed_through(op, fused, reads)
   return sum(reads), written
 
 
-def _fused(fused: list[Op], reads: list[float]) -> float:
+def _users(ops: list[Op]) -> dict[str, list[Op]]:
+  users = collections.defaultdict(list)
+  for o in ops:
+    for x in o.operands:
+      users[x].append(o)
+  return users
+
+
+def _partial_read(name: str, ops: list[Op], computations: dict[str, list[Op]], depth: int = 0) -> float | None:
+  """The bytes of `name` that `ops` (a fused computation) read when only slices use it, directly or as the
+  parameter of a nested fusion (a scanned layer's fusion slices its layer out of the stacked array in
+  one); None when some use reads it whole."""
+  feeds = _users(ops)[name]
+  if not feeds or depth > 8:
+    return None
+  total = 0.0
+  for u in feeds:
+    if u.opcode in PARTIAL_READS and u.operands[0] == name and name not in u.operands[1:]:
+      total += shape_bytes(u.shape)
+      continue
+    inner = _calls(u, computations) if u.opcode == "fusion" else None
+    if inner is None:
+      return None
+    params = {int(o.args): o.name for o in inner if o.opcode == "parameter" and o.args.isdigit()}
+    for position, operand in enumerate(u.operands):
+      if operand != name:
+        continue
+      if position not in params or (part := _partial_read(params[position], inner, computations, depth + 1)) is None:
+        return None
+      total += part
+  return total
+
+
+def _fused(fused: list[Op], reads: list[float], computations: dict[str, list[Op]]) -> float:
   """Lowers `reads` (per operand of the fusion) for parameters read in part or updated in place; returns
   the bytes of the result that are not written (a buffer updated in place, less its update)."""
   local = {o.name: o for o in fused}
-  users = collections.defaultdict(list)
-  for o in fused:
-    for x in o.operands:
-      users[x].append(o)
+  users = _users(fused)
   for o in fused:
     if o.opcode == "parameter" and (i := int(o.args)) < len(reads):
-      feeds = users[o.name]
-      if feeds and all(u.opcode in PARTIAL_READS and u.operands[0] == o.name for u in feeds):
-        reads[i] = sum(shape_bytes(u.shape) for u in feeds)
+      if (part := _partial_read(o.name, fused, computations)) is not None:
+        reads[i] = part
   root = _root(fused)
   outputs = [local[n] for n in root.operands if n in local] if root and root.opcode == "tuple" else [root]
   unwritten = 0.0
