@@ -231,6 +231,10 @@ def test_mesh_candidates_divide_the_batch_the_hidden_size_and_the_heads():
   c.global_batch_size, c.micro_batches = 256, 1
   c.model.hidden_size, c.model.num_heads = 768, 12   # tensor divides the heads: 1, 2 or 4 of 64
   assert {t for _, _, t in aot.mesh_candidates(c, 64)} == {1, 2, 4}
+  # The meshes bert_large.py ships (searched for v3:8x8, 128 cores) are candidates there.
+  for phase in ("phase1", "phase1_tokens", "phase2"):
+    c = bert_large.get_config(phase)
+    assert sharding.mesh_shape(c.mesh, 128) in aot.mesh_candidates(c, 128)
 
 
 @pytest.mark.slow
