@@ -269,3 +269,27 @@ def test_search_mesh_refuses_malformed_meshes_and_says_when_none_is_left(monkeyp
   with pytest.raises(ValueError, match="every mesh"):
     aot.search_mesh(_config(), "v4:2x2x1", [(4, 1, 1)], log=logs.append)
   assert logs == ["  4x1x1: refused: RuntimeError"]
+
+
+def test_memory_time_counts_loop_bodies_per_trip_where_the_hlo_gives_the_trips():
+  """`loop_bytes` (hlo_bytes, each loop body per trip) replaces XLA's bytes for a step with loops; without
+  loops, or with a loop of unknown trip count, XLA's bytes stand, scaled as its FLOPs are."""
+  from bert_jax.tools import aot   # pylint: disable=g-import-not-at-top
+  from test_hlo_bytes import HLO, PARTIAL   # pylint: disable=g-import-not-at-top
+  assert aot.loop_bytes(PARTIAL) is None   # no loop
+  assert aot.loop_bytes(HLO) == hlo_bytes.summarize(hlo_bytes.traffic(HLO))["total_bytes"]
+  unknown = HLO.replace(', backend_config={"known_trip_count":{"n":"3"}}', "").replace(
+      "compare(%gte.2, %three)", "compare(%gte.2, %gte.2)")
+  assert aot.loop_bytes(unknown) is None
+
+  class Compiled:
+    def cost_analysis(self):
+      return {"flops": 1e12, "bytes accessed": 2e9}
+
+  chip = aot.CHIPS["v4"]
+  xla = aot.time_report(Compiled(), chip, model_flops_per_device=4e12)   # XLA saw a quarter of the FLOPs
+  assert xla["loop_factor"] == 4 and xla["step_bytes"] == 8e9 and xla["bytes_source"] == "xla"
+  ours = aot.time_report(Compiled(), chip, model_flops_per_device=4e12, loop_bytes=5e9)
+  assert ours["step_bytes"] == 5e9 and ours["bytes_source"] == "hlo_bytes"
+  assert ours["memory_seconds"] == pytest.approx(5e9 / (chip.hbm_bandwidth / chip.cores))
+  assert ours["compute_seconds"] == xla["compute_seconds"]

@@ -14,8 +14,8 @@ accumulation). XLA's FLOPs are therefore multiplied by `micro_batches` (the accu
 count), or by more where that still falls short of the analytic model FLOPs (the objective's, `flops.py`;
 a scanned layer stack); at that floor the compute time is the model FLOPs at peak. The bytes of a step
 with a loop are our own count from its optimized HLO (`hlo_bytes`), which counts each loop body once per
-trip; that of a step without one is XLA's (which also counts the TPU's tile padding). The report says
-which.
+trip; that of a step without one is XLA's (which also counts the TPU's tile padding). Where a loop's trip
+count cannot be read from the HLO, XLA's bytes are scaled as its FLOPs are. The report says which.
 
 When the step does not fit, the TPU compiler stops and says how much it needed (for temporaries, the
 usual case); the report then gives that figure and no time, and the command exits with status 1.
@@ -145,7 +145,7 @@ def time_report(compiled, chip: Chip, model_flops_per_device: float, loop_trips:
   `kernel`: per device, what runs inside custom calls, which XLA's cost analysis does not see (the splash
   attention kernel: `flops.kernel_attention_per_row`'s model FLOPs, FLOPs and bytes); added to its counts.
   `loop_bytes`: for a step with loops, the bytes its ops move with each loop body counted per trip
-  (`step_bytes`); it replaces XLA's count, which counts them once.
+  (`loop_bytes()`); it replaces XLA's count, which counts them once (and is otherwise scaled as the FLOPs).
   """
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost   # older jax returned a list
@@ -158,7 +158,7 @@ def time_report(compiled, chip: Chip, model_flops_per_device: float, loop_trips:
   loop_factor = max(float(loop_trips), visible / xla_flops if xla_flops else 1.0)
   peak, bandwidth = chip.peak_flops / chip.cores, chip.hbm_bandwidth / chip.cores
   compute_s = (xla_flops * loop_factor + kernel_flops) / peak
-  step_bytes = xla_bytes if loop_bytes is None else loop_bytes
+  step_bytes = xla_bytes * loop_factor if loop_bytes is None else loop_bytes
   memory_s = (step_bytes + kernel_bytes) / bandwidth
   step_s = max(compute_s, memory_s)
   return {
@@ -176,14 +176,12 @@ def time_report(compiled, chip: Chip, model_flops_per_device: float, loop_trips:
 
 
 def loop_bytes(hlo_text: str) -> float | None:
-  """The bytes a step with loops moves, each body counted per trip (`hlo_bytes`); None without loops."""
+  """The bytes a step with loops moves, each body counted per trip (`hlo_bytes`); None without loops, or
+  with a loop whose trip count the HLO does not give (then XLA's count, scaled as the FLOPs are, stands)."""
   if not _WHILE.search(hlo_text):
     return None
   summary = hlo_bytes.summarize(hlo_bytes.traffic(hlo_text), 0)
-  if summary["unknown_loops"]:
-    raise ValueError(f"{summary['unknown_loops']} loop(s) of the compiled step have no trip count that "
-                     "the byte count can read: its memory time would be too low")
-  return summary["total_bytes"]
+  return None if summary["unknown_loops"] else summary["total_bytes"]
 
 
 _WHILE = re.compile(r"\swhile\(%")
