@@ -175,12 +175,13 @@ def time_report(compiled, chip: Chip, model_flops_per_device: float, loop_trips:
   }
 
 
-def loop_bytes(hlo_text: str) -> float | None:
-  """The bytes a step with loops moves, each body counted per trip (`hlo_bytes`); None without loops, or
-  with a loop whose trip count the HLO does not give (then XLA's count, scaled as the FLOPs are, stands)."""
+def loop_bytes(hlo_text: str, summary: dict | None = None) -> float | None:
+  """The bytes a step with loops moves, each body counted per trip (`hlo_bytes`; `summary`: its summary of
+  this text, when already made); None without loops, or with a loop whose trip count the HLO does not give
+  (then XLA's count, scaled as the FLOPs are, stands)."""
   if not _WHILE.search(hlo_text):
     return None
-  summary = hlo_bytes.summarize(hlo_bytes.traffic(hlo_text), 0)
+  summary = summary or hlo_bytes.summarize(hlo_bytes.traffic(hlo_text), 0)
   return None if summary["unknown_loops"] else summary["total_bytes"]
 
 
@@ -217,20 +218,20 @@ def run(config, topology: str, report_top: int = 0, hlo_path: str = "") -> dict[
   tokens = config.global_batch_size * config.data.seq_length
   per_row = flops.kernel_attention_per_row(objectives.encoder_config(config), config.data.seq_length)
   text = compiled.as_text()
+  traffic = hlo_bytes.summarize(hlo_bytes.traffic(text), report_top) if report_top > 0 else None
   timing = time_report(compiled, chip, objectives.train_flops_per_step(config) / n, int(config.micro_batches),
                        kernel={k: v * config.global_batch_size / n for k, v in per_row.items()},
-                       loop_bytes=loop_bytes(text))
+                       loop_bytes=loop_bytes(text, traffic))
   report = {
       **report, "compile_seconds": compile_s, "memory_per_device": memory_report(compiled, hbm),
       "time_per_step": timing,
       "tokens_per_second": tokens / timing["step_seconds"] if timing["step_seconds"] else 0.0,
   }
-  if report_top > 0 or hlo_path:
-    if hlo_path:
-      with open(hlo_path, "w") as f:
-        f.write(text)
-    if report_top > 0:
-      report["traffic"] = hlo_bytes.summarize(hlo_bytes.traffic(text), report_top)
+  if hlo_path:
+    with open(hlo_path, "w") as f:
+      f.write(text)
+  if traffic is not None:
+    report["traffic"] = traffic
   return report
 
 
