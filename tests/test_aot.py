@@ -222,6 +222,11 @@ def test_mesh_candidates_divide_the_batch_the_hidden_size_and_the_heads():
   assert all(d * f * t == 64 for d, f, t in found) and len(set(found)) == len(found)
   assert {(64, 1, 1), (16, 4, 1), (1, 64, 1), (8, 4, 2), (1, 32, 2)} <= set(found)
   assert {t for _, _, t in found} == {1, 2}   # the vocabulary splits in two only
+  # With the vocabulary off the tensor axis (its rules), tensor is bounded by the heads and the FFN alone.
+  c.logical_axis_rules = tuple((name, None if name in ("vocab", "activation_vocab") else axes)
+                               for name, axes in c.logical_axis_rules)
+  assert {t for _, _, t in aot.mesh_candidates(c, 64)} == {1, 2, 4, 8}
+  c = bert_large.get_config("phase1")
   c.model.vocab_size = 32768
   found = aot.mesh_candidates(c, 64)
   assert (1, 8, 8) in found and not [m for m in found if m[2] > 8]   # tensor at most 8

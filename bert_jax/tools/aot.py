@@ -238,11 +238,15 @@ def run(config, topology: str, report_top: int = 0, hlo_path: str = "") -> dict[
 def mesh_candidates(config, num_devices: int, max_tensor: int = 8) -> list[tuple[int, int, int]]:
   """The (data, fsdp, tensor) splits of one slice's devices that `config` can run on: the batch rows of a
   micro-batch divide over data x fsdp, fsdp divides the hidden size (parameters' `embed` axis), tensor
-  divides the heads, the feed-forward width and the vocabulary (their axes under the logical rules; jit
-  refuses uneven shardings) and is at most `max_tensor`. Slices (`mesh.dcn_*`) are kept as the config has
-  them and multiply each axis."""
+  divides those of the heads, the feed-forward width and the vocabulary that the logical rules
+  (`config.logical_axis_rules`) put on `tensor` (jit refuses uneven shardings) and is at most
+  `max_tensor`. Slices (`mesh.dcn_*`) are kept as the config has them and multiply each axis."""
   from bert_jax import objectives, sharding  # pylint: disable=g-import-not-at-top
   model = objectives.encoder_config(config)   # presets resolved
+  rules = dict(sharding.logical_rules(config))
+  on_tensor = lambda axes: axes == "tensor" or (isinstance(axes, tuple) and "tensor" in axes)   # noqa: E731
+  tensor_dims = [n for name, n in (("heads", model.num_heads), ("mlp", model.intermediate_size),
+                                   ("vocab", model.vocab_size)) if on_tensor(rules.get(name))]
   dcn = sharding.dcn_mesh_shape(config.mesh)
   per_slice = num_devices // math.prod(dcn)
   rows = config.global_batch_size // int(config.micro_batches)
@@ -250,7 +254,7 @@ def mesh_candidates(config, num_devices: int, max_tensor: int = 8) -> list[tuple
   out = []
   for tensor in divisors(per_slice):
     split = tensor * dcn[2]
-    if tensor > max_tensor or any(n % split for n in (model.num_heads, model.intermediate_size, model.vocab_size)):
+    if tensor > max_tensor or any(n % split for n in tensor_dims):
       continue
     for fsdp in divisors(per_slice // tensor):
       data = per_slice // tensor // fsdp
