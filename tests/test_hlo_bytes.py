@@ -175,6 +175,51 @@ def test_partial_reads_are_what_is_read():
   assert rows["fusion.10"] == 512 + 512   # a nested fusion that reads it whole
 
 
+# A scanned layer's saved dropout mask: the stacked pred buffer passes through a nested relayout that
+# aliases it (TPU's `copy_fusion` between tilings) before the in-place update of this layer's row.
+RELAYOUT = """HloModule jit_step
+
+%copy_fusion (param_0.1: pred[24,4,128]) -> pred[24,4,128] {
+  %param_0.1 = pred[24,4,128]{2,1,0:T(32,128)(4,1)} parameter(0)
+  ROOT %copy.1 = pred[24,4,128]{2,1,0:T(8,128)(4,1)} copy(%param_0.1)
+}
+
+%fused_mask (param_0: pred[24,4,128], param_1: s32[], param_2: f32[1,4,128]) -> pred[24,4,128] {
+  %param_0 = pred[24,4,128]{2,1,0:T(32,128)(4,1)} parameter(0)
+  %fusion.7 = pred[24,4,128]{2,1,0:T(8,128)(4,1)} fusion(%param_0), kind=kLoop, output_to_operand_aliasing={{}: (0, {})}, calls=%copy_fusion
+  %param_2 = f32[1,4,128]{2,1,0} parameter(2)
+  %half = f32[1,4,128]{2,1,0} constant({...})
+  %lt = pred[1,4,128]{2,1,0} compare(%param_2, %half), direction=LT
+  %param_1 = s32[] parameter(1)
+  %zero = s32[] constant(0)
+  ROOT %dus = pred[24,4,128]{2,1,0:T(32,128)(4,1)} dynamic-update-slice(%fusion.7, %lt, %param_1, %zero, %zero)
+}
+
+%fused_copy (param_0.2: pred[24,4,128]) -> pred[24,4,128] {
+  %param_0.2 = pred[24,4,128]{2,1,0} parameter(0)
+  %fusion.8 = pred[24,4,128]{2,1,0} fusion(%param_0.2), kind=kLoop, calls=%copy_fusion
+  %zero.2 = s32[] constant(0)
+  ROOT %dus.2 = pred[24,4,128]{2,1,0} dynamic-update-slice(%fusion.8, %fusion.8, %zero.2, %zero.2, %zero.2)
+}
+
+ENTRY %main (masks: pred[24,4,128], i: s32[], u: f32[1,4,128]) -> pred[24,4,128] {
+  %masks = pred[24,4,128]{2,1,0:T(32,128)(4,1)} parameter(0)
+  %i = s32[] parameter(1)
+  %u = f32[1,4,128]{2,1,0} parameter(2)
+  %fusion.2 = pred[24,4,128]{2,1,0} fusion(%masks), kind=kLoop, calls=%fused_copy
+  ROOT %fusion.1 = pred[24,4,128]{2,1,0:T(32,128)(4,1)} fusion(%masks, %i, %u), kind=kLoop, calls=%fused_mask
+}
+"""
+
+
+def test_an_update_in_place_through_an_aliasing_relayout_writes_the_update():
+  rows = {r["name"]: r["bytes"] for r in hlo_bytes.traffic(RELAYOUT)}
+  # Reads the index and the uniform bits (4 + 2048), writes this layer's 512 mask bytes, not the 12,288.
+  assert rows["fusion.1"] == 4 + 2048 + 512
+  # A nested copy that does not alias its operand is a copy: the whole buffer is read and written.
+  assert rows["fusion.2"] == 12288 + 12288
+
+
 def test_trip_count_from_the_loop_condition_where_xla_gives_none():
   # TPU's backend config carries no known_trip_count: the condition's `i < 3` gives it.
   without = HLO.replace(', backend_config={"known_trip_count":{"n":"3"}}', "")
