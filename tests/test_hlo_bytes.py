@@ -202,22 +202,33 @@ RELAYOUT = """HloModule jit_step
   ROOT %dus.2 = pred[24,4,128]{2,1,0} dynamic-update-slice(%fusion.8, %fusion.8, %zero.2, %zero.2, %zero.2)
 }
 
+%fused_read (param_0.3: pred[24,4,128], param_1.3: s32[]) -> pred[1,4,128] {
+  %param_0.3 = pred[24,4,128]{2,1,0:T(32,128)(4,1)} parameter(0)
+  %fusion.9 = pred[24,4,128]{2,1,0:T(8,128)(4,1)} fusion(%param_0.3), kind=kLoop, output_to_operand_aliasing={{}: (0, {})}, calls=%copy_fusion
+  %param_1.3 = s32[] parameter(1)
+  %zero.3 = s32[] constant(0)
+  ROOT %ds = pred[1,4,128]{2,1,0} dynamic-slice(%fusion.9, %param_1.3, %zero.3, %zero.3), dynamic_slice_sizes={1,4,128}
+}
+
 ENTRY %main (masks: pred[24,4,128], i: s32[], u: f32[1,4,128]) -> pred[24,4,128] {
   %masks = pred[24,4,128]{2,1,0:T(32,128)(4,1)} parameter(0)
   %i = s32[] parameter(1)
   %u = f32[1,4,128]{2,1,0} parameter(2)
   %fusion.2 = pred[24,4,128]{2,1,0} fusion(%masks), kind=kLoop, calls=%fused_copy
+  %fusion.3 = pred[1,4,128]{2,1,0} fusion(%masks, %i), kind=kLoop, calls=%fused_read
   ROOT %fusion.1 = pred[24,4,128]{2,1,0:T(32,128)(4,1)} fusion(%masks, %i, %u), kind=kLoop, calls=%fused_mask
 }
 """
 
 
-def test_an_update_in_place_through_an_aliasing_relayout_writes_the_update():
+def test_an_update_in_place_or_a_slice_through_an_aliasing_relayout_moves_the_slice():
   rows = {r["name"]: r["bytes"] for r in hlo_bytes.traffic(RELAYOUT)}
   # Reads the index and the uniform bits (4 + 2048), writes this layer's 512 mask bytes, not the 12,288.
   assert rows["fusion.1"] == 4 + 2048 + 512
   # A nested copy that does not alias its operand is a copy: the whole buffer is read and written.
   assert rows["fusion.2"] == 12288 + 12288
+  # The backward pass reads this layer's mask back through the same relayout: the slice, not the buffer.
+  assert rows["fusion.3"] == 512 + 4 + 512
 
 
 def test_trip_count_from_the_loop_condition_where_xla_gives_none():

@@ -13,8 +13,8 @@ unchanged parameter aliased to that operand moves nothing). As in XLA's cost ana
 what it returns, not its operand (so does a fusion's parameter that only slices use, directly or in a
 nested fusion), and an update in
 place (a dynamic-update-slice, alone or at the root of a fusion, also when its buffer passes through a
-nested fusion that aliases it, a relayout in place) reads and writes the update, not the buffer around
-it; ConcatBitcast and AllocateBuffer move nothing. Shapes are the on-device ones, TPU tile
+nested fusion that aliases it, a relayout in place; a slice through such a relayout reads the slice)
+reads and writes the update, not the buffer around it; ConcatBitcast and AllocateBuffer move nothing. Shapes are the on-device ones, TPU tile
 padding not included; all memory spaces are counted.
 
 The sum is not XLA's "bytes accessed" (on BERT-large's shapes it was 11-18% lower, on a tiny model, where
@@ -232,9 +232,9 @@ def _users(ops: list[Op]) -> dict[str, list[Op]]:
 
 
 def _partial_read(name: str, ops: list[Op], computations: dict[str, list[Op]], depth: int = 0) -> float | None:
-  """The bytes of `name` that `ops` (a fused computation) read when only slices use it, directly or as the
+  """The bytes of `name` that `ops` (a fused computation) read when only slices use it, directly, as the
   parameter of a nested fusion (a scanned layer's fusion slices its layer out of the stacked array in
-  one); None when some use reads it whole."""
+  one) or through a relayout in place (`_views_its_operand`); None when some use reads it whole."""
   feeds = _users(ops)[name]
   if not feeds or depth > 8:
     return None
@@ -242,6 +242,11 @@ def _partial_read(name: str, ops: list[Op], computations: dict[str, list[Op]], d
   for u in feeds:
     if u.opcode in PARTIAL_READS and u.operands[0] == name and name not in u.operands[1:]:
       total += shape_bytes(u.shape)
+      continue
+    if _views_its_operand(u):   # a relayout in place: what is read is what its users read
+      if (part := _partial_read(u.name, ops, computations, depth + 1)) is None:
+        return None
+      total += part
       continue
     inner = _calls(u, computations) if u.opcode == "fusion" else None
     if inner is None:
