@@ -71,6 +71,7 @@ def test_aot_report_for_a_small_topology(tmp_path):
   assert "fits" in proc.stdout and "estimated step time" in proc.stdout and "memory traffic by op" in proc.stdout
   report = json.loads(out.read_text())
   assert report["device_kind"] == "TPU v4" and report["devices"] == report["chips"] == 4
+  assert 0 < report["lower_seconds"] < report["compile_seconds"] and "before XLA" in proc.stdout
 
   memory = report["memory_per_device"]
   assert memory["hbm_bytes"] == 32 * 2**30 and memory["fits"]

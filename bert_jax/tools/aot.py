@@ -87,15 +87,17 @@ def topology_devices(topology: str) -> list[Any]:
       topology_name=f"{chip.libtpu_name}:{shape}", platform="tpu", **kwargs).devices)
 
 
-def compile_train_step(config, devices) -> Any:
-  """The real train step of `train.setup`, compiled for `devices` with abstract state and batch."""
+def compile_train_step(config, devices) -> tuple[Any, float]:
+  """The real train step of `train.setup`, compiled for `devices` with abstract state and batch, and the
+  seconds spent before XLA's compiler starts (setup, tracing, lowering to StableHLO)."""
   import jax  # pylint: disable=g-import-not-at-top
   from bert_jax import sharding, train  # pylint: disable=g-import-not-at-top
+  start = time.perf_counter()
   mesh = sharding.create_mesh(config.mesh, devices=devices)
   pieces = train.setup(config, mesh)
   rng = jax.eval_shape(lambda: train.rngs(config)[1])
   lowered = pieces.train_step.lower(pieces.abstract_state, train.abstract_batch(config), rng)
-  return lowered.compile()
+  return lowered.compile(), time.perf_counter() - start
 
 
 # The TPU compiler's out-of-memory message: "... required for HLO temporaries (42.88G) exceeds available HBM
@@ -208,7 +210,7 @@ def run(config, topology: str, report_top: int = 0, hlo_path: str = "") -> dict[
   }
   start = time.perf_counter()
   try:
-    compiled = compile_train_step(config, devices)
+    compiled, lower_s = compile_train_step(config, devices)
   except Exception as e:  # pylint: disable=broad-except
     if (memory := out_of_memory_report(e, hbm)) is None:
       raise
@@ -223,7 +225,8 @@ def run(config, topology: str, report_top: int = 0, hlo_path: str = "") -> dict[
                        kernel={k: v * config.global_batch_size / n for k, v in per_row.items()},
                        loop_bytes=loop_bytes(text, traffic))
   report = {
-      **report, "compile_seconds": compile_s, "memory_per_device": memory_report(compiled, hbm),
+      **report, "compile_seconds": compile_s, "lower_seconds": lower_s,
+      "memory_per_device": memory_report(compiled, hbm),
       "time_per_step": timing,
       "tokens_per_second": tokens / timing["step_seconds"] if timing["step_seconds"] else 0.0,
   }
@@ -318,7 +321,8 @@ def format_report(r: dict[str, Any]) -> str:
   lines = [
       f"{r['topology']}: {r['chips']} chips x {r['devices_per_chip']} device(s) = {r['devices']} "
       f"{r['device_kind']} devices; mesh {mesh}; batch {r['global_batch_size']} x {r['seq_length']} "
-      f"in {r['micro_batches']} micro-batch(es); compiled in {r['compile_seconds']:.1f} s",
+      f"in {r['micro_batches']} micro-batch(es); compiled in {r['compile_seconds']:.1f} s"
+      + (f" ({r['lower_seconds']:.1f} s of it before XLA: setup, tracing, lowering)" if "lower_seconds" in r else ""),
   ]
   if t is None:   # the compiler stopped: out of memory
     needed = m["xla_error"]
