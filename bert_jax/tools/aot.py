@@ -97,7 +97,8 @@ def compile_train_step(config, devices) -> tuple[Any, float]:
   pieces = train.setup(config, mesh)
   rng = jax.eval_shape(lambda: train.rngs(config)[1])
   lowered = pieces.train_step.lower(pieces.abstract_state, train.abstract_batch(config), rng)
-  return lowered.compile(), time.perf_counter() - start
+  lower_s = time.perf_counter() - start
+  return lowered.compile(), lower_s
 
 
 # The TPU compiler's out-of-memory message: "... required for HLO temporaries (42.88G) exceeds available HBM
