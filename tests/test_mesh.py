@@ -84,6 +84,17 @@ def test_same_losses_on_every_mesh(setups):
   assert reference[1] != reference[0]
 
 
+def test_remat_keeps_the_losses_with_dropout(setups):
+  # Recomputed layers redraw the same dropout bits: the losses (the second after an update) are those
+  # of the step that saves every activation.
+  reference = _losses(*setups(data=1, devices=jax.devices()[:1]))
+  for policy in ("minimal", "full"):
+    config = _config(data=1)
+    config.model.remat_policy = policy
+    losses = _losses(config, train.setup(config, sharding.create_mesh(config.mesh, devices=jax.devices()[:1])))
+    np.testing.assert_allclose(losses, reference, rtol=2e-5, err_msg=policy)
+
+
 def _compiled_step(config, s):
   rng = jax.eval_shape(lambda: jax.random.key(0))
   # The batch as `_losses` passes it, sharded: the lowering (and its executable) is then the one the
