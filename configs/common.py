@@ -39,7 +39,8 @@ def data_config() -> ml_collections.ConfigDict:
   # BERT's preprocessing, the data duplicated D times (`dupe_factor`): epoch e trains on copy e % D, whose
   # instances and masks are always the same, in a new order every epoch. Held-out batches are unaffected.
   d.dupe_factor = 0
-  # "nsp" (BERT), "sop" (ALBERT), "full_sentences" / "doc_sentences" (RoBERTa, no sentence objective).
+  # "nsp" (BERT), "sop" (ALBERT), "sentence_pair" (RoBERTa's SENTENCE-PAIR + NSP), "full_sentences" /
+  # "doc_sentences" (RoBERTa, no sentence objective).
   d.format = "nsp"
   d.packing = False
   d.max_examples_per_row = 8  # K when packing

@@ -291,7 +291,8 @@ def test_eval_is_fixed_finite_and_held_out(news_dir):
   assert len(list(capped)) == 50  # wraps around: every host can run the same number of eval steps
 
 
-@pytest.mark.parametrize("fmt,packing", [("sop", False), ("full_sentences", False), ("nsp", True)])
+@pytest.mark.parametrize("fmt,packing", [("sop", False), ("full_sentences", False), ("nsp", True),
+                                        ("sentence_pair", False)])
 def test_other_formats_make_valid_batches(news_dir, tok, fmt, packing):
   batch = next(_iterator(news_dir, format=fmt, packing=packing, max_examples_per_row=2))
   ids = _originals(batch)
@@ -302,6 +303,8 @@ def test_other_formats_make_valid_batches(news_dir, tok, fmt, packing):
   if fmt == "full_sentences":  # one segment, documents joined by [SEP]
     assert (batch["segment_ids"] == 0).all()
     assert ((ids == tok.sep_id).sum(1) > 1).any()
+  if fmt == "sentence_pair":   # [CLS] sentence [SEP] sentence [SEP]: two segments, three special tokens
+    assert ((ids == tok.sep_id).sum(1) == 2).all() and (batch["segment_ids"].max(1) == 1).all()
   if packing:
     assert batch["next_sentence_labels"].shape == (64, 2)
     assert set(np.unique(batch["next_sentence_labels"][batch["next_sentence_weights"] > 0])) == {0, 1}

@@ -66,6 +66,25 @@ def test_sop_pairs_are_consecutive_and_swapped_half_the_time():
   assert abs(inst.label.mean() - 0.5) < 0.03
 
 
+def test_sentence_pairs_are_single_sentences_next_or_from_another_document():
+  docs, inst = _plan("sentence_pair", seq_length=64, docs=_documents(n_docs=1000))
+  starts = docs.sentence_starts
+  # A and B are one whole sentence each before truncation.
+  for chunk in (inst.a_chunk, inst.b_chunk):
+    index = np.searchsorted(starts, chunk[:, 0])
+    assert (starts[index] == chunk[:, 0]).all() and (starts[index + 1] == chunk[:, 1]).all()
+  doc_a, doc_b = docs.document_of(inst.a_chunk[:, 0]), docs.document_of(inst.b_chunk[:, 0])
+  is_next = inst.label == 0
+  assert (inst.b_chunk[is_next, 0] == inst.a_chunk[is_next, 1]).all() and (doc_b == doc_a)[is_next].all()
+  assert (doc_b != doc_a)[~is_next].all()
+  assert abs(inst.label.mean() - 0.5) < 0.03 and (inst.lengths() <= 64).all() and (inst.a_len >= 1).all()
+  # Each sentence is an A at most once, and a followed sentence never starts a pair of its own.
+  assert len(np.unique(inst.a_chunk[:, 0])) == len(inst)
+  assert not np.isin(inst.b_chunk[is_next, 0], inst.a_chunk[:, 0]).any()
+  with pytest.raises(ValueError, match="two documents"):
+    _plan("sentence_pair", docs=_documents(n_docs=1))
+
+
 def test_doc_sentences_stay_in_one_document():
   docs, inst = _plan("doc_sentences")
   assert (inst.b_len == 0).all()

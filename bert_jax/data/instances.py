@@ -10,6 +10,10 @@ A host's documents live in three flat arrays (`Documents`). Planning walks sente
     random B, which skewed the original's labels to ~54% NotNext on news articles.
   * "sop": ALBERT's sentence-order prediction (Lan et al. 2020, 4.2): B always follows A in the
     document; with 50% they are swapped (label 1). A one-sentence chunk is split inside it too.
+  * "sentence_pair": RoBERTa's SENTENCE-PAIR (Liu et al. 2019, 4.2): A is one natural sentence, B the
+    sentence after it in its document or, with 50% (label 1), a sentence of another document; the
+    sentence B did not use starts the next pair. A document's last sentence drawn to be followed has
+    no instance, so the labels stay balanced. Rows are short: no target length applies.
   * "full_sentences" / "doc_sentences": RoBERTa (Liu et al. 2019, 4.2): whole sentences up to the
     target length, one segment, no sentence objective; FULL crosses documents with a [SEP] between.
 Everything else (building rows, packing) is vectorised numpy over whole batches.
@@ -19,7 +23,7 @@ import dataclasses
 
 import numpy as np
 
-FORMATS = ("nsp", "sop", "full_sentences", "doc_sentences")
+FORMATS = ("nsp", "sop", "sentence_pair", "full_sentences", "doc_sentences")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,12 +97,14 @@ def plan(docs: Documents, fmt: str, seq_length: int, short_seq_prob: float,
   """
   if fmt not in FORMATS:
     raise ValueError(f"data format {fmt!r} is not one of {FORMATS}")
-  two_segments = fmt in ("nsp", "sop")
+  two_segments = fmt in ("nsp", "sop", "sentence_pair")
   max_tokens = seq_length - (3 if two_segments else 2)  # room for [CLS], [SEP] (and [SEP])
   bound = len(docs.sentence_starts)  # every instance consumes at least one sentence
   targets = np.full(bound, max_tokens, np.int64)
   short = rng.random(bound) < short_seq_prob
   targets[short] = rng.integers(2, max_tokens, bound, endpoint=True)[short]
+  if fmt == "sentence_pair":
+    return _plan_sentence_pairs(docs, max_tokens, rng)
   if two_segments:
     return _plan_pairs(docs, fmt, targets, max_tokens, rng)
   return _plan_single(docs, targets, max_tokens, rng, separator_id)
@@ -161,6 +167,33 @@ def _plan_pairs(docs, fmt, targets, max_tokens, rng):
     a0, a1, b0, b1 = (np.where(swap, b0, a0), np.where(swap, b1, a1),
                       np.where(swap, a0, b0), np.where(swap, a1, b1))
   return _truncated(a0, a1, b0, b1, label, targets[:n], max_tokens, rng)
+
+
+def _plan_sentence_pairs(docs, max_tokens, rng):
+  """One sentence and the next (label 0) or, with 50%, a sentence of another document (label 1)."""
+  n_docs = docs.num_documents
+  if n_docs < 2:
+    raise ValueError("sentence pairs need at least two documents per host (for the random sentences)")
+  starts = docs.sentence_starts
+  doc_starts = docs.doc_starts.tolist()
+  random_u = rng.random(len(starts) - 1).tolist()   # at most one draw per sentence
+  first, label, doc = [], [], []
+  k = 0
+  for d in range(n_docs):
+    i, stop = doc_starts[d], doc_starts[d + 1]
+    while i < stop:
+      random_next, k = random_u[k] < 0.5, k + 1
+      if random_next or i + 1 < stop:
+        first.append(i), label.append(int(random_next)), doc.append(d)
+      i += 1 if random_next else 2   # the sentence a random B did not use starts the next pair
+  first, label, doc = np.array(first, np.int64), np.array(label, np.int64), np.array(doc, np.int64)
+  n = len(first)
+  other = rng.integers(0, n_docs - 1, n)
+  other += other >= doc   # any document but this one
+  s_lo, s_hi = docs.doc_starts[other], docs.doc_starts[other + 1]
+  b = np.where(label == 1, s_lo + (rng.random(n) * (s_hi - s_lo)).astype(np.int64), first + 1)
+  targets = np.full(n, max_tokens, np.int64)
+  return _truncated(starts[first], starts[first + 1], starts[b], starts[b + 1], label, targets, max_tokens, rng)
 
 
 def _plan_single(docs, targets, max_tokens, rng, separator_id):

@@ -13,7 +13,7 @@ import numpy as np
 from bert_jax.models import encoder
 
 Batch = dict[str, jax.Array]
-SENTENCE_FORMATS = ("nsp", "sop")                        # two segments and a sentence label per row
+SENTENCE_FORMATS = ("nsp", "sop", "sentence_pair")       # two segments and a sentence label per row
 SINGLE_FORMATS = ("full_sentences", "doc_sentences")     # one segment per row (Liu et al. 2019, 4.2)
 FORMATS = SENTENCE_FORMATS + SINGLE_FORMATS
 
