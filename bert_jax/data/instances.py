@@ -23,7 +23,9 @@ import dataclasses
 
 import numpy as np
 
-FORMATS = ("nsp", "sop", "sentence_pair", "full_sentences", "doc_sentences")
+SENTENCE_FORMATS = ("nsp", "sop", "sentence_pair")       # two segments and a sentence label per row
+SINGLE_FORMATS = ("full_sentences", "doc_sentences")     # one segment per row (Liu et al. 2019, 4.2)
+FORMATS = SENTENCE_FORMATS + SINGLE_FORMATS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,7 +99,7 @@ def plan(docs: Documents, fmt: str, seq_length: int, short_seq_prob: float,
   """
   if fmt not in FORMATS:
     raise ValueError(f"data format {fmt!r} is not one of {FORMATS}")
-  two_segments = fmt in ("nsp", "sop", "sentence_pair")
+  two_segments = fmt in SENTENCE_FORMATS
   max_tokens = seq_length - (3 if two_segments else 2)  # room for [CLS], [SEP] (and [SEP])
   bound = len(docs.sentence_starts)  # every instance consumes at least one sentence
   targets = np.full(bound, max_tokens, np.int64)

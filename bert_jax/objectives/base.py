@@ -10,12 +10,12 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from bert_jax.data import instances
 from bert_jax.models import encoder
 
 Batch = dict[str, jax.Array]
-SENTENCE_FORMATS = ("nsp", "sop", "sentence_pair")       # two segments and a sentence label per row
-SINGLE_FORMATS = ("full_sentences", "doc_sentences")     # one segment per row (Liu et al. 2019, 4.2)
-FORMATS = SENTENCE_FORMATS + SINGLE_FORMATS
+# The instance formats are the data layer's (bert_jax/data/instances.py); objectives choose among them.
+SENTENCE_FORMATS, SINGLE_FORMATS, FORMATS = instances.SENTENCE_FORMATS, instances.SINGLE_FORMATS, instances.FORMATS
 
 
 @dataclasses.dataclass(frozen=True)
