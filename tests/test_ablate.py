@@ -285,3 +285,22 @@ def test_sigterm_during_pretraining_stops_the_ablation_without_marking_the_varia
   assert runner.read_marker(str(vdir / runner.PRETRAINED))["train_steps"] == 6
   assert runner.last_checkpoint_step(str(vdir / "pretrain")) == 6
   assert runner.read_marker(str(vdir / runner.EVALUATED))
+
+
+def test_variants_runs_only_the_named_ones_and_rejects_unknown_names(corpus, tmp_path, compilation_cache):
+  ablation = table("devlin_table5", "tiny")
+  ablation.base.data.train_files, ablation.tasks.sst2.data_dir = corpus
+  ablation.tasks = {}
+  first, second = (v.name for v in ablation.variants[:2])
+  with pytest.raises(failures.UserError, match=f"no variant nonesuch.*{first}"):
+    runner.run(ablation, str(tmp_path), only=["nonesuch", second])
+  assert not os.listdir(tmp_path)   # the names are checked before anything runs
+
+  text = ablate_main.run_and_report(ablation, str(tmp_path), only=[second])
+  assert runner.read_marker(str(tmp_path / second / runner.EVALUATED))
+  assert not (tmp_path / first).exists()
+  assert [r["variant"] for r in runner.collect(ablation, str(tmp_path)) if r["evaluated"]] == [second]
+  assert sorted(os.listdir(tmp_path)) == sorted([second, "results.csv", "results.md", "results.png"])  # no .tmp left
+  rows = {line.split(" | ")[0][2:]: line for line in text.splitlines() if line.startswith("| ") and "heldout" not in line}
+  labels = [v.label for v in ablation.variants[:2]]
+  assert "not run" in rows[labels[0]] and "not run" not in rows[labels[1]]

@@ -8,7 +8,8 @@
 (tests). For each variant it pretrains, reads the held-out evaluation, finetunes every task over the
 seeds, then writes `<workdir>/results.md`, `results.csv` and `results.png` (bert_jax/ablate/report.py).
 Killed and run again, it redoes nothing that finished (bert_jax/ablate/runner.py); `--report_only`
-rebuilds the tables from what is on disk without training.
+rebuilds the tables from what is on disk without training; `--variants=a,b` runs only those variants (two
+processes or hosts with disjoint lists can share one workdir).
 """
 
 import sys
@@ -31,13 +32,16 @@ from bert_jax.finetune import main as finetune_main
 
 flags.adopt_module_key_flags(finetune_main)   # --help lists them
 _REPORT_ONLY = flags.DEFINE_bool("report_only", False, "Only rebuild the tables and plot from the finished runs.")
+_VARIANTS = flags.DEFINE_list("variants", [], "Run only these variants (names as in results.csv); the tables "
+                              "are still built from every finished variant in --workdir. Processes given "
+                              "disjoint lists may share one --workdir.")
 
 
-def run_and_report(ablation, workdir: str, train: bool = True) -> str:
+def run_and_report(ablation, workdir: str, train: bool = True, only=()) -> str:
   """The library call behind the command (tests make it too): runs what is missing, writes the report."""
   workdir = paths.absolute(workdir)
   if train:
-    runner.run(ablation, workdir)
+    runner.run(ablation, workdir, only=only)
   return report.write_all(ablation, runner.collect(ablation, workdir), workdir)
 
 
@@ -47,7 +51,8 @@ def main(argv) -> None:
   if finetune_main.CONFIG.value is None:
     raise app.UsageError("--config is required, e.g. --config=configs/ablations/devlin_table5.py:small")
   try:
-    print(run_and_report(finetune_main.CONFIG.value, finetune_main.WORKDIR.value, train=not _REPORT_ONLY.value))
+    print(run_and_report(finetune_main.CONFIG.value, finetune_main.WORKDIR.value, train=not _REPORT_ONLY.value,
+                         only=_VARIANTS.value))
   except failures.RunError as e:
     failures.say_and_exit(e, prefix="bert-jax ablate")
 

@@ -10,6 +10,7 @@
 Finetuning metrics are fractions in the trainer; here they are percentages, as the papers print them.
 """
 
+import contextlib
 import csv
 import itertools
 import math
@@ -181,13 +182,26 @@ def write_markdown(ablation, records: list[dict], path: str) -> str:
                     f"{f' ({ties} ties left out)' if ties else ''}: "
                     f"{'monotone' if better == total else 'not monotone'} in size."]
   text = "\n".join(lines) + "\n"
-  with open(path, "w") as f:
+  with _replacing(path) as tmp, open(tmp, "w") as f:
     f.write(text)
   return text
 
 
+@contextlib.contextmanager
+def _replacing(path: str):
+  """A temporary name beside `path`, moved onto it when the block ends: processes that share a workdir
+  (`--variants`) each write whole tables, never a torn one."""
+  tmp = f"{path}.{os.getpid()}.tmp"
+  try:
+    yield tmp
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+
+
 def write_csv(ablation, records: list[dict], path: str) -> None:
-  with open(path, "w", newline="") as f:
+  with _replacing(path) as tmp, open(tmp, "w", newline="") as f:
     w = csv.DictWriter(f, CSV_FIELDS, extrasaction="ignore")
     w.writeheader()
     for m in records:
@@ -221,7 +235,8 @@ def plot(ablation, records: list[dict], path: str) -> str:
     ax.set_title(f"held-out {metric}" if name == "heldout" else f"{name} dev {metric} (%)")
   fig.suptitle(ablation.title, fontsize=10)
   fig.tight_layout()
-  fig.savefig(path, dpi=100)
+  with _replacing(path) as tmp:
+    fig.savefig(tmp, dpi=100, format="png")
   plt.close(fig)
   return path
 

@@ -167,11 +167,18 @@ def final_evaluation(pretrain_dir: str, step: int) -> dict[str, float]:
 # The stages.
 
 
-def run(ablation: ml_collections.ConfigDict, workdir: str, log=print) -> None:
-  """Runs every stage of every variant that has no marker yet."""
+def run(ablation: ml_collections.ConfigDict, workdir: str, log=print, only=()) -> None:
+  """Runs every stage of every variant that has no marker yet; with `only`, of those variants alone (a table
+  split between processes or hosts, each running some of its variants in the same workdir)."""
   workdir = paths.absolute(workdir)
   configs = variant_configs(ablation)
+  unknown = sorted(set(only) - {v.name for v in ablation.variants})
+  if unknown:
+    raise failures.UserError(f"{ablation.name} has no variant {', '.join(unknown)}; its variants are "
+                             f"{', '.join(v.name for v in ablation.variants)}")
   for v in ablation.variants:
+    if only and v.name not in only:
+      continue
     vdir = os.path.join(workdir, v.name)
     os.makedirs(vdir, exist_ok=True)
     config = configs[v.name]
