@@ -10,12 +10,12 @@
 Finetuning metrics are fractions in the trainer; here they are percentages, as the papers print them.
 """
 
-import contextlib
 import csv
 import itertools
 import math
 import os
 
+from bert_jax import atomic_write
 from bert_jax.ablate import stats
 
 CSV_FIELDS = ("table", "variant", "label", "measurement", "metric", "n", "mean", "std", "paper", "delta",
@@ -182,26 +182,13 @@ def write_markdown(ablation, records: list[dict], path: str) -> str:
                     f"{f' ({ties} ties left out)' if ties else ''}: "
                     f"{'monotone' if better == total else 'not monotone'} in size."]
   text = "\n".join(lines) + "\n"
-  with _replacing(path) as tmp, open(tmp, "w") as f:
+  with atomic_write.replacing(path) as tmp, open(tmp, "w") as f:
     f.write(text)
   return text
 
 
-@contextlib.contextmanager
-def _replacing(path: str):
-  """A temporary name beside `path`, moved onto it when the block ends: processes that share a workdir
-  (`--variants`) each write whole tables, never a torn one."""
-  tmp = f"{path}.{os.getpid()}.tmp"
-  try:
-    yield tmp
-    os.replace(tmp, path)
-  finally:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-
-
 def write_csv(ablation, records: list[dict], path: str) -> None:
-  with _replacing(path) as tmp, open(tmp, "w", newline="") as f:
+  with atomic_write.replacing(path) as tmp, open(tmp, "w", newline="") as f:
     w = csv.DictWriter(f, CSV_FIELDS, extrasaction="ignore")
     w.writeheader()
     for m in records:
@@ -235,7 +222,7 @@ def plot(ablation, records: list[dict], path: str) -> str:
     ax.set_title(f"held-out {metric}" if name == "heldout" else f"{name} dev {metric} (%)")
   fig.suptitle(ablation.title, fontsize=10)
   fig.tight_layout()
-  with _replacing(path) as tmp:
+  with atomic_write.replacing(path) as tmp:
     fig.savefig(tmp, dpi=100, format="png")
   plt.close(fig)
   return path

@@ -22,6 +22,7 @@ import os
 import jax
 import ml_collections
 
+from bert_jax import atomic_write
 from bert_jax import checkpointing
 from bert_jax import failures
 from bert_jax import objectives
@@ -104,10 +105,8 @@ def task_config(ablation, task: str, checkpoint: str) -> ml_collections.ConfigDi
 
 
 def write_marker(path: str, record: dict) -> None:
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
+  with atomic_write.replacing(path) as tmp, open(tmp, "w") as f:
     json.dump(record, f, indent=1, sort_keys=True)
-  os.replace(tmp, path)   # a marker is either absent or complete
 
 
 def read_marker(path: str) -> dict | None:

@@ -32,6 +32,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from bert_jax import atomic_write
 # The --config and --workdir flags of `bert-jax finetune` (importing it also puts `configs/` on sys.path).
 from bert_jax.finetune import main as finetune_main
 from bert_jax.finetune import trainer
@@ -95,10 +96,8 @@ def _read_json(path: str):
 
 
 def _write_json(path: str, obj) -> None:
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
+  with atomic_write.replacing(path) as tmp, open(tmp, "w") as f:
     json.dump(obj, f, indent=1)
-  os.replace(tmp, path)  # a marker is either absent or complete
 
 
 # ------------------------------------------------------------------------------------------------
