@@ -67,6 +67,13 @@ def test_compare_refuses_what_the_peers_cannot_run():
     bench_compare.peer_spec(config, "batch.npz", warmup=1)
 
 
+def test_the_comparison_model_computes_in_the_peers_dtype(tmp_path):
+  config = bench_train.comparison_config(packing=False)
+  spec = bench_compare.peer_spec(config, str(tmp_path / "batch.npz"), warmup=1)
+  assert spec["dtype"] == "float32"
+  assert bench_peers._float32(spec) == []   # no "float32 compute" difference left to report
+
+
 # TensorFlow is only the data library: the model, the steps and `bench train` run without it (a GPU image
 # may not have it). Any import of it fails in this process.
 _WITHOUT_TENSORFLOW = """
