@@ -60,6 +60,9 @@ _ELECTRA_DEFAULTS = {"hidden_size": 256, "num_attention_heads": 4, "intermediate
 
 SHARED_SUBLAYERS = ("", "attention", "ffn")
 ATTENTION_KERNELS = ("xla", "splash", "splash_interpret")
+# What the explicit attention path keeps for its backward pass in training (models/softmax_dropout.py):
+# "float32" or "bfloat16" probabilities and the dropout mask, or "autodiff": whatever autodiff saves.
+ATTENTION_RESIDUALS = ("float32", "bfloat16", "autodiff")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,6 +115,10 @@ class BertConfig:
   # or "splash_interpret" (that kernel interpreted, on any backend: tests). Attention probabilities
   # (`output_attentions`) and attention dropout always take the explicit path.
   attention_kernel: str = "xla"
+  # With attention dropout, what the backward pass keeps of the [B, N, L, L] probabilities (ATTENTION_RESIDUALS;
+  # models/softmax_dropout.py): "float32" (autodiff's gradients, 5 bytes an element instead of 7), "bfloat16"
+  # (3 bytes; the softmax's backward pass from rounded probabilities) or "autodiff" (the plain ops).
+  attention_residuals: str = "float32"
 
   def __post_init__(self):
     # Accept dtype names ("bfloat16") as they come from ConfigDicts and command lines.
@@ -130,6 +137,8 @@ class BertConfig:
       raise ValueError("local_rope_theta needs rope_theta and sliding-window layers (local_attention)")
     if self.attention_kernel not in ATTENTION_KERNELS:
       raise ValueError(f"attention_kernel {self.attention_kernel!r}; one of {ATTENTION_KERNELS}")
+    if self.attention_residuals not in ATTENTION_RESIDUALS:
+      raise ValueError(f"attention_residuals {self.attention_residuals!r}; one of {ATTENTION_RESIDUALS}")
     if self.shared_sublayer not in SHARED_SUBLAYERS:
       raise ValueError(f"shared_sublayer {self.shared_sublayer!r}; one of {SHARED_SUBLAYERS}")
     if self.shared_sublayer and (self.share_layers or self.scan_layers):

@@ -26,6 +26,7 @@ import numpy as np
 
 from bert_jax.models import rotary
 from bert_jax.models import splash
+from bert_jax.models import softmax_dropout
 # The config lives in its own module; these names are re-exported for the callers of `encoder`.
 from bert_jax.models.config import BertConfig, HF_MODEL_TYPES, PRESETS, REMAT_POLICIES, TABLE6  # noqa: F401
 from bert_jax.models.config import _GELU_APPROXIMATE, _HF_KEYS  # noqa: F401
@@ -185,7 +186,7 @@ class SelfAttention(nn.Module):
       o_BLNK = v_BLNK
       probs = jnp.zeros(x_BLH.shape[:1] + (0,) + x_BLH.shape[1:2] * 2, jnp.float32)
     elif output_attentions or not (deterministic or cfg.attention_dropout == 0.0):
-      o_BLNK, probs = self._explicit_attention(q_BLNK, k_BLNK, v_BLNK, mask, deterministic)
+      o_BLNK, probs = self._explicit_attention(q_BLNK, k_BLNK, v_BLNK, mask, deterministic, output_attentions)
     elif segments is not None:
       o_BLNK = splash.attention(q_BLNK, k_BLNK, v_BLNK, segments)
     else:
@@ -197,15 +198,30 @@ class SelfAttention(nn.Module):
     out = _Einsum(cfg, "blnk,nkh->blh", shape[1:] + shape[:1], ("heads", "kv", "embed"), ("embed",), name="out")
     return (out(o_BLNK), probs) if output_attentions else out(o_BLNK)
 
-  def _explicit_attention(self, q_BLNK, k_BLNK, v_BLNK, mask, deterministic: bool):
+  def _explicit_attention(self, q_BLNK, k_BLNK, v_BLNK, mask, deterministic: bool, output_attentions: bool):
     """(context, probabilities), with BERT's dropout on the probabilities when not deterministic
-    (jax.nn.dot_product_attention has none). The returned probabilities are before dropout."""
+    (jax.nn.dot_product_attention has none). The returned probabilities are before dropout; None when
+    `output_attentions` is off and training goes through `softmax_dropout.attend` (cfg.attention_residuals)."""
     cfg = self.config
+    if not (output_attentions or deterministic or cfg.attention_dropout == 0.0 or cfg.attention_residuals == "autodiff"):
+      # The ops below as one function whose backward pass keeps fewer bytes, with nn.Dropout's key (the
+      # same module path, so the same bits).
+      key = _DropoutKey(name="Dropout_0")()
+      return softmax_dropout.attend(q_BLNK, k_BLNK, v_BLNK, mask, key, cfg.attention_dropout,
+                                    jnp.dtype(cfg.attention_residuals)), None
     logits = jnp.einsum("bqnk,bsnk->bnqs", q_BLNK, k_BLNK, preferred_element_type=jnp.float32)
     logits = jnp.where(mask, logits / np.sqrt(cfg.head_dim), jnp.finfo(jnp.float32).min)
     probs = jnp.where(mask, jax.nn.softmax(logits, axis=-1), 0.0)  # float32 on purpose
     dropped = nn.Dropout(cfg.attention_dropout)(probs, deterministic=deterministic)
     return jnp.einsum("bnqs,bsnk->bqnk", dropped.astype(cfg.dtype), v_BLNK), probs
+
+
+class _DropoutKey(nn.Module):
+  """The "dropout" key an `nn.Dropout` at this module's path would draw (flax folds the path into it)."""
+
+  @nn.compact
+  def __call__(self):
+    return self.make_rng("dropout")
 
 
 def _pick(flag, on, off):

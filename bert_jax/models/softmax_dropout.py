@@ -1,0 +1,66 @@
+"""BERT's attention in training, as one differentiable function with a leaner backward pass.
+
+    context = attend(q, k, v, mask, key, rate, residual_dtype)
+
+equals the encoder's explicit path: scores `q k^T / sqrt(head_dim)` in float32, masked (`where(mask,
+scores, finfo.min)`), softmax in float32, zeroed where masked, flax's `nn.Dropout(rate)` with `key` (the
+same bits: `random.bernoulli(key, 1 - rate)`, kept values divided by 1 - rate), cast to the values' dtype,
+then the weighted sum of `v`. Autodiff of those ops saves three [batch, heads, length, length] arrays
+for the backward pass: the float32 probabilities, the dropout mask and the dropped probabilities (the
+matmul's operand; 7 bytes an element with bfloat16), and hands the float32 gradient of the scores to both
+of its matmuls. Here the backward pass keeps the probabilities in `residual_dtype` and the mask, and
+recomputes the dropped probabilities from them where the values' gradient needs them:
+
+- `residual_dtype=float32`: 5 bytes an element, and the gradients are autodiff's (the dropped
+  probabilities are recomputed exactly as the forward pass made them).
+- `residual_dtype=bfloat16`: 3 bytes an element, and the scores' gradient goes to the matmuls that make
+  the queries' and keys' gradients in bfloat16 (2 bytes instead of 4, read twice): the softmax's backward
+  pass uses probabilities rounded to bfloat16 (relative 2^-9), as fused half-precision softmax and
+  flash-attention kernels do (Megatron-LM's `scaled_masked_softmax` saves its half-precision output).
+
+At sequence 512 these arrays are most of BERT's attention traffic (docs/performance.md).
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def _dropped(probs, keep, rate: float, dtype):
+  return jnp.where(keep, probs / (1.0 - rate), 0.0).astype(dtype)
+
+
+def _forward(q, k, v, mask, key, rate, residual_dtype):
+  scores = jnp.einsum("bqnk,bsnk->bnqs", q, k, preferred_element_type=jnp.float32)
+  scores = jnp.where(mask, scores / np.sqrt(q.shape[-1]), jnp.finfo(jnp.float32).min)
+  probs = jnp.where(mask, jax.nn.softmax(scores, axis=-1), 0.0)
+  keep = jax.random.bernoulli(key, 1.0 - rate, probs.shape)
+  context = jnp.einsum("bnqs,bsnk->bqnk", _dropped(probs, keep, rate, v.dtype), v)
+  return context, (q, k, v, probs.astype(residual_dtype), keep)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def attend(q, k, v, mask, key, rate: float, residual_dtype=jnp.float32):
+  """Queries, keys, values [B, L, N, K] (one dtype), `mask` broadcasting to [B, N, L, L], dropout at
+  `rate` with `key` -> context [B, L, N, K] in the values' dtype (module docstring)."""
+  return _forward(q, k, v, mask, key, rate, residual_dtype)[0]
+
+
+def _backward(rate, residual_dtype, residuals, d_context):
+  q, k, v, probs, keep = residuals
+  probs = probs.astype(jnp.float32)
+  d_v = jnp.einsum("bnqs,bqnk->bsnk", _dropped(probs, keep, rate, v.dtype), d_context)
+  # In the values' dtype, as the matmul's transpose hands it to the cast before it.
+  d_dropped = jnp.einsum("bqnk,bsnk->bnqs", d_context, v).astype(jnp.float32)
+  d_probs = jnp.where(keep, d_dropped / (1.0 - rate), 0.0)
+  # softmax's backward pass: probs (d - <d, probs>); masked entries have probability 0 and get none.
+  d_scores = probs * (d_probs - jnp.sum(d_probs * probs, axis=-1, keepdims=True)) / np.sqrt(q.shape[-1])
+  d_scores = d_scores.astype(residual_dtype)
+  d_q = jnp.einsum("bnqs,bsnk->bqnk", d_scores, k, preferred_element_type=jnp.float32).astype(q.dtype)
+  d_k = jnp.einsum("bnqs,bqnk->bsnk", d_scores, q, preferred_element_type=jnp.float32).astype(k.dtype)
+  return d_q, d_k, d_v.astype(v.dtype), None, None
+
+
+attend.defvjp(lambda *args: _forward(*args), _backward)
