@@ -15,8 +15,10 @@ recomputes the dropped probabilities from them where the values' gradient needs 
   probabilities are recomputed exactly as the forward pass made them).
 - `residual_dtype=bfloat16`: 3 bytes an element, and the scores' gradient goes to the matmuls that make
   the queries' and keys' gradients in bfloat16 (2 bytes instead of 4, read twice): the softmax's backward
-  pass uses probabilities rounded to bfloat16 (relative 2^-9), as fused half-precision softmax and
+  pass uses probabilities rounded to bfloat16 (relative 2^-9), and the values' gradient dropped
+  probabilities recomputed from them (one more rounding), as fused half-precision softmax and
   flash-attention kernels do (Megatron-LM's `scaled_masked_softmax` saves its half-precision output).
+  For bfloat16 compute; in float32 it costs float32 gradients their precision (0.5% of the largest).
 
 At sequence 512 these arrays are most of BERT's attention traffic (docs/performance.md).
 """

@@ -39,6 +39,9 @@ def get_config() -> ml_collections.ConfigDict:
   # dropout rates (when set) in any case.
   c.model = common.model_config(preset="base")
   c.dtype = "float32"          # compute dtype; "bfloat16" on TPU
+  # Float32 finetuning keeps autodiff's attention gradients (models/softmax_dropout.py), as a checkpoint's
+  # BertConfig does; "bfloat16" with dtype "bfloat16".
+  c.model.attention_residuals = "float32"
   c.scan_layers = False
 
   # One run's hyperparameters (Devlin et al. 2019, A.3 picks them from `sweep.grid`).
