@@ -92,7 +92,9 @@ def test_the_encoder_trains_to_the_same_loss_and_gradients(dtype, layout):
       return jnp.sum(out["sequence_output"].astype(jnp.float32) * w)
 
     grad_fn = jax.value_and_grad(loss)
-    assert ("custom_vjp" in str(jax.make_jaxpr(loss)(params))) == (residuals != "autodiff")
+    # Under a remat policy the plain ops run whatever the setting (encoder._explicit_attention).
+    lean = residuals != "autodiff" and layout.get("remat_policy", "none") == "none"
+    assert ("custom_vjp" in str(jax.make_jaxpr(loss)(params))) == lean
     results[residuals] = jax.jit(grad_fn)(params)
   (l0, g0), (l1, g1) = results["autodiff"], results["float32"]
   assert float(l0) == float(l1)

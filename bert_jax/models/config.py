@@ -117,7 +117,8 @@ class BertConfig:
   attention_kernel: str = "xla"
   # With attention dropout, what the backward pass keeps of the [B, N, L, L] probabilities (ATTENTION_RESIDUALS;
   # models/softmax_dropout.py): "float32" (autodiff's gradients, 5 bytes an element instead of 7), "bfloat16"
-  # (3 bytes; the softmax's backward pass from rounded probabilities) or "autodiff" (the plain ops).
+  # (3 bytes; the softmax's backward pass from rounded probabilities) or "autodiff" (the plain ops, which a
+  # remat policy other than "none" also takes).
   attention_residuals: str = "float32"
 
   def __post_init__(self):
