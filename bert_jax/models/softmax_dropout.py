@@ -34,10 +34,15 @@ def _dropped(probs, keep, rate: float, dtype):
   return jnp.where(keep, probs / (1.0 - rate), 0.0).astype(dtype)
 
 
-def _forward(q, k, v, mask, key, rate, residual_dtype):
+def probabilities(q, k, mask):
+  """The encoder's attention probabilities [B, N, L, L], float32: scaled scores, masked softmax, 0 where masked."""
   scores = jnp.einsum("bqnk,bsnk->bnqs", q, k, preferred_element_type=jnp.float32)
   scores = jnp.where(mask, scores / np.sqrt(q.shape[-1]), jnp.finfo(jnp.float32).min)
-  probs = jnp.where(mask, jax.nn.softmax(scores, axis=-1), 0.0)
+  return jnp.where(mask, jax.nn.softmax(scores, axis=-1), 0.0)   # float32 on purpose
+
+
+def _forward(q, k, v, mask, key, rate, residual_dtype):
+  probs = probabilities(q, k, mask)
   keep = jax.random.bernoulli(key, 1.0 - rate, probs.shape)
   context = jnp.einsum("bnqs,bsnk->bqnk", _dropped(probs, keep, rate, v.dtype), v)
   return context, (q, k, v, probs.astype(residual_dtype), keep)
@@ -65,4 +70,4 @@ def _backward(rate, residual_dtype, residuals, d_context):
   return d_q, d_k, d_v.astype(v.dtype), None, None
 
 
-attend.defvjp(lambda *args: _forward(*args), _backward)
+attend.defvjp(_forward, _backward)
