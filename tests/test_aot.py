@@ -315,3 +315,35 @@ def test_memory_time_counts_loop_bodies_per_trip_where_the_hlo_gives_the_trips()
   assert ours["step_bytes"] == 5e9 and ours["bytes_source"] == "hlo_bytes"
   assert ours["memory_seconds"] == pytest.approx(5e9 / (chip.hbm_bandwidth / chip.cores))
   assert ours["compute_seconds"] == xla["compute_seconds"]
+
+
+def test_bytes_on_chip_give_a_second_bound_that_charges_only_hbm():
+  """`on_chip_bytes` (hlo_bytes' count in on-chip memory spaces) leave the step estimate as it was and
+  give the "hbm_" one: the step's bytes less them at HBM bandwidth."""
+  from bert_jax.tools import aot   # pylint: disable=g-import-not-at-top
+
+  class Compiled:
+    def cost_analysis(self):
+      return {"flops": 1e12, "bytes accessed": 16e9}
+
+  chip = aot.CHIPS["v5e"]
+  plain = aot.time_report(Compiled(), chip, model_flops_per_device=1e12)
+  assert plain["on_chip_bytes"] == 0 and plain["hbm_bytes"] == 16e9 and plain["hbm_mfu_bound"] == plain["mfu_bound"]
+  split = aot.time_report(Compiled(), chip, model_flops_per_device=1e12, on_chip_bytes=14e9)
+  assert split["step_seconds"] == plain["step_seconds"] and split["mfu_bound"] == plain["mfu_bound"]
+  assert split["hbm_bytes"] == 2e9 and split["hbm_memory_seconds"] == pytest.approx(2e9 / 819e9)
+  # 2 GB at 819 GB/s (2.4 ms) is under 1 TFLOP at 197 TFLOP/s (5.1 ms): compute-bound, MFU bound 100%.
+  assert split["hbm_bound"] == "compute" and split["hbm_mfu_bound"] == pytest.approx(1.0)
+  assert plain["bound"] == "memory" and plain["mfu_bound"] == pytest.approx(5.08 / 19.5, rel=0.01)
+
+
+def test_aot_tells_on_chip_bytes_from_hbm_bytes_on_v5e(tmp_path):
+  """v5e's compiler keeps most arrays in its VMEM (S(1)): the report gives the step both ways."""
+  proc, report = _aot(tmp_path, OVERRIDES, ["--topology=v5e:2x2", "--report"])
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  t, traffic = report["time_per_step"], report["traffic"]
+  assert report["device_kind"].startswith("TPU v5") and t["hbm_bandwidth"] == 819e9
+  assert 0 < t["on_chip_bytes"] == traffic["on_chip_bytes"] < traffic["total_bytes"]
+  assert t["hbm_bytes"] == pytest.approx(t["step_bytes"] - t["on_chip_bytes"])
+  assert t["hbm_step_seconds"] <= t["step_seconds"] and t["hbm_mfu_bound"] >= t["mfu_bound"]
+  assert "if on-chip traffic were free" in proc.stdout and "in on-chip memory" in proc.stdout

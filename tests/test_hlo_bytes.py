@@ -293,3 +293,54 @@ def test_a_tpu_collective_moves_its_input_and_result_once():
   assert rows["start"]["bytes"] == 64 and rows["done"]["bytes"] == 256   # read bf16[4,8], write bf16[16,8]
   assert rows["start"]["category"] == rows["done"]["category"] == "collective all-gather"
   assert rows["beside"]["bytes"] == 64 + 64 and rows["beside"]["category"] == "fusion kOutput"   # its negate only
+
+
+# The TPU compiler's alternate memory (S(1)): a copy and a slice from HBM into it, a fusion there, a copy
+# back out to HBM. Scalars in S(2) are its bookkeeping.
+ON_CHIP = """HloModule jit_step, is_scheduled=true
+
+%fused_add (param_0: f32[4,8], param_1: f32[4,8]) -> f32[4,8] {
+  %param_0 = f32[4,8]{1,0:S(1)} parameter(0)
+  %param_1 = f32[4,8]{1,0:S(1)} parameter(1)
+  ROOT %add.1 = f32[4,8]{1,0:S(1)} add(%param_0, %param_1)
+}
+
+ENTRY %main (a: f32[4,8]) -> f32[4,8] {
+  %a = f32[4,8]{1,0} parameter(0)
+  %copy-start.1 = (f32[4,8]{1,0:T(8,128)S(1)}, f32[4,8]{1,0:T(8,128)}, u32[]{:S(2)}) copy-start(%a)
+  %copy-done.1 = f32[4,8]{1,0:T(8,128)S(1)} copy-done(%copy-start.1)
+  %fusion.1 = f32[4,8]{1,0:T(8,128)S(1)} fusion(%copy-done.1, %copy-done.1), kind=kLoop, calls=%fused_add
+  %slice-start.1 = ((f32[4,8]{1,0}), f32[2,8]{1,0:S(1)}, s32[]{:S(2)}) slice-start(%a), slice={[0:2], [0:8]}
+  %slice-done.1 = f32[2,8]{1,0:S(1)} slice-done(%slice-start.1)
+  %copy.3 = f32[4,8]{1,0:S(5)} copy(%a)
+  ROOT %copy.2 = f32[4,8]{1,0} copy(%fusion.1)
+}
+"""
+
+
+def test_memory_spaces_from_layouts():
+  assert hlo_bytes.memory_space("{1,0:T(8,128)(2,1)S(1)}") == 1
+  assert hlo_bytes.memory_space("{1,0:T(8,128)}") == hlo_bytes.memory_space("") == 0
+  assert hlo_bytes.on_chip_share("f32[4,8]{1,0:S(1)}") == 1.0 and hlo_bytes.on_chip_share("f32[4,8]{1,0}") == 0.0
+  assert hlo_bytes.on_chip_share("f32[4,8]{1,0:S(5)}") == 0.0   # the host's memory is not on chip
+  assert hlo_bytes.on_chip_share("(f32[4]{0:S(1)}, f32[12]{0})") == 0.25
+  assert hlo_bytes.on_chip_share("((f32[4]{0}), f32[4]{0:S(1)})", first_only=True) == 0.0
+
+
+def test_bytes_in_on_chip_memory_are_told_apart_from_those_in_hbm():
+  rows = {r["name"]: r for r in hlo_bytes.traffic(ON_CHIP)}
+  on_chip = {name: r["on_chip_bytes"] for name, r in rows.items()}
+  # The copy in reads HBM at its start and writes on chip at its done; the fusion there moves no HBM byte.
+  assert rows["copy-start.1"]["bytes"] == 128 and on_chip["copy-start.1"] == 0
+  assert rows["copy-done.1"]["bytes"] == 128 and on_chip["copy-done.1"] == 128
+  assert rows["fusion.1"]["bytes"] == on_chip["fusion.1"] == 3 * 128
+  # The asynchronous slice reads its source in HBM and writes the slice on chip; the copy out, the reverse.
+  assert rows["slice-done.1"]["bytes"] == 2 * 64 and on_chip["slice-done.1"] == 64
+  assert rows["copy.2"]["bytes"] == 256 and on_chip["copy.2"] == 128
+  assert rows["copy.3"]["bytes"] == 256 and on_chip["copy.3"] == 0   # HBM to the host: none on chip
+  s = hlo_bytes.summarize(list(rows.values()))
+  assert s["on_chip_bytes"] == 128 + 384 + 64 + 128
+  assert "in on-chip memory" in hlo_bytes.format_summary(s)
+  # Without any memory space in the text, nothing is on chip; HLO's loop body has one S(1) result.
+  assert hlo_bytes.summarize(hlo_bytes.traffic(HLO))["on_chip_bytes"] == 3 * 128
+  assert hlo_bytes.summarize(hlo_bytes.traffic(HLO.replace("S(1)", "")))["on_chip_bytes"] == 0

@@ -17,6 +17,12 @@ nested fusion that aliases it, a relayout in place; a slice through such a relay
 reads and writes the update, not the buffer around it; ConcatBitcast and AllocateBuffer move nothing. Shapes are the on-device ones, TPU tile
 padding not included; all memory spaces are counted.
 
+Each op's bytes are also split by where its arrays live (`on_chip_bytes`): a layout's `S(n)` names the
+memory space, 0 (none printed) the device's HBM, 5 the host's, any other on-chip memory the TPU compiler
+assigns (`S(1)`: its alternate memory, the 128 MiB VMEM of a v5e or v6e core; small `S(2)`, `S(4)`, `S(6)`
+scalars). An asynchronous copy or slice into `S(1)` reads HBM and writes on chip; a fusion whose operands
+and result the compiler placed there moves no HBM bytes. XLA's cost analysis counts every space alike.
+
 The sum is not XLA's "bytes accessed" (on BERT-large's shapes it was 11-18% lower, on a tiny model, where
 tile padding weighs, 35% lower; XLA also counts loop bodies once); the point is the ranking: which
 fusions, copies and collectives move the bytes, under the JAX op names (`op_name` metadata) that made
@@ -35,7 +41,9 @@ DTYPE_BITS = {
 }
 # f8e4m3fn, f8e5m2, f4e2m1fn, ...: the digit after "f" is the width.
 _FLOAT_SMALL = re.compile(r"f(\d)e\d+m\d+\w*$")
-_ARRAY = re.compile(r"\b([a-z]+\d*(?:e\d+m\d+\w*)?)\[([\d,]*)\]")
+_ARRAY = re.compile(r"\b([a-z]+\d*(?:e\d+m\d+\w*)?)\[([\d,]*)\](\{[^{}]*\})?")   # dtype, dims, layout
+_SPACE = re.compile(r"S\((\d+)\)")
+HBM_SPACE, HOST_SPACE = 0, 5
 _INSTR = re.compile(r"^\s*(ROOT\s+)?%(\S+)\s*=\s*(.*)$")
 _HEADER = re.compile(r"^(ENTRY\s+)?%(\S+)\s*\(.*\{\s*$")
 _TRIPS = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
@@ -59,10 +67,28 @@ def dtype_bytes(dtype: str) -> float:
   raise ValueError(f"unknown HLO element type {dtype!r}")
 
 
+def _array_bytes(dtype: str, dims: str) -> float:
+  return dtype_bytes(dtype) * math.prod(int(d) for d in dims.split(",") if d)
+
+
+def memory_space(layout: str) -> int:
+  """The memory space of an array's printed layout: "{1,0:T(8,128)S(1)}" -> 1; none printed -> 0 (HBM)."""
+  return int(m.group(1)) if (m := _SPACE.search(layout or "")) else HBM_SPACE
+
+
 def shape_bytes(shape: str) -> float:
   """Bytes of an HLO shape as printed, a tuple's elements summed: "(f32[2,3]{1,0}, s32[])" -> 28."""
-  return sum(dtype_bytes(dtype) * math.prod(int(d) for d in dims.split(",") if d)
-             for dtype, dims in _ARRAY.findall(shape))
+  return sum(_array_bytes(dtype, dims) for dtype, dims, _ in _ARRAY.findall(shape))
+
+
+def on_chip_share(shape: str, first_only: bool = False) -> float:
+  """The fraction of a shape's bytes in on-chip memory spaces (neither HBM nor the host's); of its first
+  array only with `first_only` (an asynchronous slice's start: the source it reads)."""
+  arrays = _ARRAY.findall(shape)[:1] if first_only else _ARRAY.findall(shape)
+  total = sum(_array_bytes(dtype, dims) for dtype, dims, _ in arrays)
+  on_chip = sum(_array_bytes(dtype, dims) for dtype, dims, layout in arrays
+                if memory_space(layout) not in (HBM_SPACE, HOST_SPACE))
+  return on_chip / total if total else 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,23 +214,32 @@ def _root(ops: list[Op]) -> Op | None:
   return next((o for o in ops if o.root), None)
 
 
-def moved(op: Op, computations: dict[str, list[Op]], shapes: dict[str, str]) -> tuple[float, float]:
+def moved(op: Op, computations: dict[str, list[Op]], shapes: dict[str, str],
+          on_chip: bool = False) -> tuple[float, float]:
   """(bytes read, bytes written) by one run of an executed op, counted as XLA's cost analysis does:
   operands and result, except that a slice reads what it returns (so does a fusion's parameter that only
   slices use), an update in place (dynamic-update-slice, alone or at a fusion's root) reads and writes
   the update and not the buffer, an asynchronous pair reads at the start and writes at the done (an
-  asynchronous slice does both at the done), and a bitcast-like custom call moves nothing."""
-  reads = [shape_bytes(shapes.get(o, "")) for o in op.operands]
+  asynchronous slice does both at the done), and a bitcast-like custom call moves nothing.
+
+  `on_chip`: only the bytes of operands and results in on-chip memory spaces (`on_chip_share`; an operand
+  or result that is a tuple, in the proportion of its bytes there)."""
+  operand_shapes = [shapes.get(o, "") for o in op.operands]
+  reads = [shape_bytes(s) for s in operand_shapes]
   written = shape_bytes(op.shape)
+  read_share = [on_chip_share(s) if on_chip else 1.0 for s in operand_shapes]
+  write_share = on_chip_share(op.shape) if on_chip else 1.0
+  read = lambda: sum(r * f for r, f in zip(reads, read_share))   # noqa: E731
   opcode = op.opcode
   if opcode == "slice-start":
     return 0.0, 0.0
-  if opcode == "slice-done":
-    return written, written
+  if opcode == "slice-done":   # reads the source named first in the start's tuple
+    source_share = on_chip_share(operand_shapes[0], first_only=True) if on_chip and operand_shapes else 1.0
+    return written * source_share, written * write_share
   if opcode.endswith("-start"):
-    return sum(reads), 0.0   # the done writes the result; the start's tuple repeats its operands
+    return read(), 0.0   # the done writes the result; the start's tuple repeats its operands
   if opcode.endswith("-done"):
-    return 0.0, written      # its operand is the start's handle
+    return 0.0, written * write_share      # its operand is the start's handle
   if opcode == "custom-call" and (m := _TARGET.search(op.attrs)) and m.group(1) in FREE_CUSTOM_CALLS:
     return 0.0, 0.0
   if opcode in PARTIAL_READS and reads:
@@ -215,12 +250,12 @@ def moved(op: Op, computations: dict[str, list[Op]], shapes: dict[str, str]) -> 
     root = _root(fused)
     target = _TARGET.search(root.attrs).group(1) if root is not None and root.opcode == "custom-call" else ""
     if target == "AsyncCollectiveStart":   # a TPU collective: its input is read here...
-      return sum(reads), 0.0
+      return read(), 0.0
     if target == "AsyncCollectiveDone":    # ...and its result written here, once
-      return 0.0, written
+      return 0.0, written * write_share
     written -= _fused(fused, reads, computations)
     written -= _passed_through(op, fused, reads)
-  return sum(reads), written
+  return read(), written * write_share
 
 
 def _users(ops: list[Op]) -> dict[str, list[Op]]:
@@ -324,8 +359,8 @@ def _passed_through(op: Op, fused: list[Op], reads: list[float]) -> float:
     while out is not None and out.opcode in ("bitcast", "get-tuple-element") and out.operands:
       out = local.get(out.operands[0])
     if out is not None and out.opcode == "parameter" and int(out.args) == int(operand):
-      dtype, dims = elements[int(index)]
-      unwritten += dtype_bytes(dtype) * math.prod(int(d) for d in dims.split(",") if d)
+      dtype, dims, _ = elements[int(index)]
+      unwritten += _array_bytes(dtype, dims)
       reads[int(operand)] = 0.0
   return unwritten
 
@@ -358,11 +393,13 @@ def source(op: Op) -> str:
 
 
 def traffic(text: str) -> list[dict]:
-  """Per executed op: name, category, source, shape, trips (per step) and bytes (per step: per run x trips)."""
+  """Per executed op: name, category, source, shape, trips (per step), bytes (per step: per run x trips)
+  and on_chip_bytes (those of them in on-chip memory spaces)."""
   entry, computations = parse_module(text)
   shapes = {op.name: op.shape for ops in computations.values() for op in ops}
   rows, runs = [], collections.Counter({entry: 1})
   order = [entry]
+  spaces = _SPACE.search(text) is not None   # any array outside HBM at all
   for comp in order:   # breadth-first from the entry: every computation that runs ops of its own
     for op in computations.get(comp, []):
       if op.opcode == "while" and trip_count(op, computations) is None:
@@ -378,9 +415,10 @@ def traffic(text: str) -> list[dict]:
       if op.opcode in FREE_OPS:
         continue
       read, written = moved(op, computations, shapes)
+      on_chip = sum(moved(op, computations, shapes, on_chip=True)) if spaces else 0.0
       rows.append({"name": op.name, "category": category(op, computations), "source": source(op),
-                   "shape": op.shape,
-                   "trips": trips, "bytes": (read + written) * trips})
+                   "shape": op.shape, "trips": trips, "bytes": (read + written) * trips,
+                   "on_chip_bytes": on_chip * trips})
   return rows
 
 
@@ -400,7 +438,8 @@ def summarize(rows: list[dict], top: int = 15) -> dict:
   unknown = sum(r["category"] == UNKNOWN_LOOP for r in rows)
   kinds = [k for k in kinds if k["category"] != UNKNOWN_LOOP]
   return {
-      "total_bytes": total, "ops": len(rows) - unknown, "unknown_loops": unknown, "by_category": kinds,
+      "total_bytes": total, "on_chip_bytes": sum(r.get("on_chip_bytes", 0.0) for r in rows),
+      "ops": len(rows) - unknown, "unknown_loops": unknown, "by_category": kinds,
       "top_sources": [{"source": k, "bytes": v} for k, v in sources.most_common(top)],
       "top_ops": sorted(rows, key=lambda r: -r["bytes"])[:top],
   }
@@ -414,6 +453,9 @@ def format_summary(s: dict, xla_bytes: float | None = None) -> str:
   if xla_bytes:
     head += f"; XLA's cost analysis: {xla_bytes / 1e9:.3f} GB, loop bodies once"
   lines = [head]
+  if s.get("on_chip_bytes"):
+    lines.append(f"  of which in on-chip memory (layouts S(n), n not 0 or 5): {gb(s['on_chip_bytes']).strip()}; "
+                 f"in HBM: {gb(s['total_bytes'] - s['on_chip_bytes']).strip()}")
   if s.get("unknown_loops"):
     lines.append(f"  WARNING: {s['unknown_loops']} loop(s) of unknown trip count: their bodies are counted once")
   lines.append("  by kind:")
