@@ -1,5 +1,7 @@
 """`hlo_bytes`: the memory traffic of each executed op of a compiled step, from its HLO text."""
 
+import re
+
 import pytest
 
 from bert_jax.tools import hlo_bytes
@@ -313,6 +315,7 @@ ENTRY %main (a: f32[4,8]) -> f32[4,8] {
   %slice-start.1 = ((f32[4,8]{1,0}), f32[2,8]{1,0:S(1)}, s32[]{:S(2)}) slice-start(%a), slice={[0:2], [0:8]}
   %slice-done.1 = f32[2,8]{1,0:S(1)} slice-done(%slice-start.1)
   %copy.3 = f32[4,8]{1,0:S(5)} copy(%a)
+  %slice.4 = f32[2,8]{1,0:S(1)} slice(%a), slice={[0:2], [0:8]}
   ROOT %copy.2 = f32[4,8]{1,0} copy(%fusion.1)
 }
 """
@@ -338,9 +341,49 @@ def test_bytes_in_on_chip_memory_are_told_apart_from_those_in_hbm():
   assert rows["slice-done.1"]["bytes"] == 2 * 64 and on_chip["slice-done.1"] == 64
   assert rows["copy.2"]["bytes"] == 256 and on_chip["copy.2"] == 128
   assert rows["copy.3"]["bytes"] == 256 and on_chip["copy.3"] == 0   # HBM to the host: none on chip
+  assert rows["slice.4"]["bytes"] == 2 * 64 and on_chip["slice.4"] == 64   # reads its slice of HBM
   s = hlo_bytes.summarize(list(rows.values()))
-  assert s["on_chip_bytes"] == 128 + 384 + 64 + 128
+  assert s["on_chip_bytes"] == 128 + 384 + 64 + 128 + 64
   assert "in on-chip memory" in hlo_bytes.format_summary(s)
   # Without any memory space in the text, nothing is on chip; HLO's loop body has one S(1) result.
   assert hlo_bytes.summarize(hlo_bytes.traffic(HLO))["on_chip_bytes"] == 3 * 128
   assert hlo_bytes.summarize(hlo_bytes.traffic(HLO.replace("S(1)", "")))["on_chip_bytes"] == 0
+
+
+_ARRAY_AND_LAYOUT = re.compile(r"(\b(?:pred|[a-z]+\d+)\[[\d,]*\])(\{[^{}]*\})?")
+
+
+def _all_in(text: str, space: str) -> str:
+  """`text` with every array's layout put in memory space `space` ("" for none: HBM)."""
+  def put(m):
+    dims, _, tiles = (m.group(2) or "{}")[1:-1].partition(":")
+    tiles = re.sub(r"S\(\d+\)", "", tiles) + space
+    return m.group(1) + "{" + dims + (":" + tiles if tiles else "") + "}"
+  return _ARRAY_AND_LAYOUT.sub(put, text)
+
+
+@pytest.mark.parametrize("module", ["HLO", "PARTIAL", "RELAYOUT", "ASYNC", "ON_CHIP"])
+def test_every_op_is_all_on_chip_or_all_in_hbm_when_its_arrays_are(module):
+  text = globals()[module]
+  for row in hlo_bytes.traffic(_all_in(text, "S(1)")):
+    assert row["on_chip_bytes"] == pytest.approx(row["bytes"]), row
+  for row in hlo_bytes.traffic(_all_in(text, "")):
+    assert row["on_chip_bytes"] == 0, row
+  for space in ("S(5)", "S(0)"):   # the host's memory and HBM by number
+    assert all(r["on_chip_bytes"] == 0 for r in hlo_bytes.traffic(_all_in(text, space)))
+
+
+def test_a_fusion_beside_a_collective_and_an_update_in_place_count_each_output_where_it_is():
+  # The collective's buffers on chip, the fusion's own output (the negate) in HBM: no byte on chip.
+  carried = ASYNC.replace("%beside = (f32[2,8]{1,0}, bf16[4,8]{1,0}, bf16[16,8]{1,0}, u32[])",
+                          "%beside = (f32[2,8]{1,0}, bf16[4,8]{1,0:S(1)}, bf16[16,8]{1,0:S(1)}, u32[]{:S(2)})")
+  rows = {r["name"]: r for r in hlo_bytes.traffic(carried)}
+  assert rows["beside"]["bytes"] == 128 and rows["beside"]["on_chip_bytes"] == 0
+  # The reverse: the negate's output on chip, its input and the carried buffers in HBM.
+  own = ASYNC.replace("%beside = (f32[2,8]{1,0},", "%beside = (f32[2,8]{1,0:S(1)},")
+  rows = {r["name"]: r for r in hlo_bytes.traffic(own)}
+  assert rows["beside"]["bytes"] == 128 and rows["beside"]["on_chip_bytes"] == 64
+  # An update in place of a buffer on chip writes its row there (32 bytes), reading update and index in HBM.
+  update = HLO.replace("ROOT %fusion.2 = f32[16,8]{1,0} fusion", "ROOT %fusion.2 = f32[16,8]{1,0:S(1)} fusion")
+  rows = {r["name"]: r for r in hlo_bytes.traffic(update)}
+  assert rows["fusion.2"]["bytes"] == 52 and rows["fusion.2"]["on_chip_bytes"] == 32

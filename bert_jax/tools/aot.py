@@ -19,9 +19,10 @@ count cannot be read from the HLO, XLA's bytes are scaled as its FLOPs are. The 
 
 On v5e and v6e the TPU compiler places most of a step's arrays in its alternate memory space (`S(1)` in
 their layouts: each core's 128 MiB of VMEM), where XLA's bytes count them alike with HBM's. The report
-then also gives the bytes outside it (the step's bytes less those `hlo_bytes` counts on chip) and the
-step and MFU bound they give: a bound for on-chip traffic at no cost, where the first one charges it
-at HBM bandwidth. The truth is between the two; only a TPU can say where.
+then also gives the step's bytes outside on-chip memory (the step's bytes times the share `hlo_bytes`
+counts outside it) and the step and MFU bound they give with on-chip traffic at no cost: a bound no
+step runs faster than. The first estimate charges on-chip traffic at HBM bandwidth; neither counts the
+vector units' work or the collectives' time on ICI.
 
 When the step does not fit, the TPU compiler stops and says how much it needed (for temporaries, the
 usual case); the report then gives that figure and no time, and the command exits with status 1.
@@ -148,7 +149,7 @@ def memory_report(compiled, hbm_per_device: float) -> dict[str, float]:
 
 def time_report(compiled, chip: Chip, model_flops_per_device: float, loop_trips: int = 1,
                 kernel: dict | None = None, loop_bytes: float | None = None,
-                on_chip_bytes: float = 0.0) -> dict[str, Any]:
+                on_chip_share: float = 0.0) -> dict[str, Any]:
   """Estimated step time per device: max(FLOPs / peak, bytes accessed / HBM bandwidth).
 
   `loop_trips` is how often the step runs its outermost loop (`micro_batches`), which XLA counts once.
@@ -156,7 +157,8 @@ def time_report(compiled, chip: Chip, model_flops_per_device: float, loop_trips:
   attention kernel: `flops.kernel_attention_per_row`'s model FLOPs, FLOPs and bytes); added to its counts.
   `loop_bytes`: for a step with loops, the bytes its ops move with each loop body counted per trip
   (`loop_bytes()`); it replaces XLA's count, which counts them once (and is otherwise scaled as the FLOPs).
-  `on_chip_bytes`: of the step's bytes, those in on-chip memory spaces (`hlo_bytes`); the "hbm_" fields
+  `on_chip_share`: the fraction of the step's bytes in on-chip memory spaces, by `hlo_bytes`' count (the
+  same share of XLA's count, whose tile padding ours leaves out, is taken as on chip); the "hbm_" fields
   are the step without them (on-chip traffic free), the others charge them at HBM bandwidth.
   """
   cost = compiled.cost_analysis()
@@ -173,7 +175,8 @@ def time_report(compiled, chip: Chip, model_flops_per_device: float, loop_trips:
   step_bytes = xla_bytes * loop_factor if loop_bytes is None else loop_bytes
   memory_s = (step_bytes + kernel_bytes) / bandwidth
   step_s = max(compute_s, memory_s)
-  hbm_bytes = max(step_bytes - on_chip_bytes, 0.0) + kernel_bytes
+  on_chip_bytes = step_bytes * on_chip_share
+  hbm_bytes = step_bytes - on_chip_bytes + kernel_bytes
   hbm_step_s = max(compute_s, hbm_bytes / bandwidth)
   return {
       "xla_flops": xla_flops, "xla_bytes_accessed": xla_bytes, "step_bytes": step_bytes,
@@ -186,7 +189,7 @@ def time_report(compiled, chip: Chip, model_flops_per_device: float, loop_trips:
       "compute_seconds": compute_s, "memory_seconds": memory_s, "step_seconds": step_s,
       "bound": "compute" if compute_s >= memory_s else "memory",
       "mfu_bound": model_flops_per_device / peak / step_s if step_s else 0.0,
-      "on_chip_bytes": on_chip_bytes, "hbm_bytes": hbm_bytes, "hbm_memory_seconds": hbm_bytes / bandwidth,
+      "on_chip_share": on_chip_share, "on_chip_bytes": on_chip_bytes, "hbm_bytes": hbm_bytes, "hbm_memory_seconds": hbm_bytes / bandwidth,
       "hbm_step_seconds": hbm_step_s, "hbm_bound": "compute" if compute_s >= hbm_bytes / bandwidth else "memory",
       "hbm_mfu_bound": model_flops_per_device / peak / hbm_step_s if hbm_step_s else 0.0,
   }
@@ -238,7 +241,8 @@ def run(config, topology: str, report_top: int = 0, hlo_path: str = "") -> dict[
   traffic = hlo_bytes.summarize(hlo_bytes.traffic(text), report_top)
   timing = time_report(compiled, chip, objectives.train_flops_per_step(config) / n, int(config.micro_batches),
                        kernel={k: v * config.global_batch_size / n for k, v in per_row.items()},
-                       loop_bytes=loop_bytes(text, traffic), on_chip_bytes=traffic["on_chip_bytes"])
+                       loop_bytes=loop_bytes(text, traffic),
+                       on_chip_share=traffic["on_chip_bytes"] / traffic["total_bytes"] if traffic["total_bytes"] else 0.0)
   report = {
       **report, "compile_seconds": compile_s, "lower_seconds": lower_s,
       "memory_per_device": memory_report(compiled, hbm),
@@ -366,10 +370,11 @@ def format_report(r: dict[str, Any]) -> str:
   ]
   if t.get("on_chip_bytes"):
     lines += [
-        f"  of the bytes, {t['on_chip_bytes'] / 1e9:.1f} GB are in on-chip memory (layouts S(n), by op); "
-        f"without them, {t['hbm_bytes'] / 1e9:.1f} GB of HBM traffic:",
+        f"  of the bytes, {100 * t['on_chip_share']:.0f}% ({t['on_chip_bytes'] / 1e9:.1f} GB) are in on-chip memory "
+        f"(layouts S(n), counted by op); without them, {t['hbm_bytes'] / 1e9:.1f} GB of HBM traffic:",
         f"  HBM alone {1e3 * t['hbm_memory_seconds']:.1f} ms; step {1e3 * t['hbm_step_seconds']:.1f} ms "
-        f"({t['hbm_bound']}-bound), MFU bound {100 * t['hbm_mfu_bound']:.0f}% if on-chip traffic were free",
+        f"({t['hbm_bound']}-bound), MFU bound {100 * t['hbm_mfu_bound']:.0f}% if on-chip traffic were free "
+        "(no faster than this)",
     ]
   if "traffic" in r:
     lines.append(hlo_bytes.format_summary(r["traffic"], t["xla_bytes_accessed"]))

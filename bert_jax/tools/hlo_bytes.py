@@ -81,13 +81,17 @@ def shape_bytes(shape: str) -> float:
   return sum(_array_bytes(dtype, dims) for dtype, dims, _ in _ARRAY.findall(shape))
 
 
+def is_on_chip(layout: str) -> bool:
+  """Whether a layout puts its array in an on-chip memory space (neither HBM nor the host's)."""
+  return memory_space(layout) not in (HBM_SPACE, HOST_SPACE)
+
+
 def on_chip_share(shape: str, first_only: bool = False) -> float:
-  """The fraction of a shape's bytes in on-chip memory spaces (neither HBM nor the host's); of its first
-  array only with `first_only` (an asynchronous slice's start: the source it reads)."""
+  """The fraction of a shape's bytes in on-chip memory spaces; of its first array only with `first_only`
+  (an asynchronous slice's start: the source it reads)."""
   arrays = _ARRAY.findall(shape)[:1] if first_only else _ARRAY.findall(shape)
   total = sum(_array_bytes(dtype, dims) for dtype, dims, _ in arrays)
-  on_chip = sum(_array_bytes(dtype, dims) for dtype, dims, layout in arrays
-                if memory_space(layout) not in (HBM_SPACE, HOST_SPACE))
+  on_chip = sum(_array_bytes(dtype, dims) for dtype, dims, layout in arrays if is_on_chip(layout))
   return on_chip / total if total else 0.0
 
 
@@ -222,8 +226,8 @@ def moved(op: Op, computations: dict[str, list[Op]], shapes: dict[str, str],
   the update and not the buffer, an asynchronous pair reads at the start and writes at the done (an
   asynchronous slice does both at the done), and a bitcast-like custom call moves nothing.
 
-  `on_chip`: only the bytes of operands and results in on-chip memory spaces (`on_chip_share`; an operand
-  or result that is a tuple, in the proportion of its bytes there)."""
+  `on_chip`: only the bytes of operands and results in on-chip memory spaces (`is_on_chip`; an operand
+  that is a tuple, in the proportion of its bytes there; a fusion's result, element by element)."""
   operand_shapes = [shapes.get(o, "") for o in op.operands]
   reads = [shape_bytes(s) for s in operand_shapes]
   written = shape_bytes(op.shape)
@@ -253,8 +257,16 @@ def moved(op: Op, computations: dict[str, list[Op]], shapes: dict[str, str],
       return read(), 0.0
     if target == "AsyncCollectiveDone":    # ...and its result written here, once
       return 0.0, written * write_share
-    written -= _fused(fused, reads, computations)
-    written -= _passed_through(op, fused, reads)
+    unwritten = _fused(fused, reads, computations)
+    for index, b in _passed_through(op, fused, reads).items():
+      unwritten[index] = unwritten.get(index, 0.0) + b
+    elements = _ARRAY.findall(op.shape)
+    if not on_chip:
+      return read(), written - sum(unwritten.values())
+    if len(elements) == (len(root.operands) if root is not None and root.opcode == "tuple" else 1):
+      return read(), sum(_array_bytes(dtype, dims) - unwritten.get(i, 0.0)
+                         for i, (dtype, dims, layout) in enumerate(elements) if is_on_chip(layout))
+    written -= sum(unwritten.values())   # nested tuples: in proportion
   return read(), written * write_share
 
 
@@ -296,9 +308,10 @@ def _partial_read(name: str, ops: list[Op], computations: dict[str, list[Op]], d
   return total
 
 
-def _fused(fused: list[Op], reads: list[float], computations: dict[str, list[Op]]) -> float:
+def _fused(fused: list[Op], reads: list[float], computations: dict[str, list[Op]]) -> dict[int, float]:
   """Lowers `reads` (per operand of the fusion) for parameters read in part or updated in place; returns
-  the bytes of the result that are not written (a buffer updated in place, less its update)."""
+  the bytes of the result that are not written (a buffer updated in place, less its update), by the
+  index of the output (0 for a result that is no tuple)."""
   local = {o.name: o for o in fused}
   users = _users(fused)
   for o in fused:
@@ -306,9 +319,9 @@ def _fused(fused: list[Op], reads: list[float], computations: dict[str, list[Op]
       if (part := _partial_read(o.name, fused, computations)) is not None:
         reads[i] = part
   root = _root(fused)
-  outputs = [local[n] for n in root.operands if n in local] if root and root.opcode == "tuple" else [root]
-  unwritten = 0.0
-  for out in outputs:
+  outputs = [local.get(n) for n in root.operands] if root and root.opcode == "tuple" else [root]
+  unwritten = {}
+  for index, out in enumerate(outputs):
     while out is not None and out.opcode == "bitcast" and out.operands:
       out = local.get(out.operands[0])
     if out is None or out.opcode != "dynamic-update-slice" or len(out.operands) < 2:
@@ -322,7 +335,7 @@ def _fused(fused: list[Op], reads: list[float], computations: dict[str, list[Op]
     others = [u for u in users[buffer.name] if u.name not in chain]
     if all(u.opcode in PARTIAL_READS and u.operands[0] == buffer.name for u in others):
       reads[int(buffer.args)] = sum(shape_bytes(u.shape) for u in others)   # 0 when the update is its only use
-    unwritten += shape_bytes(out.shape) - shape_bytes(update.shape)
+    unwritten[index] = shape_bytes(out.shape) - shape_bytes(update.shape)
   return unwritten
 
 
@@ -338,20 +351,20 @@ def _views_its_operand(op: Op) -> bool:
 _ALIAS = re.compile(r"\{([\d,\s]*)\}:\s*\((\d+),")
 
 
-def _passed_through(op: Op, fused: list[Op], reads: list[float]) -> float:
+def _passed_through(op: Op, fused: list[Op], reads: list[float]) -> dict[int, float]:
   """A fusion output that is one of its parameters, unchanged, in the buffer of that operand
   (`output_to_operand_aliasing`: TPU's asynchronous collectives carry their buffers through the fusions
-  that run beside them) moves nothing: lowers `reads` and returns the bytes not written."""
+  that run beside them) moves nothing: lowers `reads` and returns the bytes not written by output index."""
   if not (m := re.search(r"output_to_operand_aliasing=\{(.*?)\}\}?,\s*\w+=", op.attrs)):
-    return 0.0
+    return {}
   local = {o.name: o for o in fused}
   root = _root(fused)
   if root is None or root.opcode != "tuple":
-    return 0.0
+    return {}
   elements = _ARRAY.findall(op.shape)
   if len(elements) != len(root.operands):   # nested tuples: left as counted
-    return 0.0
-  unwritten = 0.0
+    return {}
+  unwritten = {}
   for index, operand in _ALIAS.findall(m.group(1)):
     if not index.strip().isdigit() or int(operand) >= len(reads):
       continue
@@ -360,7 +373,7 @@ def _passed_through(op: Op, fused: list[Op], reads: list[float]) -> float:
       out = local.get(out.operands[0])
     if out is not None and out.opcode == "parameter" and int(out.args) == int(operand):
       dtype, dims, _ = elements[int(index)]
-      unwritten += _array_bytes(dtype, dims)
+      unwritten[int(index)] = unwritten.get(int(index), 0.0) + _array_bytes(dtype, dims)
       reads[int(operand)] = 0.0
   return unwritten
 
@@ -455,7 +468,7 @@ def format_summary(s: dict, xla_bytes: float | None = None) -> str:
   lines = [head]
   if s.get("on_chip_bytes"):
     lines.append(f"  of which in on-chip memory (layouts S(n), n not 0 or 5): {gb(s['on_chip_bytes']).strip()}; "
-                 f"in HBM: {gb(s['total_bytes'] - s['on_chip_bytes']).strip()}")
+                 f"elsewhere (HBM, host): {gb(s['total_bytes'] - s['on_chip_bytes']).strip()}")
   if s.get("unknown_loops"):
     lines.append(f"  WARNING: {s['unknown_loops']} loop(s) of unknown trip count: their bodies are counted once")
   lines.append("  by kind:")
