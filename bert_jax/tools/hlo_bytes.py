@@ -89,6 +89,8 @@ def is_on_chip(layout: str) -> bool:
 def on_chip_share(shape: str, first_only: bool = False) -> float:
   """The fraction of a shape's bytes in on-chip memory spaces; of its first array only with `first_only`
   (an asynchronous slice's start: the source it reads)."""
+  if "S(" not in shape:   # no memory space printed: all in HBM
+    return 0.0
   arrays = _ARRAY.findall(shape)[:1] if first_only else _ARRAY.findall(shape)
   total = sum(_array_bytes(dtype, dims) for dtype, dims, _ in arrays)
   on_chip = sum(_array_bytes(dtype, dims) for dtype, dims, layout in arrays if is_on_chip(layout))
@@ -218,56 +220,55 @@ def _root(ops: list[Op]) -> Op | None:
   return next((o for o in ops if o.root), None)
 
 
-def moved(op: Op, computations: dict[str, list[Op]], shapes: dict[str, str],
-          on_chip: bool = False) -> tuple[float, float]:
-  """(bytes read, bytes written) by one run of an executed op, counted as XLA's cost analysis does:
-  operands and result, except that a slice reads what it returns (so does a fusion's parameter that only
-  slices use), an update in place (dynamic-update-slice, alone or at a fusion's root) reads and writes
-  the update and not the buffer, an asynchronous pair reads at the start and writes at the done (an
-  asynchronous slice does both at the done), and a bitcast-like custom call moves nothing.
-
-  `on_chip`: only the bytes of operands and results in on-chip memory spaces (`is_on_chip`; an operand
-  that is a tuple, in the proportion of its bytes there; a fusion's result, element by element)."""
+def moved(op: Op, computations: dict[str, list[Op]], shapes: dict[str, str]) -> tuple[float, float, float]:
+  """(bytes read, bytes written, of those bytes the ones on chip) by one run of an executed op, counted as
+  XLA's cost analysis does: operands and result, except that a slice reads what it returns (so does a
+  fusion's parameter that only slices use), an update in place (dynamic-update-slice, alone or at a
+  fusion's root) reads and writes the update and not the buffer, an asynchronous pair reads at the start
+  and writes at the done (an asynchronous slice does both at the done), and a bitcast-like custom call
+  moves nothing. On chip: the bytes of operands and results in on-chip memory spaces (`is_on_chip`; an
+  operand that is a tuple, in the proportion of its bytes there; a fusion's result, element by element)."""
   operand_shapes = [shapes.get(o, "") for o in op.operands]
   reads = [shape_bytes(s) for s in operand_shapes]
   written = shape_bytes(op.shape)
-  read_share = [on_chip_share(s) if on_chip else 1.0 for s in operand_shapes]
-  write_share = on_chip_share(op.shape) if on_chip else 1.0
-  read = lambda: sum(r * f for r, f in zip(reads, read_share))   # noqa: E731
+  write_share = on_chip_share(op.shape)
+  # Read when called: the rules below lower `reads` first.
+  on_chip_read = lambda: sum(r * on_chip_share(s) for r, s in zip(reads, operand_shapes))   # noqa: E731
   opcode = op.opcode
   if opcode == "slice-start":
-    return 0.0, 0.0
+    return 0.0, 0.0, 0.0
   if opcode == "slice-done":   # reads the source named first in the start's tuple
-    source_share = on_chip_share(operand_shapes[0], first_only=True) if on_chip and operand_shapes else 1.0
-    return written * source_share, written * write_share
-  if opcode.endswith("-start"):
-    return read(), 0.0   # the done writes the result; the start's tuple repeats its operands
-  if opcode.endswith("-done"):
-    return 0.0, written * write_share      # its operand is the start's handle
+    source_share = on_chip_share(operand_shapes[0], first_only=True) if operand_shapes else 0.0
+    return written, written, written * (source_share + write_share)
+  if opcode.endswith("-start"):   # the done writes the result; the start's tuple repeats its operands
+    return sum(reads), 0.0, on_chip_read()
+  if opcode.endswith("-done"):    # its operand is the start's handle
+    return 0.0, written, written * write_share
   if opcode == "custom-call" and (m := _TARGET.search(op.attrs)) and m.group(1) in FREE_CUSTOM_CALLS:
-    return 0.0, 0.0
+    return 0.0, 0.0, 0.0
   if opcode in PARTIAL_READS and reads:
     reads[0] = written
   if opcode == "dynamic-update-slice" and len(reads) > 1:
     reads[0], written = 0.0, reads[1]
+  written_on_chip = None
   if (fused := _calls(op, computations)) is not None:
     root = _root(fused)
     target = _TARGET.search(root.attrs).group(1) if root is not None and root.opcode == "custom-call" else ""
     if target == "AsyncCollectiveStart":   # a TPU collective: its input is read here...
-      return read(), 0.0
+      return sum(reads), 0.0, on_chip_read()
     if target == "AsyncCollectiveDone":    # ...and its result written here, once
-      return 0.0, written * write_share
+      return 0.0, written, written * write_share
     unwritten = _fused(fused, reads, computations)
     for index, b in _passed_through(op, fused, reads).items():
       unwritten[index] = unwritten.get(index, 0.0) + b
+    written -= sum(unwritten.values())
     elements = _ARRAY.findall(op.shape)
-    if not on_chip:
-      return read(), written - sum(unwritten.values())
-    if len(elements) == (len(root.operands) if root is not None and root.opcode == "tuple" else 1):
-      return read(), sum(_array_bytes(dtype, dims) - unwritten.get(i, 0.0)
-                         for i, (dtype, dims, layout) in enumerate(elements) if is_on_chip(layout))
-    written -= sum(unwritten.values())   # nested tuples: in proportion
-  return read(), written * write_share
+    if write_share and len(elements) == (len(root.operands) if root is not None and root.opcode == "tuple" else 1):
+      written_on_chip = sum(_array_bytes(dtype, dims) - unwritten.get(i, 0.0)
+                            for i, (dtype, dims, layout) in enumerate(elements) if is_on_chip(layout))
+  if written_on_chip is None:   # nested tuples: in proportion
+    written_on_chip = written * write_share
+  return sum(reads), written, on_chip_read() + written_on_chip
 
 
 def _users(ops: list[Op]) -> dict[str, list[Op]]:
@@ -412,7 +413,6 @@ def traffic(text: str) -> list[dict]:
   shapes = {op.name: op.shape for ops in computations.values() for op in ops}
   rows, runs = [], collections.Counter({entry: 1})
   order = [entry]
-  spaces = _SPACE.search(text) is not None   # any array outside HBM at all
   for comp in order:   # breadth-first from the entry: every computation that runs ops of its own
     for op in computations.get(comp, []):
       if op.opcode == "while" and trip_count(op, computations) is None:
@@ -427,8 +427,7 @@ def traffic(text: str) -> list[dict]:
     for op in computations.get(comp, []):
       if op.opcode in FREE_OPS:
         continue
-      read, written = moved(op, computations, shapes)
-      on_chip = sum(moved(op, computations, shapes, on_chip=True)) if spaces else 0.0
+      read, written, on_chip = moved(op, computations, shapes)
       rows.append({"name": op.name, "category": category(op, computations), "source": source(op),
                    "shape": op.shape, "trips": trips, "bytes": (read + written) * trips,
                    "on_chip_bytes": on_chip * trips})
