@@ -50,7 +50,7 @@ def segment_mask(kernel: str, input_mask, example_ids=None, window=None, causal=
     raise ValueError(f"attention_kernel {kernel!r} has no segment mask; one of {ATTENTION_KERNELS[1:]}")
   ids = jnp.zeros(input_mask.shape, jnp.int32) if example_ids is None else example_ids.astype(jnp.int32)
   segment_ids = jnp.where(input_mask.astype(bool), ids + 1, 0)
-  return SegmentMask(segment_ids, window=window, causal=causal, interpret=kernel == "splash_interpret")
+  return SegmentMask(segment_ids, window=window, causal=causal, interpret=kernel.endswith("_interpret"))
 
 
 def check_length(length: int):
@@ -116,7 +116,7 @@ def _splash(q_BLNK, k_BLNK, v_BLNK, segment_ids, local, mask: SegmentMask):
   if mesh.empty:
     o = _shard(q, k, v, segment_ids, local, mask)
   else:
-    spec = _fitting(mesh, q.shape, nn.logical_to_mesh_axes(
+    spec = fitting(mesh, q.shape, nn.logical_to_mesh_axes(
         ("activation_batch", "activation_heads", "activation_length", "activation_kv")))
     if spec[2] is not None or spec[3] is not None:
       raise ValueError(f"attention_kernel 'splash' shards batch and heads only; the logical axis rules shard "
@@ -129,7 +129,7 @@ def _splash(q_BLNK, k_BLNK, v_BLNK, segment_ids, local, mask: SegmentMask):
   return o.transpose(0, 2, 1, 3)
 
 
-def _fitting(mesh, shape, spec):
+def fitting(mesh, shape, spec):
   """`spec` with the axes that do not divide their dimension left unsharded (e.g. the one row that
   initialisation traces)."""
   def size(axes):
