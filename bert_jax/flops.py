@@ -60,8 +60,9 @@ def attended_keys(cfg: model.BertConfig, seq_length: int) -> list[int]:
 
 
 def kernel_attention_per_row(cfg: model.BertConfig, seq_length: int) -> dict[str, float]:
-  """One row's attention inside the splash kernel over a train step, which XLA's cost analysis cannot see
-  (a custom call): `bert-jax aot` adds it to XLA's counts. All 0 when attention runs as XLA ops.
+  """One row's attention inside the splash or flash kernel over a train step, which XLA's cost analysis
+  cannot see (a custom call): `bert-jax aot` adds it to XLA's counts. All 0 when attention runs as XLA ops.
+  Below for splash; the flash kernel's are in the code.
 
   - "model_flops": the model count's share (3x the forward scores and values, `forward_flops_per_row`).
   - "flops": what the kernel computes. It works in blocks of keys: a query block of a sliding-window layer
@@ -72,9 +73,19 @@ def kernel_attention_per_row(cfg: model.BertConfig, seq_length: int) -> dict[str
   """
   from bert_jax.models import splash  # pylint: disable=g-import-not-at-top
   out = {"model_flops": 0.0, "flops": 0.0, "bytes": 0.0}
+  h, s, itemsize = cfg.hidden_size, seq_length, cfg.dtype.itemsize
+  if cfg.attention_kernel.startswith("flash"):
+    # `flash_dropout`: every key of a row, dropout or not. Forward: scores and weighted sum; backward: the
+    # scores again, then the values', probabilities', keys' and queries' matmuls. XLA counts the kernel's
+    # operands and results, each of which it reads or writes once, but the queries' segment ids: a row of
+    # int32 (8 sublanes a tile) per head and pass, counted here beyond XLA's one.
+    for keys in attended_keys(cfg, s):
+      out["model_flops"] += 3 * 2 * (2 * s * keys * h)
+      out["flops"] += (2 + 5) * 2 * s * keys * h
+      out["bytes"] += 2 * (cfg.num_heads - 1) * s * 4 * 8
+    return out
   if cfg.attention_kernel == "xla" or cfg.attention_dropout > 0:   # dropout takes the explicit path
     return out
-  h, s, itemsize = cfg.hidden_size, seq_length, cfg.dtype.itemsize
   block = splash.block_size(s)
   for keys in attended_keys(cfg, s):
     out["model_flops"] += 3 * 2 * (2 * s * keys * h)

@@ -33,6 +33,7 @@ from bert_jax import optimizer as optimizer_lib
 from bert_jax import paths
 from bert_jax import sharding
 from bert_jax import steps
+from bert_jax.models import flash_dropout
 from bert_jax.models import splash
 
 TrainState = steps.TrainState
@@ -81,7 +82,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
                     "position embeddings (model.max_position_embeddings)")
   if d.max_predictions_per_seq > d.seq_length:
     problems.append(f"data.max_predictions_per_seq {d.max_predictions_per_seq} > seq_length {d.seq_length}")
-  if cfg.attention_kernel != "xla" and d.seq_length % splash.BLOCKS[-1]:
+  if cfg.attention_kernel.startswith("splash") and d.seq_length % splash.BLOCKS[-1]:
     problems.append(f"model.attention_kernel {cfg.attention_kernel!r} tiles sequences in blocks of "
                     f"{splash.BLOCKS[-1]} tokens: data.seq_length {d.seq_length} is no multiple (or set it to 'xla')")
   if config.get("dropout_rng", DROPOUT_RNGS[0]) not in DROPOUT_RNGS:
@@ -196,7 +197,8 @@ def _in_mesh_context(fn: Callable, mesh: Mesh, rules) -> Callable:
   """`fn` traced with the logical axis rules and the (abstract) mesh the model's constraints need."""
   @functools.wraps(fn)
   def wrapped(*args, **kwargs):
-    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), nn.logical_axis_rules(rules):
+    with (jax.sharding.use_abstract_mesh(mesh.abstract_mesh), nn.logical_axis_rules(rules),
+          flash_dropout.compiling_for(mesh.devices.flat[0].device_kind)):
       return fn(*args, **kwargs)
   return wrapped
 

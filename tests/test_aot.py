@@ -198,6 +198,40 @@ def test_aot_compiles_the_splash_kernel(tmp_path):
 
 
 @pytest.mark.slow
+def test_aot_compiles_the_flash_kernel_for_v3_with_float32_matmuls(tmp_path):
+  """With `attention_kernel=flash` the v3 step holds the Pallas kernels (their float32 matmuls compile
+  there), the report adds the kernel's FLOPs and bytes and, as v3's Mosaic takes float32 operands, the
+  bound if they take six bf16 passes."""
+  from bert_jax import flops  # pylint: disable=g-import-not-at-top
+  overrides = {**OVERRIDES, "model.attention_kernel": "flash", "model.attention_dropout": 0.1, "dtype": "bfloat16",
+               "mesh.data": 4}
+  proc, report = _aot(tmp_path, overrides, ["--topology=v3:2x2"])
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "take float32 operands on TPU v3: if they take 6 bf16 passes" in proc.stdout
+  timing, config = report["time_per_step"], _config(overrides)
+  cfg = objectives.encoder_config(config)
+  assert cfg.attention_dropout > 0
+  kernel = flops.kernel_attention_per_row(cfg, 32)
+  assert timing["kernel_flops"] == pytest.approx(kernel["flops"] * 16 / 8) and kernel["flops"] > 0
+  extra = 5 * timing["kernel_flops"] / timing["peak_flops"]
+  assert timing["kernel_passes"] == 6
+  assert timing["kernel_passes_compute_seconds"] == pytest.approx(timing["compute_seconds"] + extra)
+  assert timing["kernel_passes_mfu_bound"] <= timing["mfu_bound"]   # equal here: this tiny step is memory-bound
+  # XLA's count lacks the attention matmuls: with the kernel's model share it is about the model's.
+  assert 1.0 <= (timing["xla_flops"] + kernel["model_flops"] * 16 / 8) / timing["model_flops"] <= 1.3
+
+
+def test_the_flash_kernel_takes_float32_matmuls_on_v2_and_v3_or_for_a_float32_model():
+  from bert_jax.tools import aot  # pylint: disable=g-import-not-at-top
+  flash = _config({**OVERRIDES, "model.attention_kernel": "flash", "dtype": "bfloat16"})
+  assert aot._float32_kernel(flash, "TPU v3") and aot._float32_kernel(flash, "TPU v2")
+  assert not aot._float32_kernel(flash, "TPU v4") and not aot._float32_kernel(flash, "TPU v5 lite")
+  assert aot._float32_kernel(_config({**OVERRIDES, "model.attention_kernel": "flash", "dtype": "float32"}),
+                             "TPU v5 lite")
+  assert not aot._float32_kernel(_config({**OVERRIDES, "dtype": "bfloat16"}), "TPU v3")
+
+
+@pytest.mark.slow
 def test_aot_compiles_electra_with_its_generator(tmp_path):
   """ELECTRA's step trains two networks: the generator's params and Adam moments are in the state the
   compiled step takes, and its FLOPs in the model count."""

@@ -59,7 +59,7 @@ _ELECTRA_DEFAULTS = {"hidden_size": 256, "num_attention_heads": 4, "intermediate
 
 
 SHARED_SUBLAYERS = ("", "attention", "ffn")
-ATTENTION_KERNELS = ("xla", "splash", "splash_interpret")
+ATTENTION_KERNELS = ("xla", "splash", "splash_interpret", "flash", "flash_interpret")
 # What the explicit attention path keeps for its backward pass in training (models/softmax_dropout.py):
 # "float32" or "bfloat16" probabilities and the dropout mask, or "autodiff": whatever autodiff saves.
 ATTENTION_RESIDUALS = ("float32", "bfloat16", "autodiff")
@@ -112,8 +112,10 @@ class BertConfig:
   pruned_heads: tuple = ()
   # How the fused attention runs (`models/splash.py`): "xla" (jax.nn.dot_product_attention with a dense mask,
   # any backend), "splash" (Pallas' block-sparse TPU kernel: segment ids and windows, no [B, N, L, L] scores)
-  # or "splash_interpret" (that kernel interpreted, on any backend: tests). Attention probabilities
-  # (`output_attentions`) and attention dropout always take the explicit path.
+  # or "splash_interpret" (that kernel interpreted, on any backend: tests); attention dropout takes the
+  # explicit path with these. "flash" (`models/flash_dropout.py`): a Pallas TPU kernel with BERT's attention
+  # dropout inside, segment ids only ("flash_interpret": interpreted). Attention probabilities
+  # (`output_attentions`) always take the explicit path.
   attention_kernel: str = "xla"
   # With attention dropout, what the backward pass keeps of the [B, N, L, L] probabilities (ATTENTION_RESIDUALS;
   # models/softmax_dropout.py): "float32" (autodiff's gradients, 5 bytes an element instead of 7), "bfloat16"
@@ -138,6 +140,9 @@ class BertConfig:
       raise ValueError("local_rope_theta needs rope_theta and sliding-window layers (local_attention)")
     if self.attention_kernel not in ATTENTION_KERNELS:
       raise ValueError(f"attention_kernel {self.attention_kernel!r}; one of {ATTENTION_KERNELS}")
+    if self.attention_kernel.startswith("flash") and (self.local_attention is not None or self.causal):
+      raise ValueError(f"attention_kernel {self.attention_kernel!r} takes segment ids only: sliding windows "
+                       "and causal masks are the 'splash' kernel's")
     if self.attention_residuals not in ATTENTION_RESIDUALS:
       raise ValueError(f"attention_residuals {self.attention_residuals!r}; one of {ATTENTION_RESIDUALS}")
     if self.shared_sublayer not in SHARED_SUBLAYERS:

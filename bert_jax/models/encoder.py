@@ -26,6 +26,7 @@ import numpy as np
 
 from bert_jax.models import rotary
 from bert_jax.models import splash
+from bert_jax.models import flash_dropout
 from bert_jax.models import softmax_dropout
 # The config lives in its own module; these names are re-exported for the callers of `encoder`.
 from bert_jax.models.config import BertConfig, HF_MODEL_TYPES, PRESETS, REMAT_POLICIES, TABLE6  # noqa: F401
@@ -169,7 +170,8 @@ class SelfAttention(nn.Module):
                segments=None):
     """`rope`: (cos, sin) tables rotating queries and keys (`rotary.rotary_tables`), or None. `head_mask_N`:
     each head's output scaled by its entry before the output projection (None: all ones). `segments`: the
-    splash kernel's `splash.SegmentMask` (then the fused path runs it instead of the dense `mask`), or None.
+    kernel's `splash.SegmentMask` (then the fused path runs it instead of the dense `mask`; with the "flash"
+    kernel training too, dropout inside), or None.
 
     Returns the output [B, L, H]; with `output_attentions`, (output, float32 probabilities [B, N, L, L]),
     computed explicitly (the fused kernel returns none).
@@ -185,6 +187,10 @@ class SelfAttention(nn.Module):
     if shape[1] == 0:  # every head pruned: the output projection's bias is all that is left
       o_BLNK = v_BLNK
       probs = jnp.zeros(x_BLH.shape[:1] + (0,) + x_BLH.shape[1:2] * 2, jnp.float32)
+    elif segments is not None and cfg.attention_kernel.startswith("flash") and not output_attentions:
+      training = not deterministic and cfg.attention_dropout > 0.0
+      key = _DropoutKey(name="Dropout_0")() if training else None
+      o_BLNK = flash_dropout.attention(q_BLNK, k_BLNK, v_BLNK, segments, key, cfg.attention_dropout)
     elif output_attentions or not (deterministic or cfg.attention_dropout == 0.0):
       o_BLNK, probs = self._explicit_attention(q_BLNK, k_BLNK, v_BLNK, mask, deterministic, output_attentions)
     elif segments is not None:

@@ -1,0 +1,290 @@
+"""BERT's training attention, dropout included, as one Pallas TPU kernel: no [B, N, L, L] array in HBM.
+
+The explicit path (`softmax_dropout.attend`) writes the float32 scores, keeps the probabilities and the
+dropout mask for the backward pass and writes the scores' gradient: at sequence 512 that is most of a
+BERT layer's bytes (docs/performance.md). The splash kernel keeps scores on chip but has no dropout. Here
+each (example, head, block of queries) computes its scores against every key of the sequence in VMEM,
+softmax, dropout and the weighted sum; the backward kernel recomputes them (no residual but q, k and v) and
+gives the gradients of queries, keys and values. HBM sees q, k, v, the output and their gradients only.
+
+Dropout bits: a counter hash, not `jax.random`. Per example and head the step's dropout key gives two
+32-bit seeds (`seeds`, threefry); a score's bits are `_mix(_mix(index + seed0) ^ seed1)` of its index
+`query * length + key` (`_mix` is the `lowbias32` integer hash). A score is kept when its top 31 bits are
+at least `rate * 2^31`. The kernel hashes on the vector units, and `keep_mask` makes the same bits with
+XLA ops, so the dense path (`reference`, other backends) and the kernel drop the same scores, on any mesh
+(seeds are per example and head and shard with them). The bits differ from `nn.Dropout`'s (threefry), so
+a step's loss equals the explicit path's without dropout only; with dropout it is a different draw.
+
+`BertConfig.attention_kernel` "flash" runs the kernel where the step is lowered for TPU and `reference`
+elsewhere (`lax.platform_dependent`); "flash_interpret" runs the kernel in Pallas' TPU interpreter on any
+backend (tests; slow). Masks are segment ids (`splash.SegmentMask`: padding and packed examples); windows
+and causality are splash's. Sequences up to `MAX_LENGTH`: a block of queries holds all keys' scores.
+"""
+
+import contextlib
+import contextvars
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+from flax import linen as nn
+
+from bert_jax.models import softmax_dropout
+from bert_jax.models import splash
+
+MAX_LENGTH = 2048
+# TPU generations whose Mosaic matmuls take float32 operands only (bfloat16 fails to compile): the kernel
+# gives them its bfloat16 values as float32, at default precision.
+FLOAT32_MATMULS = ("TPU v2", "TPU v3")
+_device_kind = contextvars.ContextVar("flash_dropout_device_kind", default="")
+NT = (((1,), (1,)), ((), ()))   # a @ b.T
+NN = (((1,), (0,)), ((), ()))   # a @ b
+
+
+def block_q(length: int) -> int:
+  """Queries per kernel step: [length, block] float32 arrays live in VMEM at once."""
+  if length > MAX_LENGTH:
+    raise ValueError(f"attention_kernel 'flash' holds a query block's scores against all {length} keys; "
+                     f"it takes sequences up to {MAX_LENGTH}")
+  for block in ((256, 128) if length <= 1024 else (128,)):
+    if length % block == 0:
+      return block
+  return length
+
+
+@contextlib.contextmanager
+def compiling_for(device_kind: str):
+  """Trace the kernel for devices of `device_kind` (`jax.Device.device_kind`, e.g. "TPU v3")."""
+  token = _device_kind.set(device_kind)
+  try:
+    yield
+  finally:
+    _device_kind.reset(token)
+
+
+def matmul_dtype(dtype):
+  """The dtype the kernel's matmuls take for inputs of `dtype` on the devices traced for."""
+  return jnp.dtype(jnp.float32) if _device_kind.get().startswith(FLOAT32_MATMULS) else jnp.dtype(dtype)
+
+
+def seeds(key, batch: int, heads: int):
+  """Two int32 seeds per example and head [B, N, 2] from the dropout key."""
+  return lax.bitcast_convert_type(jax.random.bits(key, (batch, heads, 2), jnp.uint32), jnp.int32)
+
+
+def _shift(x, n):
+  return lax.shift_right_logical(x, jnp.int32(n))
+
+
+def _mix(x):
+  """lowbias32 (Chris Wellons' integer hash) on int32, wrapping."""
+  x = x ^ _shift(x, 16)
+  x = x * jnp.int32(0x7FEB352D)
+  x = x ^ _shift(x, 15)
+  x = x * jnp.int32(np.int32(np.uint32(0x846CA68B).view(np.int32)))
+  return x ^ _shift(x, 16)
+
+
+def _threshold(rate: float):
+  return jnp.int32(min(int(round(rate * 2.0 ** 31)), 2 ** 31 - 1))
+
+
+def _keep(index, seed0, seed1, rate: float):
+  return _shift(_mix(_mix(index + seed0) ^ seed1), 1) >= _threshold(rate)
+
+
+def keep_mask(seeds_BN2, length: int, rate: float):
+  """The kernel's dropout bits with XLA ops: [B, N, L, L] bool, True where a score is kept."""
+  index = (jnp.arange(length, dtype=jnp.int32)[:, None] * length + jnp.arange(length, dtype=jnp.int32)[None])
+  s0, s1 = seeds_BN2[..., 0, None, None], seeds_BN2[..., 1, None, None]
+  return _keep(index[None, None], s0, s1, rate)
+
+
+def allowed(segment_ids):
+  """[B, 1, L, L]: a query attends to the keys of its segment."""
+  return (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None]
+
+
+def reference(q, k, v, segment_ids, seeds_BN2, rate: float):
+  """The kernel's function with XLA ops ([B, L, N, K] in and out): `softmax_dropout`'s explicit path with
+  `keep_mask`'s bits."""
+  probs = softmax_dropout.probabilities(q, k, allowed(segment_ids))
+  if rate > 0:
+    probs = jnp.where(keep_mask(seeds_BN2, q.shape[1], rate), probs / (1.0 - rate), 0.0)
+  return jnp.einsum("bnqs,bsnk->bqnk", probs.astype(v.dtype), v)
+
+
+# The kernels work on one (example, head)'s keys [L, K] against a block of queries [bq, K], with the
+# scores transposed, [L, bq]: keys in sublanes, queries in lanes, so the queries' segment ids are a row
+# ([B, 1, L]: no lane padding) and the per-query softmax reduces over sublanes.
+
+def _probabilities(q, k, q_seg, kv_seg, scale):
+  s = lax.dot_general(k, q, NT, preferred_element_type=jnp.float32) * scale        # [L, bq]
+  ok = kv_seg == q_seg                                                             # [L, 1] == [1, bq]
+  s = jnp.where(ok, s, jnp.finfo(jnp.float32).min)
+  p = jnp.exp(s - jnp.max(s, axis=0, keepdims=True))
+  p = jnp.where(ok, p, 0.0)
+  return p / jnp.sum(p, axis=0, keepdims=True)
+
+
+def _kept(seeds_ref, rate, shape, length):
+  b, n, i = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+  base = 2 * (b * pl.num_programs(1) + n)
+  key = lax.broadcasted_iota(jnp.int32, shape, 0)
+  query = lax.broadcasted_iota(jnp.int32, shape, 1) + i * shape[1]
+  return _keep(query * length + key, seeds_ref[base], seeds_ref[base + 1], rate)
+
+
+def _operand(x, dtype, mm):
+  """`x` rounded to the compute `dtype`, in the matmul's `mm` dtype."""
+  return x.astype(dtype).astype(mm)
+
+
+def _forward_kernel(seeds_ref, q_ref, k_ref, v_ref, qseg_ref, kvseg_ref, o_ref, *, rate, scale, mm):
+  dtype = v_ref.dtype
+  q, k, v = (r[...].astype(mm) for r in (q_ref, k_ref, v_ref))
+  p = _probabilities(q, k, qseg_ref[...], kvseg_ref[...], scale)
+  if rate > 0:
+    p = jnp.where(_kept(seeds_ref, rate, p.shape, k.shape[0]), p / (1.0 - rate), 0.0)
+  o_ref[...] = lax.dot_general(_operand(p, dtype, mm).T, v, NN, preferred_element_type=jnp.float32).astype(dtype)
+
+
+def _backward_kernel(seeds_ref, q_ref, k_ref, v_ref, qseg_ref, kvseg_ref, do_ref, dq_ref, dk_ref, dv_ref,
+                     dk_acc, dv_acc, *, rate, scale, mm):
+  i, dtype = pl.program_id(2), v_ref.dtype
+  q, k, v, do = (r[...].astype(mm) for r in (q_ref, k_ref, v_ref, do_ref))
+  p = _probabilities(q, k, qseg_ref[...], kvseg_ref[...], scale)                    # [L, bq]
+  d_dropped = lax.dot_general(v, do, NT, preferred_element_type=jnp.float32)       # [L, bq]
+  if rate > 0:
+    keep = _kept(seeds_ref, rate, p.shape, k.shape[0])
+    dropped = jnp.where(keep, p / (1.0 - rate), 0.0)
+    d_probs = jnp.where(keep, d_dropped / (1.0 - rate), 0.0)
+  else:
+    dropped, d_probs = p, d_dropped
+  dv = lax.dot_general(_operand(dropped, dtype, mm), do, NN, preferred_element_type=jnp.float32)
+  d_scores = _operand(p * (d_probs - jnp.sum(d_probs * p, axis=0, keepdims=True)) * scale, dtype, mm)
+  dk = lax.dot_general(d_scores, q, NN, preferred_element_type=jnp.float32)
+  dq_ref[...] = lax.dot_general(d_scores.T, k, NN, preferred_element_type=jnp.float32).astype(dq_ref.dtype)
+
+  @pl.when(i == 0)
+  def _():
+    dk_acc[...] = jnp.zeros_like(dk_acc)
+    dv_acc[...] = jnp.zeros_like(dv_acc)
+
+  dk_acc[...] += dk
+  dv_acc[...] += dv
+
+  @pl.when(i == pl.num_programs(2) - 1)
+  def _():
+    dk_ref[...] = dk_acc[...].astype(dk_ref.dtype)
+    dv_ref[...] = dv_acc[...].astype(dv_ref.dtype)
+
+
+def _specs(length, width, bq):
+  """Block specs on grid (b, n, i) of [B, N, L, K] arrays and the segment ids."""
+  sq = pl.Squeezed()
+  q = pl.BlockSpec((sq, sq, bq, width), lambda b, n, i, s: (b, n, i, 0))
+  kv = pl.BlockSpec((sq, sq, length, width), lambda b, n, i, s: (b, n, 0, 0))
+  q_seg = pl.BlockSpec((sq, 1, bq), lambda b, n, i, s: (b, 0, i))
+  kv_seg = pl.BlockSpec((sq, length, 1), lambda b, n, i, s: (b, 0, 0))
+  return q, kv, q_seg, kv_seg
+
+
+def _call(kernel, grid_spec, out_shape, interpret, semantics):
+  return pl.pallas_call(kernel, grid_spec=grid_spec, out_shape=out_shape,
+                        compiler_params=pltpu.CompilerParams(dimension_semantics=semantics),
+                        interpret=pltpu.InterpretParams() if interpret else False)
+
+
+def _segments(segment_ids):
+  s = segment_ids.astype(jnp.int32)
+  return s[:, None, :], s[:, :, None]    # queries' [B, 1, L], keys' [B, L, 1]
+
+
+def _flash_forward(q, k, v, segment_ids, seeds_BN2, rate, interpret):
+  """[B, N, L, K] queries, keys, values (unscaled) -> context [B, N, L, K]."""
+  b, n, length, width = q.shape
+  bq = block_q(length)
+  q_spec, kv_spec, qseg_spec, kvseg_spec = _specs(length, width, bq)
+  grid = pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=1, grid=(b, n, length // bq),
+                                      in_specs=[q_spec, kv_spec, kv_spec, qseg_spec, kvseg_spec],
+                                      out_specs=q_spec)
+  kernel = functools.partial(_forward_kernel, rate=rate, scale=1.0 / np.sqrt(width), mm=matmul_dtype(q.dtype))
+  return _call(kernel, grid, jax.ShapeDtypeStruct(q.shape, q.dtype), interpret,
+               ("parallel", "parallel", "parallel"))(seeds_BN2.reshape(-1), q, k, v, *_segments(segment_ids))
+
+
+def _flash_backward(q, k, v, segment_ids, seeds_BN2, do, rate, interpret):
+  b, n, length, width = q.shape
+  bq = block_q(length)
+  q_spec, kv_spec, qseg_spec, kvseg_spec = _specs(length, width, bq)
+  grid = pltpu.PrefetchScalarGridSpec(
+      num_scalar_prefetch=1, grid=(b, n, length // bq),
+      in_specs=[q_spec, kv_spec, kv_spec, qseg_spec, kvseg_spec, q_spec], out_specs=[q_spec, kv_spec, kv_spec],
+      scratch_shapes=[pltpu.VMEM((length, width), jnp.float32)] * 2)
+  kernel = functools.partial(_backward_kernel, rate=rate, scale=1.0 / np.sqrt(width), mm=matmul_dtype(q.dtype))
+  out = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v)]
+  return _call(kernel, grid, out, interpret, ("parallel", "parallel", "arbitrary"))(
+      seeds_BN2.reshape(-1), q, k, v, *_segments(segment_ids), do)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def _flash(q, k, v, segment_ids, seeds_BN2, rate, interpret):
+  return _flash_forward(q, k, v, segment_ids, seeds_BN2, rate, interpret)
+
+
+def _flash_fwd(q, k, v, segment_ids, seeds_BN2, rate, interpret):
+  return _flash_forward(q, k, v, segment_ids, seeds_BN2, rate, interpret), (q, k, v, segment_ids, seeds_BN2)
+
+
+def _flash_bwd(rate, interpret, residuals, do):
+  q, k, v, segment_ids, seeds_BN2 = residuals
+  dq, dk, dv = _flash_backward(q, k, v, segment_ids, seeds_BN2, do, rate, interpret)
+  return dq, dk, dv, None, None
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+def _kernel_BLNK(q, k, v, segment_ids, seeds_BN2, rate, interpret):
+  """The kernel on [B, L, N, K] arrays (one shard's under a mesh)."""
+  bnlk = lambda x: x.transpose(0, 2, 1, 3)
+  return bnlk(_flash(bnlk(q), bnlk(k), bnlk(v), segment_ids, seeds_BN2, rate, interpret))
+
+
+def attention(q_BLNK, k_BLNK, v_BLNK, mask, key=None, rate: float = 0.0):
+  """softmax(q k / sqrt(head_dim)) within segments, dropout at `rate` with `key` (None: no dropout),
+  weighted sum of v; [B, L, N, K] in and out. `mask`: the encoder's `splash.SegmentMask`."""
+  if mask.window is not None or mask.causal:
+    raise ValueError("attention_kernel 'flash' takes segment ids only; windows and causal masks are splash's")
+  batch, length, heads, _ = q_BLNK.shape
+  block_q(length)
+  rate = float(rate) if key is not None else 0.0
+  seeds_BN2 = seeds(key, batch, heads) if rate > 0 else jnp.zeros((batch, heads, 2), jnp.int32)
+  segment_ids = mask.segment_ids
+  if mask.interpret:
+    return _sharded(q_BLNK, k_BLNK, v_BLNK, segment_ids, seeds_BN2, rate, True)
+  return lax.platform_dependent(
+      q_BLNK, k_BLNK, v_BLNK, segment_ids, seeds_BN2,
+      tpu=lambda *a: _sharded(*a, rate, False),
+      default=lambda *a: reference(*a, rate))
+
+
+def _sharded(q, k, v, segment_ids, seeds_BN2, rate, interpret):
+  """`_kernel_BLNK` per shard under the abstract mesh (batch and heads sharded as the logical rules say)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return _kernel_BLNK(q, k, v, segment_ids, seeds_BN2, rate, interpret)
+  spec = splash.fitting(mesh, q.shape, nn.logical_to_mesh_axes(
+      ("activation_batch", "activation_length", "activation_heads", "activation_kv")))
+  if spec[1] is not None or spec[3] is not None:
+    raise ValueError(f"attention_kernel 'flash' shards batch and heads only; the logical axis rules shard "
+                     f"the sequence or the head dimension ({spec})")
+  P = jax.sharding.PartitionSpec
+  return jax.shard_map(lambda q, k, v, s, seeds: _kernel_BLNK(q, k, v, s, seeds, rate, interpret), mesh=mesh,
+                       in_specs=(spec, spec, spec, P(spec[0], None), P(spec[0], spec[2], None)), out_specs=spec,
+                       check_vma=False)(q, k, v, segment_ids, seeds_BN2)
