@@ -38,7 +38,9 @@ from bert_jax.models import splash
 
 MAX_LENGTH = 2048
 # TPU generations whose Mosaic matmuls take float32 operands only (bfloat16 fails to compile): the kernel
-# gives them its bfloat16 values as float32, at default precision.
+# gives them its bfloat16 values as float32, at default precision. That compiles to one MXU pass of f32-format
+# pushes (`llo.vmatmul`, mode "round"), the form XLA's own bfloat16 matmuls take on v3 (`vmatmul.f32`), not
+# the six of HIGHEST (tests/test_aot.py reads it from the Mosaic compiler's dump).
 FLOAT32_MATMULS = ("TPU v2", "TPU v3")
 _device_kind = contextvars.ContextVar("flash_dropout_device_kind", default="")
 NT = (((1,), (1,)), ((), ()))   # a @ b.T

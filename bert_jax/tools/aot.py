@@ -149,7 +149,7 @@ def memory_report(compiled, hbm_per_device: float) -> dict[str, float]:
 
 def time_report(compiled, chip: Chip, model_flops_per_device: float, loop_trips: int = 1,
                 kernel: dict | None = None, loop_bytes: float | None = None,
-                on_chip_share: float = 0.0, kernel_passes: int = 1) -> dict[str, Any]:
+                on_chip_share: float = 0.0) -> dict[str, Any]:
   """Estimated step time per device: max(FLOPs / peak, bytes accessed / HBM bandwidth).
 
   `loop_trips` is how often the step runs its outermost loop (`micro_batches`), which XLA counts once.
@@ -160,8 +160,6 @@ def time_report(compiled, chip: Chip, model_flops_per_device: float, loop_trips:
   `on_chip_share`: the fraction of the step's bytes in on-chip memory spaces, by `hlo_bytes`' count (the
   same share of XLA's count, whose tile padding ours leaves out, is taken as on chip); the "hbm_" fields
   are the step without them (on-chip traffic free), the others charge them at HBM bandwidth.
-  `kernel_passes` > 1: the kernel's matmuls take float32 operands, which the MXU may run in that many bfloat16
-  passes; the "kernel_passes_" fields charge the kernel's FLOPs that many times (the others once).
   """
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost   # older jax returned a list
@@ -194,15 +192,7 @@ def time_report(compiled, chip: Chip, model_flops_per_device: float, loop_trips:
       "on_chip_share": on_chip_share, "on_chip_bytes": on_chip_bytes, "hbm_bytes": hbm_bytes, "hbm_memory_seconds": hbm_bytes / bandwidth,
       "hbm_step_seconds": hbm_step_s, "hbm_bound": "compute" if compute_s >= hbm_bytes / bandwidth else "memory",
       "hbm_mfu_bound": model_flops_per_device / peak / hbm_step_s if hbm_step_s else 0.0,
-      **(_passes(kernel_passes, compute_s + (kernel_passes - 1) * kernel_flops / peak, memory_s,
-                 model_flops_per_device / peak) if kernel_passes > 1 and kernel_flops else {}),
   }
-
-
-def _passes(passes: int, compute_s: float, memory_s: float, model_s: float) -> dict[str, Any]:
-  step_s = max(compute_s, memory_s)
-  return {"kernel_passes": passes, "kernel_passes_compute_seconds": compute_s, "kernel_passes_step_seconds": step_s,
-          "kernel_passes_mfu_bound": model_s / step_s}
 
 
 def loop_bytes(hlo_text: str, summary: dict | None = None) -> float | None:
@@ -216,22 +206,6 @@ def loop_bytes(hlo_text: str, summary: dict | None = None) -> float | None:
 
 
 _WHILE = re.compile(r"\swhile\(%")
-
-
-# bfloat16 passes a float32 matmul takes at full precision (3 for "high"); how many the TPU's Mosaic compiler
-# uses for the flash kernel's float32 operands is not in what it reports (XLA's own float32 matmuls take one
-# at default precision).
-FLOAT32_PASSES = 6
-
-
-def _float32_kernel(config, device_kind: str) -> bool:
-  """Whether `config`'s attention kernel feeds its matmuls float32 operands on `device_kind` (bfloat16 values
-  on v2 and v3, or a float32 model)."""
-  from bert_jax import objectives  # pylint: disable=g-import-not-at-top
-  from bert_jax.models import flash_dropout  # pylint: disable=g-import-not-at-top
-  cfg = objectives.encoder_config(config)
-  with flash_dropout.compiling_for(device_kind):
-    return cfg.attention_kernel.startswith("flash") and flash_dropout.matmul_dtype(cfg.dtype) == "float32"
 
 
 def run(config, topology: str, report_top: int = 0, hlo_path: str = "") -> dict[str, Any]:
@@ -268,8 +242,7 @@ def run(config, topology: str, report_top: int = 0, hlo_path: str = "") -> dict[
   timing = time_report(compiled, chip, objectives.train_flops_per_step(config) / n, int(config.micro_batches),
                        kernel={k: v * config.global_batch_size / n for k, v in per_row.items()},
                        loop_bytes=loop_bytes(text, traffic),
-                       on_chip_share=traffic["on_chip_bytes"] / traffic["total_bytes"] if traffic["total_bytes"] else 0.0,
-                       kernel_passes=FLOAT32_PASSES if _float32_kernel(config, devices[0].device_kind) else 1)
+                       on_chip_share=traffic["on_chip_bytes"] / traffic["total_bytes"] if traffic["total_bytes"] else 0.0)
   report = {
       **report, "compile_seconds": compile_s, "lower_seconds": lower_s,
       "memory_per_device": memory_report(compiled, hbm),
@@ -395,11 +368,6 @@ def format_report(r: dict[str, Any]) -> str:
       f"  step    {1e3 * t['step_seconds']:.1f} ms ({t['bound']}-bound), {r['tokens_per_second']:,.0f} tokens/s, "
       f"MFU bound {100 * t['mfu_bound']:.0f}%",
   ]
-  if t.get("kernel_passes"):
-    lines.append(
-        f"  the attention kernel's matmuls take float32 operands on {r['device_kind']}: if they take "
-        f"{t['kernel_passes']} bf16 passes, compute {1e3 * t['kernel_passes_compute_seconds']:.1f} ms, step "
-        f"{1e3 * t['kernel_passes_step_seconds']:.1f} ms, MFU bound {100 * t['kernel_passes_mfu_bound']:.0f}%")
   if t.get("on_chip_bytes"):
     lines += [
         f"  of the bytes, {100 * t['on_chip_share']:.0f}% ({t['on_chip_bytes'] / 1e9:.1f} GB) are in on-chip memory "
