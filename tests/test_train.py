@@ -318,3 +318,31 @@ def test_dropout_bits_come_from_the_configured_generator():
 def test_exact_resume_with_hardware_generated_dropout_bits(data_dir, tmp_path, compilation_cache):
   """With dropout_rng "rbg" (XLA's RngBitGenerator) too, a resumed run replays the same dropout."""
   check_exact_resume_after_sigterm(data_dir, tmp_path, compilation_cache, n=4, dropout_rng="rbg")
+
+
+@pytest.mark.slow
+def test_flash_kernel_keeps_the_steps_loss(data_dir):
+  """`attention_kernel` "flash_interpret" (the TPU kernel, interpreted) on the same batch: without attention
+  dropout the step's loss and gradient norm are the explicit path's; with it, those of "flash" on this CPU
+  (the kernel's bits drawn by XLA ops), which differ from the explicit path's (nn.Dropout's bits)."""
+  def step(kernel, rate):
+    config = tiny_config(data_dir, **{"model.attention_kernel": kernel, "model.attention_dropout": rate})
+    s = train.setup(config, sharding.create_mesh(config.mesh))
+    batch = sharding.global_batch(next(train.create_iterator(config.data, config, split="train")), s.mesh)
+    _, metrics = s.train_step(s.init(jax.random.key(0)), batch, jax.random.key(1))
+    return jax.device_get(metrics)
+
+  plain, kernel = step("xla", 0.0), step("flash_interpret", 0.0)
+  np.testing.assert_allclose(kernel["loss"], plain["loss"], rtol=1e-5)
+  np.testing.assert_allclose(kernel["grad_norm"], plain["grad_norm"], rtol=1e-4)
+  dropped, interpreted, explicit = step("flash", 0.1), step("flash_interpret", 0.1), step("xla", 0.1)
+  np.testing.assert_allclose(interpreted["loss"], dropped["loss"], rtol=1e-5)
+  np.testing.assert_allclose(interpreted["grad_norm"], dropped["grad_norm"], rtol=1e-4)
+  assert dropped["loss"] != explicit["loss"] and dropped["loss"] != plain["loss"]
+
+
+@pytest.mark.slow
+def test_exact_resume_with_the_flash_kernels_dropout_bits(data_dir, tmp_path, compilation_cache):
+  """With `attention_kernel` "flash" (on this CPU its dropout bits by XLA ops) a resumed run replays them."""
+  check_exact_resume_after_sigterm(data_dir, tmp_path, compilation_cache, n=4,
+                                   **{"model.attention_kernel": "flash"})
