@@ -79,6 +79,7 @@ def test_dropout_bits_are_a_coin_at_the_rate_per_example_and_head():
   assert abs((per_head[0] == per_head[1]).mean() - 0.82) < 0.01
   assert abs((keep[..., 1:] == keep[..., :-1]).mean() - 0.82) < 0.005
   assert abs((keep[:, :, 1:] == keep[:, :, :-1]).mean() - 0.82) < 0.005
+  assert abs((keep[..., :64] == keep[..., 64:]).mean() - 0.82) < 0.005     # one hash's two halves
   again = np.asarray(flash_dropout.keep_mask(flash_dropout.seeds(jax.random.key(0), 4, 4), 128, 0.1))
   other = np.asarray(flash_dropout.keep_mask(flash_dropout.seeds(jax.random.key(1), 4, 4), 128, 0.1))
   assert (again == keep).all() and (other != keep).mean() > 0.1
@@ -172,3 +173,5 @@ def test_what_it_does_not_take_fails_clearly():
   with pytest.raises(ValueError, match="sequences up to 2048"):
     flash_dropout.block_q(4096)
   assert [flash_dropout.block_q(n) for n in (32, 128, 512, 2048)] == [32, 128, 256, 128]
+  with pytest.raises(ValueError, match="even sequence lengths"):
+    flash_dropout.keep_mask(jnp.zeros((1, 1, 2), jnp.int32), 33, 0.1)

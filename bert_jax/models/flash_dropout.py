@@ -8,12 +8,13 @@ softmax, dropout and the weighted sum; the backward kernel recomputes them (no r
 gives the gradients of queries, keys and values. HBM sees q, k, v, the output and their gradients only.
 
 Dropout bits: a counter hash, not `jax.random`. Per example and head the step's dropout key gives two
-32-bit seeds (`seeds`, threefry); a score's bits are `_mix(_mix(index + seed0) ^ seed1)` of its index
-`query * length + key` (`_mix` is the `lowbias32` integer hash). A score is kept when its top 31 bits are
-at least `rate * 2^31`. The kernel hashes on the vector units, and `keep_mask` makes the same bits with
-XLA ops, so the dense path (`reference`, other backends) and the kernel drop the same scores, on any mesh
-(seeds are per example and head and shard with them). The bits differ from `nn.Dropout`'s (threefry), so
-a step's loss equals the explicit path's without dropout only; with dropout it is a different draw.
+32-bit seeds (`seeds`, threefry); `_mix(_mix(index + seed0) ^ seed1)` (`_mix`: Bob Jenkins' 32-bit integer
+hash, shifts, adds and xors) of `index = query * L/2 + key` gives 16 bits to the score of `key` and 16 to
+that of `key + L/2`. A score is kept when its 16 bits are at least `rate * 2^16` (rounded: 0.1 keeps
+0.899994). The kernel hashes on the vector units, and `keep_mask` makes the same bits with XLA ops, so the
+dense path (`reference`, other backends) and the kernel drop the same scores, on any mesh (seeds are per
+example and head and shard with them). The bits differ from `nn.Dropout`'s (threefry), so a step's loss
+equals the explicit path's without dropout only; with dropout it is a different draw.
 
 `BertConfig.attention_kernel` "flash" runs the kernel where the step is lowered for TPU and `reference`
 elsewhere (`lax.platform_dependent`); "flash_interpret" runs the kernel in Pallas' TPU interpreter on any
@@ -82,28 +83,45 @@ def _shift(x, n):
   return lax.shift_right_logical(x, jnp.int32(n))
 
 
+def _int32(c: int):
+  return jnp.int32(np.uint32(c).view(np.int32))
+
+
 def _mix(x):
-  """lowbias32 (Chris Wellons' integer hash) on int32, wrapping."""
-  x = x ^ _shift(x, 16)
-  x = x * jnp.int32(0x7FEB352D)
-  x = x ^ _shift(x, 15)
-  x = x * jnp.int32(np.int32(np.uint32(0x846CA68B).view(np.int32)))
-  return x ^ _shift(x, 16)
+  """Bob Jenkins' 32-bit integer hash on int32, wrapping: shifts, adds and xors only (v3's vector unit has
+  no 32-bit integer multiply; a multiplying hash cost it twice the bundles)."""
+  x = (x + _int32(0x7ED55D16)) + lax.shift_left(x, jnp.int32(12))
+  x = (x ^ _int32(0xC761C23C)) ^ _shift(x, 19)
+  x = (x + _int32(0x165667B1)) + lax.shift_left(x, jnp.int32(5))
+  x = (x + _int32(0xD3A2646C)) ^ lax.shift_left(x, jnp.int32(9))
+  x = (x + _int32(0xFD7046C5)) + lax.shift_left(x, jnp.int32(3))
+  return (x ^ _int32(0xB55A4F09)) ^ _shift(x, 16)
 
 
 def _threshold(rate: float):
-  return jnp.int32(min(int(round(rate * 2.0 ** 31)), 2 ** 31 - 1))
+  """A score is kept when its 16 bits are at least this: rate in steps of 2^-16."""
+  return jnp.int32(min(int(round(rate * 2.0 ** 16)), 2 ** 16))
 
 
-def _keep(index, seed0, seed1, rate: float):
-  return _shift(_mix(_mix(index + seed0) ^ seed1), 1) >= _threshold(rate)
+def _bits(index, seed0, seed1):
+  """Two scores' 16 bits each, [low, high], from one hash of `index`."""
+  h = _mix(_mix(index + seed0) ^ seed1)
+  return h & jnp.int32(0xFFFF), _shift(h, 16)
 
 
 def keep_mask(seeds_BN2, length: int, rate: float):
-  """The kernel's dropout bits with XLA ops: [B, N, L, L] bool, True where a score is kept."""
-  index = (jnp.arange(length, dtype=jnp.int32)[:, None] * length + jnp.arange(length, dtype=jnp.int32)[None])
-  s0, s1 = seeds_BN2[..., 0, None, None], seeds_BN2[..., 1, None, None]
-  return _keep(index[None, None], s0, s1, rate)
+  """The kernel's dropout bits with XLA ops: [B, N, L, L] bool, True where a score is kept. A hash of
+  `query * (L / 2) + key` gives keys `key` (low 16 bits) and `key + L / 2` (high)."""
+  half = _half(length)
+  index = jnp.arange(length, dtype=jnp.int32)[:, None] * half + jnp.arange(half, dtype=jnp.int32)[None]
+  low, high = _bits(index[None, None], seeds_BN2[..., 0, None, None], seeds_BN2[..., 1, None, None])
+  return jnp.concatenate([low, high], axis=-1) >= _threshold(rate)
+
+
+def _half(length: int) -> int:
+  if length % 2:
+    raise ValueError(f"attention_kernel 'flash' with dropout takes even sequence lengths; got {length}")
+  return length // 2
 
 
 def allowed(segment_ids):
@@ -130,20 +148,23 @@ def _probabilities(q, k, q_seg, kv_seg, scale):
   s = jnp.where(ok, s, jnp.finfo(jnp.float32).min)
   p = jnp.exp(s - jnp.max(s, axis=0, keepdims=True))
   p = jnp.where(ok, p, 0.0)
-  return p / jnp.sum(p, axis=0, keepdims=True)
+  return p * (1.0 / jnp.sum(p, axis=0, keepdims=True))
 
 
 def _kept(seeds_ref, rate, shape, length):
+  """[L, bq]: whether each score of this block is kept (`keep_mask`'s bits, keys in rows)."""
   b, n, i = pl.program_id(0), pl.program_id(1), pl.program_id(2)
   base = 2 * (b * pl.num_programs(1) + n)
-  key = lax.broadcasted_iota(jnp.int32, shape, 0)
-  query = lax.broadcasted_iota(jnp.int32, shape, 1) + i * shape[1]
-  return _keep(query * length + key, seeds_ref[base], seeds_ref[base + 1], rate)
+  half = _half(length)
+  key = lax.broadcasted_iota(jnp.int32, (half, shape[1]), 0)
+  query = (lax.broadcasted_iota(jnp.int32, (1, shape[1]), 1) + i * shape[1]) * half    # multiplied once a row
+  low, high = _bits(query + key, seeds_ref[base], seeds_ref[base + 1])
+  return jnp.concatenate([low, high], axis=0) >= _threshold(rate)
 
 
 def _operand(x, dtype, mm):
-  """`x` rounded to the compute `dtype`, in the matmul's `mm` dtype."""
-  return x.astype(dtype).astype(mm)
+  """`x` as the matmul takes it: in the compute `dtype`, or float32 where the MXU rounds it (v2, v3)."""
+  return x.astype(mm) if mm != dtype and mm == jnp.float32 else x.astype(dtype)
 
 
 def _forward_kernel(seeds_ref, q_ref, k_ref, v_ref, qseg_ref, kvseg_ref, o_ref, *, rate, scale, mm):
@@ -151,7 +172,7 @@ def _forward_kernel(seeds_ref, q_ref, k_ref, v_ref, qseg_ref, kvseg_ref, o_ref, 
   q, k, v = (r[...].astype(mm) for r in (q_ref, k_ref, v_ref))
   p = _probabilities(q, k, qseg_ref[...], kvseg_ref[...], scale)
   if rate > 0:
-    p = jnp.where(_kept(seeds_ref, rate, p.shape, k.shape[0]), p / (1.0 - rate), 0.0)
+    p = jnp.where(_kept(seeds_ref, rate, p.shape, k.shape[0]), p * (1.0 / (1.0 - rate)), 0.0)
   o_ref[...] = lax.dot_general(_operand(p, dtype, mm).T, v, NN, preferred_element_type=jnp.float32).astype(dtype)
 
 
@@ -163,8 +184,8 @@ def _backward_kernel(seeds_ref, q_ref, k_ref, v_ref, qseg_ref, kvseg_ref, do_ref
   d_dropped = lax.dot_general(v, do, NT, preferred_element_type=jnp.float32)       # [L, bq]
   if rate > 0:
     keep = _kept(seeds_ref, rate, p.shape, k.shape[0])
-    dropped = jnp.where(keep, p / (1.0 - rate), 0.0)
-    d_probs = jnp.where(keep, d_dropped / (1.0 - rate), 0.0)
+    dropped = jnp.where(keep, p * (1.0 / (1.0 - rate)), 0.0)
+    d_probs = jnp.where(keep, d_dropped * (1.0 / (1.0 - rate)), 0.0)
   else:
     dropped, d_probs = p, d_dropped
   dv = lax.dot_general(_operand(dropped, dtype, mm), do, NN, preferred_element_type=jnp.float32)

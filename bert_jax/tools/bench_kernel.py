@@ -1,0 +1,131 @@
+"""`bert-jax bench kernel`: the TPU compiler's schedule of the flash attention kernels, from this CPU.
+
+    bert-jax bench kernel --topology=v3:2x2 --seq_length=512 --heads=16 --head_dim=64
+
+`bert-jax aot` counts the flash kernel (models/flash_dropout.py) as its matmuls at the MXU's peak, as if
+nothing else in it took time. This compiles the forward and backward kernels for one chip of a topology
+(`pip install libtpu`), with and without dropout, asks libtpu to dump the scheduled code
+(`--xla_jf_dump_to`), and prints one JSON line per kernel: the VLIW bundles of the body of one grid step
+(one example, one head, one block of queries against all keys) and the slots they fill (MXU pushes,
+vector ALU, transcendental unit, vector loads and stores, and the spills and fills among them).
+
+A bundle issues in one cycle at best, so a grid step takes at least that many cycles; stalls (DMA waits,
+MXU results not ready) add to it and are not in the dump. "matmul_bundles" is the fewest bundles the
+step's MXU pushes fit in (pushes / MXU slots a bundle); "bundles_over_matmul" how far the schedule is
+above that, i.e. how much more than its matmuls the kernel costs if its bundles set the pace. Figures
+from the compiler, not a measurement on a TPU.
+"""
+
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+from absl import flags
+
+FLAGS = flags.FLAGS
+_TOPOLOGY = flags.DEFINE_string("topology", "v5e:2x2", "TPU topology whose chip the kernels are compiled for.")
+_SEQ_LENGTH = flags.DEFINE_integer("seq_length", 512, "Sequence length.")
+_HEADS = flags.DEFINE_integer("heads", 16, "Heads of one example (one grid step each, times the query blocks).")
+_HEAD_DIM = flags.DEFINE_integer("head_dim", 64, "Head dimension.")
+_RATE = flags.DEFINE_float("rate", 0.1, "Attention dropout rate (also compiled without dropout).")
+_DTYPE = flags.DEFINE_string("dtype", "bfloat16", "Compute dtype of queries, keys and values.")
+_CHILD = flags.DEFINE_string("child", "", "Internal: compile this kernel (forward, backward) and exit.")
+_CHILD_RATE = flags.DEFINE_float("child_rate", 0.0, "Internal: the child's dropout rate.")
+
+KERNELS = ("forward", "backward")
+
+
+def _compile(kernel: str, rate: float) -> None:
+  """Compile one kernel for one chip of --topology (run in a child whose libtpu dumps its schedule)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from bert_jax.models import flash_dropout  # pylint: disable=g-import-not-at-top
+  from bert_jax.tools import aot  # pylint: disable=g-import-not-at-top
+  device = aot.topology_devices(_TOPOLOGY.value)[0]
+  sharding = jax.sharding.SingleDeviceSharding(device)
+  shape = (1, _HEADS.value, _SEQ_LENGTH.value, _HEAD_DIM.value)
+  x = jax.ShapeDtypeStruct(shape, jnp.dtype(_DTYPE.value), sharding=sharding)
+  segments = jax.ShapeDtypeStruct(shape[:1] + shape[2:3], jnp.int32, sharding=sharding)
+  seeds = jax.ShapeDtypeStruct(shape[:2] + (2,), jnp.int32, sharding=sharding)
+
+  def flash_forward(q, k, v, s, seeds):
+    return flash_dropout._flash_forward(q, k, v, s, seeds, rate, False)   # pylint: disable=protected-access
+
+  def flash_backward(q, k, v, s, seeds, do):
+    return flash_dropout._flash_backward(q, k, v, s, seeds, do, rate, False)   # pylint: disable=protected-access
+
+  fn, args = (flash_forward, (x, x, x, segments, seeds)) if kernel == "forward" else (
+      flash_backward, (x, x, x, segments, seeds, x))
+  with flash_dropout.compiling_for(device.device_kind):
+    jax.jit(fn).lower(*args).compile()
+  print(json.dumps({"device_kind": device.device_kind}))
+
+
+def parse_schedule(path: str) -> dict:
+  """Bundles and slot totals of one `*final_hlo-static-per-bundle-utilization.txt` dump."""
+  lines = open(path).read().splitlines()
+  names = capacity = None
+  rows, in_rows = [], False
+  for i, line in enumerate(lines):
+    if line.startswith("== CAPAC"):   # sic
+      names = [n.strip() for n in lines[i + 1].split(",")]
+      capacity = [int(c) for c in lines[i + 2].split()]
+    elif line.startswith("=="):
+      in_rows = line.startswith("== UTILIZATION")
+    elif in_rows and names and re.fullmatch(r"[\d ]+", line.strip() or "x") and len(line.split()) == len(names):
+      rows.append([int(c) for c in line.split()])
+  if not names:
+    raise ValueError(f"{path}: no slot names")
+  totals = {n: sum(r[j] for r in rows) for j, n in enumerate(names)}
+  return {"bundles": len(rows), "slots": totals, "capacity": dict(zip(names, capacity))}
+
+
+def schedule(kernel: str, rate: float, dump_dir: str) -> dict:
+  """Compile `kernel` in a child process with libtpu's schedule dump in `dump_dir`; its schedule."""
+  env = dict(os.environ)
+  env["LIBTPU_INIT_ARGS"] = (env.get("LIBTPU_INIT_ARGS", "") +
+                             f" --xla_jf_dump_to={dump_dir} --xla_jf_dump_llo_text=true").strip()
+  env.pop("XLA_FLAGS", None)
+  flags_ = [f"--topology={_TOPOLOGY.value}", f"--seq_length={_SEQ_LENGTH.value}", f"--heads={_HEADS.value}",
+            f"--head_dim={_HEAD_DIM.value}", f"--dtype={_DTYPE.value}", f"--child={kernel}", f"--child_rate={rate}"]
+  proc = subprocess.run([sys.executable, "-m", "bert_jax.cli", "bench", "kernel", *flags_], env=env,
+                        capture_output=True, text=True, timeout=600)
+  if proc.returncode:
+    raise RuntimeError(f"compiling the {kernel} kernel failed:\n{proc.stderr[-3000:]}")
+  device = json.loads(proc.stdout.strip().splitlines()[-1])
+  dumps = [p for p in glob.glob(os.path.join(dump_dir, f"*flash_{kernel}*final_hlo-static-per-bundle-utilization.txt"))]
+  if not dumps:
+    raise RuntimeError(f"libtpu wrote no schedule of the {kernel} kernel to {dump_dir}")
+  return {**device, **parse_schedule(max(dumps, key=os.path.getsize))}
+
+
+def report(kernel: str, rate: float, s: dict) -> dict:
+  from bert_jax.models import flash_dropout  # pylint: disable=g-import-not-at-top
+  length = _SEQ_LENGTH.value
+  block = flash_dropout.block_q(length)
+  mxu = sum(v for k, v in s["capacity"].items() if k == "MATMUL") or 1
+  matmul_bundles = s["slots"].get("MATMUL", 0) / mxu
+  steps = _HEADS.value * (length // block)
+  return {
+      "topology": _TOPOLOGY.value, "device_kind": s["device_kind"], "kernel": kernel, "rate": rate,
+      "seq_length": length, "heads": _HEADS.value, "head_dim": _HEAD_DIM.value, "dtype": _DTYPE.value,
+      "block_q": block, "grid_steps_per_example": steps, "bundles_per_step": s["bundles"],
+      "bundles_per_example": s["bundles"] * steps, "slots_per_step": s["slots"], "slot_capacity": s["capacity"],
+      "matmul_bundles": matmul_bundles,
+      "bundles_over_matmul": s["bundles"] / matmul_bundles if matmul_bundles else None,
+  }
+
+
+def main(argv) -> None:
+  del argv
+  if _CHILD.value:
+    _compile(_CHILD.value, _CHILD_RATE.value)
+    return
+  for rate in (_RATE.value, 0.0) if _RATE.value > 0 else (0.0,):
+    for kernel in KERNELS:
+      with tempfile.TemporaryDirectory() as dump_dir:
+        print(json.dumps(report(kernel, rate, schedule(kernel, rate, dump_dir))), flush=True)

@@ -1,0 +1,47 @@
+"""`bert-jax bench kernel` compiles the flash kernels for a TPU chip here and reads the compiler's schedule."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from bert_jax.tools import bench_kernel
+from conftest import REPO_ROOT
+
+DUMP = """== CAPACTIY:
+MATMUL, MATPUSH, XLU, VALU
+    2     2     1     2
+== UTILIZATION:
+0 0 0 1
+2 1 0 2
+1 0 1 0
+"""
+
+
+def test_parse_schedule_counts_bundles_and_slots(tmp_path):
+  path = tmp_path / "x-final_hlo-static-per-bundle-utilization.txt"
+  path.write_text(DUMP)
+  s = bench_kernel.parse_schedule(str(path))
+  assert s == {"bundles": 3, "slots": {"MATMUL": 3, "MATPUSH": 1, "XLU": 1, "VALU": 3},
+               "capacity": {"MATMUL": 2, "MATPUSH": 2, "XLU": 1, "VALU": 2}}
+
+
+@pytest.mark.slow
+def test_bench_kernel_reads_the_schedule_of_both_kernels(tmp_path):
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  proc = subprocess.run([sys.executable, "-m", "bert_jax.cli", "bench", "kernel", "--topology=v5e:2x2",
+                         "--seq_length=256", "--heads=2", "--head_dim=64"], cwd=REPO_ROOT, env=env,
+                        capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  rows = {(r["kernel"], r["rate"]): r for r in map(json.loads, proc.stdout.strip().splitlines())}
+  assert set(rows) == {("forward", 0.1), ("backward", 0.1), ("forward", 0.0), ("backward", 0.0)}
+  for r in rows.values():
+    assert r["device_kind"] == "TPU v5 lite" and r["block_q"] == 256 and r["grid_steps_per_example"] == 2
+    assert r["slots_per_step"]["MATMUL"] > 0 and r["bundles_per_step"] >= r["matmul_bundles"] > 0
+    assert r["bundles_per_example"] == 2 * r["bundles_per_step"]
+  for kernel in ("forward", "backward"):   # the dropout hash costs vector work
+    assert rows[kernel, 0.1]["slots_per_step"]["VALU"] > rows[kernel, 0.0]["slots_per_step"]["VALU"]
+  # The backward kernel makes 5 matmuls to the forward's 2.
+  assert rows["backward", 0.0]["matmul_bundles"] > 2 * rows["forward", 0.0]["matmul_bundles"]
