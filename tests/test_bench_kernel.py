@@ -28,20 +28,35 @@ def test_parse_schedule_counts_bundles_and_slots(tmp_path):
                "capacity": {"MATMUL": 2, "MATPUSH": 2, "XLU": 1, "VALU": 2}}
 
 
-@pytest.mark.slow
-def test_bench_kernel_reads_the_schedule_of_both_kernels(tmp_path):
+def _bench(*flags):
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   proc = subprocess.run([sys.executable, "-m", "bert_jax.cli", "bench", "kernel", "--topology=v5e:2x2",
-                         "--seq_length=256", "--heads=2", "--head_dim=64"], cwd=REPO_ROOT, env=env,
+                         "--seq_length=256", "--heads=2", "--head_dim=64", *flags], cwd=REPO_ROOT, env=env,
                         capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  rows = {(r["kernel"], r["rate"]): r for r in map(json.loads, proc.stdout.strip().splitlines())}
+  return {(r["kernel"], r["rate"]): r for r in map(json.loads, proc.stdout.strip().splitlines())}
+
+
+@pytest.mark.slow
+def test_bench_kernel_reads_the_schedule_of_both_kernels():
+  rows = _bench()
   assert set(rows) == {("forward", 0.1), ("backward", 0.1), ("forward", 0.0), ("backward", 0.0)}
   for r in rows.values():
     assert r["device_kind"] == "TPU v5 lite" and r["block_q"] == 256 and r["grid_steps_per_example"] == 2
+    assert r["hardware_rng_ops"] == 0
     assert r["slots_per_step"]["MATMUL"] > 0 and r["bundles_per_step"] >= r["matmul_bundles"] > 0
     assert r["bundles_per_example"] == 2 * r["bundles_per_step"]
   for kernel in ("forward", "backward"):   # the dropout hash costs vector work
     assert rows[kernel, 0.1]["slots_per_step"]["VALU"] > rows[kernel, 0.0]["slots_per_step"]["VALU"]
   # The backward kernel makes 5 matmuls to the forward's 2.
   assert rows["backward", 0.0]["matmul_bundles"] > 2 * rows["forward", 0.0]["matmul_bundles"]
+
+
+@pytest.mark.slow
+def test_hardware_bits_draw_from_the_tpus_generator():
+  """With `--bits=hardware` (what `dropout_rng` "rbg" gives the kernel) the compiled kernels draw from
+  the hardware generator, and the hash's vector work is gone."""
+  hardware, hashed = _bench("--bits=hardware", "--rate=0.1"), _bench("--rate=0.1")
+  for kernel in ("forward", "backward"):
+    assert hardware[kernel, 0.1]["hardware_rng_ops"] > 0 and hardware[kernel, 0.0]["hardware_rng_ops"] == 0
+    assert hardware[kernel, 0.1]["slots_per_step"]["VALU"] < hashed[kernel, 0.1]["slots_per_step"]["VALU"]

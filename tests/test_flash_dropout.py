@@ -165,6 +165,17 @@ def test_lowers_for_tpu_as_a_mosaic_kernel(device_kind, matmul):
   assert "tpu_custom_call" not in jax.export.export(f, platforms=["cpu"])(q).mlir_module()
 
 
+def test_rbg_keys_ask_for_the_hardware_generator_and_the_interpreter_keeps_the_hash():
+  assert flash_dropout.bits_for(jax.random.key(0)) == "hash" and flash_dropout.bits_for(None) == "hash"
+  assert flash_dropout.bits_for(jax.random.key(0, impl="rbg")) == "hardware"
+  assert flash_dropout.bits_for(jax.random.key(0, impl="unsafe_rbg")) == "hardware"
+  q, k, v, mask, weight = _inputs()
+  key = jax.random.key(3, impl="rbg")
+  ours = flash_dropout.attention(q, k, v, mask, key, 0.3)    # interpreted: the hash's bits, as on the CPU
+  theirs = flash_dropout.reference(q, k, v, mask.segment_ids, flash_dropout.seeds(key, B, N), 0.3)
+  np.testing.assert_allclose(ours, theirs, atol=1e-5)
+
+
 def test_what_it_does_not_take_fails_clearly():
   with pytest.raises(ValueError, match="segment ids only"):
     BertConfig(attention_kernel="flash", causal=True)
@@ -172,6 +183,6 @@ def test_what_it_does_not_take_fails_clearly():
     BertConfig(attention_kernel="flash", local_attention=64, global_attn_every_n_layers=3)
   with pytest.raises(ValueError, match="sequences up to 2048"):
     flash_dropout.block_q(4096)
-  assert [flash_dropout.block_q(n) for n in (32, 128, 512, 2048)] == [32, 128, 256, 128]
+  assert [flash_dropout.block_q(n) for n in (32, 128, 512, 1024, 2048)] == [32, 128, 512, 512, 128]
   with pytest.raises(ValueError, match="even sequence lengths"):
     flash_dropout.keep_mask(jnp.zeros((1, 1, 2), jnp.int32), 33, 0.1)

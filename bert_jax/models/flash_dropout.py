@@ -14,12 +14,18 @@ that of `key + L/2`. A score is kept when its 16 bits are at least `rate * 2^16`
 0.899994). The kernel hashes on the vector units, and `keep_mask` makes the same bits with XLA ops, so the
 dense path (`reference`, other backends) and the kernel drop the same scores, on any mesh (seeds are per
 example and head and shard with them). The bits differ from `nn.Dropout`'s (threefry), so a step's loss
-equals the explicit path's without dropout only; with dropout it is a different draw.
+equals the explicit path's without dropout only; with dropout it is a different draw. With `dropout_rng`
+"rbg" or "unsafe_rbg" (keys of those implementations) the TPU kernel draws from the TPU's hardware
+generator instead (`pltpu.prng_random_bits`, seeded by the same seeds and the block of queries): fewer
+vector ops (`bert-jax bench kernel --bits=hardware`), the same bits in the forward and backward kernels and
+in a resumed run, but not the other backends' (which keep the hash, as the interpreter does: its
+generator gives zeros).
 
 `BertConfig.attention_kernel` "flash" runs the kernel where the step is lowered for TPU and `reference`
 elsewhere (`lax.platform_dependent`); "flash_interpret" runs the kernel in Pallas' TPU interpreter on any
 backend (tests; slow). Masks are segment ids (`splash.SegmentMask`: padding and packed examples); windows
-and causality are splash's. Sequences up to `MAX_LENGTH`: a block of queries holds all keys' scores.
+and causality are splash's. Sequences up to `MAX_LENGTH`: a block of queries (512 up to 1,024 tokens, else
+128) holds its scores against all keys.
 """
 
 import contextlib
@@ -53,7 +59,7 @@ def block_q(length: int) -> int:
   if length > MAX_LENGTH:
     raise ValueError(f"attention_kernel 'flash' holds a query block's scores against all {length} keys; "
                      f"it takes sequences up to {MAX_LENGTH}")
-  for block in ((256, 128) if length <= 1024 else (128,)):
+  for block in ((512, 256, 128) if length <= 1024 else (128,)):
     if length % block == 0:
       return block
   return length
@@ -142,19 +148,23 @@ def reference(q, k, v, segment_ids, seeds_BN2, rate: float):
 # scores transposed, [L, bq]: keys in sublanes, queries in lanes, so the queries' segment ids are a row
 # ([B, 1, L]: no lane padding) and the per-query softmax reduces over sublanes.
 
-def _probabilities(q, k, q_seg, kv_seg, scale):
+def _exponentials(q, k, q_seg, kv_seg, scale):
+  """exp(scores - their max) [L, bq] (0 where masked: a query always sees its own segment, so the max is a
+  real score and exp(finfo.min - max) is 0) and their sums [1, bq]."""
   s = lax.dot_general(k, q, NT, preferred_element_type=jnp.float32) * scale        # [L, bq]
-  ok = kv_seg == q_seg                                                             # [L, 1] == [1, bq]
-  s = jnp.where(ok, s, jnp.finfo(jnp.float32).min)
-  p = jnp.exp(s - jnp.max(s, axis=0, keepdims=True))
-  p = jnp.where(ok, p, 0.0)
-  return p * (1.0 / jnp.sum(p, axis=0, keepdims=True))
+  s = jnp.where(kv_seg == q_seg, s, jnp.finfo(jnp.float32).min)                    # [L, 1] == [1, bq]
+  e = jnp.exp(s - jnp.max(s, axis=0, keepdims=True))
+  return e, jnp.sum(e, axis=0, keepdims=True)
 
 
-def _kept(seeds_ref, rate, shape, length):
-  """[L, bq]: whether each score of this block is kept (`keep_mask`'s bits, keys in rows)."""
+def _kept(seeds_ref, rate, shape, length, bits):
+  """[L, bq]: whether each score of this block is kept, keys in rows: `keep_mask`'s bits ("hash"), or the
+  TPU's hardware generator's ("hardware") seeded by the example's and head's seeds and the block."""
   b, n, i = pl.program_id(0), pl.program_id(1), pl.program_id(2)
   base = 2 * (b * pl.num_programs(1) + n)
+  if bits == "hardware":
+    pltpu.prng_seed(seeds_ref[base], seeds_ref[base + 1] ^ i)
+    return _shift(pltpu.prng_random_bits(shape), 16) >= _threshold(rate)
   half = _half(length)
   key = lax.broadcasted_iota(jnp.int32, (half, shape[1]), 0)
   query = (lax.broadcasted_iota(jnp.int32, (1, shape[1]), 1) + i * shape[1]) * half    # multiplied once a row
@@ -167,23 +177,26 @@ def _operand(x, dtype, mm):
   return x.astype(mm) if mm != dtype and mm == jnp.float32 else x.astype(dtype)
 
 
-def _forward_kernel(seeds_ref, q_ref, k_ref, v_ref, qseg_ref, kvseg_ref, o_ref, *, rate, scale, mm):
+def _forward_kernel(seeds_ref, q_ref, k_ref, v_ref, qseg_ref, kvseg_ref, o_ref, *, rate, scale, mm, bits):
   dtype = v_ref.dtype
   q, k, v = (r[...].astype(mm) for r in (q_ref, k_ref, v_ref))
-  p = _probabilities(q, k, qseg_ref[...], kvseg_ref[...], scale)
+  e, total = _exponentials(q, k, qseg_ref[...], kvseg_ref[...], scale)
   if rate > 0:
-    p = jnp.where(_kept(seeds_ref, rate, p.shape, k.shape[0]), p * (1.0 / (1.0 - rate)), 0.0)
+    p = jnp.where(_kept(seeds_ref, rate, e.shape, k.shape[0], bits), e * (1.0 / ((1.0 - rate) * total)), 0.0)
+  else:
+    p = e * (1.0 / total)
   o_ref[...] = lax.dot_general(_operand(p, dtype, mm).T, v, NN, preferred_element_type=jnp.float32).astype(dtype)
 
 
 def _backward_kernel(seeds_ref, q_ref, k_ref, v_ref, qseg_ref, kvseg_ref, do_ref, dq_ref, dk_ref, dv_ref,
-                     dk_acc, dv_acc, *, rate, scale, mm):
+                     dk_acc, dv_acc, *, rate, scale, mm, bits):
   i, dtype = pl.program_id(2), v_ref.dtype
   q, k, v, do = (r[...].astype(mm) for r in (q_ref, k_ref, v_ref, do_ref))
-  p = _probabilities(q, k, qseg_ref[...], kvseg_ref[...], scale)                    # [L, bq]
+  e, total = _exponentials(q, k, qseg_ref[...], kvseg_ref[...], scale)
+  p = e * (1.0 / total)                                                            # [L, bq]
   d_dropped = lax.dot_general(v, do, NT, preferred_element_type=jnp.float32)       # [L, bq]
   if rate > 0:
-    keep = _kept(seeds_ref, rate, p.shape, k.shape[0])
+    keep = _kept(seeds_ref, rate, p.shape, k.shape[0], bits)
     dropped = jnp.where(keep, p * (1.0 / (1.0 - rate)), 0.0)
     d_probs = jnp.where(keep, d_dropped * (1.0 / (1.0 - rate)), 0.0)
   else:
@@ -228,7 +241,7 @@ def _segments(segment_ids):
   return s[:, None, :], s[:, :, None]    # queries' [B, 1, L], keys' [B, L, 1]
 
 
-def _flash_forward(q, k, v, segment_ids, seeds_BN2, rate, interpret):
+def _flash_forward(q, k, v, segment_ids, seeds_BN2, rate, interpret, bits="hash"):
   """[B, N, L, K] queries, keys, values (unscaled) -> context [B, N, L, K]."""
   b, n, length, width = q.shape
   bq = block_q(length)
@@ -236,12 +249,13 @@ def _flash_forward(q, k, v, segment_ids, seeds_BN2, rate, interpret):
   grid = pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=1, grid=(b, n, length // bq),
                                       in_specs=[q_spec, kv_spec, kv_spec, qseg_spec, kvseg_spec],
                                       out_specs=q_spec)
-  kernel = functools.partial(_forward_kernel, rate=rate, scale=1.0 / np.sqrt(width), mm=matmul_dtype(q.dtype))
+  kernel = functools.partial(_forward_kernel, rate=rate, scale=1.0 / np.sqrt(width), mm=matmul_dtype(q.dtype),
+                             bits=bits)
   return _call(kernel, grid, jax.ShapeDtypeStruct(q.shape, q.dtype), interpret,
                ("parallel", "parallel", "parallel"))(seeds_BN2.reshape(-1), q, k, v, *_segments(segment_ids))
 
 
-def _flash_backward(q, k, v, segment_ids, seeds_BN2, do, rate, interpret):
+def _flash_backward(q, k, v, segment_ids, seeds_BN2, do, rate, interpret, bits="hash"):
   b, n, length, width = q.shape
   bq = block_q(length)
   q_spec, kv_spec, qseg_spec, kvseg_spec = _specs(length, width, bq)
@@ -249,34 +263,42 @@ def _flash_backward(q, k, v, segment_ids, seeds_BN2, do, rate, interpret):
       num_scalar_prefetch=1, grid=(b, n, length // bq),
       in_specs=[q_spec, kv_spec, kv_spec, qseg_spec, kvseg_spec, q_spec], out_specs=[q_spec, kv_spec, kv_spec],
       scratch_shapes=[pltpu.VMEM((length, width), jnp.float32)] * 2)
-  kernel = functools.partial(_backward_kernel, rate=rate, scale=1.0 / np.sqrt(width), mm=matmul_dtype(q.dtype))
+  kernel = functools.partial(_backward_kernel, rate=rate, scale=1.0 / np.sqrt(width), mm=matmul_dtype(q.dtype),
+                             bits=bits)
   out = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v)]
   return _call(kernel, grid, out, interpret, ("parallel", "parallel", "arbitrary"))(
       seeds_BN2.reshape(-1), q, k, v, *_segments(segment_ids), do)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
-def _flash(q, k, v, segment_ids, seeds_BN2, rate, interpret):
-  return _flash_forward(q, k, v, segment_ids, seeds_BN2, rate, interpret)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
+def _flash(q, k, v, segment_ids, seeds_BN2, rate, interpret, bits):
+  return _flash_forward(q, k, v, segment_ids, seeds_BN2, rate, interpret, bits)
 
 
-def _flash_fwd(q, k, v, segment_ids, seeds_BN2, rate, interpret):
-  return _flash_forward(q, k, v, segment_ids, seeds_BN2, rate, interpret), (q, k, v, segment_ids, seeds_BN2)
+def _flash_fwd(q, k, v, segment_ids, seeds_BN2, rate, interpret, bits):
+  return (_flash_forward(q, k, v, segment_ids, seeds_BN2, rate, interpret, bits),
+          (q, k, v, segment_ids, seeds_BN2))
 
 
-def _flash_bwd(rate, interpret, residuals, do):
+def _flash_bwd(rate, interpret, bits, residuals, do):
   q, k, v, segment_ids, seeds_BN2 = residuals
-  dq, dk, dv = _flash_backward(q, k, v, segment_ids, seeds_BN2, do, rate, interpret)
+  dq, dk, dv = _flash_backward(q, k, v, segment_ids, seeds_BN2, do, rate, interpret, bits)
   return dq, dk, dv, None, None
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
-def _kernel_BLNK(q, k, v, segment_ids, seeds_BN2, rate, interpret):
+def _kernel_BLNK(q, k, v, segment_ids, seeds_BN2, rate, interpret, bits):
   """The kernel on [B, L, N, K] arrays (one shard's under a mesh)."""
   bnlk = lambda x: x.transpose(0, 2, 1, 3)
-  return bnlk(_flash(bnlk(q), bnlk(k), bnlk(v), segment_ids, seeds_BN2, rate, interpret))
+  return bnlk(_flash(bnlk(q), bnlk(k), bnlk(v), segment_ids, seeds_BN2, rate, interpret, bits))
+
+
+def bits_for(key) -> str:
+  """"hardware" for a key of `dropout_rng` "rbg" or "unsafe_rbg" (the TPU's generator, as XLA's
+  RngBitGenerator is for them), else "hash"."""
+  return "hardware" if key is not None and "rbg" in str(jax.random.key_impl(key)) else "hash"
 
 
 def attention(q_BLNK, k_BLNK, v_BLNK, mask, key=None, rate: float = 0.0):
@@ -289,25 +311,25 @@ def attention(q_BLNK, k_BLNK, v_BLNK, mask, key=None, rate: float = 0.0):
   rate = float(rate) if key is not None else 0.0
   seeds_BN2 = seeds(key, batch, heads) if rate > 0 else jnp.zeros((batch, heads, 2), jnp.int32)
   segment_ids = mask.segment_ids
-  if mask.interpret:
-    return _sharded(q_BLNK, k_BLNK, v_BLNK, segment_ids, seeds_BN2, rate, True)
+  if mask.interpret:   # the interpreter's hardware generator gives zeros: the hash always
+    return _sharded(q_BLNK, k_BLNK, v_BLNK, segment_ids, seeds_BN2, rate, True, "hash")
   return lax.platform_dependent(
       q_BLNK, k_BLNK, v_BLNK, segment_ids, seeds_BN2,
-      tpu=lambda *a: _sharded(*a, rate, False),
+      tpu=lambda *a: _sharded(*a, rate, False, bits_for(key)),
       default=lambda *a: reference(*a, rate))
 
 
-def _sharded(q, k, v, segment_ids, seeds_BN2, rate, interpret):
+def _sharded(q, k, v, segment_ids, seeds_BN2, rate, interpret, bits):
   """`_kernel_BLNK` per shard under the abstract mesh (batch and heads sharded as the logical rules say)."""
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty:
-    return _kernel_BLNK(q, k, v, segment_ids, seeds_BN2, rate, interpret)
+    return _kernel_BLNK(q, k, v, segment_ids, seeds_BN2, rate, interpret, bits)
   spec = splash.fitting(mesh, q.shape, nn.logical_to_mesh_axes(
       ("activation_batch", "activation_length", "activation_heads", "activation_kv")))
   if spec[1] is not None or spec[3] is not None:
     raise ValueError(f"attention_kernel 'flash' shards batch and heads only; the logical axis rules shard "
                      f"the sequence or the head dimension ({spec})")
   P = jax.sharding.PartitionSpec
-  return jax.shard_map(lambda q, k, v, s, seeds: _kernel_BLNK(q, k, v, s, seeds, rate, interpret), mesh=mesh,
+  return jax.shard_map(lambda q, k, v, s, seeds: _kernel_BLNK(q, k, v, s, seeds, rate, interpret, bits), mesh=mesh,
                        in_specs=(spec, spec, spec, P(spec[0], None), P(spec[0], spec[2], None)), out_specs=spec,
                        check_vma=False)(q, k, v, segment_ids, seeds_BN2)

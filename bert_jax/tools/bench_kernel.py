@@ -33,6 +33,8 @@ _HEADS = flags.DEFINE_integer("heads", 16, "Heads of one example (one grid step 
 _HEAD_DIM = flags.DEFINE_integer("head_dim", 64, "Head dimension.")
 _RATE = flags.DEFINE_float("rate", 0.1, "Attention dropout rate (also compiled without dropout).")
 _DTYPE = flags.DEFINE_string("dtype", "bfloat16", "Compute dtype of queries, keys and values.")
+_BITS = flags.DEFINE_enum("bits", "hash", ["hash", "hardware"], "Dropout bits: the portable hash, or the TPU's "
+                          "generator (what `dropout_rng` rbg gives the kernel).")
 _CHILD = flags.DEFINE_string("child", "", "Internal: compile this kernel (forward, backward) and exit.")
 _CHILD_RATE = flags.DEFINE_float("child_rate", 0.0, "Internal: the child's dropout rate.")
 
@@ -53,10 +55,10 @@ def _compile(kernel: str, rate: float) -> None:
   seeds = jax.ShapeDtypeStruct(shape[:2] + (2,), jnp.int32, sharding=sharding)
 
   def flash_forward(q, k, v, s, seeds):
-    return flash_dropout._flash_forward(q, k, v, s, seeds, rate, False)   # pylint: disable=protected-access
+    return flash_dropout._flash_forward(q, k, v, s, seeds, rate, False, _BITS.value)   # pylint: disable=protected-access
 
   def flash_backward(q, k, v, s, seeds, do):
-    return flash_dropout._flash_backward(q, k, v, s, seeds, do, rate, False)   # pylint: disable=protected-access
+    return flash_dropout._flash_backward(q, k, v, s, seeds, do, rate, False, _BITS.value)   # pylint: disable=protected-access
 
   fn, args = (flash_forward, (x, x, x, segments, seeds)) if kernel == "forward" else (
       flash_backward, (x, x, x, segments, seeds, x))
@@ -91,16 +93,20 @@ def schedule(kernel: str, rate: float, dump_dir: str) -> dict:
                              f" --xla_jf_dump_to={dump_dir} --xla_jf_dump_llo_text=true").strip()
   env.pop("XLA_FLAGS", None)
   flags_ = [f"--topology={_TOPOLOGY.value}", f"--seq_length={_SEQ_LENGTH.value}", f"--heads={_HEADS.value}",
-            f"--head_dim={_HEAD_DIM.value}", f"--dtype={_DTYPE.value}", f"--child={kernel}", f"--child_rate={rate}"]
+            f"--head_dim={_HEAD_DIM.value}", f"--dtype={_DTYPE.value}", f"--bits={_BITS.value}", f"--child={kernel}", f"--child_rate={rate}"]
   proc = subprocess.run([sys.executable, "-m", "bert_jax.cli", "bench", "kernel", *flags_], env=env,
                         capture_output=True, text=True, timeout=600)
   if proc.returncode:
     raise RuntimeError(f"compiling the {kernel} kernel failed:\n{proc.stderr[-3000:]}")
   device = json.loads(proc.stdout.strip().splitlines()[-1])
-  dumps = [p for p in glob.glob(os.path.join(dump_dir, f"*flash_{kernel}*final_hlo-static-per-bundle-utilization.txt"))]
+  dumps = glob.glob(os.path.join(dump_dir, f"*flash_{kernel}*final_hlo-static-per-bundle-utilization.txt"))
   if not dumps:
     raise RuntimeError(f"libtpu wrote no schedule of the {kernel} kernel to {dump_dir}")
-  return {**device, **parse_schedule(max(dumps, key=os.path.getsize))}
+  dump = max(dumps, key=os.path.getsize)
+  # The scheduled instructions beside it: how many draw from the hardware generator (`vrng`).
+  code = glob.glob(dump.split("-final_hlo-")[0].rsplit("-", 1)[0] + "-*-final_bundles.txt")
+  rng = sum(open(c).read().count("vrng") for c in code)
+  return {**device, **parse_schedule(dump), "hardware_rng_ops": rng}
 
 
 def report(kernel: str, rate: float, s: dict) -> dict:
@@ -112,9 +118,11 @@ def report(kernel: str, rate: float, s: dict) -> dict:
   steps = _HEADS.value * (length // block)
   return {
       "topology": _TOPOLOGY.value, "device_kind": s["device_kind"], "kernel": kernel, "rate": rate,
+      "bits": _BITS.value if rate > 0 else None,
       "seq_length": length, "heads": _HEADS.value, "head_dim": _HEAD_DIM.value, "dtype": _DTYPE.value,
       "block_q": block, "grid_steps_per_example": steps, "bundles_per_step": s["bundles"],
       "bundles_per_example": s["bundles"] * steps, "slots_per_step": s["slots"], "slot_capacity": s["capacity"],
+      "hardware_rng_ops": s["hardware_rng_ops"],
       "matmul_bundles": matmul_bundles,
       "bundles_over_matmul": s["bundles"] / matmul_bundles if matmul_bundles else None,
   }
