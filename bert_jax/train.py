@@ -85,6 +85,9 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
   if cfg.attention_kernel.startswith("splash") and d.seq_length % splash.BLOCKS[-1]:
     problems.append(f"model.attention_kernel {cfg.attention_kernel!r} tiles sequences in blocks of "
                     f"{splash.BLOCKS[-1]} tokens: data.seq_length {d.seq_length} is no multiple (or set it to 'xla')")
+  if cfg.attention_kernel.startswith("flash") and (
+      problem := flash_dropout.check_length(d.seq_length, cfg.attention_dropout)):
+    problems.append(f"{problem} (data.seq_length; or set model.attention_kernel to 'xla')")
   if config.get("dropout_rng", DROPOUT_RNGS[0]) not in DROPOUT_RNGS:
     problems.append(f"dropout_rng {config.dropout_rng!r} is not one of {DROPOUT_RNGS}")
   if config.optimizer.name not in optimizer_lib.NAMES:

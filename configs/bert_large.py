@@ -18,8 +18,9 @@ bytes of parameters and Adam moments dominate the step: sharding them 64 ways (f
 each matrix 2 ways too (tensor; BERT's 30,522-word vocabulary allows no more), moves the fewest.
 `phase1_tokens` (4x the rows) keeps phase 1's mesh unsearched. On another topology, search again
 (`mesh.data` = -1 takes what is left of more cores). Attention stays on the explicit path;
-`--config.model.attention_kernel=flash` runs it, dropout included, as one Pallas kernel, which `aot`
-estimates faster on v3 and whose compiled schedule says otherwise (docs/performance.md).
+`--config.model.attention_kernel=flash` runs it, dropout included, as one Pallas kernel: `aot` estimates
+it faster on v3, and its compiled schedule puts the kernel's own cost well above that estimate
+(docs/performance.md).
 """
 
 from configs import bert_base

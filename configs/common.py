@@ -78,8 +78,11 @@ def model_config(preset: str = "base") -> ml_collections.ConfigDict:
     m[name] = ml_collections.config_dict.placeholder(int)
   m.scan_layers = False       # one compiled layer body (faster compiles for deep models)
   m.remat_policy = "none"     # or "full", "dots_saveable", "minimal" (model.REMAT_POLICIES)
-  # "xla" or "splash": Pallas' block-sparse TPU attention kernel (models/splash.py; no [B, N, L, L] scores).
+  # "xla", "splash": Pallas' block-sparse TPU attention kernel (models/splash.py; no [B, N, L, L] scores), or
+  # "flash": a Pallas TPU kernel for training attention with its dropout (models/flash_dropout.py), whose
+  # dropout bits are `flash_bits`: "hash" (the same on every backend) or "hardware" (the TPU's generator).
   m.attention_kernel = "xla"
+  m.flash_bits = "hash"
   # With attention dropout, what the backward pass keeps (models/softmax_dropout.py): "bfloat16" probabilities
   # and the dropout mask (3 bytes a score; the pretraining steps compute in bfloat16), "float32" (5 bytes;
   # autodiff's gradients) or "autodiff" (the plain ops, 7 bytes). BERT-large phase 2 on v3:8x8: 40.2 ms

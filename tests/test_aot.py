@@ -66,7 +66,7 @@ def test_aot_report_for_a_small_topology(tmp_path):
   out = tmp_path / "report.json"
   cmd = [sys.executable, "-m", "bert_jax.cli", "aot", "--config=configs/tiny.py", "--topology=v4:2x2x1",
          f"--json={out}", "--report", "--report_top=8", f"--hlo={tmp_path / 'step.hlo'}"] + [f"--config.{k}={v}" for k, v in OVERRIDES.items()]
-  env = {**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}, **(env or {})}
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "fits" in proc.stdout and "estimated step time" in proc.stdout and "memory traffic by op" in proc.stdout
@@ -289,7 +289,7 @@ def test_aot_search_mesh_ranks_the_splits_of_a_small_topology(tmp_path):
   out = tmp_path / "search.json"
   cmd = [sys.executable, "-m", "bert_jax.cli", "aot", "--config=configs/tiny.py", "--topology=v4:2x2x1",
          "--search_mesh", f"--json={out}"] + [f"--config.{k}={v}" for k, v in OVERRIDES.items()]
-  env = {**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}, **(env or {})}
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
   assert proc.returncode == 0, proc.stderr[-3000:]
   ranked = json.loads(out.read_text())

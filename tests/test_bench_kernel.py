@@ -54,7 +54,7 @@ def test_bench_kernel_reads_the_schedule_of_both_kernels():
 
 @pytest.mark.slow
 def test_hardware_bits_draw_from_the_tpus_generator():
-  """With `--bits=hardware` (what `dropout_rng` "rbg" gives the kernel) the compiled kernels draw from
+  """With `--bits=hardware` (`model.flash_bits`) the compiled kernels draw from
   the hardware generator, and the hash's vector work is gone."""
   hardware, hashed = _bench("--bits=hardware", "--rate=0.1"), _bench("--rate=0.1")
   for kernel in ("forward", "backward"):

@@ -43,6 +43,30 @@ def test_kernel_equals_the_explicit_path_with_its_bits(rate):
     np.testing.assert_allclose(b, a, atol=1e-5 * float(jnp.max(jnp.abs(a))))
 
 
+@pytest.mark.parametrize("rate", [0.0, 0.3])
+def test_several_query_blocks_equal_the_explicit_path(rate):
+  """384 tokens: three blocks of 128 queries, so the bits' query offset and the keys' and values'
+  gradients summed over blocks are exercised (packing and padding too)."""
+  r = np.random.default_rng(5)
+  length, n = 384, 2
+  q, k, v = (jnp.asarray(r.normal(size=(2, length, n, 16)), jnp.float32) for _ in range(3))
+  input_mask = np.ones((2, length), np.int32)
+  input_mask[1, 300:] = 0
+  example_ids = np.zeros((2, length), np.int32)
+  example_ids[0, 150:] = 1
+  mask = splash.segment_mask("flash_interpret", jnp.asarray(input_mask), jnp.asarray(example_ids))
+  weight = jnp.asarray(r.normal(size=(2, length, n, 16)) * input_mask[:, :, None, None], jnp.float32)
+  key = jax.random.key(11)
+  assert flash_dropout.block_q(length) == 128
+  ours = lambda q, k, v: jnp.sum(flash_dropout.attention(q, k, v, mask, key, rate) * weight)
+  theirs = lambda q, k, v: jnp.sum(
+      flash_dropout.reference(q, k, v, mask.segment_ids, flash_dropout.seeds(key, 2, n), rate) * weight)
+  (l0, g0), (l1, g1) = (jax.value_and_grad(f, argnums=(0, 1, 2))(q, k, v) for f in (theirs, ours))
+  np.testing.assert_allclose(float(l1), float(l0), rtol=1e-5)
+  for a, b in zip(g0, g1):
+    np.testing.assert_allclose(b, a, atol=1e-5 * float(jnp.max(jnp.abs(a))))
+
+
 def test_reference_without_dropout_is_softmax_attention_within_segments():
   """The oracle above is itself right: without dropout it is jax.nn.dot_product_attention under the
   encoder's own mask (padding and packing)."""
@@ -150,14 +174,15 @@ def test_sharded_over_batch_and_heads():
   np.testing.assert_allclose(np.asarray(sharded), np.asarray(alone), atol=1e-6)
 
 
-@pytest.mark.parametrize("device_kind,matmul", [("", "bfloat16"), ("TPU v3", "float32"), ("TPU v5 lite", "bfloat16")])
-def test_lowers_for_tpu_as_a_mosaic_kernel(device_kind, matmul):
-  """"flash" lowers for TPU as Mosaic kernels (forward and backward), with float32 matmul operands for
-  v3's Mosaic, and for the CPU without them."""
+@pytest.mark.parametrize("device_kind,matmul,bits", [("", "bfloat16", "hash"), ("TPU v3", "float32", "hash"),
+                                                    ("TPU v5 lite", "bfloat16", "hardware")])
+def test_lowers_for_tpu_as_a_mosaic_kernel(device_kind, matmul, bits):
+  """"flash" lowers for TPU as Mosaic kernels (forward and backward), with either bits, choosing float32
+  matmul operands for v3's Mosaic (tests/test_aot.py compiles them), and for the CPU without them."""
   q, k, v, mask, weight = _inputs(0, jnp.bfloat16)
   mask = mask.replace(interpret=False)
   f = jax.jit(jax.value_and_grad(
-      lambda q: jnp.sum(flash_dropout.attention(q, k, v, mask, jax.random.key(0), 0.1) * weight)))
+      lambda q: jnp.sum(flash_dropout.attention(q, k, v, mask, jax.random.key(0), 0.1, bits) * weight)))
   with flash_dropout.compiling_for(device_kind):
     assert flash_dropout.matmul_dtype(jnp.bfloat16) == jnp.dtype(matmul)
     tpu = jax.export.export(f, platforms=["tpu"])(q).mlir_module()
@@ -165,15 +190,15 @@ def test_lowers_for_tpu_as_a_mosaic_kernel(device_kind, matmul):
   assert "tpu_custom_call" not in jax.export.export(f, platforms=["cpu"])(q).mlir_module()
 
 
-def test_rbg_keys_ask_for_the_hardware_generator_and_the_interpreter_keeps_the_hash():
-  assert flash_dropout.bits_for(jax.random.key(0)) == "hash" and flash_dropout.bits_for(None) == "hash"
-  assert flash_dropout.bits_for(jax.random.key(0, impl="rbg")) == "hardware"
-  assert flash_dropout.bits_for(jax.random.key(0, impl="unsafe_rbg")) == "hardware"
+def test_hardware_bits_are_the_tpus_alone_the_interpreter_keeps_the_hash():
   q, k, v, mask, weight = _inputs()
-  key = jax.random.key(3, impl="rbg")
-  ours = flash_dropout.attention(q, k, v, mask, key, 0.3)    # interpreted: the hash's bits, as on the CPU
+  key = jax.random.key(3)
+  ours = flash_dropout.attention(q, k, v, mask, key, 0.3, "hardware")   # interpreted: the hash's bits
   theirs = flash_dropout.reference(q, k, v, mask.segment_ids, flash_dropout.seeds(key, B, N), 0.3)
   np.testing.assert_allclose(ours, theirs, atol=1e-5)
+  assert BertConfig(attention_kernel="flash", flash_bits="hardware").flash_bits == "hardware"
+  with pytest.raises(ValueError, match="flash_bits 'philox'"):
+    BertConfig(flash_bits="philox")
 
 
 def test_what_it_does_not_take_fails_clearly():
@@ -183,6 +208,19 @@ def test_what_it_does_not_take_fails_clearly():
     BertConfig(attention_kernel="flash", local_attention=64, global_attn_every_n_layers=3)
   with pytest.raises(ValueError, match="sequences up to 2048"):
     flash_dropout.block_q(4096)
+  with pytest.raises(ValueError, match="above 1,024 tokens in blocks of 128"):
+    flash_dropout.block_q(1100)
   assert [flash_dropout.block_q(n) for n in (32, 128, 512, 1024, 2048)] == [32, 128, 512, 512, 128]
   with pytest.raises(ValueError, match="even sequence lengths"):
     flash_dropout.keep_mask(jnp.zeros((1, 1, 2), jnp.int32), 33, 0.1)
+
+
+def test_config_with_a_length_the_kernel_cannot_take_stops_before_compiling():
+  from bert_jax import train  # pylint: disable=g-import-not-at-top
+  from configs import bert_base  # pylint: disable=g-import-not-at-top
+  c = bert_base.get_config("phase2")
+  c.model.attention_kernel = "flash"
+  train.validate(c, num_devices=8)
+  c.data.seq_length, c.model.max_position_embeddings = 1100, 2048
+  with pytest.raises(Exception, match="blocks of 128.*model.attention_kernel"):
+    train.validate(c, num_devices=8)

@@ -60,6 +60,8 @@ _ELECTRA_DEFAULTS = {"hidden_size": 256, "num_attention_heads": 4, "intermediate
 
 SHARED_SUBLAYERS = ("", "attention", "ffn")
 ATTENTION_KERNELS = ("xla", "splash", "splash_interpret", "flash", "flash_interpret")
+# Where the "flash" kernel's dropout bits come from on TPU (models/flash_dropout.py).
+FLASH_BITS = ("hash", "hardware")
 # What the explicit attention path keeps for its backward pass in training (models/softmax_dropout.py):
 # "float32" or "bfloat16" probabilities and the dropout mask, or "autodiff": whatever autodiff saves.
 ATTENTION_RESIDUALS = ("float32", "bfloat16", "autodiff")
@@ -117,6 +119,9 @@ class BertConfig:
   # dropout inside, segment ids only ("flash_interpret": interpreted). Attention probabilities
   # (`output_attentions`) always take the explicit path.
   attention_kernel: str = "xla"
+  # The "flash" kernel's dropout bits on TPU (FLASH_BITS): "hash" (a counter hash, the same bits on every
+  # backend) or "hardware" (the TPU's generator inside the kernel: fewer vector ops; other backends hash).
+  flash_bits: str = "hash"
   # With attention dropout, what the backward pass keeps of the [B, N, L, L] probabilities (ATTENTION_RESIDUALS;
   # models/softmax_dropout.py): "float32" (autodiff's gradients, 5 bytes an element instead of 7), "bfloat16"
   # (3 bytes; the softmax's backward pass from rounded probabilities) or "autodiff" (the plain ops, which a
@@ -143,6 +148,8 @@ class BertConfig:
     if self.attention_kernel.startswith("flash") and (self.local_attention is not None or self.causal):
       raise ValueError(f"attention_kernel {self.attention_kernel!r} takes segment ids only: sliding windows "
                        "and causal masks are the 'splash' kernel's")
+    if self.flash_bits not in FLASH_BITS:
+      raise ValueError(f"flash_bits {self.flash_bits!r}; one of {FLASH_BITS}")
     if self.attention_residuals not in ATTENTION_RESIDUALS:
       raise ValueError(f"attention_residuals {self.attention_residuals!r}; one of {ATTENTION_RESIDUALS}")
     if self.shared_sublayer not in SHARED_SUBLAYERS:

@@ -190,7 +190,8 @@ class SelfAttention(nn.Module):
     elif segments is not None and cfg.attention_kernel.startswith("flash") and not output_attentions:
       training = not deterministic and cfg.attention_dropout > 0.0
       key = _DropoutKey(name="Dropout_0")() if training else None
-      o_BLNK = flash_dropout.attention(q_BLNK, k_BLNK, v_BLNK, segments, key, cfg.attention_dropout)
+      o_BLNK = flash_dropout.attention(q_BLNK, k_BLNK, v_BLNK, segments, key, cfg.attention_dropout,
+                                       cfg.flash_bits)
     elif output_attentions or not (deterministic or cfg.attention_dropout == 0.0):
       o_BLNK, probs = self._explicit_attention(q_BLNK, k_BLNK, v_BLNK, mask, deterministic, output_attentions)
     elif segments is not None:

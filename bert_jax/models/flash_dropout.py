@@ -8,18 +8,17 @@ softmax, dropout and the weighted sum; the backward kernel recomputes them (no r
 gives the gradients of queries, keys and values. HBM sees q, k, v, the output and their gradients only.
 
 Dropout bits: a counter hash, not `jax.random`. Per example and head the step's dropout key gives two
-32-bit seeds (`seeds`, threefry); `_mix(_mix(index + seed0) ^ seed1)` (`_mix`: Bob Jenkins' 32-bit integer
+32-bit seeds (`seeds`, drawn from it); `_mix(_mix(index + seed0) ^ seed1)` (`_mix`: Bob Jenkins' 32-bit integer
 hash, shifts, adds and xors) of `index = query * L/2 + key` gives 16 bits to the score of `key` and 16 to
 that of `key + L/2`. A score is kept when its 16 bits are at least `rate * 2^16` (rounded: 0.1 keeps
 0.899994). The kernel hashes on the vector units, and `keep_mask` makes the same bits with XLA ops, so the
 dense path (`reference`, other backends) and the kernel drop the same scores, on any mesh (seeds are per
 example and head and shard with them). The bits differ from `nn.Dropout`'s (threefry), so a step's loss
-equals the explicit path's without dropout only; with dropout it is a different draw. With `dropout_rng`
-"rbg" or "unsafe_rbg" (keys of those implementations) the TPU kernel draws from the TPU's hardware
-generator instead (`pltpu.prng_random_bits`, seeded by the same seeds and the block of queries): fewer
-vector ops (`bert-jax bench kernel --bits=hardware`), the same bits in the forward and backward kernels and
-in a resumed run, but not the other backends' (which keep the hash, as the interpreter does: its
-generator gives zeros).
+equals the explicit path's without dropout only; with dropout it is a different draw. With `bits`
+"hardware" (`BertConfig.flash_bits`) the TPU kernel draws from the TPU's hardware generator instead
+(`pltpu.prng_random_bits`, seeded by the same seeds and the block of queries): fewer vector ops (`bert-jax
+bench kernel --bits=hardware`), the same bits in the forward and backward kernels and in a resumed run, but
+not the other backends' (which keep the hash, as the interpreter does: its generator gives zeros).
 
 `BertConfig.attention_kernel` "flash" runs the kernel where the step is lowered for TPU and `reference`
 elsewhere (`lax.platform_dependent`); "flash_interpret" runs the kernel in Pallas' TPU interpreter on any
@@ -54,11 +53,23 @@ NT = (((1,), (1,)), ((), ()))   # a @ b.T
 NN = (((1,), (0,)), ((), ()))   # a @ b
 
 
-def block_q(length: int) -> int:
-  """Queries per kernel step: [length, block] float32 arrays live in VMEM at once."""
+def check_length(length: int, rate: float = 0.0) -> str | None:
+  """Why the kernel cannot take sequences of `length` tokens (with dropout at `rate`), or None."""
   if length > MAX_LENGTH:
-    raise ValueError(f"attention_kernel 'flash' holds a query block's scores against all {length} keys; "
-                     f"it takes sequences up to {MAX_LENGTH}")
+    return (f"attention_kernel 'flash' holds a query block's scores against all {length} keys; it takes "
+            f"sequences up to {MAX_LENGTH}")
+  if length > 1024 and length % 128:
+    return f"attention_kernel 'flash' tiles sequences above 1,024 tokens in blocks of 128; got {length}"
+  if rate > 0 and length % 2:
+    return f"attention_kernel 'flash' with dropout takes even sequence lengths; got {length}"
+  return None
+
+
+def block_q(length: int) -> int:
+  """Queries per kernel step: [length, block] float32 arrays live in VMEM at once (the whole sequence for
+  one that no block divides, up to 1,024 tokens)."""
+  if problem := check_length(length):
+    raise ValueError(problem)
   for block in ((512, 256, 128) if length <= 1024 else (128,)):
     if length % block == 0:
       return block
@@ -76,8 +87,10 @@ def compiling_for(device_kind: str):
 
 
 def matmul_dtype(dtype):
-  """The dtype the kernel's matmuls take for inputs of `dtype` on the devices traced for."""
-  return jnp.dtype(jnp.float32) if _device_kind.get().startswith(FLOAT32_MATMULS) else jnp.dtype(dtype)
+  """The dtype the kernel's matmuls take for inputs of `dtype` on the devices traced for (`compiling_for`;
+  without it, this process's TPU, if it has one)."""
+  kind = _device_kind.get() or (jax.devices()[0].device_kind if jax.default_backend() == "tpu" else "")
+  return jnp.dtype(jnp.float32) if kind.startswith(FLOAT32_MATMULS) else jnp.dtype(dtype)
 
 
 def seeds(key, batch: int, heads: int):
@@ -130,15 +143,10 @@ def _half(length: int) -> int:
   return length // 2
 
 
-def allowed(segment_ids):
-  """[B, 1, L, L]: a query attends to the keys of its segment."""
-  return (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None]
-
-
 def reference(q, k, v, segment_ids, seeds_BN2, rate: float):
   """The kernel's function with XLA ops ([B, L, N, K] in and out): `softmax_dropout`'s explicit path with
   `keep_mask`'s bits."""
-  probs = softmax_dropout.probabilities(q, k, allowed(segment_ids))
+  probs = softmax_dropout.probabilities(q, k, splash.dense_mask(segment_ids, False, splash.SegmentMask(segment_ids)))
   if rate > 0:
     probs = jnp.where(keep_mask(seeds_BN2, q.shape[1], rate), probs / (1.0 - rate), 0.0)
   return jnp.einsum("bnqs,bsnk->bqnk", probs.astype(v.dtype), v)
@@ -172,11 +180,6 @@ def _kept(seeds_ref, rate, shape, length, bits):
   return jnp.concatenate([low, high], axis=0) >= _threshold(rate)
 
 
-def _operand(x, dtype, mm):
-  """`x` as the matmul takes it: in the compute `dtype`, or float32 where the MXU rounds it (v2, v3)."""
-  return x.astype(mm) if mm != dtype and mm == jnp.float32 else x.astype(dtype)
-
-
 def _forward_kernel(seeds_ref, q_ref, k_ref, v_ref, qseg_ref, kvseg_ref, o_ref, *, rate, scale, mm, bits):
   dtype = v_ref.dtype
   q, k, v = (r[...].astype(mm) for r in (q_ref, k_ref, v_ref))
@@ -185,12 +188,12 @@ def _forward_kernel(seeds_ref, q_ref, k_ref, v_ref, qseg_ref, kvseg_ref, o_ref, 
     p = jnp.where(_kept(seeds_ref, rate, e.shape, k.shape[0], bits), e * (1.0 / ((1.0 - rate) * total)), 0.0)
   else:
     p = e * (1.0 / total)
-  o_ref[...] = lax.dot_general(_operand(p, dtype, mm).T, v, NN, preferred_element_type=jnp.float32).astype(dtype)
+  o_ref[...] = lax.dot_general(p.astype(mm).T, v, NN, preferred_element_type=jnp.float32).astype(dtype)
 
 
 def _backward_kernel(seeds_ref, q_ref, k_ref, v_ref, qseg_ref, kvseg_ref, do_ref, dq_ref, dk_ref, dv_ref,
                      dk_acc, dv_acc, *, rate, scale, mm, bits):
-  i, dtype = pl.program_id(2), v_ref.dtype
+  i = pl.program_id(2)
   q, k, v, do = (r[...].astype(mm) for r in (q_ref, k_ref, v_ref, do_ref))
   e, total = _exponentials(q, k, qseg_ref[...], kvseg_ref[...], scale)
   p = e * (1.0 / total)                                                            # [L, bq]
@@ -201,8 +204,8 @@ def _backward_kernel(seeds_ref, q_ref, k_ref, v_ref, qseg_ref, kvseg_ref, do_ref
     d_probs = jnp.where(keep, d_dropped * (1.0 / (1.0 - rate)), 0.0)
   else:
     dropped, d_probs = p, d_dropped
-  dv = lax.dot_general(_operand(dropped, dtype, mm), do, NN, preferred_element_type=jnp.float32)
-  d_scores = _operand(p * (d_probs - jnp.sum(d_probs * p, axis=0, keepdims=True)) * scale, dtype, mm)
+  dv = lax.dot_general(dropped.astype(mm), do, NN, preferred_element_type=jnp.float32)
+  d_scores = (p * (d_probs - jnp.sum(d_probs * p, axis=0, keepdims=True)) * scale).astype(mm)
   dk = lax.dot_general(d_scores, q, NN, preferred_element_type=jnp.float32)
   dq_ref[...] = lax.dot_general(d_scores.T, k, NN, preferred_element_type=jnp.float32).astype(dq_ref.dtype)
 
@@ -241,8 +244,8 @@ def _segments(segment_ids):
   return s[:, None, :], s[:, :, None]    # queries' [B, 1, L], keys' [B, L, 1]
 
 
-def _flash_forward(q, k, v, segment_ids, seeds_BN2, rate, interpret, bits="hash"):
-  """[B, N, L, K] queries, keys, values (unscaled) -> context [B, N, L, K]."""
+def forward(q, k, v, segment_ids, seeds_BN2, rate, interpret, bits="hash"):
+  """The forward kernel on [B, N, L, K] queries, keys, values (unscaled) -> context [B, N, L, K]."""
   b, n, length, width = q.shape
   bq = block_q(length)
   q_spec, kv_spec, qseg_spec, kvseg_spec = _specs(length, width, bq)
@@ -255,7 +258,8 @@ def _flash_forward(q, k, v, segment_ids, seeds_BN2, rate, interpret, bits="hash"
                ("parallel", "parallel", "parallel"))(seeds_BN2.reshape(-1), q, k, v, *_segments(segment_ids))
 
 
-def _flash_backward(q, k, v, segment_ids, seeds_BN2, do, rate, interpret, bits="hash"):
+def backward(q, k, v, segment_ids, seeds_BN2, do, rate, interpret, bits="hash"):
+  """The backward kernel: the context's gradient `do` -> the gradients of q, k and v."""
   b, n, length, width = q.shape
   bq = block_q(length)
   q_spec, kv_spec, qseg_spec, kvseg_spec = _specs(length, width, bq)
@@ -272,17 +276,17 @@ def _flash_backward(q, k, v, segment_ids, seeds_BN2, do, rate, interpret, bits="
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
 def _flash(q, k, v, segment_ids, seeds_BN2, rate, interpret, bits):
-  return _flash_forward(q, k, v, segment_ids, seeds_BN2, rate, interpret, bits)
+  return forward(q, k, v, segment_ids, seeds_BN2, rate, interpret, bits)
 
 
 def _flash_fwd(q, k, v, segment_ids, seeds_BN2, rate, interpret, bits):
-  return (_flash_forward(q, k, v, segment_ids, seeds_BN2, rate, interpret, bits),
+  return (forward(q, k, v, segment_ids, seeds_BN2, rate, interpret, bits),
           (q, k, v, segment_ids, seeds_BN2))
 
 
 def _flash_bwd(rate, interpret, bits, residuals, do):
   q, k, v, segment_ids, seeds_BN2 = residuals
-  dq, dk, dv = _flash_backward(q, k, v, segment_ids, seeds_BN2, do, rate, interpret, bits)
+  dq, dk, dv = backward(q, k, v, segment_ids, seeds_BN2, do, rate, interpret, bits)
   return dq, dk, dv, None, None
 
 
@@ -295,27 +299,23 @@ def _kernel_BLNK(q, k, v, segment_ids, seeds_BN2, rate, interpret, bits):
   return bnlk(_flash(bnlk(q), bnlk(k), bnlk(v), segment_ids, seeds_BN2, rate, interpret, bits))
 
 
-def bits_for(key) -> str:
-  """"hardware" for a key of `dropout_rng` "rbg" or "unsafe_rbg" (the TPU's generator, as XLA's
-  RngBitGenerator is for them), else "hash"."""
-  return "hardware" if key is not None and "rbg" in str(jax.random.key_impl(key)) else "hash"
-
-
-def attention(q_BLNK, k_BLNK, v_BLNK, mask, key=None, rate: float = 0.0):
+def attention(q_BLNK, k_BLNK, v_BLNK, mask, key=None, rate: float = 0.0, bits: str = "hash"):
   """softmax(q k / sqrt(head_dim)) within segments, dropout at `rate` with `key` (None: no dropout),
-  weighted sum of v; [B, L, N, K] in and out. `mask`: the encoder's `splash.SegmentMask`."""
+  weighted sum of v; [B, L, N, K] in and out. `mask`: the encoder's `splash.SegmentMask`. `bits`: the TPU
+  kernel's dropout bits, "hash" or "hardware" (module docstring)."""
   if mask.window is not None or mask.causal:
     raise ValueError("attention_kernel 'flash' takes segment ids only; windows and causal masks are splash's")
   batch, length, heads, _ = q_BLNK.shape
-  block_q(length)
   rate = float(rate) if key is not None else 0.0
+  if problem := check_length(length, rate):
+    raise ValueError(problem)
   seeds_BN2 = seeds(key, batch, heads) if rate > 0 else jnp.zeros((batch, heads, 2), jnp.int32)
   segment_ids = mask.segment_ids
   if mask.interpret:   # the interpreter's hardware generator gives zeros: the hash always
     return _sharded(q_BLNK, k_BLNK, v_BLNK, segment_ids, seeds_BN2, rate, True, "hash")
   return lax.platform_dependent(
       q_BLNK, k_BLNK, v_BLNK, segment_ids, seeds_BN2,
-      tpu=lambda *a: _sharded(*a, rate, False, bits_for(key)),
+      tpu=lambda *a: _sharded(*a, rate, False, bits),
       default=lambda *a: reference(*a, rate))
 
 

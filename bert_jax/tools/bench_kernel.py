@@ -34,7 +34,7 @@ _HEAD_DIM = flags.DEFINE_integer("head_dim", 64, "Head dimension.")
 _RATE = flags.DEFINE_float("rate", 0.1, "Attention dropout rate (also compiled without dropout).")
 _DTYPE = flags.DEFINE_string("dtype", "bfloat16", "Compute dtype of queries, keys and values.")
 _BITS = flags.DEFINE_enum("bits", "hash", ["hash", "hardware"], "Dropout bits: the portable hash, or the TPU's "
-                          "generator (what `dropout_rng` rbg gives the kernel).")
+                          "generator (`model.flash_bits`).")
 _CHILD = flags.DEFINE_string("child", "", "Internal: compile this kernel (forward, backward) and exit.")
 _CHILD_RATE = flags.DEFINE_float("child_rate", 0.0, "Internal: the child's dropout rate.")
 
@@ -55,10 +55,10 @@ def _compile(kernel: str, rate: float) -> None:
   seeds = jax.ShapeDtypeStruct(shape[:2] + (2,), jnp.int32, sharding=sharding)
 
   def flash_forward(q, k, v, s, seeds):
-    return flash_dropout._flash_forward(q, k, v, s, seeds, rate, False, _BITS.value)   # pylint: disable=protected-access
+    return flash_dropout.forward(q, k, v, s, seeds, rate, False, _BITS.value)
 
   def flash_backward(q, k, v, s, seeds, do):
-    return flash_dropout._flash_backward(q, k, v, s, seeds, do, rate, False, _BITS.value)   # pylint: disable=protected-access
+    return flash_dropout.backward(q, k, v, s, seeds, do, rate, False, _BITS.value)
 
   fn, args = (flash_forward, (x, x, x, segments, seeds)) if kernel == "forward" else (
       flash_backward, (x, x, x, segments, seeds, x))
@@ -69,7 +69,8 @@ def _compile(kernel: str, rate: float) -> None:
 
 def parse_schedule(path: str) -> dict:
   """Bundles and slot totals of one `*final_hlo-static-per-bundle-utilization.txt` dump."""
-  lines = open(path).read().splitlines()
+  with open(path) as f:
+    lines = f.read().splitlines()
   names = capacity = None
   rows, in_rows = [], False
   for i, line in enumerate(lines):
@@ -105,7 +106,10 @@ def schedule(kernel: str, rate: float, dump_dir: str) -> dict:
   dump = max(dumps, key=os.path.getsize)
   # The scheduled instructions beside it: how many draw from the hardware generator (`vrng`).
   code = glob.glob(dump.split("-final_hlo-")[0].rsplit("-", 1)[0] + "-*-final_bundles.txt")
-  rng = sum(open(c).read().count("vrng") for c in code)
+  rng = 0
+  for path in code:
+    with open(path) as f:
+      rng += f.read().count("vrng")
   return {**device, **parse_schedule(dump), "hardware_rng_ops": rng}
 
 
@@ -113,7 +117,7 @@ def report(kernel: str, rate: float, s: dict) -> dict:
   from bert_jax.models import flash_dropout  # pylint: disable=g-import-not-at-top
   length = _SEQ_LENGTH.value
   block = flash_dropout.block_q(length)
-  mxu = sum(v for k, v in s["capacity"].items() if k == "MATMUL") or 1
+  mxu = s["capacity"].get("MATMUL") or 1
   matmul_bundles = s["slots"].get("MATMUL", 0) / mxu
   steps = _HEADS.value * (length // block)
   return {
