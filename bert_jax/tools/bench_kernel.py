@@ -27,16 +27,21 @@ import tempfile
 from absl import flags
 
 FLAGS = flags.FLAGS
-_TOPOLOGY = flags.DEFINE_string("topology", "v5e:2x2", "TPU topology whose chip the kernels are compiled for.")
-_SEQ_LENGTH = flags.DEFINE_integer("seq_length", 512, "Sequence length.")
-_HEADS = flags.DEFINE_integer("heads", 16, "Heads of one example (one grid step each, times the query blocks).")
-_HEAD_DIM = flags.DEFINE_integer("head_dim", 64, "Head dimension.")
-_RATE = flags.DEFINE_float("rate", 0.1, "Attention dropout rate (also compiled without dropout).")
-_DTYPE = flags.DEFINE_string("dtype", "bfloat16", "Compute dtype of queries, keys and values.")
-_BITS = flags.DEFINE_enum("bits", "hash", ["hash", "hardware"], "Dropout bits: the portable hash, or the TPU's "
-                          "generator (`model.flash_bits`).")
-_CHILD = flags.DEFINE_string("child", "", "Internal: compile this kernel (forward, backward) and exit.")
-_CHILD_RATE = flags.DEFINE_float("child_rate", 0.0, "Internal: the child's dropout rate.")
+
+
+def define_flags() -> None:
+  """The command's flags, defined when the CLI runs it: importing this module (as the tests do) defines none."""
+  flags.DEFINE_string("topology", "v5e:2x2", "TPU topology whose chip the kernels are compiled for.")
+  flags.DEFINE_integer("seq_length", 512, "Sequence length.")
+  flags.DEFINE_integer("heads", 16, "Heads of one example (one grid step each, times the query blocks).")
+  flags.DEFINE_integer("head_dim", 64, "Head dimension.")
+  flags.DEFINE_float("rate", 0.1, "Attention dropout rate (also compiled without dropout).")
+  flags.DEFINE_string("dtype", "bfloat16", "Compute dtype of queries, keys and values.")
+  flags.DEFINE_enum("bits", "hash", ["hash", "hardware"], "Dropout bits: the portable hash, or the TPU's "
+                    "generator (`model.flash_bits`).")
+  flags.DEFINE_string("child", "", "Internal: compile this kernel (forward, backward) and exit.")
+  flags.DEFINE_float("child_rate", 0.0, "Internal: the child's dropout rate.")
+
 
 KERNELS = ("forward", "backward")
 
@@ -47,18 +52,18 @@ def _compile(kernel: str, rate: float) -> None:
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from bert_jax.models import flash_dropout  # pylint: disable=g-import-not-at-top
   from bert_jax.tools import aot  # pylint: disable=g-import-not-at-top
-  device = aot.topology_devices(_TOPOLOGY.value)[0]
+  device = aot.topology_devices(FLAGS.topology)[0]
   sharding = jax.sharding.SingleDeviceSharding(device)
-  shape = (1, _HEADS.value, _SEQ_LENGTH.value, _HEAD_DIM.value)
-  x = jax.ShapeDtypeStruct(shape, jnp.dtype(_DTYPE.value), sharding=sharding)
+  shape = (1, FLAGS.heads, FLAGS.seq_length, FLAGS.head_dim)
+  x = jax.ShapeDtypeStruct(shape, jnp.dtype(FLAGS.dtype), sharding=sharding)
   segments = jax.ShapeDtypeStruct(shape[:1] + shape[2:3], jnp.int32, sharding=sharding)
   seeds = jax.ShapeDtypeStruct(shape[:2] + (2,), jnp.int32, sharding=sharding)
 
   def flash_forward(q, k, v, s, seeds):
-    return flash_dropout.forward(q, k, v, s, seeds, rate, False, _BITS.value)
+    return flash_dropout.forward(q, k, v, s, seeds, rate, False, FLAGS.bits)
 
   def flash_backward(q, k, v, s, seeds, do):
-    return flash_dropout.backward(q, k, v, s, seeds, do, rate, False, _BITS.value)
+    return flash_dropout.backward(q, k, v, s, seeds, do, rate, False, FLAGS.bits)
 
   fn, args = (flash_forward, (x, x, x, segments, seeds)) if kernel == "forward" else (
       flash_backward, (x, x, x, segments, seeds, x))
@@ -93,8 +98,8 @@ def schedule(kernel: str, rate: float, dump_dir: str) -> dict:
   env["LIBTPU_INIT_ARGS"] = (env.get("LIBTPU_INIT_ARGS", "") +
                              f" --xla_jf_dump_to={dump_dir} --xla_jf_dump_llo_text=true").strip()
   env.pop("XLA_FLAGS", None)
-  flags_ = [f"--topology={_TOPOLOGY.value}", f"--seq_length={_SEQ_LENGTH.value}", f"--heads={_HEADS.value}",
-            f"--head_dim={_HEAD_DIM.value}", f"--dtype={_DTYPE.value}", f"--bits={_BITS.value}", f"--child={kernel}", f"--child_rate={rate}"]
+  flags_ = [f"--topology={FLAGS.topology}", f"--seq_length={FLAGS.seq_length}", f"--heads={FLAGS.heads}",
+            f"--head_dim={FLAGS.head_dim}", f"--dtype={FLAGS.dtype}", f"--bits={FLAGS.bits}", f"--child={kernel}", f"--child_rate={rate}"]
   proc = subprocess.run([sys.executable, "-m", "bert_jax.cli", "bench", "kernel", *flags_], env=env,
                         capture_output=True, text=True, timeout=600)
   if proc.returncode:
@@ -115,15 +120,15 @@ def schedule(kernel: str, rate: float, dump_dir: str) -> dict:
 
 def report(kernel: str, rate: float, s: dict) -> dict:
   from bert_jax.models import flash_dropout  # pylint: disable=g-import-not-at-top
-  length = _SEQ_LENGTH.value
+  length = FLAGS.seq_length
   block = flash_dropout.block_q(length)
   mxu = s["capacity"].get("MATMUL") or 1
   matmul_bundles = s["slots"].get("MATMUL", 0) / mxu
-  steps = _HEADS.value * (length // block)
+  steps = FLAGS.heads * (length // block)
   return {
-      "topology": _TOPOLOGY.value, "device_kind": s["device_kind"], "kernel": kernel, "rate": rate,
-      "bits": _BITS.value if rate > 0 else None,
-      "seq_length": length, "heads": _HEADS.value, "head_dim": _HEAD_DIM.value, "dtype": _DTYPE.value,
+      "topology": FLAGS.topology, "device_kind": s["device_kind"], "kernel": kernel, "rate": rate,
+      "bits": FLAGS.bits if rate > 0 else None,
+      "seq_length": length, "heads": FLAGS.heads, "head_dim": FLAGS.head_dim, "dtype": FLAGS.dtype,
       "block_q": block, "grid_steps_per_example": steps, "bundles_per_step": s["bundles"],
       "bundles_per_example": s["bundles"] * steps, "slots_per_step": s["slots"], "slot_capacity": s["capacity"],
       "hardware_rng_ops": s["hardware_rng_ops"],
@@ -134,10 +139,10 @@ def report(kernel: str, rate: float, s: dict) -> dict:
 
 def main(argv) -> None:
   del argv
-  if _CHILD.value:
-    _compile(_CHILD.value, _CHILD_RATE.value)
+  if FLAGS.child:
+    _compile(FLAGS.child, FLAGS.child_rate)
     return
-  for rate in (_RATE.value, 0.0) if _RATE.value > 0 else (0.0,):
+  for rate in (FLAGS.rate, 0.0) if FLAGS.rate > 0 else (0.0,):
     for kernel in KERNELS:
       with tempfile.TemporaryDirectory() as dump_dir:
         print(json.dumps(report(kernel, rate, schedule(kernel, rate, dump_dir))), flush=True)
