@@ -39,7 +39,12 @@ def _bench(*flags):
 
 @pytest.mark.slow
 def test_bench_kernel_reads_the_schedule_of_both_kernels():
-  rows = _bench()
+  rows = _bench("--splash")
+  splash = rows.pop(("splash", 0.0))
+  assert set(splash["bundles_per_step"]) == {"splash_mha_fwd_segmented_residuals",
+                                             "splash_mha_dq_segmented_no_residuals",
+                                             "splash_mha_dkv_segmented_no_residuals"}
+  assert splash["grid_steps_per_example"] == 2 and splash["bundles_per_example"] > 0
   assert set(rows) == {("forward", 0.1), ("backward", 0.1), ("forward", 0.0), ("backward", 0.0)}
   for r in rows.values():
     assert r["device_kind"] == "TPU v5 lite" and r["block_q"] == 256 and r["grid_steps_per_example"] == 2

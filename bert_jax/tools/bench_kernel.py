@@ -39,7 +39,9 @@ def define_flags() -> None:
   flags.DEFINE_string("dtype", "bfloat16", "Compute dtype of queries, keys and values.")
   flags.DEFINE_enum("bits", "hash", ["hash", "hardware"], "Dropout bits: the portable hash, or the TPU's "
                     "generator (`model.flash_bits`).")
-  flags.DEFINE_string("child", "", "Internal: compile this kernel (forward, backward) and exit.")
+  flags.DEFINE_bool("splash", False, "Also Pallas' splash kernel (models/splash.py; no dropout) on the same "
+                    "shape, for comparison.")
+  flags.DEFINE_string("child", "", "Internal: compile this kernel (forward, backward, splash) and exit.")
   flags.DEFINE_float("child_rate", 0.0, "Internal: the child's dropout rate.")
 
 
@@ -51,6 +53,7 @@ def _compile(kernel: str, rate: float) -> None:
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from bert_jax.models import flash_dropout  # pylint: disable=g-import-not-at-top
+  from bert_jax.models import splash  # pylint: disable=g-import-not-at-top
   from bert_jax.tools import aot  # pylint: disable=g-import-not-at-top
   device = aot.topology_devices(FLAGS.topology)[0]
   sharding = jax.sharding.SingleDeviceSharding(device)
@@ -65,8 +68,18 @@ def _compile(kernel: str, rate: float) -> None:
   def flash_backward(q, k, v, s, seeds, do):
     return flash_dropout.backward(q, k, v, s, seeds, do, rate, False, FLAGS.bits)
 
-  fn, args = (flash_forward, (x, x, x, segments, seeds)) if kernel == "forward" else (
-      flash_backward, (x, x, x, segments, seeds, x))
+  def splash_attention(q, k, v, s):   # [B, L, N, K]; forward and backward
+    mask = splash.SegmentMask(s)
+    loss = lambda q, k, v: jnp.sum(splash.attention(q, k, v, mask).astype(jnp.float32))
+    return jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+
+  if kernel == "splash":
+    y = jax.ShapeDtypeStruct((shape[0], shape[2], shape[1], shape[3]), x.dtype, sharding=sharding)
+    fn, args = splash_attention, (y, y, y, segments)
+  elif kernel == "forward":
+    fn, args = flash_forward, (x, x, x, segments, seeds)
+  else:
+    fn, args = flash_backward, (x, x, x, segments, seeds, x)
   with flash_dropout.compiling_for(device.device_kind):
     jax.jit(fn).lower(*args).compile()
   print(json.dumps({"device_kind": device.device_kind}))
@@ -92,19 +105,25 @@ def parse_schedule(path: str) -> dict:
   return {"bundles": len(rows), "slots": totals, "capacity": dict(zip(names, capacity))}
 
 
-def schedule(kernel: str, rate: float, dump_dir: str) -> dict:
-  """Compile `kernel` in a child process with libtpu's schedule dump in `dump_dir`; its schedule."""
+def _compile_in_child(kernel: str, rate: float, dump_dir: str) -> dict:
+  """Compile `kernel` in a child process with libtpu's schedule dump in `dump_dir`; the device it was for."""
   env = dict(os.environ)
   env["LIBTPU_INIT_ARGS"] = (env.get("LIBTPU_INIT_ARGS", "") +
                              f" --xla_jf_dump_to={dump_dir} --xla_jf_dump_llo_text=true").strip()
   env.pop("XLA_FLAGS", None)
   flags_ = [f"--topology={FLAGS.topology}", f"--seq_length={FLAGS.seq_length}", f"--heads={FLAGS.heads}",
-            f"--head_dim={FLAGS.head_dim}", f"--dtype={FLAGS.dtype}", f"--bits={FLAGS.bits}", f"--child={kernel}", f"--child_rate={rate}"]
+            f"--head_dim={FLAGS.head_dim}", f"--dtype={FLAGS.dtype}", f"--bits={FLAGS.bits}", f"--child={kernel}",
+            f"--child_rate={rate}"]
   proc = subprocess.run([sys.executable, "-m", "bert_jax.cli", "bench", "kernel", *flags_], env=env,
                         capture_output=True, text=True, timeout=600)
   if proc.returncode:
     raise RuntimeError(f"compiling the {kernel} kernel failed:\n{proc.stderr[-3000:]}")
-  device = json.loads(proc.stdout.strip().splitlines()[-1])
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def schedule(kernel: str, rate: float, dump_dir: str) -> dict:
+  """Compile the flash `kernel` with libtpu's schedule dump in `dump_dir`; its schedule."""
+  device = _compile_in_child(kernel, rate, dump_dir)
   dumps = glob.glob(os.path.join(dump_dir, f"*flash_{kernel}*final_hlo-static-per-bundle-utilization.txt"))
   if not dumps:
     raise RuntimeError(f"libtpu wrote no schedule of the {kernel} kernel to {dump_dir}")
@@ -137,6 +156,25 @@ def report(kernel: str, rate: float, s: dict) -> dict:
   }
 
 
+def splash_report(dump_dir: str) -> dict:
+  """Pallas' splash kernels (forward, dq, dkv) on the same shape, no dropout: bundles a grid step and an
+  example (each kernel's grid: heads x query blocks x key blocks, none skipped under a full mask)."""
+  from bert_jax.models import splash  # pylint: disable=g-import-not-at-top
+  device = _compile_in_child("splash", 0.0, dump_dir)
+  kernels = {}
+  for path in glob.glob(os.path.join(dump_dir, "*splash_mha_*final_hlo-static-per-bundle-utilization.txt")):
+    name = re.search(r"(splash_mha_[a-z_]+)", os.path.basename(path)).group(1)
+    kernels[name] = parse_schedule(path)["bundles"]
+  if not kernels:
+    raise RuntimeError(f"libtpu wrote no schedule of the splash kernels to {dump_dir}")
+  block = splash.block_size(FLAGS.seq_length)
+  steps = FLAGS.heads * (FLAGS.seq_length // block) ** 2
+  return {"topology": FLAGS.topology, **device, "kernel": "splash", "rate": 0.0, "bits": None,
+          "seq_length": FLAGS.seq_length, "heads": FLAGS.heads, "head_dim": FLAGS.head_dim, "dtype": FLAGS.dtype,
+          "block": block, "grid_steps_per_example": steps, "bundles_per_step": kernels,
+          "bundles_per_example": sum(kernels.values()) * steps}
+
+
 def main(argv) -> None:
   del argv
   if FLAGS.child:
@@ -146,3 +184,6 @@ def main(argv) -> None:
     for kernel in KERNELS:
       with tempfile.TemporaryDirectory() as dump_dir:
         print(json.dumps(report(kernel, rate, schedule(kernel, rate, dump_dir))), flush=True)
+  if FLAGS.splash:
+    with tempfile.TemporaryDirectory() as dump_dir:
+      print(json.dumps(splash_report(dump_dir)), flush=True)
