@@ -61,35 +61,34 @@ def attended_keys(cfg: model.BertConfig, seq_length: int) -> list[int]:
 
 def kernel_attention_per_row(cfg: model.BertConfig, seq_length: int) -> dict[str, float]:
   """One row's attention inside the splash or flash kernel over a train step, which XLA's cost analysis
-  cannot see (a custom call): `bert-jax aot` adds it to XLA's counts. All 0 when attention runs as XLA ops.
-  Below for splash; the flash kernel's are in the code.
+  cannot see (a custom call): `bert-jax aot` adds it to XLA's counts. All 0 when attention runs as XLA ops
+  (splash's with attention dropout, which takes the explicit path).
 
   - "model_flops": the model count's share (3x the forward scores and values, `forward_flops_per_row`).
-  - "flops": what the kernel computes. It works in blocks of keys: a query block of a sliding-window layer
-    computes every key block its window reaches (3 for a window inside one block's width, not 129 keys).
-    The backward kernels recompute the scores: dq takes 3 matmuls, dk and dv 4, against the forward's 2.
-  - "bytes": an estimate from that blocking. The forward pass reads q and writes o once and reads k and v
-    once per query block that reaches them; the backward passes read about twice that.
+  - "flops": what the kernel computes. Splash works in blocks of keys: a query block of a sliding-window
+    layer computes every key block its window reaches (3 for a window inside one block's width, not 129
+    keys); its backward kernels recompute the scores: dq takes 3 matmuls, dk and dv 4, against the
+    forward's 2. Flash (`flash_dropout`) computes every key: 2 matmuls forward, 5 backward (the scores
+    again, then the values', probabilities', keys' and queries').
+  - "bytes": splash's, an estimate from that blocking: the forward pass reads q and writes o once and k
+    and v once per query block that reaches them; the backward passes read about twice that. Flash reads
+    and writes its operands and results once, as XLA counts them, but the queries' segment ids: a row of
+    int32 (8 sublanes a tile) per head and pass, counted here beyond XLA's one.
   """
   from bert_jax.models import splash  # pylint: disable=g-import-not-at-top
   out = {"model_flops": 0.0, "flops": 0.0, "bytes": 0.0}
+  flash = cfg.attention_kernel.startswith("flash")
+  if not flash and (cfg.attention_kernel == "xla" or cfg.attention_dropout > 0):
+    return out
   h, s, itemsize = cfg.hidden_size, seq_length, cfg.dtype.itemsize
-  if cfg.attention_kernel.startswith("flash"):
-    # `flash_dropout`: every key of a row, dropout or not. Forward: scores and weighted sum; backward: the
-    # scores again, then the values', probabilities', keys' and queries' matmuls. XLA counts the kernel's
-    # operands and results, each of which it reads or writes once, but the queries' segment ids: a row of
-    # int32 (8 sublanes a tile) per head and pass, counted here beyond XLA's one.
-    for keys in attended_keys(cfg, s):
-      out["model_flops"] += 3 * 2 * (2 * s * keys * h)
-      out["flops"] += (2 + 5) * 2 * s * keys * h
-      out["bytes"] += 2 * (cfg.num_heads - 1) * s * 4 * 8
-    return out
-  if cfg.attention_kernel == "xla" or cfg.attention_dropout > 0:   # dropout takes the explicit path
-    return out
-  block = splash.block_size(s)
   for keys in attended_keys(cfg, s):
     out["model_flops"] += 3 * 2 * (2 * s * keys * h)
+    if flash:
+      out["flops"] += (2 + 5) * 2 * s * keys * h
+      out["bytes"] += 2 * (cfg.num_heads - 1) * s * 4 * 8
+      continue
     # Key blocks a query block computes: all of them, or its own and those the half-window reaches.
+    block = splash.block_size(s)
     blocks = s // block if keys >= s else min(s // block, 1 + 2 * -(-(keys // 2) // block))
     out["flops"] += (2 + 3 + 4) * 2 * s * (blocks * block) * h
     out["bytes"] += 3 * itemsize * h * s * (2 + 2 * blocks)

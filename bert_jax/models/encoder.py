@@ -24,10 +24,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax.models import rotary
-from bert_jax.models import splash
 from bert_jax.models import flash_dropout
+from bert_jax.models import rotary
 from bert_jax.models import softmax_dropout
+from bert_jax.models import splash
 # The config lives in its own module; these names are re-exported for the callers of `encoder`.
 from bert_jax.models.config import BertConfig, HF_MODEL_TYPES, PRESETS, REMAT_POLICIES, TABLE6  # noqa: F401
 from bert_jax.models.config import _GELU_APPROXIMATE, _HF_KEYS  # noqa: F401

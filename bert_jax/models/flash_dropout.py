@@ -65,10 +65,10 @@ def check_length(length: int, rate: float = 0.0) -> str | None:
   return None
 
 
-def block_q(length: int) -> int:
+def block_q(length: int, rate: float = 0.0) -> int:
   """Queries per kernel step: [length, block] float32 arrays live in VMEM at once (the whole sequence for
-  one that no block divides, up to 1,024 tokens)."""
-  if problem := check_length(length):
+  one that no block divides, up to 1,024 tokens). Raises `check_length`'s problem."""
+  if problem := check_length(length, rate):
     raise ValueError(problem)
   for block in ((512, 256, 128) if length <= 1024 else (128,)):
     if length % block == 0:
@@ -131,16 +131,11 @@ def _bits(index, seed0, seed1):
 def keep_mask(seeds_BN2, length: int, rate: float):
   """The kernel's dropout bits with XLA ops: [B, N, L, L] bool, True where a score is kept. A hash of
   `query * (L / 2) + key` gives keys `key` (low 16 bits) and `key + L / 2` (high)."""
-  half = _half(length)
+  block_q(length, rate)
+  half = length // 2
   index = jnp.arange(length, dtype=jnp.int32)[:, None] * half + jnp.arange(half, dtype=jnp.int32)[None]
   low, high = _bits(index[None, None], seeds_BN2[..., 0, None, None], seeds_BN2[..., 1, None, None])
   return jnp.concatenate([low, high], axis=-1) >= _threshold(rate)
-
-
-def _half(length: int) -> int:
-  if length % 2:
-    raise ValueError(f"attention_kernel 'flash' with dropout takes even sequence lengths; got {length}")
-  return length // 2
 
 
 def reference(q, k, v, segment_ids, seeds_BN2, rate: float):
@@ -173,7 +168,7 @@ def _kept(seeds_ref, rate, shape, length, bits):
   if bits == "hardware":
     pltpu.prng_seed(seeds_ref[base], seeds_ref[base + 1] ^ i)
     return _shift(pltpu.prng_random_bits(shape), 16) >= _threshold(rate)
-  half = _half(length)
+  half = length // 2   # even: `block_q(length, rate)` checked it
   key = lax.broadcasted_iota(jnp.int32, (half, shape[1]), 0)
   query = (lax.broadcasted_iota(jnp.int32, (1, shape[1]), 1) + i * shape[1]) * half    # multiplied once a row
   low, high = _bits(query + key, seeds_ref[base], seeds_ref[base + 1])
@@ -247,7 +242,7 @@ def _segments(segment_ids):
 def forward(q, k, v, segment_ids, seeds_BN2, rate, interpret, bits="hash"):
   """The forward kernel on [B, N, L, K] queries, keys, values (unscaled) -> context [B, N, L, K]."""
   b, n, length, width = q.shape
-  bq = block_q(length)
+  bq = block_q(length, rate)
   q_spec, kv_spec, qseg_spec, kvseg_spec = _specs(length, width, bq)
   grid = pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=1, grid=(b, n, length // bq),
                                       in_specs=[q_spec, kv_spec, kv_spec, qseg_spec, kvseg_spec],
@@ -261,7 +256,7 @@ def forward(q, k, v, segment_ids, seeds_BN2, rate, interpret, bits="hash"):
 def backward(q, k, v, segment_ids, seeds_BN2, do, rate, interpret, bits="hash"):
   """The backward kernel: the context's gradient `do` -> the gradients of q, k and v."""
   b, n, length, width = q.shape
-  bq = block_q(length)
+  bq = block_q(length, rate)
   q_spec, kv_spec, qseg_spec, kvseg_spec = _specs(length, width, bq)
   grid = pltpu.PrefetchScalarGridSpec(
       num_scalar_prefetch=1, grid=(b, n, length // bq),
@@ -307,8 +302,7 @@ def attention(q_BLNK, k_BLNK, v_BLNK, mask, key=None, rate: float = 0.0, bits: s
     raise ValueError("attention_kernel 'flash' takes segment ids only; windows and causal masks are splash's")
   batch, length, heads, _ = q_BLNK.shape
   rate = float(rate) if key is not None else 0.0
-  if problem := check_length(length, rate):
-    raise ValueError(problem)
+  block_q(length, rate)
   seeds_BN2 = seeds(key, batch, heads) if rate > 0 else jnp.zeros((batch, heads, 2), jnp.int32)
   segment_ids = mask.segment_ids
   if mask.interpret:   # the interpreter's hardware generator gives zeros: the hash always

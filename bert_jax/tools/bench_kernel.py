@@ -137,6 +137,11 @@ def schedule(kernel: str, rate: float, dump_dir: str) -> dict:
   return {**device, **parse_schedule(dump), "hardware_rng_ops": rng}
 
 
+def _shape_fields() -> dict:
+  return {"topology": FLAGS.topology, "seq_length": FLAGS.seq_length, "heads": FLAGS.heads,
+          "head_dim": FLAGS.head_dim, "dtype": FLAGS.dtype}
+
+
 def report(kernel: str, rate: float, s: dict) -> dict:
   from bert_jax.models import flash_dropout  # pylint: disable=g-import-not-at-top
   length = FLAGS.seq_length
@@ -145,10 +150,8 @@ def report(kernel: str, rate: float, s: dict) -> dict:
   matmul_bundles = s["slots"].get("MATMUL", 0) / mxu
   steps = FLAGS.heads * (length // block)
   return {
-      "topology": FLAGS.topology, "device_kind": s["device_kind"], "kernel": kernel, "rate": rate,
-      "bits": FLAGS.bits if rate > 0 else None,
-      "seq_length": length, "heads": FLAGS.heads, "head_dim": FLAGS.head_dim, "dtype": FLAGS.dtype,
-      "block_q": block, "grid_steps_per_example": steps, "bundles_per_step": s["bundles"],
+      **_shape_fields(), "device_kind": s["device_kind"], "kernel": kernel, "rate": rate,
+      "bits": FLAGS.bits if rate > 0 else None, "block_q": block, "grid_steps_per_example": steps, "bundles_per_step": s["bundles"],
       "bundles_per_example": s["bundles"] * steps, "slots_per_step": s["slots"], "slot_capacity": s["capacity"],
       "hardware_rng_ops": s["hardware_rng_ops"],
       "matmul_bundles": matmul_bundles,
@@ -169,9 +172,7 @@ def splash_report(dump_dir: str) -> dict:
     raise RuntimeError(f"libtpu wrote no schedule of the splash kernels to {dump_dir}")
   block = splash.block_size(FLAGS.seq_length)
   steps = FLAGS.heads * (FLAGS.seq_length // block) ** 2
-  return {"topology": FLAGS.topology, **device, "kernel": "splash", "rate": 0.0, "bits": None,
-          "seq_length": FLAGS.seq_length, "heads": FLAGS.heads, "head_dim": FLAGS.head_dim, "dtype": FLAGS.dtype,
-          "block": block, "grid_steps_per_example": steps, "bundles_per_step": kernels,
+  return {**_shape_fields(), **device, "kernel": "splash", "rate": 0.0, "bits": None, "block": block, "grid_steps_per_example": steps, "bundles_per_step": kernels,
           "bundles_per_example": sum(kernels.values()) * steps}
 
 
