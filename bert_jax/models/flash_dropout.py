@@ -175,6 +175,16 @@ def _kept(seeds_ref, rate, shape, length, bits):
   return jnp.concatenate([low, high], axis=0) >= _threshold(rate)
 
 
+def _weighted_sum(w, x):
+  """w.T @ x [bq, K] for transposed weights w [L, bq] and rows x [L, K]. Where [L, bq] is more than twice
+  [L, K] and [K, bq] together, the transpose-free (x.T @ w).T: fewer bundles (`bert-jax bench kernel`: at 512
+  tokens, 512 queries a block, 1% to 10% fewer an example on v3, v5e and v6e; at 128 tokens 1% to 5% more)."""
+  (length, bq), width = w.shape, x.shape[1]
+  if length * bq > 2 * width * (length + bq):
+    return lax.dot_general(x.T, w, NN, preferred_element_type=jnp.float32).T
+  return lax.dot_general(w.T, x, NN, preferred_element_type=jnp.float32)
+
+
 def _forward_kernel(seeds_ref, q_ref, k_ref, v_ref, qseg_ref, kvseg_ref, o_ref, *, rate, scale, mm, bits):
   dtype = v_ref.dtype
   q, k, v = (r[...].astype(mm) for r in (q_ref, k_ref, v_ref))
@@ -183,7 +193,7 @@ def _forward_kernel(seeds_ref, q_ref, k_ref, v_ref, qseg_ref, kvseg_ref, o_ref, 
     p = jnp.where(_kept(seeds_ref, rate, e.shape, k.shape[0], bits), e * (1.0 / ((1.0 - rate) * total)), 0.0)
   else:
     p = e * (1.0 / total)
-  o_ref[...] = lax.dot_general(p.astype(mm).T, v, NN, preferred_element_type=jnp.float32).astype(dtype)
+  o_ref[...] = _weighted_sum(p.astype(mm), v).astype(dtype)
 
 
 def _backward_kernel(seeds_ref, q_ref, k_ref, v_ref, qseg_ref, kvseg_ref, do_ref, dq_ref, dk_ref, dv_ref,
@@ -202,7 +212,7 @@ def _backward_kernel(seeds_ref, q_ref, k_ref, v_ref, qseg_ref, kvseg_ref, do_ref
   dv = lax.dot_general(dropped.astype(mm), do, NN, preferred_element_type=jnp.float32)
   d_scores = (p * (d_probs - jnp.sum(d_probs * p, axis=0, keepdims=True)) * scale).astype(mm)
   dk = lax.dot_general(d_scores, q, NN, preferred_element_type=jnp.float32)
-  dq_ref[...] = lax.dot_general(d_scores.T, k, NN, preferred_element_type=jnp.float32).astype(dq_ref.dtype)
+  dq_ref[...] = _weighted_sum(d_scores, k).astype(dq_ref.dtype)
 
   @pl.when(i == 0)
   def _():
