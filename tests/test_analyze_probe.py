@@ -147,6 +147,7 @@ def test_token_features_are_the_first_word_piece_of_each_word(tmp_path):
   np.testing.assert_allclose(features[:, :4], hidden[:, 0, [1, 3, 4, 6]], atol=1e-5)
 
 
+@pytest.mark.slow
 def test_command_writes_csv_png_and_summary(tmp_path):
   tiny_checkpoint(str(tmp_path / "ckpt"))
   rng = np.random.default_rng(5)

@@ -370,6 +370,7 @@ def test_bytes_on_chip_give_a_second_bound_that_charges_only_hbm():
   assert with_kernel["hbm_bytes"] == pytest.approx(3e9)
 
 
+@pytest.mark.slow
 def test_aot_tells_on_chip_bytes_from_hbm_bytes_on_v5e(tmp_path):
   """v5e's compiler keeps most arrays in its VMEM (S(1)): the report gives the step both ways."""
   proc, report = _aot(tmp_path, OVERRIDES, ["--topology=v5e:2x2", "--report"])

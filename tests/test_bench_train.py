@@ -67,6 +67,7 @@ def test_synthetic_batch_values_lie_in_the_schema_ranges(objective, packing):
     assert set(np.unique(batch["segment_ids"])) == {0, 1}
 
 
+@pytest.mark.slow
 def test_times_a_distillation_step_with_a_random_teacher():
   config = _config("distilbert", False)
   config.mesh.data, config.mesh.fsdp = -1, 2   # the 8 test devices

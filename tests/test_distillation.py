@@ -57,6 +57,7 @@ def _batch(config, mesh):
 
 
 @pytest.mark.parametrize("soft_positions", ["all", "masked"])
+@pytest.mark.slow
 def test_teacher_is_frozen_and_outside_the_state(data_dir, soft_positions):  # noqa: F811
   config = distill_config(data_dir, **{"mesh.fsdp": 1, "mesh.tensor": 1, "distill.soft_positions": soft_positions})
   s, mesh = _setup(config)
@@ -80,6 +81,7 @@ def test_teacher_is_frozen_and_outside_the_state(data_dir, soft_positions):  # n
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(s.frozen), teacher_before)   # untouched
 
 
+@pytest.mark.slow
 def test_the_student_checkpoint_holds_no_teacher(data_dir, tmp_path):  # noqa: F811
   config = distill_config(data_dir, train_steps=2, checkpoint_every=2, **{"mesh.fsdp": 1, "mesh.tensor": 1})
   train.train_and_evaluate(config, str(tmp_path))

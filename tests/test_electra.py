@@ -160,6 +160,7 @@ def test_samples_equal_to_the_original_count_as_original(token, replaced):
   np.testing.assert_array_equal(np.stack(out), expected)   # never at padding or the unused slot's position 0
 
 
+@pytest.mark.slow
 def test_no_gradient_flows_through_sampling():
   m, params = _tiny_params()
   batch = _tiny_batch()

@@ -93,6 +93,7 @@ def _garble(path, stats=None):
     (lambda shard, stats: _cut_at_record(shard, stats, inside=30), "cannot be read: .*truncated record"),
     (_garble, "cannot be read: .*corrupted record"),
 ], ids=["cut_at_a_record", "cut_at_a_record_older_stats", "cut_inside_a_record_older_stats", "garbled"])
+@pytest.mark.slow
 def test_damaged_shard_is_named_before_training(damage, message, data_dir, trained, tmp_path):  # noqa: F811
   data = _copy(data_dir, tmp_path, "data")
   shard = os.path.join(data, "train-00000-of-00002.tfrecord")
@@ -167,6 +168,7 @@ class _PoisonsOneBatch:
     return batch
 
 
+@pytest.mark.slow
 def test_loss_spike_goes_back_to_the_last_checkpoint_and_skips_its_batches(data_dir, trained, tmp_path,  # noqa: F811
                                                                           monkeypatch, capsys):
   create_iterator, streams = train.create_iterator, []
@@ -282,6 +284,7 @@ def test_checkpoints_of_another_config_are_not_taken_for_damaged_ones(data_dir, 
 # Config errors: one line from the CLI, exit code 2, before compiling, the workdir untouched.
 
 
+@pytest.mark.slow
 def test_config_errors_are_one_line_before_compiling(data_dir, trained, tmp_path):  # noqa: F811
   unrelated = tmp_path / "unrelated"
   (unrelated / "notes").mkdir(parents=True)

@@ -34,6 +34,7 @@ def _init(model, ids, mask):
   return nn.unbox(model.init({"params": jax.random.key(0)}, ids, mask, jnp.zeros_like(ids))["params"])
 
 
+@pytest.mark.slow
 def test_poolings_shapes_padding_and_params():
   cfg = _modern_config()
   rng = np.random.default_rng(0)
@@ -61,6 +62,7 @@ def test_poolings_shapes_padding_and_params():
     heads.BertForSequenceClassification(cfg, 3, pooling="max").init(jax.random.key(0), ids, mask, ids)
 
 
+@pytest.mark.slow
 def test_token_and_span_heads_on_modernbert_and_bert_defaults():
   cfg = _modern_config()
   ids = jnp.ones((2, 12), jnp.int32)

@@ -31,6 +31,7 @@ def _inputs(seed=0, dtype=jnp.float32):
 
 
 @pytest.mark.parametrize("rate", [0.0, 0.3])
+@pytest.mark.slow
 def test_kernel_equals_the_explicit_path_with_its_bits(rate):
   q, k, v, mask, weight = _inputs()
   key = jax.random.key(3)
@@ -111,6 +112,7 @@ def test_dropout_bits_are_a_coin_at_the_rate_per_example_and_head():
       pytest.approx(0.5, abs=0.03)
 
 
+@pytest.mark.slow
 def test_dropout_is_applied_and_rescaled():
   """With dropout the output differs from without, and on average (over keys) it is the same."""
   q, k, v, mask, _ = _inputs()
@@ -129,6 +131,7 @@ def _config(**overrides):
 
 
 @pytest.mark.parametrize("scan_layers", [False, True])
+@pytest.mark.slow
 def test_encoder_flash_equals_xla_without_dropout_and_its_reference_with(scan_layers):
   """An encoder with "flash_interpret" gives XLA's hidden states and gradients without dropout; with
   dropout, those of "flash" on this CPU (the reference ops with the same bits)."""

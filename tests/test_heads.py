@@ -4,6 +4,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from bert_jax.models import heads
 from bert_jax.models import encoder as model
@@ -107,6 +108,7 @@ def test_finetuning_dropout_needs_rng_only_in_training():
   np.testing.assert_array_equal(m.apply(params, *args), m.apply(params, *args))
 
 
+@pytest.mark.slow
 def test_sharded_forward_and_grad_match_single_device():
   # Every activation constraint of the encoder and heads under the project's logical rules.
   from configs import common  # pylint: disable=g-import-not-at-top

@@ -84,6 +84,7 @@ def test_same_losses_on_every_mesh(setups):
   assert reference[1] != reference[0]
 
 
+@pytest.mark.slow
 def test_remat_keeps_the_losses_with_dropout(setups):
   # Recomputed layers redraw the same dropout bits: the losses (the second after an update) are those
   # of the step that saves every activation.

@@ -167,6 +167,7 @@ def _layer_jacobian(cfg, params, kind, mask, example_ids=None):
   return np.abs(np.asarray(jac)).sum(axis=(1, 2, 4))
 
 
+@pytest.mark.slow
 def test_tokens_outside_the_window_of_a_local_layer_have_zero_gradient():
   # Window 4: query q sees keys q-2..q+2 of its own example, real tokens only; a global layer sees all.
   cfg = _modern()
@@ -183,6 +184,7 @@ def test_tokens_outside_the_window_of_a_local_layer_have_zero_gradient():
   assert np.all(glob > 0)
 
 
+@pytest.mark.slow
 def test_packed_examples_equal_each_alone():
   # Two examples packed in one row (example_ids, positions restarting at 0) give each one's outputs alone,
   # through global and sliding-window layers alike; the row's padding changes nothing.
@@ -291,6 +293,7 @@ def test_hf_dict_round_trip_and_errors():
   assert model.BertConfig.from_hf_dict({**d, "global_attn_every_n_layers": 1}).local_attention is None
 
 
+@pytest.mark.slow
 def test_scan_equals_unscanned_with_every_switch():
   cfg = _modern(num_layers=4, remat_policy="full")
   ids, params = _init(cfg)

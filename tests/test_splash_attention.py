@@ -62,6 +62,7 @@ def _modernbert(**overrides):
 
 @pytest.mark.parametrize("scan_layers,kernel", [(False, "splash_interpret"), (True, "splash_interpret"),
                                                (True, "splash")])
+@pytest.mark.slow
 def test_encoder_splash_equals_xla(scan_layers, kernel):
   """A ModernBERT-style encoder (one global layer, two with a 64-token window, packed and padded) gives
   the same hidden states and parameter gradients with either kernel ("splash" on this CPU: XLA's attention
@@ -83,6 +84,7 @@ def test_encoder_splash_equals_xla(scan_layers, kernel):
     np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_sharded_over_batch_and_heads():
   """Under a data x tensor mesh the kernel runs per shard (shard_map): rows over `data`, heads over
   `tensor`, as the logical axis rules say; the result equals the unsharded one."""
