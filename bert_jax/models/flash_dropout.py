@@ -177,8 +177,9 @@ def _kept(seeds_ref, rate, shape, length, bits):
 
 def _weighted_sum(w, x):
   """w.T @ x [bq, K] for transposed weights w [L, bq] and rows x [L, K]. Where [L, bq] is more than twice
-  [L, K] and [K, bq] together, the transpose-free (x.T @ w).T: fewer bundles (`bert-jax bench kernel`: at 512
-  tokens, 512 queries a block, 1% to 10% fewer an example on v3, v5e and v6e; at 128 tokens 1% to 5% more)."""
+  [L, K] and [K, bq] together, as (x.T @ w).T, which transposes those two instead of w: fewer bundles
+  (`bert-jax bench kernel`: at 512 tokens, 512 queries a block, 1% to 10% fewer an example on v3, v5e and
+  v6e; at 128 tokens, where the rule keeps w.T @ x, that form took up to 5% more)."""
   (length, bq), width = w.shape, x.shape[1]
   if length * bq > 2 * width * (length + bq):
     return lax.dot_general(x.T, w, NN, preferred_element_type=jnp.float32).T
