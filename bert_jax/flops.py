@@ -81,17 +81,17 @@ def kernel_attention_per_row(cfg: model.BertConfig, seq_length: int) -> dict[str
   if not flash and (cfg.attention_kernel == "xla" or cfg.attention_dropout > 0):
     return out
   h, s, itemsize = cfg.hidden_size, seq_length, cfg.dtype.itemsize
+  block = None if flash else splash.block_size(s)
   for keys in attended_keys(cfg, s):
     out["model_flops"] += 3 * 2 * (2 * s * keys * h)
     if flash:
       out["flops"] += (2 + 5) * 2 * s * keys * h
       out["bytes"] += 2 * (cfg.num_heads - 1) * s * 4 * 8
-      continue
-    # Key blocks a query block computes: all of them, or its own and those the half-window reaches.
-    block = splash.block_size(s)
-    blocks = s // block if keys >= s else min(s // block, 1 + 2 * -(-(keys // 2) // block))
-    out["flops"] += (2 + 3 + 4) * 2 * s * (blocks * block) * h
-    out["bytes"] += 3 * itemsize * h * s * (2 + 2 * blocks)
+    else:
+      # Key blocks a query block computes: all of them, or its own and those the half-window reaches.
+      blocks = s // block if keys >= s else min(s // block, 1 + 2 * -(-(keys // 2) // block))
+      out["flops"] += (2 + 3 + 4) * 2 * s * (blocks * block) * h
+      out["bytes"] += 3 * itemsize * h * s * (2 + 2 * blocks)
   return out
 
 

@@ -62,7 +62,8 @@ def test_hardware_bits_draw_from_the_tpus_generator():
   """With `--bits=hardware` (`model.flash_bits`) the compiled kernels draw from
   the hardware generator, and the hash's vector work is gone. Head dimension 32: the weighted sums take
   their (x.T @ w).T form (the other test compiles the plain one)."""
-  hardware, hashed = _bench("--bits=hardware", "--rate=0.1", "--head_dim=32"), _bench("--rate=0.1", "--head_dim=32")
+  hardware = _bench("--bits=hardware", "--rate=0.1", "--head_dim=32")
+  hashed = _bench("--rate=0.1", "--head_dim=32")
   for kernel in ("forward", "backward"):
     assert hardware[kernel, 0.1]["hardware_rng_ops"] > 0 and hardware[kernel, 0.0]["hardware_rng_ops"] == 0
     assert hardware[kernel, 0.1]["slots_per_step"]["VALU"] < hashed[kernel, 0.1]["slots_per_step"]["VALU"]

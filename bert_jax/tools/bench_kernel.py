@@ -145,13 +145,14 @@ def _shape_fields() -> dict:
 def report(kernel: str, rate: float, s: dict) -> dict:
   from bert_jax.models import flash_dropout  # pylint: disable=g-import-not-at-top
   length = FLAGS.seq_length
-  block = flash_dropout.block_q(length)
+  block = flash_dropout.block_q(length, rate)
   mxu = s["capacity"].get("MATMUL") or 1
   matmul_bundles = s["slots"].get("MATMUL", 0) / mxu
   steps = FLAGS.heads * (length // block)
   return {
       **_shape_fields(), "device_kind": s["device_kind"], "kernel": kernel, "rate": rate,
-      "bits": FLAGS.bits if rate > 0 else None, "block_q": block, "grid_steps_per_example": steps, "bundles_per_step": s["bundles"],
+      "bits": FLAGS.bits if rate > 0 else None, "block_q": block, "grid_steps_per_example": steps,
+      "bundles_per_step": s["bundles"],
       "bundles_per_example": s["bundles"] * steps, "slots_per_step": s["slots"], "slot_capacity": s["capacity"],
       "hardware_rng_ops": s["hardware_rng_ops"],
       "matmul_bundles": matmul_bundles,
@@ -172,7 +173,8 @@ def splash_report(dump_dir: str) -> dict:
     raise RuntimeError(f"libtpu wrote no schedule of the splash kernels to {dump_dir}")
   block = splash.block_size(FLAGS.seq_length)
   steps = FLAGS.heads * (FLAGS.seq_length // block) ** 2
-  return {**_shape_fields(), **device, "kernel": "splash", "rate": 0.0, "bits": None, "block": block, "grid_steps_per_example": steps, "bundles_per_step": kernels,
+  return {**_shape_fields(), **device, "kernel": "splash", "rate": 0.0, "bits": None, "block": block,
+          "grid_steps_per_example": steps, "bundles_per_step": kernels,
           "bundles_per_example": sum(kernels.values()) * steps}
 
 
