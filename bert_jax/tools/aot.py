@@ -28,7 +28,6 @@ When the step does not fit, the TPU compiler stops and says how much it needed (
 usual case); the report then gives that figure and no time, and the command exits with status 1.
 """
 
-import dataclasses
 import json
 import math
 import os
@@ -41,43 +40,10 @@ from absl import flags
 from ml_collections import config_flags
 
 from bert_jax import config_path
+from bert_jax.tpu_chips import CHIPS, GiB, Chip, parse_topology  # noqa: F401 (aot.CHIPS, aot.parse_topology)
 from bert_jax.tools import hlo_bytes
 
 config_path.put_config_root_on_path(sys.argv)   # config files do `from configs import common`
-
-GiB = 2**30
-
-
-@dataclasses.dataclass(frozen=True)
-class Chip:
-  """Per-chip figures from the Cloud TPU system-architecture pages (`source`)."""
-  peak_flops: float       # bf16 FLOP/s per chip
-  hbm_bytes: float        # HBM per chip
-  hbm_bandwidth: float    # HBM bytes/s per chip
-  cores: int              # TensorCores per chip that JAX shows as separate devices
-  libtpu_name: str        # the generation's name in libtpu topology strings
-  host_type: str          # a one-host accelerator type of the generation (only to quiet libtpu)
-  megacore: bool          # v4/v5p: both TensorCores of a chip act as one device
-  source: str
-
-
-CHIPS = {
-    # Two TensorCores per chip, each its own JAX device with half the chip: 61.5 TFLOP/s, 16 GiB, 450 GB/s.
-    "v3": Chip(123e12, 32 * GiB, 900e9, 2, "v3", "v3-8", False, "https://cloud.google.com/tpu/docs/v3"),
-    "v4": Chip(275e12, 32 * GiB, 1200e9, 1, "v4", "v4-8", True, "https://cloud.google.com/tpu/docs/v4"),
-    "v5e": Chip(197e12, 16 * GiB, 819e9, 1, "v5e", "v5litepod-4", False, "https://cloud.google.com/tpu/docs/v5e"),
-    "v5p": Chip(459e12, 95 * GiB, 2765e9, 1, "v5", "v5p-8", True, "https://cloud.google.com/tpu/docs/v5p"),
-    "v6e": Chip(918e12, 32 * GiB, 1638e9, 1, "v6e", "v6e-4", False, "https://cloud.google.com/tpu/docs/v6e"),
-}
-
-
-def parse_topology(topology: str) -> tuple[str, Chip, str]:
-  """"v3:8x8" -> ("v3", CHIPS["v3"], "8x8")."""
-  generation, _, shape = topology.partition(":")
-  if generation not in CHIPS or not shape:
-    raise ValueError(f"topology {topology!r}: expected <generation>:<shape> with generation in "
-                     f"{sorted(CHIPS)}, e.g. v3:8x8, v4:4x4x4, v5e:8x8, v6e:8x8")
-  return generation, CHIPS[generation], shape
 
 
 def topology_devices(topology: str) -> list[Any]:
