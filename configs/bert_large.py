@@ -16,20 +16,55 @@ first (docs/performance.md): phase 1 1 x 64 x 2 among 32x4x1 (the earlier choice
 1x128x1 and 1x64x2; phase 2 2 x 64 x 1 among 32x4x1, 2x64x1 and 1x64x2. With 2 sequences per core the
 bytes of parameters and Adam moments dominate the step: sharding them 64 ways (fsdp), and at seq 128
 each matrix 2 ways too (tensor; BERT's 30,522-word vocabulary allows no more), moves the fewest.
-`phase1_tokens` (4x the rows) keeps phase 1's mesh unsearched. On another topology, search again
-(`mesh.data` = -1 takes what is left of more cores). Attention stays on the explicit path;
-`--config.model.attention_kernel=flash` runs it, dropout included, as one Pallas kernel: `aot` estimates
-it faster on v3, and its compiled schedule puts the kernel's own cost well above that estimate
-(docs/performance.md).
+`phase1_tokens` (4x the rows) keeps phase 1's mesh unsearched.
+
+On the chips rented today, name the topology after the phase and the config takes that search's first
+mesh, the remat policy that compiled to fewer bytes there (where both were compiled), the topology and
+its chip's peak (for MFU):
+
+    bert-jax aot --config=configs/bert_large.py:phase1,v5e:8x8
+    bert-jax pretrain --config=configs/bert_large.py:phase2,v6e:8x8 --workdir=...
+
+`MESHES` lists the searched ones; another topology stops with the command that searches it. Attention
+stays on the explicit path; `--config.model.attention_kernel=flash` runs it, dropout included, as one
+Pallas kernel: `aot` estimates it faster on v3, and its compiled schedule puts the kernel's own cost well
+above that estimate (docs/performance.md).
 """
 
+from bert_jax import tpu_chips
 from configs import bert_base
+
+# (topology, phase) -> ((data, fsdp, tensor), remat_policy): `bert-jax aot --search_mesh`'s first for each
+# topology, unrolled (docs/performance.md, "Choosing the mesh"); data -1 takes what is left of the devices.
+# remat "minimal" against "none" was compiled for v3 phase 2 (none wins), v5e's phase 1 and phase1_tokens
+# and v6e's (minimal wins, at 2 x 32 x 1); v3's phase 1 and phase 2 on v5e and v6e keep "none", the other
+# not compiled unrolled.
+MESHES = {
+    ("v3:8x8", "phase1"): ((-1, 64, 2), "none"),
+    ("v3:8x8", "phase1_tokens"): ((-1, 64, 2), "none"),   # phase 1's, not searched for it
+    ("v3:8x8", "phase2"): ((-1, 64, 1), "none"),
+    ("v5e:8x8", "phase1"): ((-1, 32, 1), "minimal"),
+    ("v5e:8x8", "phase1_tokens"): ((-1, 32, 1), "minimal"),
+    ("v5e:8x8", "phase2"): ((-1, 32, 1), "none"),
+    ("v6e:8x8", "phase1"): ((-1, 32, 1), "minimal"),
+    ("v6e:8x8", "phase1_tokens"): ((-1, 64, 1), "minimal"),
+    ("v6e:8x8", "phase2"): ((-1, 32, 1), "none"),
+}
+PAPER_TOPOLOGY = "v3:8x8"   # "16 Cloud TPUs (64 TPU chips total)" (A.2)
 
 
 def get_config(arg: str = "phase1"):
-  """`arg` is "phase1" (256 x 128), "phase1_tokens" (1024 x 128) or "phase2" (256 x 512), as in bert_base."""
-  c = bert_base.get_config(arg, preset="large")
-  c.topology = "v3:8x8"       # 64 chips (A.2)
-  # aot --search_mesh for v3:8x8 (docstring)
-  c.mesh.data, c.mesh.fsdp, c.mesh.tensor = (-1, 64, 1) if arg == "phase2" else (-1, 64, 2)
+  """`arg` is "phase1" (256 x 128), "phase1_tokens" (1024 x 128) or "phase2" (256 x 512), as in bert_base,
+  optionally followed by a topology of `MESHES` ("phase1,v5e:8x8"; default the paper's v3:8x8)."""
+  phase, _, topology = arg.partition(",")
+  topology = topology or PAPER_TOPOLOGY
+  c = bert_base.get_config(phase, preset="large")   # checks the phase
+  if (topology, phase) not in MESHES:
+    searched = sorted({t for t, _ in MESHES})
+    raise ValueError(f"no searched mesh for {topology!r}: use one of {searched}, or search one with "
+                     f"`bert-jax aot --config=configs/bert_large.py:{phase} --topology={topology} --search_mesh` "
+                     f"and set --config.mesh.data/fsdp/tensor")
+  c.topology = topology
+  c.peak_flops_per_device = tpu_chips.peak_flops_per_device(topology)
+  (c.mesh.data, c.mesh.fsdp, c.mesh.tensor), c.model.remat_policy = MESHES[topology, phase]
   return c

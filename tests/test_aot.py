@@ -13,7 +13,7 @@ import sys
 import jax
 import pytest
 
-from bert_jax import objectives, sharding, train
+from bert_jax import objectives, sharding, tpu_chips, train
 from bert_jax.tools import hlo_bytes
 from conftest import REPO_ROOT
 from configs import tiny
@@ -278,10 +278,12 @@ def test_mesh_candidates_divide_the_batch_the_hidden_size_and_the_heads():
   c.global_batch_size, c.micro_batches = 256, 1
   c.model.hidden_size, c.model.num_heads = 768, 12   # tensor divides the heads: 1, 2 or 4 of 64
   assert {t for _, _, t in aot.mesh_candidates(c, 64)} == {1, 2, 4}
-  # The meshes bert_large.py ships (searched for v3:8x8, 128 cores) are candidates there.
-  for phase in ("phase1", "phase1_tokens", "phase2"):
-    c = bert_large.get_config(phase)
-    assert sharding.mesh_shape(c.mesh, 128) in aot.mesh_candidates(c, 128)
+  # The meshes bert_large.py ships for each topology (v3:8x8's 128 cores, v5e's and v6e's 64) are
+  # candidates there.
+  for topology, phase in bert_large.MESHES:
+    c = bert_large.get_config(f"{phase},{topology}")
+    n = tpu_chips.device_count(topology)
+    assert sharding.mesh_shape(c.mesh, n) in aot.mesh_candidates(c, n), (topology, phase)
 
 
 @pytest.mark.slow
@@ -384,3 +386,12 @@ def test_aot_tells_on_chip_bytes_from_hbm_bytes_on_v5e(tmp_path):
   proc, report = _aot(tmp_path / "v4", OVERRIDES, ["--report"])
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert report["time_per_step"]["on_chip_share"] < t["on_chip_share"]
+
+
+def test_aot_notes_a_topology_the_mesh_was_not_chosen_for():
+  from bert_jax.tools import aot   # pylint: disable=g-import-not-at-top
+  from configs import bert_large   # pylint: disable=g-import-not-at-top
+  note = aot.topology_note(bert_large.get_config("phase2"), "v5e:8x8")
+  assert "-1x64x1" in note and "chosen for v3:8x8, not v5e:8x8" in note and ":phase1,v5e:8x8" in note
+  assert aot.topology_note(bert_large.get_config("phase2,v5e:8x8"), "v5e:8x8") == ""
+  assert aot.topology_note(tiny.get_config(), "v4:2x2x1") == ""   # no topology of its own

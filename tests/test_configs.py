@@ -28,6 +28,8 @@ CONFIGS = {
     "bert_large.py:phase1": bert_large.get_config("phase1"),
     "bert_large.py:phase1_tokens": bert_large.get_config("phase1_tokens"),
     "bert_large.py:phase2": bert_large.get_config("phase2"),
+    **{f"bert_large.py:{phase},{topology}": bert_large.get_config(f"{phase},{topology}")
+       for topology, phase in bert_large.MESHES if topology != bert_large.PAPER_TOPOLOGY},
     "albert_base.py": albert_base.get_config(),
     "albert_large.py": albert_large.get_config(),
     "albert_xlarge.py": albert_xlarge.get_config(),
@@ -268,6 +270,23 @@ def test_command_line_overrides_any_field():
   assert c.data.seq_length == 512
   t = _parse(f"--config={REPO}/configs/tiny.py", "--config.train_steps=77")
   assert (t.train_steps, t.optimizer.total_steps) == (77, tiny.get_config().optimizer.total_steps)   # independent fields
+
+
+def test_bert_large_takes_a_topology_and_ships_its_searched_mesh():
+  """`:phase,topology` (the config flag splits at the first colon only): the chip's peak and the mesh and
+  remat policy `aot --search_mesh` ranked first there; the paper's v3:8x8 without one; none for a topology
+  not searched."""
+  c = _parse(f"--config={REPO}/configs/bert_large.py:phase1,v5e:8x8")
+  assert (c.topology, c.peak_flops_per_device, c.model.remat_policy) == ("v5e:8x8", 197e12, "minimal")
+  assert sharding.mesh_shape(c.mesh, 64) == (2, 32, 1)
+  v3 = bert_large.get_config("phase1")
+  assert (v3.topology, v3.peak_flops_per_device, v3.model.remat_policy) == ("v3:8x8", 61.5e12, "none")
+  assert sharding.mesh_shape(v3.mesh, 128) == (1, 64, 2)
+  assert bert_large.get_config("phase2,v3:8x8").to_dict() == bert_large.get_config("phase2").to_dict()
+  with pytest.raises(ValueError, match="no searched mesh for 'v4:4x4x4'.*--search_mesh"):
+    bert_large.get_config("phase1,v4:4x4x4")
+  with pytest.raises(ValueError, match="phase1_tokens"):
+    bert_large.get_config("phase3,v5e:8x8")
 
 
 def test_unknown_field_is_an_error():

@@ -368,6 +368,17 @@ def define_flags() -> None:
   flags.DEFINE_string("json", None, "Also write the report as JSON to this file.")
 
 
+def topology_note(config, topology: str) -> str:
+  """A note when compiling for a topology other than the one the config's mesh was chosen for."""
+  sized_for = config.get("topology", "")
+  if not sized_for or sized_for == topology:
+    return ""
+  mesh = "x".join(str(config.mesh[a]) for a in ("data", "fsdp", "tensor"))
+  return (f"note: the config's mesh {mesh} (data x fsdp x tensor) was chosen for {sized_for}, not {topology}; "
+          f"--search_mesh ranks {topology}'s splits (configs/bert_large.py takes the topology after its "
+          f"phase, e.g. :phase1,{topology}, where it was searched)")
+
+
 def main(argv) -> None:
   if len(argv) > 1:
     raise ValueError(f"unexpected arguments: {argv[1:]}")
@@ -393,6 +404,8 @@ def main(argv) -> None:
     if not ranked[0]["memory_per_device"]["fits"]:
       sys.exit(1)
     return
+  if note := topology_note(config, topology):
+    print(note)
   report = run(config, topology, FLAGS.report_top if FLAGS.report else 0, FLAGS.hlo or "")
   print(format_report(report))
   print(json.dumps(report))
