@@ -35,10 +35,11 @@ from bert_jax import tpu_chips
 from configs import bert_base
 
 # (topology, phase) -> ((data, fsdp, tensor), remat_policy): `bert-jax aot --search_mesh`'s first for each
-# topology, unrolled (docs/performance.md, "Choosing the mesh"); data -1 takes what is left of the devices.
-# remat "minimal" against "none" was compiled for v3 phase 2 (none wins), v5e's phase 1 and phase1_tokens
-# and v6e's (minimal wins, at 2 x 32 x 1); v3's phase 1 and phase 2 on v5e and v6e keep "none", the other
-# not compiled unrolled.
+# topology (docs/performance.md: v3:8x8 searched scanned under "Choosing the mesh", v5e:8x8 and v6e:8x8
+# unrolled under "Where the targets stand"); data -1 takes what is left of the devices. remat "minimal"
+# against "none", unrolled: none wins for v3 phase 2, minimal for v5e's and v6e's phase 1 and phase1_tokens
+# (at 2 x 32 x 1). v3's phase 1 keeps "none" (unrolled 60%; "minimal" won scanned, not compiled unrolled);
+# v3's phase1_tokens and phase 2 on v5e and v6e keep "none", "minimal" not compiled.
 MESHES = {
     ("v3:8x8", "phase1"): ((-1, 64, 2), "none"),
     ("v3:8x8", "phase1_tokens"): ((-1, 64, 2), "none"),   # phase 1's, not searched for it
@@ -63,7 +64,8 @@ def get_config(arg: str = "phase1"):
     searched = sorted({t for t, _ in MESHES})
     raise ValueError(f"no searched mesh for {topology!r}: use one of {searched}, or search one with "
                      f"`bert-jax aot --config=configs/bert_large.py:{phase} --topology={topology} --search_mesh` "
-                     f"and set --config.mesh.data/fsdp/tensor")
+                     f"and add it to MESHES in configs/bert_large.py (or run `:{phase}` with "
+                     f"--config.topology={topology}, --config.peak_flops_per_device and --config.mesh.*)")
   c.topology = topology
   c.peak_flops_per_device = tpu_chips.peak_flops_per_device(topology)
   (c.mesh.data, c.mesh.fsdp, c.mesh.tensor), c.model.remat_policy = MESHES[topology, phase]

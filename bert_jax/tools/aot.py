@@ -369,14 +369,13 @@ def define_flags() -> None:
 
 
 def topology_note(config, topology: str) -> str:
-  """A note when compiling for a topology other than the one the config's mesh was chosen for."""
+  """A note when compiling for a topology other than the config's own (the one its mesh, and its peak for
+  training's MFU, were set for)."""
   sized_for = config.get("topology", "")
   if not sized_for or sized_for == topology:
     return ""
-  mesh = "x".join(str(config.mesh[a]) for a in ("data", "fsdp", "tensor"))
-  return (f"note: the config's mesh {mesh} (data x fsdp x tensor) was chosen for {sized_for}, not {topology}; "
-          f"--search_mesh ranks {topology}'s splits (configs/bert_large.py takes the topology after its "
-          f"phase, e.g. :phase1,{topology}, where it was searched)")
+  return (f"note: the config's topology is {sized_for}, not {topology}: its mesh was set for that one "
+          f"unless given here; --search_mesh ranks {topology}'s splits")
 
 
 def main(argv) -> None:
