@@ -13,6 +13,7 @@ and 20 predictions per sequence as google-research/albert's run_pretraining READ
 used for training ranged from 64 to 512" (4.1): v3:8x8 (64 chips) here, larger sizes on more.
 """
 
+from bert_jax import tpu_chips
 from configs import common
 
 BATCH, STEPS, LEARNING_RATE, WARMUP = 4096, 125_000, 0.00176, 3_125
@@ -48,7 +49,7 @@ def get_config(arg: str = "", size: str = "base"):
   c.optimizer.total_steps = STEPS
   c.optimizer.eps = 1e-6
   c.topology = "v3:8x8"
-  c.peak_flops_per_device = 61.5e12   # TPU v3: 123 TFLOP/s bf16 per chip, 2 cores = 2 JAX devices
+  c.peak_flops_per_device = tpu_chips.peak_flops_per_device(c.topology)   # for MFU
   c.mesh.data, c.mesh.fsdp = -1, 1
   c.micro_batches = MICRO_BATCHES[size]
   return c

@@ -22,6 +22,7 @@ Phase 2 restores phase 1's full final state (parameters, Adam moments, step 900k
 1M-step schedule; the data iterator starts fresh, since the sequence length changes.
 """
 
+from bert_jax import tpu_chips
 from configs import common
 
 TOTAL_STEPS = 1_000_000
@@ -51,6 +52,6 @@ def get_config(arg: str = "phase1", preset: str = "base"):
     c.train_steps = PHASE1_STEPS
   c.global_batch_size = TOKENS_PER_BATCH // c.data.seq_length if arg == "phase1_tokens" else SEQUENCES_PER_BATCH
   c.topology = "v3:4x4"       # 16 chips (A.2)
-  c.peak_flops_per_device = 61.5e12   # TPU v3: 123 TFLOP/s bf16 per chip, 2 cores = 2 JAX devices
+  c.peak_flops_per_device = tpu_chips.peak_flops_per_device(c.topology)   # for MFU
   c.mesh.data, c.mesh.fsdp = -1, 1
   return c

@@ -21,6 +21,7 @@ epoch, 2,050 steps of 4096 x 512 tokens: 6,200 steps for 3 epochs (our estimate;
 none, only about 90 hours on 8 V100s).
 """
 
+from bert_jax import tpu_chips
 from configs import common
 
 BATCH = 4096
@@ -47,7 +48,7 @@ def get_config(arg: str = "", layers: int = 6, teacher_preset: str = "base"):
   c.optimizer.weight_decay = 0.0
   c.optimizer.clip_norm = 5.0
   c.topology = "v3:8x8"
-  c.peak_flops_per_device = 61.5e12
+  c.peak_flops_per_device = tpu_chips.peak_flops_per_device(c.topology)   # for MFU
   c.mesh.data, c.mesh.fsdp = -1, 8
   c.micro_batches = 8
   return c

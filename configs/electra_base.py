@@ -36,6 +36,7 @@ with replacement (pretrain_helpers.py:188-189), we without; it never masks a [MA
 (pretrain_helpers.py:135), we may; it masks each batch anew at every step, we once per example and epoch.
 """
 
+from bert_jax import tpu_chips
 from configs import common
 
 # size -> (layers, hidden, heads, embedding size, generator fraction, mask rate, lr, batch, steps, length)
@@ -70,6 +71,6 @@ def get_config(arg: str = "", size: str = "base"):
   c.optimizer.total_steps = steps
   c.optimizer.bias_correction = False
   c.topology = "v3:8x8"
-  c.peak_flops_per_device = 61.5e12
+  c.peak_flops_per_device = tpu_chips.peak_flops_per_device(c.topology)   # for MFU
   c.mesh.data, c.mesh.fsdp = -1, 1 if size == "small" else 8
   return c

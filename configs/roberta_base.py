@@ -10,6 +10,7 @@ FULL-SENTENCES inputs (4.2), dynamic masking (4.1, which our input pipeline alwa
 BPE vocabulary (4.4), one token type, and fairseq's positions: 514 of them, counted from pad id 1 + 1.
 """
 
+from bert_jax import tpu_chips
 from configs import common
 
 BATCH = 8192
@@ -38,7 +39,7 @@ def get_config(arg: str = "", preset: str = "base"):
   c.optimizer.clip_norm = 0.0
   c.optimizer.bias_correction = True   # fairseq's Adam
   c.topology = "v3:8x8"
-  c.peak_flops_per_device = 61.5e12
+  c.peak_flops_per_device = tpu_chips.peak_flops_per_device(c.topology)   # for MFU
   c.mesh.data, c.mesh.fsdp = -1, 8
   c.micro_batches = 8
   return c

@@ -11,6 +11,7 @@ warmup steps then linear decay, dropout 0.1, batch 256 sequences of up to 512 to
 BERT no 128-token phase). Checked against arXiv:1907.10529, 4.2 (a text transcription of its ar5iv HTML).
 """
 
+from bert_jax import tpu_chips
 from configs import common
 
 BATCH, STEPS = 256, 2_400_000
@@ -35,6 +36,6 @@ def get_config(arg: str = "", preset: str = "base"):
   c.optimizer.warmup_steps = 10_000
   c.optimizer.total_steps = STEPS
   c.topology = "v3:8x8"
-  c.peak_flops_per_device = 61.5e12
+  c.peak_flops_per_device = tpu_chips.peak_flops_per_device(c.topology)   # for MFU
   c.mesh.data, c.mesh.fsdp = -1, 1
   return c
