@@ -105,6 +105,10 @@ class Checkpointer:
 
   def _fail(self, step: int, error: Exception) -> None:
     self._failed, self._failed_step = True, step
+    if isinstance(error, jax.errors.JaxRuntimeError) and jax.process_count() > 1:
+      # A collective of the save failed (orbax's gathers and barriers): a peer is gone, not the disk.
+      # The train loop's handler of failed collectives exits for a restart; nothing here to clean up.
+      raise error
     self._wait_for_writes()
     removed = self._remove_temporary(step)
     kept = sorted(int(p.name) for p in self.directory.iterdir() if p.name.isdigit())   # on disk, not orbax's list

@@ -151,6 +151,24 @@ def test_failed_save_raises_once_and_leaves_earlier_steps_and_no_temporary_files
     assert sorted(os.listdir(directory)) == ["1"]   # keep=1 did not drop step 1 for a step 2 that failed
 
 
+def test_a_save_whose_collective_fails_is_a_lost_peer_not_a_failed_write(tmp_path, monkeypatch):
+  """With several processes, a collective of the save that fails (a peer died during it) propagates as the
+  runtime error the train loop turns into an exit for a restart; alone, the same error is a failed save."""
+  from bert_jax import failures  # pylint: disable=g-import-not-at-top
+  ckpt = checkpointing.Checkpointer(str(tmp_path / "checkpoints"), keep=1, async_save=False)
+
+  def reset_by_peer():
+    raise jax.errors.JaxRuntimeError("UNKNOWN: Gloo AllGather failed: Connection reset by peer")
+
+  monkeypatch.setattr(ckpt.manager, "wait_until_finished", reset_by_peer)
+  for processes, raised in ((2, jax.errors.JaxRuntimeError), (1, failures.SaveFailed)):
+    monkeypatch.setattr(checkpointing.jax, "process_count", lambda n=processes: n)
+    ckpt._in_flight = 8   # pylint: disable=protected-access  (a save under way)
+    with pytest.raises(raised, match="Gloo AllGather failed") as caught:
+      ckpt.check(wait=True)
+    assert type(caught.value) is raised
+
+
 def test_checkpoint_problem(tmp_path):
   ckpt = checkpointing.Checkpointer(str(tmp_path / "run" / "checkpoints"), keep=1, async_save=False)
   ckpt.save(3, {"w": jnp.ones(2)}, {})
