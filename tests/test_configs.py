@@ -12,6 +12,7 @@ from ml_collections import config_flags
 
 from bert_jax import optimizer
 from bert_jax import sharding
+from bert_jax import tpu_chips
 from bert_jax import train
 from bert_jax.objectives import electra
 from configs import albert_base, albert_large, albert_xlarge, albert_xxlarge
@@ -67,9 +68,7 @@ def _fitted(config):
   try:
     sharding.mesh_shape(config.mesh, jax.device_count())
   except ValueError:
-    from bert_jax.tools import aot  # pylint: disable=g-import-not-at-top
-    _, chip, shape = aot.parse_topology(config.topology)
-    train.validate(config, math.prod(int(n) for n in shape.split("x")) * chip.cores)
+    train.validate(config, tpu_chips.device_count(config.topology))
     config = config.copy_and_resolve_references()
     config.mesh.data = -1
     config.mesh.fsdp = math.gcd(config.mesh.fsdp, jax.device_count() // config.mesh.tensor)
