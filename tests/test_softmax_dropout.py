@@ -22,9 +22,9 @@ def _inputs(seed=0, dtype=jnp.float32):
   return q, k, v, mask
 
 
-def _plain(q, k, v, mask, key, rate):
+def _plain(q, k, v, mask, key, rate, scores_dtype=jnp.float32):
   """The ops autodiff sees without `attend`: the encoder's explicit path with flax's Dropout."""
-  scores = jnp.einsum("bqnk,bsnk->bnqs", q, k, preferred_element_type=jnp.float32)
+  scores = jnp.einsum("bqnk,bsnk->bnqs", q, k, preferred_element_type=scores_dtype).astype(jnp.float32)
   scores = jnp.where(mask, scores / np.sqrt(q.shape[-1]), jnp.finfo(jnp.float32).min)
   probs = jnp.where(mask, jax.nn.softmax(scores, axis=-1), 0.0)
   dropped = nn.Dropout(rate).apply({}, probs, deterministic=False, rngs={"dropout": key})
@@ -67,6 +67,33 @@ def test_bfloat16_residuals_round_the_backward_pass_only():
   assert float(jnp.max(jnp.abs(g1[1][1, 5:]))) == 0.0
 
 
+def test_scores_in_the_compute_dtype_are_the_rounded_scores():
+  """bfloat16 inputs with bfloat16 scores: the plain ops on scores rounded to bfloat16, not the float32
+  scores' values (the option changes the forward pass, by bfloat16 rounding)."""
+  q, k, v, mask = _inputs(5, jnp.bfloat16)
+  key = jax.random.key(11)
+  w = jnp.asarray(np.random.default_rng(6).normal(size=(B, L, N, K)), jnp.float32)
+  out = lambda f: lambda *qkv: jnp.sum(f(*qkv).astype(jnp.float32) * w)
+  rounded = out(lambda *qkv: _plain(*qkv, mask, key, 0.1, jnp.bfloat16))
+  full = out(lambda *qkv: _plain(*qkv, mask, key, 0.1))
+  fused = out(lambda *qkv: softmax_dropout.attend(*qkv, mask, _dropout_key(key), 0.1, jnp.bfloat16, jnp.bfloat16))
+  (l0, g0), (l1, g1), (lf, _) = (jax.value_and_grad(f, argnums=(0, 1, 2))(q, k, v) for f in (rounded, fused, full))
+  assert float(l1) == float(l0) != float(lf)
+  assert abs(float(l1) - float(lf)) < 2e-2 * float(jnp.sum(jnp.abs(w)))
+  for a, b in zip(g0, g1):   # the backward pass as "bfloat16" residuals make it from these probabilities
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    assert np.max(np.abs(b - a)) < 2e-2 * np.max(np.abs(a))
+
+
+def test_the_encoder_takes_its_scores_dtype_from_the_config():
+  cfg = model.BertConfig.from_preset("tiny", dtype=jnp.bfloat16)
+  assert cfg.scores_dtype == jnp.float32   # BertConfig's default: autodiff's float32 scores
+  assert dataclasses.replace(cfg, attention_scores="compute").scores_dtype == jnp.bfloat16
+  assert dataclasses.replace(cfg, attention_scores="compute", dtype=jnp.float32).scores_dtype == jnp.float32
+  with pytest.raises(ValueError, match="attention_scores 'bfloat16'"):
+    dataclasses.replace(cfg, attention_scores="bfloat16")
+
+
 @pytest.mark.parametrize("dtype,layout", [("float32", {}), ("bfloat16", {})] + [
     pytest.param("float32", layout, marks=pytest.mark.slow)
     for layout in ({"scan_layers": True}, {"remat_policy": "minimal"}, {"share_layers": True},
@@ -106,22 +133,28 @@ def test_the_encoder_trains_to_the_same_loss_and_gradients(dtype, layout):
 @pytest.mark.slow
 def test_leaner_residuals_train_to_the_losses_of_the_plain_ops():
   """Twenty bf16 train steps of the tiny config (with BERT's dropout) on one batch: "float32" and "bfloat16"
-  residuals against "autodiff" (the plain ops) follow the same losses, to 1e-3 relative at every step
-  (measured: 2.3e-4 and 1.6e-4; bfloat16 compute rounds the plain ops' gradients as much)."""
+  residuals against "autodiff" (the plain ops), all with float32 scores, follow the same losses, to 1e-3
+  relative at every step (measured: 2.3e-4 and 1.6e-4; bfloat16 compute rounds the plain ops' gradients as
+  much); so do "bfloat16" residuals with bfloat16 scores (`attention_scores="compute"`, the pretraining
+  configs'; measured: 3.0e-4), which are not the float32 scores' losses."""
   from bert_jax.tools import bench_train
   from configs import tiny
   losses = {}
-  for residuals in ("autodiff", "float32", "bfloat16"):
+  for residuals, scores in (("autodiff", "float32"), ("float32", "float32"), ("bfloat16", "float32"),
+                            ("bfloat16", "compute")):
     c = tiny.get_config()
     c.dtype, c.model.attention_residuals, c.global_batch_size = "bfloat16", residuals, 8
+    c.model.attention_scores = scores
     c.model.hidden_dropout = c.model.attention_dropout = 0.1
     c.optimizer.warmup_steps = 5
     timer = bench_train.TrainStepTimer(c, warmup=0)
-    losses[residuals] = []
+    losses[residuals, scores] = []
     for _ in range(20):
       timer()
-      losses[residuals].append(float(timer._metrics["loss"]))
-  a = np.array(losses["autodiff"])
+      losses[residuals, scores].append(float(timer._metrics["loss"]))
+  a = np.array(losses["autodiff", "float32"])
   assert a[-1] < a[0] - 0.5   # it trains: the comparison is not of a flat curve
   for residuals in ("float32", "bfloat16"):
-    np.testing.assert_allclose(losses[residuals], a, rtol=1e-3)
+    np.testing.assert_allclose(losses[residuals, "float32"], a, rtol=1e-3)
+  np.testing.assert_allclose(losses["bfloat16", "compute"], a, rtol=1e-3)
+  assert losses["bfloat16", "compute"] != losses["bfloat16", "float32"]

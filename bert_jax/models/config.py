@@ -65,6 +65,9 @@ FLASH_BITS = ("hash", "hardware")
 # What the explicit attention path keeps for its backward pass in training (models/softmax_dropout.py):
 # "float32" or "bfloat16" probabilities and the dropout mask, or "autodiff": whatever autodiff saves.
 ATTENTION_RESIDUALS = ("float32", "bfloat16", "autodiff")
+# The dtype the explicit path's scores q k^T are written in: "float32", or "compute" (the model's `dtype`, as
+# its other matmuls write theirs); the softmax is computed in float32 either way.
+ATTENTION_SCORES = ("float32", "compute")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,6 +130,12 @@ class BertConfig:
   # (3 bytes; the softmax's backward pass from rounded probabilities) or "autodiff" (the plain ops, which a
   # remat policy other than "none" also takes).
   attention_residuals: str = "float32"
+  # The dtype the explicit path writes its [B, N, L, L] scores q k^T in (ATTENTION_SCORES): "float32", or
+  # "compute": `dtype`, as the layer's other matmuls and mixed-precision BERTs elsewhere (PyTorch's autocast,
+  # Megatron-LM's fused softmax, which takes half-precision scores) write theirs. The softmax runs in float32
+  # on them either way; with bfloat16 compute, "compute" rounds each score to 8 bits of mantissa and halves
+  # what the scores move (models/softmax_dropout.py).
+  attention_scores: str = "float32"
 
   def __post_init__(self):
     # Accept dtype names ("bfloat16") as they come from ConfigDicts and command lines.
@@ -152,6 +161,8 @@ class BertConfig:
       raise ValueError(f"flash_bits {self.flash_bits!r}; one of {FLASH_BITS}")
     if self.attention_residuals not in ATTENTION_RESIDUALS:
       raise ValueError(f"attention_residuals {self.attention_residuals!r}; one of {ATTENTION_RESIDUALS}")
+    if self.attention_scores not in ATTENTION_SCORES:
+      raise ValueError(f"attention_scores {self.attention_scores!r}; one of {ATTENTION_SCORES}")
     if self.shared_sublayer not in SHARED_SUBLAYERS:
       raise ValueError(f"shared_sublayer {self.shared_sublayer!r}; one of {SHARED_SUBLAYERS}")
     if self.shared_sublayer and (self.share_layers or self.scan_layers):
@@ -172,6 +183,11 @@ class BertConfig:
     """The original numbers of the heads layer `layer` keeps, in weight order."""
     removed = set(dict(self.pruned_heads).get(layer, ()))
     return tuple(h for h in range(self.num_heads) if h not in removed)
+
+  @property
+  def scores_dtype(self):
+    """What `attention_scores` names: the dtype of the explicit path's scores."""
+    return jnp.dtype(jnp.float32) if self.attention_scores == "float32" else self.dtype
 
   @property
   def head_dim(self) -> int:

@@ -218,8 +218,8 @@ class SelfAttention(nn.Module):
       # same module path, so the same bits).
       key = _DropoutKey(name="Dropout_0")()
       return softmax_dropout.attend(q_BLNK, k_BLNK, v_BLNK, mask, key, cfg.attention_dropout,
-                                    jnp.dtype(cfg.attention_residuals)), None
-    probs = softmax_dropout.probabilities(q_BLNK, k_BLNK, mask)
+                                    jnp.dtype(cfg.attention_residuals), cfg.scores_dtype), None
+    probs = softmax_dropout.probabilities(q_BLNK, k_BLNK, mask, cfg.scores_dtype)
     dropped = nn.Dropout(cfg.attention_dropout)(probs, deterministic=deterministic)
     return jnp.einsum("bnqs,bsnk->bqnk", dropped.astype(cfg.dtype), v_BLNK), probs
 

@@ -20,6 +20,13 @@ recomputes the dropped probabilities from them where the values' gradient needs 
   flash-attention kernels do (Megatron-LM's `scaled_masked_softmax` saves its half-precision output).
   For bfloat16 compute; in float32 it costs float32 gradients their precision (0.5% of the largest).
 
+`scores_dtype` is the dtype the scores' matmul writes (`BertConfig.attention_scores`): float32, or
+bfloat16 as mixed-precision BERTs elsewhere write them (PyTorch's autocast; Megatron-LM's fused softmax
+takes half-precision scores); the softmax is float32 on them either way. On a TPU, XLA writes the scores
+once and reads them for the softmax's sum, for the weighted sum and again in the backward pass (it
+recomputes the probabilities from them rather than keep the residual it is given), so their dtype sets
+most of the attention's bytes.
+
 At sequence 512 these arrays are most of BERT's attention traffic (docs/performance.md).
 """
 
@@ -34,28 +41,29 @@ def _dropped(probs, keep, rate: float, dtype):
   return jnp.where(keep, probs / (1.0 - rate), 0.0).astype(dtype)
 
 
-def probabilities(q, k, mask):
-  """The encoder's attention probabilities [B, N, L, L], float32: scaled scores, masked softmax, 0 where masked."""
-  scores = jnp.einsum("bqnk,bsnk->bnqs", q, k, preferred_element_type=jnp.float32)
+def probabilities(q, k, mask, scores_dtype=jnp.float32):
+  """The encoder's attention probabilities [B, N, L, L], float32: scores (written in `scores_dtype`),
+  scaled, masked softmax in float32, 0 where masked."""
+  scores = jnp.einsum("bqnk,bsnk->bnqs", q, k, preferred_element_type=scores_dtype).astype(jnp.float32)
   scores = jnp.where(mask, scores / np.sqrt(q.shape[-1]), jnp.finfo(jnp.float32).min)
   return jnp.where(mask, jax.nn.softmax(scores, axis=-1), 0.0)   # float32 on purpose
 
 
-def _forward(q, k, v, mask, key, rate, residual_dtype):
-  probs = probabilities(q, k, mask)
+def _forward(q, k, v, mask, key, rate, residual_dtype, scores_dtype):
+  probs = probabilities(q, k, mask, scores_dtype)
   keep = jax.random.bernoulli(key, 1.0 - rate, probs.shape)
   context = jnp.einsum("bnqs,bsnk->bqnk", _dropped(probs, keep, rate, v.dtype), v)
   return context, (q, k, v, probs.astype(residual_dtype), keep)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
-def attend(q, k, v, mask, key, rate: float, residual_dtype=jnp.float32):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
+def attend(q, k, v, mask, key, rate: float, residual_dtype=jnp.float32, scores_dtype=jnp.float32):
   """Queries, keys, values [B, L, N, K] (one dtype), `mask` broadcasting to [B, N, L, L], dropout at
   `rate` with `key` -> context [B, L, N, K] in the values' dtype (module docstring)."""
-  return _forward(q, k, v, mask, key, rate, residual_dtype)[0]
+  return _forward(q, k, v, mask, key, rate, residual_dtype, scores_dtype)[0]
 
 
-def _backward(rate, residual_dtype, residuals, d_context):
+def _backward(rate, residual_dtype, scores_dtype, residuals, d_context):
   q, k, v, probs, keep = residuals
   probs = probs.astype(jnp.float32)
   d_v = jnp.einsum("bnqs,bqnk->bsnk", _dropped(probs, keep, rate, v.dtype), d_context)
