@@ -158,3 +158,24 @@ def test_leaner_residuals_train_to_the_losses_of_the_plain_ops():
     np.testing.assert_allclose(losses[residuals, "float32"], a, rtol=1e-3)
   np.testing.assert_allclose(losses["bfloat16", "compute"], a, rtol=1e-3)
   assert losses["bfloat16", "compute"] != losses["bfloat16", "float32"]
+
+
+def test_bfloat16_scores_on_a_real_checkpoint_stay_within_bfloat16_computes_error():
+  """MiniLM's real weights and sentences, bfloat16 compute, the explicit path (output_attentions): the
+  hidden states with bfloat16 scores are as far from Hugging Face's float32 ones as with float32 scores,
+  to 10% in the mean (measured: 0.0132 against 0.0128; max 0.027 against 0.031), and not equal to them."""
+  from bert_jax.interop import checkpoints_hf
+  from tests.conftest import shared_path
+  path = shared_path("minilm")
+  ref = np.load(path / "hf_reference.npz")
+  cfg, params = checkpoints_hf.load_hf(path)
+  ids, mask, seg = (ref[f"batch_{k}"].astype(np.int32) for k in ("input_ids", "attention_mask", "token_type_ids"))
+  errors, outputs = {}, {}
+  for scores in ("float32", "compute"):
+    c = dataclasses.replace(cfg, dtype=jnp.dtype(jnp.bfloat16), attention_scores=scores)
+    run = jax.jit(lambda p, c=c: model.BertEncoder(c).apply({"params": p}, ids, mask, seg, output_attentions=True))
+    outputs[scores] = np.asarray(run(params["bert"])["sequence_output"], np.float32)
+    errors[scores] = np.abs(outputs[scores] - ref["batch_last_hidden_state"]).max(-1)[mask == 1]
+  assert errors["compute"].mean() < 1.1 * errors["float32"].mean()
+  assert errors["compute"].max() < 0.05
+  assert not np.array_equal(outputs["compute"], outputs["float32"])
