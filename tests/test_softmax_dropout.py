@@ -85,13 +85,28 @@ def test_scores_in_the_compute_dtype_are_the_rounded_scores():
     assert np.max(np.abs(b - a)) < 2e-2 * np.max(np.abs(a))
 
 
-def test_the_encoder_takes_its_scores_dtype_from_the_config():
-  cfg = model.BertConfig.from_preset("tiny", dtype=jnp.bfloat16)
-  assert cfg.scores_dtype == jnp.float32   # BertConfig's default: autodiff's float32 scores
-  assert dataclasses.replace(cfg, attention_scores="compute").scores_dtype == jnp.bfloat16
-  assert dataclasses.replace(cfg, attention_scores="compute", dtype=jnp.float32).scores_dtype == jnp.float32
+def test_the_encoder_writes_its_scores_in_the_configured_dtype():
+  """The tiny encoder, training (dropout, through `attend`) and with output_attentions (the plain ops):
+  "compute" changes both in bfloat16 compute, where it means bfloat16 scores, and neither in float32."""
+  rng = np.random.default_rng(0)
+  ids = jnp.asarray(rng.integers(5, 100, (2, 16)))
+  mask, seg = jnp.ones((2, 16), jnp.int32), jnp.zeros((2, 16), jnp.int32)
+  for dtype in (jnp.bfloat16, jnp.float32):
+    outputs = {}
+    for scores in ("float32", "compute"):
+      cfg = model.BertConfig.from_preset("tiny", dtype=dtype, attention_scores=scores, attention_residuals="bfloat16")
+      m = model.BertEncoder(cfg)
+      params = m.init(jax.random.key(0), ids, mask, seg)["params"]
+      train = m.apply({"params": params}, ids, mask, seg, deterministic=False, rngs={"dropout": jax.random.key(1)})
+      probe = m.apply({"params": params}, ids, mask, seg, output_attentions=True)
+      outputs[scores] = (np.asarray(train["sequence_output"], np.float32),
+                         np.asarray(probe["attentions"][0], np.float32))
+    for a, b in zip(outputs["float32"], outputs["compute"]):
+      assert np.array_equal(a, b) == (dtype == jnp.float32)
+      np.testing.assert_allclose(b, a, atol=0.05 * np.max(np.abs(a)))
+  assert model.BertConfig.from_preset("tiny", attention_scores="compute").scores_dtype == jnp.float32
   with pytest.raises(ValueError, match="attention_scores 'bfloat16'"):
-    dataclasses.replace(cfg, attention_scores="bfloat16")
+    model.BertConfig.from_preset("tiny", attention_scores="bfloat16")
 
 
 @pytest.mark.parametrize("dtype,layout", [("float32", {}), ("bfloat16", {})] + [

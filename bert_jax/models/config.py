@@ -133,7 +133,7 @@ class BertConfig:
   # The dtype the explicit path writes its [B, N, L, L] scores q k^T in (ATTENTION_SCORES): "float32", or
   # "compute": `dtype`, as the layer's other matmuls and mixed-precision BERTs elsewhere (PyTorch's autocast,
   # Megatron-LM's fused softmax, which takes half-precision scores) write theirs. The softmax runs in float32
-  # on them either way; with bfloat16 compute, "compute" rounds each score to 8 bits of mantissa and halves
+  # on them either way; with bfloat16 compute, "compute" rounds each score to 8 significant bits and halves
   # what the scores move (models/softmax_dropout.py).
   attention_scores: str = "float32"
 

@@ -1,6 +1,6 @@
 """BERT's training attention, dropout included, as one Pallas TPU kernel: no [B, N, L, L] array in HBM.
 
-The explicit path (`softmax_dropout.attend`) writes the float32 scores, keeps the probabilities and the
+The explicit path (`softmax_dropout.attend`) writes the scores (float32 or bfloat16), keeps the probabilities and the
 dropout mask for the backward pass and writes the scores' gradient: at sequence 512 that is most of a
 BERT layer's bytes (docs/performance.md). The splash kernel keeps scores on chip but has no dropout. Here
 each (example, head, block of queries) computes its scores against every key of the sequence in VMEM,

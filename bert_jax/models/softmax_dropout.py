@@ -15,17 +15,17 @@ recomputes the dropped probabilities from them where the values' gradient needs 
   probabilities are recomputed exactly as the forward pass made them).
 - `residual_dtype=bfloat16`: 3 bytes an element, and the scores' gradient goes to the matmuls that make
   the queries' and keys' gradients in bfloat16 (2 bytes instead of 4, read twice): the softmax's backward
-  pass uses probabilities rounded to bfloat16 (relative 2^-9), and the values' gradient dropped
+  pass uses probabilities rounded to bfloat16 (up to 2^-8 relative), and the values' gradient dropped
   probabilities recomputed from them (one more rounding), as fused half-precision softmax and
   flash-attention kernels do (Megatron-LM's `scaled_masked_softmax` saves its half-precision output).
   For bfloat16 compute; in float32 it costs float32 gradients their precision (0.5% of the largest).
 
 `scores_dtype` is the dtype the scores' matmul writes (`BertConfig.attention_scores`): float32, or
 bfloat16 as mixed-precision BERTs elsewhere write them (PyTorch's autocast; Megatron-LM's fused softmax
-takes half-precision scores); the softmax is float32 on them either way. On a TPU, XLA writes the scores
+takes half-precision scores); the softmax is float32 on them either way. On TPU v3, XLA writes the scores
 once and reads them for the softmax's sum, for the weighted sum and again in the backward pass (it
 recomputes the probabilities from them rather than keep the residual it is given), so their dtype sets
-most of the attention's bytes.
+most of the attention's bytes there; on v5e and v6e they stay on chip and it changes little.
 
 At sequence 512 these arrays are most of BERT's attention traffic (docs/performance.md).
 """
