@@ -20,6 +20,12 @@ chips total)", hence `topology = "v3:4x4"`.
 
 Phase 2 restores phase 1's full final state (parameters, Adam moments, step 900k) and continues the one
 1M-step schedule; the data iterator starts fresh, since the sequence length changes.
+
+The meshes (data x fsdp x tensor over v3:4x4's 32 cores, `MESHES`) are those `bert-jax aot --search_mesh`
+ranked first (docs/performance.md, "BERT-base on v3:4x4"): with 8 sequences per core, sharding the
+parameters and Adam moments over every core moves the fewest bytes (phase 1: MFU bound 82% against 53%
+data-parallel). On other hardware set `--config.mesh.*` (or search it: `bert-jax aot --search_mesh
+--topology=...`).
 """
 
 from bert_jax import tpu_chips
@@ -30,6 +36,10 @@ PHASE1_STEPS = 900_000         # 90% at seq 128 (A.2)
 SEQUENCES_PER_BATCH = 256      # "batch size of 256 sequences" (A.2)
 TOKENS_PER_BATCH = 256 * 512   # "256 sequences * 512 tokens = 128,000 tokens/batch" (A.2)
 PHASES = ("phase1", "phase1_tokens", "phase2")
+# phase -> (data, fsdp, tensor) on v3:4x4, the search's first among all 11 splits (phase 1), 7 (phase 2:
+# every one from 16 x 2 x 1 on is compute-bound, the tie going to the shortest memory time) and 4
+# (phase1_tokens); data -1 takes what is left of the devices.
+MESHES = {"phase1": (-1, 32, 1), "phase1_tokens": (-1, 32, 1), "phase2": (-1, 16, 1)}
 
 
 def get_config(arg: str = "phase1", preset: str = "base"):
@@ -53,5 +63,5 @@ def get_config(arg: str = "phase1", preset: str = "base"):
   c.global_batch_size = TOKENS_PER_BATCH // c.data.seq_length if arg == "phase1_tokens" else SEQUENCES_PER_BATCH
   c.topology = "v3:4x4"       # 16 chips (A.2)
   c.peak_flops_per_device = tpu_chips.peak_flops_per_device(c.topology)   # for MFU
-  c.mesh.data, c.mesh.fsdp = -1, 1
+  c.mesh.data, c.mesh.fsdp, c.mesh.tensor = MESHES[arg]
   return c

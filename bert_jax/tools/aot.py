@@ -28,6 +28,8 @@ When the step does not fit, the TPU compiler stops and says how much it needed (
 usual case); the report then gives that figure and no time, and the command exits with status 1.
 """
 
+import ctypes
+import gc
 import json
 import math
 import os
@@ -253,8 +255,9 @@ def mesh_candidates(config, num_devices: int, max_tensor: int = 8) -> list[tuple
 
 def search_mesh(config, topology: str, candidates=None, log=print) -> list[dict[str, Any]]:
   """Compile `config` for `topology` on every mesh of `candidates` (default `mesh_candidates`) and return
-  the reports, best first: those that fit by estimated step time, then those that do not. A split that
+  the reports, best first (`_rank`): those that fit by estimated step time, then those that do not. A split that
   jit or the compiler refuses is logged and left out; none left is an error."""
+  import jax  # pylint: disable=g-import-not-at-top
   from bert_jax import sharding  # pylint: disable=g-import-not-at-top
   n = len(topology_devices(topology))
   per_slice = n // math.prod(sharding.dcn_mesh_shape(config.mesh))
@@ -273,12 +276,34 @@ def search_mesh(config, topology: str, candidates=None, log=print) -> list[dict[
       first = (str(e).strip().splitlines() or [type(e).__name__])[0]
       log(f"  {data}x{fsdp}x{tensor}: refused: {first[:200]}")
       continue
+    finally:
+      _release_memory(jax)
     reports.append(r)
     log(summary_line(r))
   if not reports:
     raise ValueError(f"every mesh of {candidates} was refused for {topology} (see above)")
-  fits = lambda r: r["memory_per_device"]["fits"]   # noqa: E731
-  return sorted(reports, key=lambda r: (not fits(r), r["time_per_step"]["step_seconds"] if fits(r) else 0.0))
+  return sorted(reports, key=_rank)
+
+
+def _rank(r: dict[str, Any]) -> tuple:
+  """A search's order: those that fit by estimated step time, a tie (compute-bound steps) to the one with
+  the shorter memory time (the most slack), then those that do not fit."""
+  t = r["time_per_step"]
+  if not r["memory_per_device"]["fits"]:
+    return (True, 0.0, 0.0)
+  return (False, t["step_seconds"], t["memory_seconds"])
+
+
+def _release_memory(jax) -> None:
+  """Between a search's compiles: drop what jax caches of the last split (each split traces, lowers and
+  compiles anew) and hand the freed heap back to the system, so that the process does not grow with every
+  split (glibc keeps freed memory otherwise)."""
+  jax.clear_caches()
+  gc.collect()
+  try:
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+  except (OSError, AttributeError):   # not glibc
+    pass
 
 
 def summary_line(r: dict[str, Any]) -> str:
