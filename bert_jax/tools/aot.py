@@ -286,8 +286,8 @@ def search_mesh(config, topology: str, candidates=None, log=print) -> list[dict[
 
 
 def _rank(r: dict[str, Any]) -> tuple:
-  """A search's order: those that fit by estimated step time, a tie (compute-bound steps) to the one with
-  the shorter memory time (the most slack), then those that do not fit."""
+  """A search's order: those that fit by estimated step time, equal step times to the shorter memory time
+  (the most slack), then those that do not fit."""
   t = r["time_per_step"]
   if not r["memory_per_device"]["fits"]:
     return (True, 0.0, 0.0)
