@@ -346,3 +346,10 @@ def test_exact_resume_with_the_flash_kernels_dropout_bits(data_dir, tmp_path, co
   """With `attention_kernel` "flash" (on this CPU its dropout bits by XLA ops) a resumed run replays them."""
   check_exact_resume_after_sigterm(data_dir, tmp_path, compilation_cache, n=4,
                                    **{"model.attention_kernel": "flash"})
+
+
+@pytest.mark.slow
+def test_exact_resume_with_bfloat16_compute_and_scores(data_dir, tmp_path, compilation_cache):
+  """In bfloat16 compute, where the configs' `attention_scores` "compute" writes bfloat16 scores, a
+  resumed run replays the uninterrupted one."""
+  check_exact_resume_after_sigterm(data_dir, tmp_path, compilation_cache, n=4, dtype="bfloat16")
