@@ -13,10 +13,12 @@ and the hardware differ: BERT-large was trained on "16 Cloud TPUs (64 TPU chips 
 
 The meshes (data x fsdp x tensor over v3:8x8's 128 cores) are those `bert-jax aot --search_mesh` ranked
 first (docs/performance.md): phase 1 1 x 64 x 2 among 32x4x1 (the earlier choice), 8x16x1, 2x64x1,
-1x128x1 and 1x64x2; phase 2 2 x 64 x 1 among 32x4x1, 2x64x1 and 1x64x2. With 2 sequences per core the
-bytes of parameters and Adam moments dominate the step: sharding them 64 ways (fsdp), and at seq 128
-each matrix 2 ways too (tensor; BERT's 30,522-word vocabulary allows no more), moves the fewest.
-`phase1_tokens` (4x the rows) keeps phase 1's mesh unsearched.
+1x128x1 and 1x64x2; phase 2 2 x 64 x 1 among 32x4x1, 2x64x1 and 1x64x2 (scanned), and again among
+2x64x1, 4x32x1, 1x64x2 and 1x128x1 unrolled with bfloat16 scores; `phase1_tokens` 2 x 64 x 1 among
+1x64x2, 2x64x1, 1x128x1 and 2x32x2 (unrolled). With 2 sequences per core the bytes of parameters and
+Adam moments dominate the step: sharding them 64 ways (fsdp), and at seq 128 each matrix 2 ways too
+(tensor; BERT's 30,522-word vocabulary allows no more), moves the fewest; with 8 (`phase1_tokens`) the
+tensor split costs more than it saves.
 
 On the chips rented today, name the topology after the phase and the config takes that search's first
 mesh, the remat policy that compiled to fewer bytes there (where both were compiled), the topology and
@@ -35,14 +37,14 @@ from bert_jax import tpu_chips
 from configs import bert_base
 
 # (topology, phase) -> ((data, fsdp, tensor), remat_policy): `bert-jax aot --search_mesh`'s first for each
-# topology (docs/performance.md: v3:8x8 searched scanned under "Choosing the mesh", v5e:8x8 and v6e:8x8
-# unrolled under "Where the targets stand"); data -1 takes what is left of the devices. remat "minimal"
+# topology (docs/performance.md: v3:8x8's phase 1 searched scanned under "Choosing the mesh", its phase 2
+# and phase1_tokens unrolled there too; v5e:8x8 and v6e:8x8 unrolled under "Where the targets stand"); data -1 takes what is left of the devices. remat "minimal"
 # against "none", unrolled: none wins for v3 phase 2, minimal for v5e's and v6e's phase 1 and phase1_tokens
 # (at 2 x 32 x 1). v3's phase 1 keeps "none" (unrolled 61%; "minimal" won scanned, not compiled unrolled);
 # v3's phase1_tokens and phase 2 on v5e and v6e keep "none", "minimal" not compiled.
 MESHES = {
     ("v3:8x8", "phase1"): ((-1, 64, 2), "none"),
-    ("v3:8x8", "phase1_tokens"): ((-1, 64, 2), "none"),   # phase 1's, not searched for it
+    ("v3:8x8", "phase1_tokens"): ((-1, 64, 1), "none"),
     ("v3:8x8", "phase2"): ((-1, 64, 1), "none"),
     ("v5e:8x8", "phase1"): ((-1, 32, 1), "minimal"),
     ("v5e:8x8", "phase1_tokens"): ((-1, 32, 1), "minimal"),
