@@ -1,8 +1,8 @@
 """BERT's training attention, dropout included, as one Pallas TPU kernel: no [B, N, L, L] array in HBM.
 
-The explicit path (`softmax_dropout.attend`) writes the scores (float32 or bfloat16), keeps the probabilities and the
-dropout mask for the backward pass and writes the scores' gradient: at sequence 512 that is most of a
-BERT layer's bytes (docs/performance.md). The splash kernel keeps scores on chip but has no dropout. Here
+The explicit path (`softmax_dropout.attend`) writes the scores (float32 or bfloat16), keeps the
+probabilities and the dropout mask for the backward pass and writes the scores' gradient: at sequence 512
+that is most of a BERT layer's bytes (docs/performance.md). The splash kernel keeps scores on chip but has no dropout. Here
 each (example, head, block of queries) computes its scores against every key of the sequence in VMEM,
 softmax, dropout and the weighted sum; the backward kernel recomputes them (no residual but q, k and v) and
 gives the gradients of queries, keys and values. HBM sees q, k, v, the output and their gradients only.

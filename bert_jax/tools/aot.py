@@ -257,7 +257,6 @@ def search_mesh(config, topology: str, candidates=None, log=print) -> list[dict[
   """Compile `config` for `topology` on every mesh of `candidates` (default `mesh_candidates`) and return
   the reports, best first (`_rank`): those that fit by estimated step time, then those that do not. A split that
   jit or the compiler refuses is logged and left out; none left is an error."""
-  import jax  # pylint: disable=g-import-not-at-top
   from bert_jax import sharding  # pylint: disable=g-import-not-at-top
   n = len(topology_devices(topology))
   per_slice = n // math.prod(sharding.dcn_mesh_shape(config.mesh))
@@ -277,7 +276,7 @@ def search_mesh(config, topology: str, candidates=None, log=print) -> list[dict[
       log(f"  {data}x{fsdp}x{tensor}: refused: {first[:200]}")
       continue
     finally:
-      _release_memory(jax)
+      _release_memory()
     reports.append(r)
     log(summary_line(r))
   if not reports:
@@ -294,10 +293,11 @@ def _rank(r: dict[str, Any]) -> tuple:
   return (False, t["step_seconds"], t["memory_seconds"])
 
 
-def _release_memory(jax) -> None:
+def _release_memory() -> None:
   """Between a search's compiles: drop what jax caches of the last split (each split traces, lowers and
   compiles anew) and hand the freed heap back to the system, so that the process does not grow with every
   split (glibc keeps freed memory otherwise)."""
+  import jax  # pylint: disable=g-import-not-at-top
   jax.clear_caches()
   gc.collect()
   try:
