@@ -11,6 +11,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from bert_jax.models import fsdp_gather
 from bert_jax.models import modernbert_keys
 
 # (num_layers, hidden_size, num_heads). tiny..medium: Turc et al. 2019 ("Well-Read Students"),
@@ -89,6 +90,9 @@ class BertConfig:
   param_dtype: Any = jnp.float32  # storage
   scan_layers: bool = False       # one compiled layer body under nn.scan; params get a "layers" axis
   remat_policy: str = "none"      # "none" or a key of REMAT_POLICIES
+  # False: each fsdp-sharded weight is all-gathered once a step, its forward copy kept for the backward pass
+  # (PyTorch FSDP's reshard_after_forward=False; `fsdp_gather.py`). True: XLA gathers it in each pass.
+  reshard_after_forward: bool = True
   # ALBERT: embeddings (and their LayerNorm) of this width, projected to hidden_size; the MLM head maps back
   # to it. None: no projection (BERT). Set equal to hidden_size, the projection is still there (as in ALBERT).
   embedding_size: int | None = None
@@ -183,6 +187,16 @@ class BertConfig:
     """The original numbers of the heads layer `layer` keeps, in weight order."""
     removed = set(dict(self.pruned_heads).get(layer, ()))
     return tuple(h for h in range(self.num_heads) if h not in removed)
+
+  @property
+  def remat_checkpoint_policy(self):
+    """`remat_policy`'s jax.checkpoint policy; without resharding after the forward pass, it also keeps the
+    gathered weights (`fsdp_gather.GATHERED`) instead of gathering them again in the recomputation."""
+    policy = REMAT_POLICIES[self.remat_policy]
+    if self.reshard_after_forward:
+      return policy
+    return jax.checkpoint_policies.save_from_both_policies(
+        policy, jax.checkpoint_policies.save_only_these_names(fsdp_gather.GATHERED))
 
   @property
   def scores_dtype(self):

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bert_jax.models import flash_dropout
+from bert_jax.models import fsdp_gather
 from bert_jax.models import rotary
 from bert_jax.models import softmax_dropout
 from bert_jax.models import splash
@@ -153,6 +154,8 @@ class _Einsum(nn.Module):
     cfg = self.config
     kernel = self.param("kernel", dense_init(cfg, self.kernel_axes), self.kernel_shape, cfg.param_dtype)
     x, kernel = nn.dtypes.promote_dtype(x, kernel, dtype=cfg.dtype)
+    if not cfg.reshard_after_forward:
+      kernel = fsdp_gather.gathered(kernel, self.kernel_axes)
     y = jnp.einsum(self.equation, x, kernel)
     if not cfg.dense_bias:
       return y
@@ -272,7 +275,8 @@ def dense(cfg: BertConfig, features: int, names: tuple, name: str, use_bias: boo
   """A projection to `features` with logical axis names `names`; bias as `use_bias`, by default `dense_bias`."""
   return nn.Dense(features, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name=name,
                   use_bias=cfg.dense_bias if use_bias is None else use_bias,
-                  kernel_init=dense_init(cfg, names), bias_init=zeros(names[-1:]))
+                  kernel_init=dense_init(cfg, names), bias_init=zeros(names[-1:]),
+                  dot_general=jax.lax.dot_general if cfg.reshard_after_forward else fsdp_gather.dot_general(names))
 
 
 class BertLayer(nn.Module):
@@ -357,7 +361,7 @@ class BertLayerStack(nn.Module):
     if cfg.remat_policy != "none":
       # Arguments counted with self: deterministic and output_hidden_states are Python bools, and so is each
       # layer's kind when the layers are not scanned.
-      layer = nn.remat(layer, policy=REMAT_POLICIES[cfg.remat_policy], prevent_cse=not cfg.scan_layers,
+      layer = nn.remat(layer, policy=cfg.remat_checkpoint_policy, prevent_cse=not cfg.scan_layers,
                        static_argnums=(3, 4) if cfg.scan_layers else (3, 4, 5))
     if cfg.scan_layers:
       in_axes = (nn.broadcast, nn.broadcast, nn.broadcast, 0, nn.broadcast if head_mask is None else 0)

@@ -1,0 +1,59 @@
+"""`model.reshard_after_forward=False`: each fsdp-sharded weight gathered once a step, the same losses."""
+
+import dataclasses
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bert_jax import sharding, train
+from bert_jax.models import encoder, fsdp_gather
+from test_mesh import _compiled_step, _config, _losses
+
+QKV_KERNEL = "f32[32,4,8]"   # _config's query, key and value kernels, whole: [hidden, heads, head_dim]
+
+
+def _step(reshard_after_forward: bool):
+  config = _config(data=2, fsdp=4)
+  # Under remat the layer's recomputation gathers its weights again unless the policy keeps them.
+  config.model.remat_policy = "minimal"
+  config.model.reshard_after_forward = reshard_after_forward
+  return config, train.setup(config, sharding.create_mesh(config.mesh))
+
+
+def _all_gathers_of(compiled_text: str, shape: str) -> int:
+  return len(re.findall(rf"= {re.escape(shape)}\S* all-gather(?:-start)?\(", compiled_text))
+
+
+def test_each_weight_is_gathered_once_and_the_losses_stay():
+  resharded, once = _step(True), _step(False)
+  # Query, key and value: gathered in the forward pass and again in the backward pass's recomputation,
+  # or once.
+  assert _all_gathers_of(_compiled_step(*resharded).as_text(), QKV_KERNEL) == 6
+  assert _all_gathers_of(_compiled_step(*once).as_text(), QKV_KERNEL) == 3
+  # The same weights multiply either way, and the gradients reach the parameters' shards alike (the second
+  # loss is after one update).
+  reference = _losses(*resharded)
+  assert reference[1] != reference[0]
+  np.testing.assert_allclose(_losses(*once), reference, rtol=1e-6)
+
+
+def test_without_a_mesh_the_weights_are_used_as_they_are():
+  cfg = encoder.BertConfig(vocab_size=64, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
+                           max_position_embeddings=8, reshard_after_forward=False)
+  model = encoder.BertEncoder(cfg)
+  ids = jnp.ones((2, 8), jnp.int32)
+  params = model.init(jax.random.key(0), ids, jnp.ones_like(ids), jnp.zeros_like(ids))
+  resharding = encoder.BertEncoder(dataclasses.replace(cfg, reshard_after_forward=True))
+  args = (ids, jnp.ones_like(ids), jnp.zeros_like(ids))
+  jax.tree.map(np.testing.assert_array_equal, model.apply(params, *args), resharding.apply(params, *args))
+
+
+def test_a_dimension_sharded_over_fsdp_and_tensor_together_is_refused():
+  P = jax.sharding.PartitionSpec
+  assert fsdp_gather._gather_dims(P("fsdp", "tensor", None)) == [(0, ("fsdp",))]
+  assert fsdp_gather._gather_dims(P(("data", "fsdp"), None)) == [(0, ("data", "fsdp"))]
+  with pytest.raises(ValueError, match="batch and other mesh axes together"):
+    fsdp_gather._gather_dims(P(("fsdp", "tensor"), None))
