@@ -36,22 +36,23 @@ above that estimate (docs/performance.md).
 from bert_jax import tpu_chips
 from configs import bert_base
 
-# (topology, phase) -> ((data, fsdp, tensor), remat_policy): `bert-jax aot --search_mesh`'s first for each
+# (topology, phase) -> ((data, fsdp, tensor), model settings): `bert-jax aot --search_mesh`'s first for each
 # topology (docs/performance.md: v3:8x8's phase 1 searched scanned under "Choosing the mesh", its phase 2
 # and phase1_tokens unrolled there too; v5e:8x8 and v6e:8x8 unrolled under "Where the targets stand");
 # data -1 takes what is left of the devices. remat "minimal" against "none", unrolled: none wins for v3 phase 2, minimal for v5e's and v6e's phase 1 and phase1_tokens
 # (at 2 x 32 x 1). v3's phase 1 keeps "none" (unrolled 61%; "minimal" won scanned, not compiled unrolled);
 # v3's phase1_tokens and phase 2 on v5e and v6e keep "none", "minimal" not compiled.
+_V3 = {"remat_policy": "none"}
 MESHES = {
-    ("v3:8x8", "phase1"): ((-1, 64, 2), "none"),
-    ("v3:8x8", "phase1_tokens"): ((-1, 64, 1), "none"),
-    ("v3:8x8", "phase2"): ((-1, 64, 1), "none"),
-    ("v5e:8x8", "phase1"): ((-1, 32, 1), "minimal"),
-    ("v5e:8x8", "phase1_tokens"): ((-1, 32, 1), "minimal"),
-    ("v5e:8x8", "phase2"): ((-1, 32, 1), "none"),
-    ("v6e:8x8", "phase1"): ((-1, 32, 1), "minimal"),
-    ("v6e:8x8", "phase1_tokens"): ((-1, 64, 1), "minimal"),
-    ("v6e:8x8", "phase2"): ((-1, 32, 1), "none"),
+    ("v3:8x8", "phase1"): ((-1, 64, 2), _V3),
+    ("v3:8x8", "phase1_tokens"): ((-1, 64, 1), _V3),
+    ("v3:8x8", "phase2"): ((-1, 64, 1), _V3),
+    ("v5e:8x8", "phase1"): ((-1, 32, 1), {"remat_policy": "minimal"}),
+    ("v5e:8x8", "phase1_tokens"): ((-1, 32, 1), {"remat_policy": "minimal"}),
+    ("v5e:8x8", "phase2"): ((-1, 32, 1), {"remat_policy": "none"}),
+    ("v6e:8x8", "phase1"): ((-1, 32, 1), {"remat_policy": "minimal"}),
+    ("v6e:8x8", "phase1_tokens"): ((-1, 64, 1), {"remat_policy": "minimal"}),
+    ("v6e:8x8", "phase2"): ((-1, 32, 1), {"remat_policy": "none"}),
 }
 PAPER_TOPOLOGY = "v3:8x8"   # "16 Cloud TPUs (64 TPU chips total)" (A.2)
 
@@ -70,5 +71,6 @@ def get_config(arg: str = "phase1"):
                      f"--config.topology={topology}, --config.peak_flops_per_device and --config.mesh.*)")
   c.topology = topology
   c.peak_flops_per_device = tpu_chips.peak_flops_per_device(topology)
-  (c.mesh.data, c.mesh.fsdp, c.mesh.tensor), c.model.remat_policy = MESHES[topology, phase]
+  (c.mesh.data, c.mesh.fsdp, c.mesh.tensor), model = MESHES[topology, phase]
+  c.model.update(model)
   return c
