@@ -24,7 +24,7 @@ Phase 2 restores phase 1's full final state (parameters, Adam moments, step 900k
 The meshes (data x fsdp x tensor over v3:4x4's 32 cores, `MESHES`) are those `bert-jax aot --search_mesh`
 ranked first (docs/performance.md, "BERT-base on v3:4x4"): with 8 sequences per core, sharding the
 parameters and Adam moments over every core moves the fewest bytes (phase 1: MFU bound 82% against 53%
-data-parallel). On other hardware set `--config.mesh.*` (or search it: `bert-jax aot --search_mesh
+data-parallel; 86% with each weight gathered once a step, `model.reshard_after_forward` False). On other hardware set `--config.mesh.*` (or search it: `bert-jax aot --search_mesh
 --topology=...`).
 """
 
@@ -64,4 +64,7 @@ def get_config(arg: str = "phase1", preset: str = "base"):
   c.topology = "v3:4x4"       # 16 chips (A.2)
   c.peak_flops_per_device = tpu_chips.peak_flops_per_device(c.topology)   # for MFU
   c.mesh.data, c.mesh.fsdp, c.mesh.tensor = MESHES[arg]
+  # Each weight all-gathered once a step, kept for the backward pass (models/fsdp_gather.py): on v3 fewer
+  # bytes in every phase (phase 1 MFU bound 82% -> 86%) for 0.06 to 0.14 GiB a core (docs/performance.md).
+  c.model.reshard_after_forward = False
   return c

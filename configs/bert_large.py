@@ -18,7 +18,9 @@ first (docs/performance.md): phase 1 1 x 64 x 2 among 32x4x1 (the earlier choice
 1x64x2, 2x64x1, 1x128x1 and 2x32x2 (unrolled). With 2 sequences per core the bytes of parameters and
 Adam moments dominate the step: sharding them 64 ways (fsdp), and at seq 128 each matrix 2 ways too
 (tensor; BERT's 30,522-word vocabulary allows no more), moves the fewest; with 8 (`phase1_tokens`) the
-tensor split costs more than it saves.
+tensor split costs more than it saves. On v3 each weight is gathered once a step and kept for the backward
+pass (`model.reshard_after_forward` False, from bert_base.py: phase 1 61% -> 66%); v5e and v6e gather it in
+each pass, which XLA's count puts ahead there.
 
 On the chips rented today, name the topology after the phase and the config takes that search's first
 mesh, the remat policy that compiled to fewer bytes there (where both were compiled), the topology and
@@ -42,17 +44,21 @@ from configs import bert_base
 # data -1 takes what is left of the devices. remat "minimal" against "none", unrolled: none wins for v3 phase 2, minimal for v5e's and v6e's phase 1 and phase1_tokens
 # (at 2 x 32 x 1). v3's phase 1 keeps "none" (unrolled 61%; "minimal" won scanned, not compiled unrolled);
 # v3's phase1_tokens and phase 2 on v5e and v6e keep "none", "minimal" not compiled.
+# reshard_after_forward: bert_base.py's False (each weight gathered once a step) on v3, where it moves fewer
+# bytes (phase 1 MFU bound 61% -> 66%); on v5e and v6e the gathers again in the backward pass cost fewer by
+# XLA's count (v5e phase 1 23% against 16%, phase 2 42% against 30%; v6e phase 1 10% against 8%).
 _V3 = {"remat_policy": "none"}
+_LITE = {"reshard_after_forward": True}
 MESHES = {
     ("v3:8x8", "phase1"): ((-1, 64, 2), _V3),
     ("v3:8x8", "phase1_tokens"): ((-1, 64, 1), _V3),
     ("v3:8x8", "phase2"): ((-1, 64, 1), _V3),
-    ("v5e:8x8", "phase1"): ((-1, 32, 1), {"remat_policy": "minimal"}),
-    ("v5e:8x8", "phase1_tokens"): ((-1, 32, 1), {"remat_policy": "minimal"}),
-    ("v5e:8x8", "phase2"): ((-1, 32, 1), {"remat_policy": "none"}),
-    ("v6e:8x8", "phase1"): ((-1, 32, 1), {"remat_policy": "minimal"}),
-    ("v6e:8x8", "phase1_tokens"): ((-1, 64, 1), {"remat_policy": "minimal"}),
-    ("v6e:8x8", "phase2"): ((-1, 32, 1), {"remat_policy": "none"}),
+    ("v5e:8x8", "phase1"): ((-1, 32, 1), _LITE | {"remat_policy": "minimal"}),
+    ("v5e:8x8", "phase1_tokens"): ((-1, 32, 1), _LITE | {"remat_policy": "minimal"}),
+    ("v5e:8x8", "phase2"): ((-1, 32, 1), _LITE | {"remat_policy": "none"}),
+    ("v6e:8x8", "phase1"): ((-1, 32, 1), _LITE | {"remat_policy": "minimal"}),
+    ("v6e:8x8", "phase1_tokens"): ((-1, 64, 1), _LITE | {"remat_policy": "minimal"}),
+    ("v6e:8x8", "phase2"): ((-1, 32, 1), _LITE | {"remat_policy": "none"}),
 }
 PAPER_TOPOLOGY = "v3:8x8"   # "16 Cloud TPUs (64 TPU chips total)" (A.2)
 
