@@ -353,3 +353,12 @@ def test_exact_resume_with_bfloat16_compute_and_scores(data_dir, tmp_path, compi
   """In bfloat16 compute, where the configs' `attention_scores` "compute" writes bfloat16 scores, a
   resumed run replays the uninterrupted one."""
   check_exact_resume_after_sigterm(data_dir, tmp_path, compilation_cache, n=4, dtype="bfloat16")
+
+
+@pytest.mark.slow
+def test_exact_resume_with_each_weight_gathered_once(data_dir, tmp_path, compilation_cache):
+  """On an fsdp mesh of the 8 CPU devices, with each weight gathered once (`model.reshard_after_forward`
+  False) and kept through remat, a resumed run replays the uninterrupted one."""
+  check_exact_resume_after_sigterm(data_dir, tmp_path, compilation_cache, n=4,
+                                   **{"mesh.fsdp": 4, "model.reshard_after_forward": False,
+                                      "model.remat_policy": "minimal"})
