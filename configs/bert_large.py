@@ -46,7 +46,8 @@ from configs import bert_base
 # v3's phase1_tokens and phase 2 on v5e and v6e keep "none", "minimal" not compiled.
 # reshard_after_forward: bert_base.py's False (each weight gathered once a step) on v3, where it moves fewer
 # bytes (phase 1 MFU bound 61% -> 66%); on v5e and v6e the gathers again in the backward pass cost fewer by
-# XLA's count (v5e phase 1 23% against 16%, phase 2 42% against 30%; v6e phase 1 10% against 8%).
+# XLA's count (v5e phase 1 23% against 16%, phase1_tokens 49% against 35%, phase 2 42% against 30%; v6e
+# phase 1 10% against 8%, phase 2 13% against 11%; v6e's phase1_tokens not compiled with False).
 _V3 = {"remat_policy": "none"}
 _LITE = {"reshard_after_forward": True}
 MESHES = {

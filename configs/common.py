@@ -78,7 +78,8 @@ def model_config(preset: str = "base") -> ml_collections.ConfigDict:
     m[name] = ml_collections.config_dict.placeholder(int)
   m.scan_layers = False       # one compiled layer body (faster compiles for deep models)
   m.remat_policy = "none"     # or "full", "dots_saveable", "minimal" (model.REMAT_POLICIES)
-  # False: each fsdp-sharded weight is gathered once a step and kept for the backward pass (models/fsdp_gather.py)
+  # False: each fsdp-sharded projection kernel is gathered once a step and kept for the backward pass
+  # (models/fsdp_gather.py; not the embedding tables)
   m.reshard_after_forward = True
   # "xla", "splash": Pallas' block-sparse TPU attention kernel (models/splash.py; no [B, N, L, L] scores), or
   # "flash": a Pallas TPU kernel for training attention with its dropout (models/flash_dropout.py), whose

@@ -10,7 +10,7 @@ import pytest
 
 from bert_jax import sharding, train
 from bert_jax.models import encoder, fsdp_gather
-from test_mesh import _compiled_step, _config, _losses
+from test_mesh import _compiled_step, _config, random_batch
 
 QKV_KERNEL = "f32[32,4,8]"   # _config's query, key and value kernels, whole: [hidden, heads, head_dim]
 
@@ -23,6 +23,16 @@ def _step(reshard_after_forward: bool):
   return config, train.setup(config, sharding.create_mesh(config.mesh))
 
 
+def _trajectory(config, s, steps=3) -> list[tuple[float, float]]:
+  """(loss, gradient norm) of each step, each after the previous steps' updates."""
+  state, dropout_rng = s.init(jax.random.key(0)), jax.random.key(1)
+  out = []
+  for i in range(steps):
+    state, metrics = s.train_step(state, sharding.global_batch(random_batch(config, seed=i), s.mesh), dropout_rng)
+    out.append((float(metrics["loss"]), float(metrics["grad_norm"])))
+  return out
+
+
 def _all_gathers_of(compiled_text: str, shape: str) -> int:
   return len(re.findall(rf"= {re.escape(shape)}\S* all-gather(?:-start)?\(", compiled_text))
 
@@ -33,11 +43,11 @@ def test_each_weight_is_gathered_once_and_the_losses_stay():
   # or once.
   assert _all_gathers_of(_compiled_step(*resharded).as_text(), QKV_KERNEL) == 6
   assert _all_gathers_of(_compiled_step(*once).as_text(), QKV_KERNEL) == 3
-  # The same weights multiply either way, and the gradients reach the parameters' shards alike (the second
-  # loss is after one update).
-  reference = _losses(*resharded)
-  assert reference[1] != reference[0]
-  np.testing.assert_allclose(_losses(*once), reference, rtol=1e-6)
+  # The same weights multiply either way and the gradients reach the parameters' shards alike: the gradient
+  # norms agree, and so do the losses after two updates (a gradient scaled or sharded wrong moves both).
+  reference = _trajectory(*resharded)
+  assert reference[2][0] != reference[0][0] and reference[1][1] != reference[0][1]
+  np.testing.assert_allclose(_trajectory(*once), reference, rtol=1e-6)
 
 
 def test_without_a_mesh_the_weights_are_used_as_they_are():

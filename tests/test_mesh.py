@@ -18,6 +18,7 @@ def _config(data=-1, fsdp=1, tensor=1, vocab_on_tensor=True):
   c.model.hidden_dropout = c.model.attention_dropout = 0.1   # BERT's; the dropout key is then used
   c.data.max_predictions_per_seq = 5
   c.global_batch_size = 16
+  c.optimizer.warmup_steps = 0   # the first step updates the parameters: the second loss is after an update
   c.model.num_heads = 4
   c.mesh.data, c.mesh.fsdp, c.mesh.tensor = data, fsdp, tensor
   if not vocab_on_tensor:   # the embedding and the MLM logits whole on each tensor shard

@@ -90,8 +90,9 @@ class BertConfig:
   param_dtype: Any = jnp.float32  # storage
   scan_layers: bool = False       # one compiled layer body under nn.scan; params get a "layers" axis
   remat_policy: str = "none"      # "none" or a key of REMAT_POLICIES
-  # False: each fsdp-sharded weight is all-gathered once a step, its forward copy kept for the backward pass
-  # (PyTorch FSDP's reshard_after_forward=False; `fsdp_gather.py`). True: XLA gathers it in each pass.
+  # False: each fsdp-sharded projection kernel is all-gathered once a step, its forward copy kept for the
+  # backward pass (PyTorch FSDP's reshard_after_forward=False; `fsdp_gather.py`; not the embedding tables).
+  # True: XLA gathers it where it is used (on TPU v3, in each pass).
   reshard_after_forward: bool = True
   # ALBERT: embeddings (and their LayerNorm) of this width, projected to hidden_size; the MLM head maps back
   # to it. None: no projection (BERT). Set equal to hidden_size, the projection is still there (as in ALBERT).

@@ -1,7 +1,8 @@
 """Gather a sharded weight once per step: the forward pass's gathered copy is kept for the backward pass.
 
 Under FSDP (`embed` -> `fsdp` in `config.logical_axis_rules`) each matmul's weight is sharded over the
-fsdp axis, and XLA's partitioner gathers it where a matmul uses it. On TPU it gathers it twice: in the
+fsdp axis, and XLA's partitioner gathers it where a matmul uses it. In the steps compiled for TPU v3 it
+gathers it twice: in the
 forward pass and again in the backward pass, where the input's gradient multiplies by the same weight (and
 under a remat policy the recomputation gathers it again). `BertConfig.reshard_after_forward` False (PyTorch
 FSDP's `reshard_after_forward=False`, ZeRO's stage 2 against stage 3) all-gathers the compute-dtype weight
@@ -14,6 +15,9 @@ partial sums onto the parameter's shards, as it does without the gather. (The sh
 would all-reduce them first; a sharding constraint in place of the shard_map made XLA transpose the
 gathered weights with copies.) Under a remat policy the gathered weight is named `GATHERED`, and
 `BertConfig.remat_checkpoint_policy` keeps it.
+
+It applies to the projections' kernels (attention, feed-forward, the heads' dense layers); the embedding
+tables (`nn.Embed`, and the MLM decoder tied to the word embeddings) are gathered as XLA chooses.
 
 Numerically the identity: the same bfloat16 (or float32) weight either way.
 """
@@ -44,8 +48,9 @@ def _gather_dims(spec) -> list[tuple[int, tuple[str, ...]]]:
 
 def gathered(w: jax.Array, names: tuple) -> jax.Array:
   """`w` (logical axes `names`, after its cast to the compute dtype) all-gathered over the fsdp and data mesh
-  axes, for both passes: a `shard_map` whose gradient is the matching reduce-scatter. Unchanged outside a
-  mesh and logical-axis-rules context (plain apply) or where no such axis shards it."""
+  axes, for both passes: a `shard_map`, whose gradient is the identity on the (global) array, left for the
+  partitioner to reduce-scatter. Unchanged outside an abstract-mesh and logical-axis-rules context (plain
+  apply) or where no such axis shards it."""
   rules, mesh = nn.get_logical_axis_rules(), jax.sharding.get_abstract_mesh()
   if not rules or mesh.empty:
     return w
@@ -63,10 +68,12 @@ def gathered(w: jax.Array, names: tuple) -> jax.Array:
 
   # The gradient passes through as it comes (partial sums over the batch shards): the partitioner reduce-
   # scatters it onto the parameter's shards. The shard_map's own transpose would all-reduce it first.
+  shard_mapped = jax.shard_map(gather, mesh=mesh, in_specs=spec, out_specs=gathered_spec)
+
   @jax.custom_vjp
   def gather_forward(x):
-    return jax.shard_map(gather, mesh=mesh, in_specs=spec, out_specs=gathered_spec)(x)
-  gather_forward.defvjp(lambda x: (gather_forward(x), None), lambda _, g: (g,))
+    return shard_mapped(x)
+  gather_forward.defvjp(lambda x: (shard_mapped(x), None), lambda _, g: (g,))
   return checkpoint_name(gather_forward(w), GATHERED)
 
 
