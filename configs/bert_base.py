@@ -24,8 +24,8 @@ Phase 2 restores phase 1's full final state (parameters, Adam moments, step 900k
 The meshes (data x fsdp x tensor over v3:4x4's 32 cores, `MESHES`) are those `bert-jax aot --search_mesh`
 ranked first (docs/performance.md, "BERT-base on v3:4x4"): with 8 sequences per core, sharding the
 parameters and Adam moments over every core moves the fewest bytes (phase 1: MFU bound 82% against 53%
-data-parallel; 86% with each weight gathered once a step, `model.reshard_after_forward` False). On other hardware set `--config.mesh.*` (or search it: `bert-jax aot --search_mesh
---topology=...`).
+data-parallel; 86% with each weight gathered once a step, `model.reshard_after_forward` False). On other
+hardware set `--config.mesh.*` (or search it: `bert-jax aot --search_mesh --topology=...`).
 """
 
 from bert_jax import tpu_chips

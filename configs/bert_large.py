@@ -41,8 +41,8 @@ from configs import bert_base
 # (topology, phase) -> ((data, fsdp, tensor), model settings): `bert-jax aot --search_mesh`'s first for each
 # topology (docs/performance.md: v3:8x8's phase 1 searched scanned under "Choosing the mesh", its phase 2
 # and phase1_tokens unrolled there too; v5e:8x8 and v6e:8x8 unrolled under "Where the targets stand");
-# data -1 takes what is left of the devices. remat "minimal" against "none", unrolled: none wins for v3 phase 2, minimal for v5e's and v6e's phase 1 and phase1_tokens
-# (at 2 x 32 x 1). v3's phase 1 keeps "none" (unrolled 66%, "minimal" 54%, each weight gathered once);
+# data -1 takes what is left of the devices. remat "minimal" against "none", unrolled: none wins for v3
+# phase 2, minimal for v5e's and v6e's phase 1 and phase1_tokens (at 2 x 32 x 1). v3's phase 1 keeps "none" (unrolled 66%, "minimal" 54%, each weight gathered once);
 # v3's phase1_tokens and phase 2 on v5e and v6e keep "none", "minimal" not compiled.
 # reshard_after_forward: bert_base.py's False (each weight gathered once a step) on v3, where it moves fewer
 # bytes (phase 1 MFU bound 61% -> 66%); on v5e and v6e the gathers again in the backward pass cost fewer by

@@ -2,13 +2,12 @@
 
 Under FSDP (`embed` -> `fsdp` in `config.logical_axis_rules`) each matmul's weight is sharded over the
 fsdp axis, and XLA's partitioner gathers it where a matmul uses it. In the steps compiled for TPU v3 it
-gathers it twice: in the
-forward pass and again in the backward pass, where the input's gradient multiplies by the same weight (and
-under a remat policy the recomputation gathers it again). `BertConfig.reshard_after_forward` False (PyTorch
-FSDP's `reshard_after_forward=False`, ZeRO's stage 2 against stage 3) all-gathers the compute-dtype weight
-right after its cast, in a `shard_map` over its mesh axes, into its layout without the fsdp and data axes:
-one all-gather a weight a step, whose copy both passes read, for the memory of every layer's gathered
-weights held from the forward pass to the backward pass.
+gathers it twice: in the forward pass and again in the backward pass, where the input's gradient multiplies
+by the same weight (and under a remat policy the recomputation gathers it again).
+`BertConfig.reshard_after_forward` False (PyTorch FSDP's `reshard_after_forward=False`, ZeRO's stage 2
+against stage 3) all-gathers the compute-dtype weight right after its cast, in a `shard_map` over its mesh
+axes, into its layout without the fsdp and data axes: one all-gather a weight a step, whose copy both passes
+read, for the memory of every layer's gathered weights held from the forward pass to the backward pass.
 
 The weight's gradient passes the gather as it comes (`custom_vjp`): the partitioner reduce-scatters the
 partial sums onto the parameter's shards, as it does without the gather. (The shard_map's own transpose
@@ -28,8 +27,9 @@ import flax.linen as nn
 import jax
 from jax.ad_checkpoint import checkpoint_name
 
+from bert_jax import sharding
+
 GATHERED = "gathered_weight"
-BATCH_MESH_AXES = ("data", "fsdp")   # what the gathered layout drops from a weight's mesh axes
 
 
 def _gather_dims(spec) -> list[tuple[int, tuple[str, ...]]]:
@@ -37,7 +37,7 @@ def _gather_dims(spec) -> list[tuple[int, tuple[str, ...]]]:
   dims = []
   for d, axes in enumerate(spec):
     axes = axes if isinstance(axes, tuple) else (axes,)
-    batch = tuple(a for a in axes if a in BATCH_MESH_AXES)
+    batch = tuple(a for a in axes if a in sharding.BATCH_AXES)   # what the gathered layout drops
     if batch and len(batch) != len(axes):
       raise ValueError(f"reshard_after_forward=False: dimension {d} of a weight is sharded over {axes}, batch "
                        f"and other mesh axes together; map it to one kind in config.logical_axis_rules")
