@@ -149,3 +149,34 @@ def test_every_param_has_logical_axis_names():
       assert len(leaf.names) == leaf.value.ndim and set(leaf.names) <= allowed, (path, leaf.names)
       in_stack = scan and "encoder" in jax.tree_util.keystr(path)
       assert (leaf.names[0] == "layers") == in_stack, (path, leaf.names)
+
+
+def _grads(dtype, decode):
+  """Gradients of a weighted sum of tied logits with respect to x and the table, `decode` doing the logits."""
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.normal(size=(2, 3, 16)), dtype)
+  table = jnp.asarray(rng.normal(size=(VOCAB, 16)), dtype)
+  w = jnp.asarray(rng.normal(size=(2, 3, VOCAB)), jnp.float32)
+  return jax.grad(lambda x, t: jnp.sum(decode(x, t) * w), argnums=(0, 1))(x, table), (x, table, w)
+
+
+def test_tied_logits_forward_and_float32_gradients_are_autodiffs():
+  plain = lambda x, t: jnp.einsum("...e,ve->...v", x, t, preferred_element_type=jnp.float32)  # noqa: E731
+  ours, (x, table, _) = _grads(jnp.float32, heads.tied_logits)
+  reference, _ = _grads(jnp.float32, plain)
+  np.testing.assert_allclose(heads.tied_logits(x, table), plain(x, table), rtol=1e-6)
+  for a, b in zip(ours, reference):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_tied_logits_bfloat16_backward_matmuls_take_a_bfloat16_gradient():
+  (d_x, d_table), (x, table, w) = _grads(jnp.bfloat16, heads.tied_logits)
+  assert d_x.dtype == d_table.dtype == jnp.bfloat16
+  # The matmuls of the backward pass read the logits' gradient rounded to bfloat16 (autodiff hands them the
+  # float32 one): their every matmul, operands and result, is in bfloat16.
+  jaxpr = jax.make_jaxpr(jax.grad(lambda x, t: jnp.sum(heads.tied_logits(x, t) * w), argnums=(0, 1)))(x, table)
+  dots = [e for e in jaxpr.eqns if e.primitive.name == "dot_general"]
+  assert len(dots) == 2 and all(v.aval.dtype == jnp.bfloat16 for e in dots for v in e.invars + e.outvars)
+  d_w = w.astype(jnp.bfloat16).astype(jnp.float32)
+  np.testing.assert_allclose(np.asarray(d_table, np.float32),
+                             np.einsum("abv,abe->ve", d_w, np.asarray(x, np.float32)), rtol=2e-2, atol=2e-2)
