@@ -180,3 +180,28 @@ def test_tied_logits_bfloat16_backward_matmuls_take_a_bfloat16_gradient():
   d_w = w.astype(jnp.bfloat16).astype(jnp.float32)
   np.testing.assert_allclose(np.asarray(d_table, np.float32),
                              np.einsum("abv,abe->ve", d_w, np.asarray(x, np.float32)), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.slow
+def test_bfloat16_decoder_gradient_trains_to_autodiffs_losses(monkeypatch):
+  """Twenty bf16 train steps of the tiny config (dropout on) on one batch, the tied decoder's backward pass
+  in bfloat16 against autodiff's (a float32 logits gradient): the same first loss, and the same losses to
+  1e-3 relative at every step (measured: 1.6e-4; bfloat16 compute rounds every other gradient as much)."""
+  from bert_jax.tools import bench_train
+  from configs import tiny
+  plain = lambda x, t: jnp.einsum("...e,ve->...v", x, t, preferred_element_type=jnp.float32)  # noqa: E731
+  losses = {}
+  for name, decode in (("autodiff", plain), ("tied_logits", heads.tied_logits)):
+    monkeypatch.setattr(heads, "tied_logits", decode)
+    c = tiny.get_config()
+    c.dtype, c.global_batch_size, c.optimizer.warmup_steps = "bfloat16", 8, 5
+    c.model.hidden_dropout = c.model.attention_dropout = 0.1
+    timer = bench_train.TrainStepTimer(c, warmup=0)
+    losses[name] = []
+    for _ in range(20):
+      timer()
+      losses[name].append(float(timer._metrics["loss"]))
+  a, b = np.array(losses["autodiff"]), np.array(losses["tied_logits"])
+  assert a[-1] < a[0] - 0.5   # it trains: the comparison is not of a flat curve
+  assert a[0] == b[0] and not np.array_equal(a, b)
+  np.testing.assert_allclose(b, a, rtol=1e-3)
