@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bert_jax.models import embedding_lookup
 from bert_jax.models import flash_dropout
 from bert_jax.models import fsdp_gather
 from bert_jax.models import rotary
@@ -130,7 +131,7 @@ class BertEmbeddings(nn.Module):
 
   def embed(self, input_ids, segment_ids, position_ids, deterministic: bool):
     """The embeddings before any projection to hidden_size: [B, L, embedding_dim]."""
-    x = self.word_embeddings(input_ids)
+    x = embedding_lookup.lookup(self.word_embeddings.embedding, input_ids, self.config.dtype)
     if self.config.rope_theta is None:
       x = x + self.position_embeddings(position_ids)
     if self.config.type_vocab_size:
