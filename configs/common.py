@@ -81,6 +81,9 @@ def model_config(preset: str = "base") -> ml_collections.ConfigDict:
   # False: each fsdp-sharded projection kernel is gathered once a step and kept for the backward pass
   # (models/fsdp_gather.py; not the embedding tables)
   m.reshard_after_forward = True
+  # True: the word-embedding lookup on each device's shard of the table, no table-sized gradient
+  # (models/embedding_lookup.py); XLA's count prefers it on v5e, not on v3 (docs/performance.md)
+  m.embedding_lookup_on_shards = False
   # "xla", "splash": Pallas' block-sparse TPU attention kernel (models/splash.py; no [B, N, L, L] scores), or
   # "flash": a Pallas TPU kernel for training attention with its dropout (models/flash_dropout.py), whose
   # dropout bits are `flash_bits`: "hash" (the same on every backend) or "hardware" (the TPU's generator).

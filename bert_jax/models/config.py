@@ -94,6 +94,9 @@ class BertConfig:
   # backward pass (PyTorch FSDP's reshard_after_forward=False; `fsdp_gather.py`; not the embedding tables).
   # True: XLA gathers it where it is used (on TPU v3, in each pass).
   reshard_after_forward: bool = True
+  # True: the word-embedding lookup on each device's shard of the table (`embedding_lookup.py`: an
+  # all-to-all, no table-sized gradient), where the layout allows; False: jnp.take, laid out by XLA.
+  embedding_lookup_on_shards: bool = False
   # ALBERT: embeddings (and their LayerNorm) of this width, projected to hidden_size; the MLM head maps back
   # to it. None: no projection (BERT). Set equal to hidden_size, the projection is still there (as in ALBERT).
   embedding_size: int | None = None

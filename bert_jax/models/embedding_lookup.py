@@ -16,7 +16,13 @@ data axis that replicates it. No array of the table's full size is made.
 
 The rows are read from the float32 table and cast to the compute dtype after the lookup, which is the
 same as casting the table first; the gradient is accumulated in float32 (XLA's path accumulates it in
-the compute dtype). Outside a mesh-and-rules context, or for a layout it does not cover, it is `jnp.take`.
+the compute dtype). Outside a mesh-and-rules context, or for a layout it does not cover (the columns not
+split over a batch axis, a batch the mesh does not divide, as at init), it is `jnp.take`.
+
+`BertConfig.embedding_lookup_on_shards` turns it on. Whether it pays depends on the chip's tiles: the
+shard's few columns (E / fsdp: 16 at fsdp 64) are padded to the TPU's 128 lanes in every array of the
+lookup, which on v3:8x8 costs more bytes by XLA's count than the table-sized gradient saves
+(docs/performance.md).
 """
 
 import math

@@ -131,7 +131,10 @@ class BertEmbeddings(nn.Module):
 
   def embed(self, input_ids, segment_ids, position_ids, deterministic: bool):
     """The embeddings before any projection to hidden_size: [B, L, embedding_dim]."""
-    x = embedding_lookup.lookup(self.word_embeddings.embedding, input_ids, self.config.dtype)
+    if self.config.embedding_lookup_on_shards:
+      x = embedding_lookup.lookup(self.word_embeddings.embedding, input_ids, self.config.dtype)
+    else:
+      x = self.word_embeddings(input_ids)
     if self.config.rope_theta is None:
       x = x + self.position_embeddings(position_ids)
     if self.config.type_vocab_size:
