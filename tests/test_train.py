@@ -362,3 +362,11 @@ def test_exact_resume_with_each_weight_gathered_once(data_dir, tmp_path, compila
   check_exact_resume_after_sigterm(data_dir, tmp_path, compilation_cache, n=4,
                                    **{"mesh.fsdp": 4, "model.reshard_after_forward": False,
                                       "model.remat_policy": "minimal"})
+
+
+@pytest.mark.slow
+def test_exact_resume_with_the_embedding_lookup_on_shards(data_dir, tmp_path, compilation_cache):
+  """On an fsdp mesh of the 8 CPU devices, with the word-embedding lookup on each device's shard
+  (`model.embedding_lookup_on_shards`, an all-to-all), a resumed run replays the uninterrupted one."""
+  check_exact_resume_after_sigterm(data_dir, tmp_path, compilation_cache, n=4,
+                                   **{"mesh.fsdp": 4, "model.embedding_lookup_on_shards": True})
