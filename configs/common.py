@@ -82,7 +82,7 @@ def model_config(preset: str = "base") -> ml_collections.ConfigDict:
   # (models/fsdp_gather.py; not the embedding tables)
   m.reshard_after_forward = True
   # True: the word-embedding lookup on each device's shard of the table, no table-sized gradient
-  # (models/embedding_lookup.py); XLA's count prefers it on v5e, not on v3 (docs/performance.md)
+  # (models/embedding_lookup.py); XLA's count prefers it on v5e phase 1 and 2, not on v3 (docs/performance.md)
   m.embedding_lookup_on_shards = False
   # "xla", "splash": Pallas' block-sparse TPU attention kernel (models/splash.py; no [B, N, L, L] scores), or
   # "flash": a Pallas TPU kernel for training attention with its dropout (models/flash_dropout.py), whose

@@ -4,11 +4,11 @@ Under FSDP the word-embedding table [V, E] is split by columns over the fsdp axi
 `config.logical_axis_rules`, and by rows over `tensor` where `vocab` -> `tensor`). Left to XLA's
 partitioner, `jnp.take` all-gathers the table for the forward pass, and its transpose scatters every
 token's gradient into a zeroed copy of the whole table on every device, then all-reduces that copy: on
-BERT-large's v5e:8x8 step (2 x 32 x 1) about 0.44 GB a device a step for a table whose shard is 2 MB
-(docs/performance.md).
+BERT-large's v5e:8x8 step (2 x 32 x 1) about 0.44 GB a device a step for a table whose shard is 4 MB
+in float32 (docs/performance.md).
 
-`lookup` does it in a `shard_map` instead: each device gathers the token ids of its fsdp group (B x L
-integers), looks them up in its own [V / tensor, E / fsdp] shard (rows outside its vocabulary slice are
+`lookup` does it in a `shard_map` instead: each device gathers the token ids of its fsdp group's rows of
+the batch (integers), looks them up in its own [V / tensor, E / fsdp] shard (rows outside its vocabulary slice are
 zeros, summed over `tensor`), and an all-to-all over fsdp trades row blocks for column blocks, so that each
 device ends with the whole width for its own tokens. The transpose is the same in reverse: an all-to-all
 of the embeddings' gradient and a scatter-add into the shard (float32, as the parameter), summed over the

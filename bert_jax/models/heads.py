@@ -19,9 +19,9 @@ def tied_logits(x_PE, table_VE):
 
   Both operands are in the compute dtype. The backward pass hands their gradients' matmuls the logits'
   gradient in that dtype, as every other matmul of the step gets its output's gradient. Autodiff would
-  hand them the float32 one, and then the table's gradient, the step's largest, is written and
-  reduce-scattered in float32: [V, E] at 4 bytes an element instead of 2 in bfloat16 (BERT-large:
-  125 MB a device with the vocabulary unsplit). In float32 compute it is autodiff's.
+  hand them the float32 one, and then the table's gradient, the step's largest, is written and reduced
+  across the devices in float32 (on v5e an all-reduce of the whole table): [V, E] at 4 bytes an element
+  instead of 2 (BERT-large's is 125 MB in float32). In float32 compute it is autodiff's.
   """
   return jnp.einsum("...e,ve->...v", x_PE, table_VE, preferred_element_type=jnp.float32)
 
