@@ -33,9 +33,8 @@ def _tied_logits_forward(x_PE, table_VE):
 def _tied_logits_backward(residuals, d_logits):
   x_PE, table_VE = residuals
   d_logits = d_logits.astype(x_PE.dtype)
-  batch_dims = "".join(chr(ord("a") + i) for i in range(x_PE.ndim - 1))   # the leading dims of x: "ab..."
-  d_x = jnp.einsum(f"{batch_dims}v,ve->{batch_dims}e", d_logits, table_VE)
-  d_table = jnp.einsum(f"{batch_dims}v,{batch_dims}e->ve", d_logits, x_PE)
+  d_x = jnp.einsum("...v,ve->...e", d_logits, table_VE)
+  d_table = jnp.einsum("...v,...e->ve", d_logits, x_PE)   # summed over x's leading dims
   return d_x, d_table
 
 
