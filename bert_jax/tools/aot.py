@@ -35,6 +35,7 @@ import math
 import os
 import re
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -43,6 +44,7 @@ from ml_collections import config_flags
 
 from bert_jax import config_path
 from bert_jax.tpu_chips import CHIPS, GiB, Chip, parse_topology  # noqa: F401 (aot.CHIPS, aot.parse_topology)
+from bert_jax.tools import compile_passes as compile_passes_lib
 from bert_jax.tools import hlo_bytes
 
 config_path.put_config_root_on_path(sys.argv)   # config files do `from configs import common`
@@ -62,9 +64,10 @@ def topology_devices(topology: str) -> list[Any]:
       topology_name=f"{chip.libtpu_name}:{shape}", platform="tpu", **kwargs).devices)
 
 
-def compile_train_step(config, devices) -> tuple[Any, float]:
-  """The real train step of `train.setup`, compiled for `devices` with abstract state and batch, and the
-  seconds spent before XLA's compiler starts (setup, tracing, lowering to StableHLO)."""
+def compile_train_step(config, devices, compiler_options: dict | None = None) -> tuple[Any, float]:
+  """The real train step of `train.setup`, compiled for `devices` with abstract state and batch (and
+  `compiler_options`), and the seconds spent before XLA's compiler starts (setup, tracing, lowering to
+  StableHLO)."""
   import jax  # pylint: disable=g-import-not-at-top
   from bert_jax import sharding, train  # pylint: disable=g-import-not-at-top
   start = time.perf_counter()
@@ -73,7 +76,7 @@ def compile_train_step(config, devices) -> tuple[Any, float]:
   rng = jax.eval_shape(lambda: train.rngs(config)[1])
   lowered = pieces.train_step.lower(pieces.abstract_state, train.abstract_batch(config), rng)
   lower_s = time.perf_counter() - start
-  return lowered.compile(), lower_s
+  return lowered.compile(compiler_options=compiler_options), lower_s
 
 
 # The TPU compiler's out-of-memory message: "... required for HLO temporaries (42.88G) exceeds available HBM
@@ -176,11 +179,13 @@ def loop_bytes(hlo_text: str, summary: dict | None = None) -> float | None:
 _WHILE = re.compile(r"\swhile\(%")
 
 
-def run(config, topology: str, report_top: int = 0, hlo_path: str = "") -> dict[str, Any]:
+def run(config, topology: str, report_top: int = 0, hlo_path: str = "", compile_passes: bool = False
+        ) -> dict[str, Any]:
   """Compile `config`'s train step for `topology` and return the report (see module docstring).
 
   `report_top` > 0 adds "traffic": the compiled step's memory traffic by op (`hlo_bytes`), that many
-  largest ops, sources and kinds. `hlo_path`: also write the optimized HLO text there.
+  largest ops, sources and kinds. `hlo_path`: also write the optimized HLO text there. `compile_passes`
+  adds "compile_passes": where XLA's compile time went (`compile_passes`), its HLO passes timed by XLA.
   """
   from bert_jax import flops, objectives, sharding  # pylint: disable=g-import-not-at-top
   generation, chip, _ = parse_topology(topology)
@@ -194,15 +199,24 @@ def run(config, topology: str, report_top: int = 0, hlo_path: str = "") -> dict[
       "global_batch_size": config.global_batch_size, "seq_length": config.data.seq_length,
       "generation": generation,
   }
-  start = time.perf_counter()
+  dump = tempfile.TemporaryDirectory(prefix="bert_jax_passes-") if compile_passes else None
+  start, wall_start = time.perf_counter(), time.time()
   try:
-    compiled, lower_s = compile_train_step(config, devices)
+    compiled, lower_s = compile_train_step(config, devices,
+                                           compile_passes_lib.dump_options(dump.name) if dump else None)
   except Exception as e:  # pylint: disable=broad-except
+    if dump:
+      dump.cleanup()
     if (memory := out_of_memory_report(e, hbm)) is None:
       raise
     return {**report, "compile_seconds": time.perf_counter() - start, "memory_per_device": memory,
             "time_per_step": None, "tokens_per_second": None}
   compile_s = time.perf_counter() - start
+  passes = None
+  if dump:
+    with dump:
+      passes = compile_passes_lib.summarize(compile_passes_lib.read(dump.name), wall_start + lower_s,
+                                            wall_start + compile_s)
   tokens = config.global_batch_size * config.data.seq_length
   per_row = flops.kernel_attention_per_row(objectives.encoder_config(config), config.data.seq_length)
   text = compiled.as_text()
@@ -222,6 +236,8 @@ def run(config, topology: str, report_top: int = 0, hlo_path: str = "") -> dict[
       f.write(text)
   if report_top > 0:
     report["traffic"] = traffic
+  if passes is not None:
+    report["compile_passes"] = passes
   return report
 
 
@@ -369,6 +385,8 @@ def format_report(r: dict[str, Any]) -> str:
     ]
   if "traffic" in r:
     lines.append(hlo_bytes.format_summary(r["traffic"], t["xla_bytes_accessed"]))
+  if "compile_passes" in r:
+    lines.append(compile_passes_lib.format_summary(r["compile_passes"]))
   return "\n".join(lines)
 
 
@@ -391,6 +409,8 @@ def define_flags() -> None:
   flags.DEFINE_string("hlo", None, "Also write the compiled step's optimized HLO text to this file "
                       "(to diff two versions, or to read with bert_jax.tools.hlo_bytes).")
   flags.DEFINE_string("json", None, "Also write the report as JSON to this file.")
+  flags.DEFINE_bool("compile_passes", False, "Also say where XLA's compile time went: before, in and after "
+                    "its HLO passes, and the passes and pipelines that took it (XLA's own pass timings).")
 
 
 def topology_note(config, topology: str) -> str:
@@ -415,8 +435,9 @@ def main(argv) -> None:
   if not topology:
     raise ValueError("no --topology and the config has no `topology` field")
   if FLAGS.search_mesh:
-    if FLAGS.report or FLAGS.hlo:
-      raise ValueError("--report and --hlo describe one compiled step: run them with the mesh the search picks")
+    if FLAGS.report or FLAGS.hlo or FLAGS.compile_passes:
+      raise ValueError("--report, --hlo and --compile_passes describe one compiled step: run them with the "
+                       "mesh the search picks")
     candidates = [tuple(int(x) for x in c.split("x")) for c in FLAGS.mesh_candidates] or None
     ranked = search_mesh(config, topology, candidates)
     print(f"{topology}, meshes data x fsdp x tensor, best first:")
@@ -430,7 +451,7 @@ def main(argv) -> None:
     return
   if note := topology_note(config, topology):
     print(note)
-  report = run(config, topology, FLAGS.report_top if FLAGS.report else 0, FLAGS.hlo or "")
+  report = run(config, topology, FLAGS.report_top if FLAGS.report else 0, FLAGS.hlo or "", FLAGS.compile_passes)
   print(format_report(report))
   print(json.dumps(report))
   if FLAGS.json:
