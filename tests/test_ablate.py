@@ -264,6 +264,7 @@ def test_killed_ablation_resumes_without_redoing_finished_runs(corpus, tmp_path,
   assert len(rows) == 4 and all(r["n"] == ("1" if r["measurement"] == "heldout" else "2") for r in rows)
 
 
+@pytest.mark.slow
 def test_sigterm_during_pretraining_stops_the_ablation_without_marking_the_variant(
     corpus, tmp_path, compilation_cache, monkeypatch):
   """train saves and returns at a SIGTERM: the variant is not pretrained until a re-run reaches the end."""
@@ -287,6 +288,7 @@ def test_sigterm_during_pretraining_stops_the_ablation_without_marking_the_varia
   assert runner.read_marker(str(vdir / runner.EVALUATED))
 
 
+@pytest.mark.slow
 def test_variants_runs_only_the_named_ones_and_rejects_unknown_names(corpus, tmp_path, compilation_cache):
   ablation = table("devlin_table5", "tiny")
   ablation.base.data.train_files, ablation.tasks.sst2.data_dir = corpus

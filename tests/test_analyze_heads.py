@@ -125,6 +125,7 @@ def test_key_kinds_mark_specials_punctuation_and_the_rarest_token(vocab_file):
   assert not any(k["rare_valid"].any() for k in heads.key_kinds(tok, examples, common=len(WORDS)))
 
 
+@pytest.mark.slow
 def test_command_writes_csv_heat_maps_and_summary(vocab_file, tmp_path):
   cfg = model.BertConfig.from_preset("tiny", vocab_size=len(tokenizer_lib.SPECIAL_TOKENS) + len(WORDS),
                                      max_position_embeddings=32)

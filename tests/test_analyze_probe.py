@@ -33,6 +33,7 @@ def planted(rng, n, layers=4, width=16, signal_layer=2):
   return x, [str(v) for v in y]
 
 
+@pytest.mark.slow
 def test_probes_and_scalar_mix_find_the_one_layer_that_carries_the_label():
   rng = np.random.default_rng(0)
   data = {split: planted(rng, n) for split, n in (("train", 600), ("dev", 200), ("test", 200))}
@@ -130,6 +131,7 @@ def tiny_checkpoint(directory):
   return cfg, params, tokenizer_lib.load_tokenizer(vocab_file)
 
 
+@pytest.mark.slow
 def test_token_features_are_the_first_word_piece_of_each_word(tmp_path):
   cfg, params, tok = tiny_checkpoint(str(tmp_path / "ckpt"))
   examples = [ner.NerExample("0", ("kings", "walk", "dogs", "."), ("N", "V", "N", ".")),

@@ -51,6 +51,7 @@ def _tiny_classifier():
   return model, params, features
 
 
+@pytest.mark.slow
 def test_importance_is_the_mean_of_finite_difference_abs_gradients():
   model, params, features = _tiny_classifier()
   got = prune.head_importance(model, params, features, "classification", np.ones((LAYERS, HEADS)), batch_size=4)
@@ -87,6 +88,7 @@ def test_pruning_order_and_fractions():
   assert prune.by_layer([(1, 2), (0, 1), (1, 0)]) == {0: [1], 1: [0, 2]}
 
 
+@pytest.mark.slow
 def test_the_curve_masks_a_growing_prefix_of_the_order(tiny_run):
   workdir, data = tiny_run
   predictor = predict.Predictor.load(workdir)
@@ -132,6 +134,7 @@ def tiny_run(tmp_path_factory):
   return workdir, data
 
 
+@pytest.mark.slow
 def test_export_reloads_with_fewer_params_and_the_masked_logits(tiny_run, tmp_path):
   workdir, data = tiny_run
   summary = prune.run(str(workdir), data, str(tmp_path / "out"), [0.0, 0.5], export_fraction=0.5,
@@ -148,6 +151,7 @@ def test_export_reloads_with_fewer_params_and_the_masked_logits(tiny_run, tmp_pa
   assert scores["accuracy"] == pytest.approx(summary["curve"][-1]["accuracy"])   # masked 50% = removed 50%
 
 
+@pytest.mark.slow
 def test_the_command_end_to_end(tiny_run, tmp_path):
   workdir, data = tiny_run
   argv = [sys.executable, "-m", "bert_jax.cli", "analyze", "prune", f"--checkpoint={workdir}",

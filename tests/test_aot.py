@@ -123,6 +123,7 @@ def _aot(tmp_path, overrides, flags=(), env=None) -> tuple[subprocess.CompletedP
   return proc, (json.loads(out.read_text()) if out.exists() else {})
 
 
+@pytest.mark.slow
 def test_aot_compiles_a_non_bert_objective(tmp_path):
   proc, report = _aot(tmp_path, {**OVERRIDES, **SPANBERT})
   assert proc.returncode == 0, proc.stderr[-3000:]
@@ -141,6 +142,7 @@ def test_aot_compiles_a_non_bert_objective(tmp_path):
   assert 1.0 <= timing["xla_flops"] / timing["model_flops"] <= 2.0 and timing["loop_factor"] == 1.0
 
 
+@pytest.mark.slow
 def test_aot_reports_a_step_that_does_not_fit(tmp_path):
   """The TPU compiler stops on a step that needs more HBM than a device has: a report, status 1."""
   rows = 2**22   # MLM logits alone: 2**20 rows x 5 predictions x 256 ids in f32 = 5 GiB per device
@@ -240,6 +242,7 @@ def test_aot_compiles_electra_with_its_generator(tmp_path):
   assert timing["model_flops"] > objectives.train_flops_per_step(_config()) / 4   # the generator's too
 
 
+@pytest.mark.slow
 def test_time_before_xla_leaves_out_the_compiler(monkeypatch):
   import time   # pylint: disable=g-import-not-at-top
   from bert_jax.tools import aot   # pylint: disable=g-import-not-at-top

@@ -18,6 +18,7 @@ def tiny(tmp_path_factory):
   return path
 
 
+@pytest.mark.slow
 def test_load_encode_and_fill_mask(tiny):
   model = bert_jax.load(tiny)
   assert isinstance(model, bert_jax.Model) and model.predictor is None

@@ -40,6 +40,7 @@ def _apply(cfg, params, ids, **kwargs):
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.slow
 def test_probabilities_sum_to_one_over_real_keys_and_are_zero_on_padding(family):
   cfg, params, ids = _setup(family)
   out = _apply(cfg, params, ids, output_attentions=True)
@@ -107,6 +108,7 @@ def test_a_masked_head_changes_nothing_at_one_and_removes_exactly_its_contributi
   assert np.abs(np.asarray(masked) - np.asarray(base)).max() > 1e-3
 
 
+@pytest.mark.slow
 def test_head_mask_gradient_matches_finite_differences():
   cfg, params, ids = _setup("bert")
   w = jax.random.normal(jax.random.key(1), (2, 8, cfg.hidden_size))
@@ -139,6 +141,7 @@ def test_attentions_under_dropout_are_the_probabilities_before_dropout():
 
 
 @pytest.mark.parametrize("family", ["bert", "modernbert", "distilbert"])
+@pytest.mark.slow
 def test_a_pruned_model_computes_what_the_masked_model_computes(family):
   cfg, params, ids = _setup(family)
   heads = {0: [1], 1: [0, 1, 2, 3], 2: [3, 0]}   # layer 1 loses every head

@@ -67,6 +67,7 @@ def _assert_same_step(a, b):
 
 
 @pytest.mark.parametrize("step, k", [(2, 2), (4, 3)])
+@pytest.mark.slow
 def test_k_active_micro_batches_equal_a_step_on_their_rows_alone(step, k):
   n = 4   # micro-batches of 2 rows; from 1 to 4 over 8 steps: k = 1, 1, 2, 2, 3, 3, 4, 4
   batch = _batch()

@@ -60,6 +60,7 @@ def assert_parity(cfg, bert_params, ref, per_example=True):
   return errors[worst]
 
 
+@pytest.mark.slow
 def test_hf_import_matches_reference_outputs(minilm):
   path, ref = minilm
   cfg, params = checkpoints_hf.load_hf(path)

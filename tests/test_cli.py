@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO_ROOT
 
 
@@ -21,6 +23,7 @@ def _bert_jax_modules_imported_by_tests() -> list[str]:
   return sorted(found)
 
 
+@pytest.mark.slow
 def test_every_module_the_tests_import_can_be_imported_in_one_process():
   """pytest imports all of them into one process: two modules defining `--config` at import collide there."""
   modules = _bert_jax_modules_imported_by_tests()

@@ -100,6 +100,7 @@ def test_the_student_checkpoint_holds_no_teacher(data_dir, tmp_path):  # noqa: F
   assert any("train/soft_loss" in m and "train/cos_loss" in m and "train/mlm_loss" in m for m in scalars)
 
 
+@pytest.mark.slow
 def test_student_starts_from_the_teachers_layers(data_dir):  # noqa: F811
   config = distill_config(data_dir, **{"mesh.fsdp": 1, "mesh.tensor": 1, "model.num_layers": 2})
   s, _ = _setup(config)
@@ -161,6 +162,7 @@ def test_loss_is_five_soft_two_mlm_one_cosine():
     ("vocabulary", {}, {"vocab_size": 160}),
     ("hidden size", {}, {"hidden_size": 64, "num_heads": 2, "intermediate_size": 64}),
 ])
+@pytest.mark.slow
 def test_a_teacher_unlike_the_student_stops_before_compiling(data_dir, problem, changes, teacher_changes):  # noqa: F811
   config = distill_config(data_dir, **{"distill.teacher": tiny_teacher(data_dir, f"bad_{problem}", **teacher_changes),
                                        **changes})
@@ -186,6 +188,7 @@ def test_an_unreadable_teacher_or_another_vocabulary_stops_before_compiling(data
     train.check_inputs(config)
 
 
+@pytest.mark.slow
 def test_pretraining_starts_from_a_hugging_face_checkpoint(data_dir):  # noqa: F811
   """A teacher without an MLM head is first given one by MLM training from its weights: `init_from` reads
   a Hugging Face directory (params only); what it lacks stays newly initialised."""

@@ -133,6 +133,7 @@ def _tiny_params():
   return m, nn.unbox(jax.jit(m.init)(jax.random.key(0), _tiny_batch())["params"])
 
 
+@pytest.mark.slow
 def test_params_hold_the_discriminator_as_bert_and_a_generator_reading_its_embeddings():
   _, params = _tiny_params()
   assert set(params) == {"bert", "discriminator", "generator"}
@@ -178,6 +179,7 @@ def test_no_gradient_flows_through_sampling():
   assert all(np.all(np.asarray(g) == 0) for g in jax.tree.leaves(mlm["discriminator"]))
 
 
+@pytest.mark.slow
 def test_objective_params_export_as_transformers_generator_and_discriminator(tmp_path):
   m, params = _tiny_params()
   batch = _tiny_batch()

@@ -89,6 +89,7 @@ def test_layouts_it_does_not_cover_fall_back_to_take():
 
 
 @pytest.mark.parametrize("mesh_shape", [(2, 4, 1), (1, 4, 2)])
+@pytest.mark.slow
 def test_train_steps_with_the_lookup_on_shards_keep_the_losses(mesh_shape):
   """Two train steps (dropout on; the second after an update) of the model with `embedding_lookup_on_shards`
   against the same model's jnp.take on one device: the same losses (2e-5, as test_mesh's meshes)."""

@@ -116,6 +116,7 @@ def _pretraining_run(workdir, cfg: model.BertConfig, params: dict) -> str:
   return str(workdir)
 
 
+@pytest.mark.slow
 def test_electra_run_exports_its_discriminator_and_generator(tmp_path):
   # Two layers: an ALBERT-style config.json of one layer cannot say whether it is shared.
   cfg = model.BertConfig(vocab_size=40, hidden_size=16, num_layers=2, num_heads=2, intermediate_size=32,

@@ -117,6 +117,7 @@ def test_missing_shard_is_named(data_dir, tmp_path):  # noqa: F811
 # Non-finite state: the guard looks at the update and the new parameters too.
 
 
+@pytest.mark.slow
 def test_nan_update_with_finite_loss_and_gradient_is_skipped(data_dir):  # noqa: F811
   config = tiny_config(data_dir, **RUN, **{"optimizer.eps": 0.0})
   s = train.setup(config, sharding.create_mesh(config.mesh))

@@ -145,6 +145,7 @@ def test_shared_layers_hold_one_layer_set(scan):
                                    unshared["params"]["encoder"]["layer_0"]))
 
 
+@pytest.mark.slow
 def test_shared_layers_apply_one_set_num_layers_times():
   cfg = tiny(num_layers=3, share_layers=True, hidden_dropout=0.0, attention_dropout=0.0)
   ids = np.array([[3, 7, 9, 11, 5]], np.int32)
@@ -198,6 +199,7 @@ def _position_jacobian(cfg, params, ids, mask, **kwargs):
 
 
 @pytest.mark.parametrize("dropout_path", [False, True])
+@pytest.mark.slow
 def test_causal_output_has_exactly_zero_gradient_from_later_tokens(dropout_path):
   cfg = tiny(causal=True, hidden_dropout=0.0, attention_dropout=0.3 if dropout_path else 0.0)
   ids = np.array([[3, 7, 9, 11, 5, 6, 0, 0]], np.int32)

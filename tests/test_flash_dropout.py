@@ -80,6 +80,7 @@ def test_reference_without_dropout_is_softmax_attention_within_segments():
                              atol=2e-6)
 
 
+@pytest.mark.slow
 def test_bfloat16_inputs_within_rounding():
   q, k, v, mask, weight = _inputs(1, jnp.bfloat16)
   key = jax.random.key(4)

@@ -37,6 +37,7 @@ def _all_gathers_of(compiled_text: str, shape: str) -> int:
   return len(re.findall(rf"= {re.escape(shape)}\S* all-gather(?:-start)?\(", compiled_text))
 
 
+@pytest.mark.slow
 def test_each_weight_is_gathered_once_and_the_losses_stay():
   resharded, once = _step(True), _step(False)
   # Query, key and value: gathered in the forward pass and again in the backward pass's recomputation,

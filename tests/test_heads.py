@@ -27,6 +27,7 @@ def pretraining_batch(batch=2, length=12, predictions=3):
   }
 
 
+@pytest.mark.slow
 def test_pretraining_outputs_and_param_tree():
   cfg = tiny()
   batch = pretraining_batch()

@@ -190,6 +190,7 @@ _RESUME = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_resume_in_a_fresh_process_is_byte_identical(news_dir, tmp_path):
   overrides = dict(seq_length=512, max_predictions_per_seq=76, whole_word_masking=True)
   it = _iterator(news_dir, global_batch_size=96, **overrides)

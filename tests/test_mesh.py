@@ -111,6 +111,7 @@ def _bytes_per_device(abstract_tree) -> int:
   return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(abstract_tree))
 
 
+@pytest.mark.slow
 def test_fsdp_divides_state_bytes_per_device(setups):
   (data_cfg, data_setup), (fsdp_cfg, fsdp_setup) = setups(data=8), setups(data=1, fsdp=8)
   data_step, fsdp_step = _compiled_step(data_cfg, data_setup), _compiled_step(fsdp_cfg, fsdp_setup)

@@ -168,6 +168,7 @@ def test_bfloat16_compute_close_to_float32():
   assert err.max() < 0.08 and err.mean() < 0.01, (err.max(), err.mean())  # measured 0.039, 0.0038
 
 
+@pytest.mark.slow
 def test_remat_does_not_change_gradients():
   ids, mask, seg = random_batch(np.random.default_rng(4))
   params = init(tiny())

@@ -203,6 +203,7 @@ def test_packed_examples_equal_each_alone():
     start += n
 
 
+@pytest.mark.slow
 def test_rope_scores_depend_only_on_relative_positions():
   q_BLNK, k_BLNK = jax.random.normal(jax.random.key(0), (2, 1, 9, 2, 8))
   scores = lambda start: jnp.einsum("bqnk,bsnk->bnqs", *(rotary.apply_rotary(

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import ml_collections
+import pytest
 
 from bert_jax import host_env
 from bert_jax import paths
@@ -41,6 +42,7 @@ def test_configure_pins_jax_to_the_cpu_only_without_accelerators(monkeypatch):
   assert os.environ["JAX_PLATFORMS"] == "tpu"
 
 
+@pytest.mark.slow
 def test_tensorflow_imports_silently_and_sees_no_gpu():
   code = ("from bert_jax import host_env; host_env.configure(); tf = host_env.import_tensorflow(); "
           "print(tf.config.get_visible_devices('GPU'))")

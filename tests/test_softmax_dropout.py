@@ -85,6 +85,7 @@ def test_scores_in_the_compute_dtype_are_the_rounded_scores():
     assert np.max(np.abs(b - a)) < 2e-2 * np.max(np.abs(a))
 
 
+@pytest.mark.slow
 def test_the_encoder_writes_its_scores_in_the_configured_dtype():
   """The tiny encoder, training (dropout, through `attend`) and with output_attentions (the plain ops):
   "compute" changes both in bfloat16 compute, where it means bfloat16 scores, and neither in float32."""
@@ -113,6 +114,7 @@ def test_the_encoder_writes_its_scores_in_the_configured_dtype():
     pytest.param("float32", layout, marks=pytest.mark.slow)
     for layout in ({"scan_layers": True}, {"remat_policy": "minimal"}, {"share_layers": True},
                    {"shared_sublayer": "attention"})])
+@pytest.mark.slow
 def test_the_encoder_trains_to_the_same_loss_and_gradients(dtype, layout):
   """The model with attention_residuals "float32" against "autodiff" (the plain ops), unrolled, scanned,
   rematerialised and with shared layers: the same dropout bits at each layer's path, the same loss,

@@ -27,6 +27,7 @@ def _inputs(seed=0):
 
 
 @pytest.mark.parametrize("window,causal", [(None, False), (32, False), (None, True), (32, True)])
+@pytest.mark.slow
 def test_kernel_equals_dense_mask(window, causal):
   q, k, v, input_mask, example_ids = _inputs()
   mask = splash.segment_mask("splash_interpret", input_mask, example_ids, window, causal).replace(

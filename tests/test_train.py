@@ -135,6 +135,7 @@ def test_train_and_evaluate_end_to_end_then_resume(data_dir, tmp_path):
   assert params_only[1] < losses[1] - 0.2   # same first batch, trained parameters
 
 
+@pytest.mark.slow
 def test_nonfinite_step_is_skipped_and_counted(data_dir):
   config = tiny_config(data_dir)
   mesh = sharding.create_mesh(config.mesh)
