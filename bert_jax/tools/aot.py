@@ -28,6 +28,7 @@ When the step does not fit, the TPU compiler stops and says how much it needed (
 usual case); the report then gives that figure and no time, and the command exits with status 1.
 """
 
+import contextlib
 import ctypes
 import gc
 import json
@@ -77,11 +78,10 @@ def lower_train_step(config, devices) -> tuple[Any, float]:
   return lowered, time.perf_counter() - start
 
 
-def compile_train_step(config, devices, compiler_options: dict | None = None) -> tuple[Any, float]:
-  """`lower_train_step`'s step compiled (with `compiler_options`), and the seconds spent before XLA's
-  compiler starts."""
+def compile_train_step(config, devices) -> tuple[Any, float]:
+  """`lower_train_step`'s step compiled, and the seconds spent before XLA's compiler starts."""
   lowered, lower_s = lower_train_step(config, devices)
-  return lowered.compile(compiler_options=compiler_options), lower_s
+  return lowered.compile(), lower_s
 
 
 # The TPU compiler's out-of-memory message: "... required for HLO temporaries (42.88G) exceeds available HBM
@@ -205,7 +205,8 @@ def run(config, topology: str, report_top: int = 0, hlo_path: str = "", compile_
       "generation": generation,
   }
   start = time.perf_counter()
-  with tempfile.TemporaryDirectory(prefix="bert_jax_passes-") as dump:
+  # The pass timings' directory, only when asked for.
+  with (tempfile.TemporaryDirectory(prefix="bert_jax_passes-") if compile_passes else contextlib.nullcontext()) as dump:
     try:
       lowered, lower_s = lower_train_step(config, devices)
       window = [time.time()]   # XLA's compile alone, in the clock of its pass timings
