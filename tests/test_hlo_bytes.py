@@ -11,9 +11,9 @@ from bert_jax.tools import hlo_bytes
 HLO = """HloModule jit_step, is_scheduled=true, entry_computation_layout={(f32[4,8]{1,0})->f32[16,8]{1,0}}
 
 %fused_add (param_0: f32[4,8], param_1: f32[4,8]) -> f32[4,8] {
-  %param_0 = f32[4,8]{1,0:T(8,128)} parameter(0)
-  %param_1 = f32[4,8]{1,0:T(8,128)} parameter(1)
-  ROOT %add.1 = f32[4,8]{1,0:T(8,128)} add(%param_0, %param_1), metadata={op_name="jit(step)/inner/add"}
+  %param_0 = f32[4,8]{1,0:T(4,8)} parameter(0)
+  %param_1 = f32[4,8]{1,0:T(4,8)} parameter(1)
+  ROOT %add.1 = f32[4,8]{1,0:T(4,8)} add(%param_0, %param_1), metadata={op_name="jit(step)/inner/add"}
 }
 
 %fused_update (param_0.1: f32[16,8], param_1.1: bf16[1,8], param_2: s32[]) -> f32[16,8] {
@@ -29,7 +29,7 @@ HLO = """HloModule jit_step, is_scheduled=true, entry_computation_layout={(f32[4
   %state = (s32[], f32[4,8]{1,0}) parameter(0)
   %gte.0 = s32[] get-tuple-element(%state), index=0
   %gte.1 = f32[4,8]{1,0} get-tuple-element(%state), index=1
-  %fusion.1 = f32[4,8]{1,0:T(8,128)S(1)} fusion(%gte.1, %gte.1), kind=kLoop, calls=%fused_add, metadata={op_name="jit(step)/encoder/layer_3/add" stack_frame_id=7}
+  %fusion.1 = f32[4,8]{1,0:T(4,8)S(1)} fusion(%gte.1, %gte.1), kind=kLoop, calls=%fused_add, metadata={op_name="jit(step)/encoder/layer_3/add" stack_frame_id=7}
   %one = s32[] constant(1)
   %next = s32[] add(%gte.0, %one)
   ROOT %tuple.1 = (s32[], f32[4,8]{1,0}) tuple(%next, %fusion.1)
@@ -62,12 +62,33 @@ def _rows():
 
 
 def test_shape_bytes():
-  assert hlo_bytes.shape_bytes("f32[4,8]{1,0:T(8,128)S(1)}") == 128
+  assert hlo_bytes.shape_bytes("f32[4,8]{1,0:T(4,8)S(1)}") == 128
   assert hlo_bytes.shape_bytes("(s32[], bf16[2,3]{1,0}, pred[5])") == 4 + 12 + 5
   assert hlo_bytes.shape_bytes("f8e4m3fn[16]") == 16 and hlo_bytes.shape_bytes("s4[16]") == 8
   assert hlo_bytes.shape_bytes("token[]") == 0
   with pytest.raises(ValueError, match="unknown HLO element type"):
     hlo_bytes.shape_bytes("q7[3]")
+
+
+def test_a_tiled_layout_counts_its_padding():
+  # The first tile rounds up the most minor dims in the layout's order, as a TPU stores them.
+  assert hlo_bytes.shape_bytes("f32[4,8]{1,0:T(8,128)}") == 8 * 128 * 4
+  assert hlo_bytes.shape_bytes("f32[4,8]{1,0}") == hlo_bytes.shape_bytes("f32[4,8]") == 4 * 8 * 4
+  # A transposed layout: [4, 16, 8, 64] stored as [4, 16, 64, 8] (dim 2 minor): 8 -> 128, 64 stays.
+  assert hlo_bytes.padded_dims([4, 16, 8, 64], "{2,3,1,0:T(8,128)}") == [4, 16, 64, 128]
+  assert hlo_bytes.shape_bytes("bf16[4,16,8,64]{2,3,1,0:T(8,128)(2,1)}") == 4 * 16 * 64 * 128 * 2
+  # Sizes that fill their tiles move no more than their elements; sub-tiles do not pad again.
+  assert hlo_bytes.shape_bytes("bf16[4,128,8,64]{1,3,2,0:T(8,128)(2,1)}") == 4 * 128 * 8 * 64 * 2
+  # One-dimensional tiles, a tile of more dims than the array, and a tuple's elements each padded.
+  assert hlo_bytes.shape_bytes("f32[16]{0:T(256)}") == 256 * 4
+  assert hlo_bytes.padded_dims([16], "{0:T(2,128)}") == [2, 128]
+  assert hlo_bytes.shape_bytes("(f32[1,16]{1,0:T(2,128)}, s32[])") == 2 * 128 * 4 + 4
+  # What a copy between tilings moves: each side as stored.
+  rows = {r["name"]: r for r in hlo_bytes.traffic(
+      "HloModule m\n\nENTRY %main (p: f32[4,16]) -> f32[4,16] {\n"
+      "  %p = f32[4,16]{1,0:T(4,128)} parameter(0)\n"
+      "  ROOT %copy.1 = f32[4,16]{0,1:T(8,128)} copy(%p)\n}\n")}
+  assert rows["copy.1"]["bytes"] == 4 * 128 * 4 + 16 * 128 * 4
 
 
 def test_each_executed_op_moves_its_operands_and_result_once_per_trip():
@@ -182,19 +203,19 @@ def test_partial_reads_are_what_is_read():
 RELAYOUT = """HloModule jit_step
 
 %copy_fusion (param_0.1: pred[24,4,128]) -> pred[24,4,128] {
-  %param_0.1 = pred[24,4,128]{2,1,0:T(32,128)(4,1)} parameter(0)
-  ROOT %copy.1 = pred[24,4,128]{2,1,0:T(8,128)(4,1)} copy(%param_0.1)
+  %param_0.1 = pred[24,4,128]{2,1,0:T(4,128)(4,1)} parameter(0)
+  ROOT %copy.1 = pred[24,4,128]{2,1,0:T(2,128)(4,1)} copy(%param_0.1)
 }
 
 %fused_mask (param_0: pred[24,4,128], param_1: s32[], param_2: f32[1,4,128]) -> pred[24,4,128] {
-  %param_0 = pred[24,4,128]{2,1,0:T(32,128)(4,1)} parameter(0)
-  %fusion.7 = pred[24,4,128]{2,1,0:T(8,128)(4,1)} fusion(%param_0), kind=kLoop, output_to_operand_aliasing={{}: (0, {})}, calls=%copy_fusion
+  %param_0 = pred[24,4,128]{2,1,0:T(4,128)(4,1)} parameter(0)
+  %fusion.7 = pred[24,4,128]{2,1,0:T(2,128)(4,1)} fusion(%param_0), kind=kLoop, output_to_operand_aliasing={{}: (0, {})}, calls=%copy_fusion
   %param_2 = f32[1,4,128]{2,1,0} parameter(2)
   %half = f32[1,4,128]{2,1,0} constant({...})
   %lt = pred[1,4,128]{2,1,0} compare(%param_2, %half), direction=LT
   %param_1 = s32[] parameter(1)
   %zero = s32[] constant(0)
-  ROOT %dus = pred[24,4,128]{2,1,0:T(32,128)(4,1)} dynamic-update-slice(%fusion.7, %lt, %param_1, %zero, %zero)
+  ROOT %dus = pred[24,4,128]{2,1,0:T(4,128)(4,1)} dynamic-update-slice(%fusion.7, %lt, %param_1, %zero, %zero)
 }
 
 %fused_copy (param_0.2: pred[24,4,128]) -> pred[24,4,128] {
@@ -205,20 +226,20 @@ RELAYOUT = """HloModule jit_step
 }
 
 %fused_read (param_0.3: pred[24,4,128], param_1.3: s32[]) -> pred[1,4,128] {
-  %param_0.3 = pred[24,4,128]{2,1,0:T(32,128)(4,1)} parameter(0)
-  %fusion.9 = pred[24,4,128]{2,1,0:T(8,128)(4,1)} fusion(%param_0.3), kind=kLoop, output_to_operand_aliasing={{}: (0, {})}, calls=%copy_fusion
+  %param_0.3 = pred[24,4,128]{2,1,0:T(4,128)(4,1)} parameter(0)
+  %fusion.9 = pred[24,4,128]{2,1,0:T(2,128)(4,1)} fusion(%param_0.3), kind=kLoop, output_to_operand_aliasing={{}: (0, {})}, calls=%copy_fusion
   %param_1.3 = s32[] parameter(1)
   %zero.3 = s32[] constant(0)
   ROOT %ds = pred[1,4,128]{2,1,0} dynamic-slice(%fusion.9, %param_1.3, %zero.3, %zero.3), dynamic_slice_sizes={1,4,128}
 }
 
 ENTRY %main (masks: pred[24,4,128], i: s32[], u: f32[1,4,128]) -> pred[24,4,128] {
-  %masks = pred[24,4,128]{2,1,0:T(32,128)(4,1)} parameter(0)
+  %masks = pred[24,4,128]{2,1,0:T(4,128)(4,1)} parameter(0)
   %i = s32[] parameter(1)
   %u = f32[1,4,128]{2,1,0} parameter(2)
   %fusion.2 = pred[24,4,128]{2,1,0} fusion(%masks), kind=kLoop, calls=%fused_copy
   %fusion.3 = pred[1,4,128]{2,1,0} fusion(%masks, %i), kind=kLoop, calls=%fused_read
-  ROOT %fusion.1 = pred[24,4,128]{2,1,0:T(32,128)(4,1)} fusion(%masks, %i, %u), kind=kLoop, calls=%fused_mask
+  ROOT %fusion.1 = pred[24,4,128]{2,1,0:T(4,128)(4,1)} fusion(%masks, %i, %u), kind=kLoop, calls=%fused_mask
 }
 """
 
@@ -309,9 +330,9 @@ ON_CHIP = """HloModule jit_step, is_scheduled=true
 
 ENTRY %main (a: f32[4,8]) -> f32[4,8] {
   %a = f32[4,8]{1,0} parameter(0)
-  %copy-start.1 = (f32[4,8]{1,0:T(8,128)S(1)}, f32[4,8]{1,0:T(8,128)}, u32[]{:S(2)}) copy-start(%a)
-  %copy-done.1 = f32[4,8]{1,0:T(8,128)S(1)} copy-done(%copy-start.1)
-  %fusion.1 = f32[4,8]{1,0:T(8,128)S(1)} fusion(%copy-done.1, %copy-done.1), kind=kLoop, calls=%fused_add
+  %copy-start.1 = (f32[4,8]{1,0:T(4,8)S(1)}, f32[4,8]{1,0:T(4,8)}, u32[]{:S(2)}) copy-start(%a)
+  %copy-done.1 = f32[4,8]{1,0:T(4,8)S(1)} copy-done(%copy-start.1)
+  %fusion.1 = f32[4,8]{1,0:T(4,8)S(1)} fusion(%copy-done.1, %copy-done.1), kind=kLoop, calls=%fused_add
   %slice-start.1 = ((f32[4,8]{1,0}), f32[2,8]{1,0:S(1)}, s32[]{:S(2)}) slice-start(%a), slice={[0:2], [0:8]}
   %slice-done.1 = f32[2,8]{1,0:S(1)} slice-done(%slice-start.1)
   %copy.3 = f32[4,8]{1,0:S(5)} copy(%a)

@@ -14,7 +14,7 @@ accumulation). XLA's FLOPs are therefore multiplied by `micro_batches` (the accu
 count), or by more where that still falls short of the analytic model FLOPs (the objective's, `flops.py`;
 a scanned layer stack); at that floor the compute time is the model FLOPs at peak. The bytes of a step
 with a loop are our own count from its optimized HLO (`hlo_bytes`), which counts each loop body once per
-trip; that of a step without one is XLA's (which also counts the TPU's tile padding). Where a loop's trip
+trip; that of a step without one is XLA's. Both count the TPU's tile padding. Where a loop's trip
 count cannot be read from the HLO, XLA's bytes are scaled as its FLOPs are. The report says which.
 
 On v5e and v6e the TPU compiler places most of a step's arrays in its alternate memory space (`S(1)` in
@@ -134,7 +134,7 @@ def time_report(compiled, chip: Chip, model_flops_per_device: float, loop_trips:
   `loop_bytes`: for a step with loops, the bytes its ops move with each loop body counted per trip
   (`loop_bytes()`); it replaces XLA's count, which counts them once (and is otherwise scaled as the FLOPs).
   `on_chip_share`: the fraction of the step's bytes in on-chip memory spaces, by `hlo_bytes`' count (the
-  same share of XLA's count, whose tile padding ours leaves out, is taken as on chip); the "hbm_" fields
+  same share of XLA's count is taken as on chip); the "hbm_" fields
   are the step without them (on-chip traffic free), the others charge them at HBM bandwidth.
   """
   cost = compiled.cost_analysis()
