@@ -13,10 +13,12 @@ from bert_jax.models import encoder, fsdp_gather
 from test_mesh import _compiled_step, _config, random_batch
 
 QKV_KERNEL = "f32[32,4,8]"   # _config's query, key and value kernels, whole: [hidden, heads, head_dim]
+FFN_KERNEL = "f32[32,64]"    # its intermediate kernel: [hidden, intermediate]
 
 
-def _step(reshard_after_forward: bool):
+def _step(reshard_after_forward: bool, scan_layers: bool = False):
   config = _config(data=2, fsdp=4)
+  config.model.scan_layers = scan_layers
   # Under remat the layer's recomputation gathers its weights again unless the policy keeps them.
   config.model.remat_policy = "minimal"
   config.model.reshard_after_forward = reshard_after_forward
@@ -49,6 +51,27 @@ def test_each_weight_is_gathered_once_and_the_losses_stay():
   reference = _trajectory(*resharded)
   assert reference[2][0] != reference[0][0] and reference[1][1] != reference[0][1]
   np.testing.assert_allclose(_trajectory(*once), reference, rtol=1e-6)
+
+
+@pytest.mark.slow
+def test_scanned_layers_gather_the_attention_kernels_once_and_the_losses_stay():
+  resharded, once = _step(True, scan_layers=True), _step(False, scan_layers=True)
+  resharded_text, once_text = _compiled_step(*resharded).as_text(), _compiled_step(*once).as_text()
+  # In the loop body (one op in the text for every layer): query, key and value gathered once, or in the
+  # forward pass and again in the recomputation; the feed-forward kernels in both passes either way.
+  assert _all_gathers_of(once_text, QKV_KERNEL) == 3 and _all_gathers_of(resharded_text, QKV_KERNEL) == 6
+  assert _all_gathers_of(once_text, FFN_KERNEL) == _all_gathers_of(resharded_text, FFN_KERNEL) == 2
+  np.testing.assert_allclose(_trajectory(*once), _trajectory(*resharded), rtol=1e-6)
+
+
+def test_scanned_dense_kernels_are_gathered_where_they_are_used():
+  # A kept gathered copy would be written into an array of all layers; scanned, the dense projections
+  # leave their gathers to XLA (`encoder.dense`), the attention projections keep theirs.
+  cfg = encoder.BertConfig(vocab_size=64, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
+                           max_position_embeddings=8, reshard_after_forward=False)
+  assert encoder.dense(cfg, 32, ("embed", "mlp"), "intermediate").dot_general is not jax.lax.dot_general
+  scanned = dataclasses.replace(cfg, scan_layers=True)
+  assert encoder.dense(scanned, 32, ("embed", "mlp"), "intermediate").dot_general is jax.lax.dot_general
 
 
 def test_without_a_mesh_the_weights_are_used_as_they_are():

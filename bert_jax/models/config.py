@@ -91,7 +91,8 @@ class BertConfig:
   scan_layers: bool = False       # one compiled layer body under nn.scan; params get a "layers" axis
   remat_policy: str = "none"      # "none" or a key of REMAT_POLICIES
   # False: each fsdp-sharded projection kernel is all-gathered once a step, its forward copy kept for the
-  # backward pass (PyTorch FSDP's reshard_after_forward=False; `fsdp_gather.py`; not the embedding tables).
+  # backward pass (PyTorch FSDP's reshard_after_forward=False; `fsdp_gather.py`; not the embedding tables;
+  # with scan_layers only the attention projections', `encoder.dense`).
   # True: XLA gathers it where it is used (on TPU v3, in each pass).
   reshard_after_forward: bool = True
   # True: the word-embedding lookup on each device's shard of the table (`embedding_lookup.py`: an
