@@ -69,9 +69,12 @@ def test_scanned_dense_kernels_are_gathered_where_they_are_used():
   # leave their gathers to XLA (`encoder.dense`), the attention projections keep theirs.
   cfg = encoder.BertConfig(vocab_size=64, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
                            max_position_embeddings=8, reshard_after_forward=False)
-  assert encoder.dense(cfg, 32, ("embed", "mlp"), "intermediate").dot_general is not jax.lax.dot_general
+  for in_layer in (False, True):
+    assert encoder.dense(cfg, 32, ("embed", "mlp"), "d", in_layer=in_layer).dot_general is not jax.lax.dot_general
   scanned = dataclasses.replace(cfg, scan_layers=True)
-  assert encoder.dense(scanned, 32, ("embed", "mlp"), "intermediate").dot_general is jax.lax.dot_general
+  assert encoder.dense(scanned, 32, ("embed", "mlp"), "d", in_layer=True).dot_general is jax.lax.dot_general
+  # The heads' projections sit outside the stack: their gathered copy is not stacked.
+  assert encoder.dense(scanned, 32, ("embed", "mlp"), "d").dot_general is not jax.lax.dot_general
 
 
 def test_without_a_mesh_the_weights_are_used_as_they_are():

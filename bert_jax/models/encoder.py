@@ -287,16 +287,17 @@ def _as_context(context) -> dict:
   return {"mask": context, "rope": None, "local_mask": None, "local_rope": None, "segments": None}
 
 
-def dense(cfg: BertConfig, features: int, names: tuple, name: str, use_bias: bool | None = None) -> nn.Dense:
+def dense(cfg: BertConfig, features: int, names: tuple, name: str, use_bias: bool | None = None,
+          in_layer: bool = False) -> nn.Dense:
   """A projection to `features` with logical axis names `names`; bias as `use_bias`, by default `dense_bias`.
 
-  Without `reshard_after_forward` its kernel is gathered once a step (`fsdp_gather`), except in scanned
-  layers: there the gathered copy kept for the backward pass is written into an array of all layers, a
-  copy that moves more bytes than gathering the kernel again (BERT-large phase 1 on v3:8x8, 4 scanned
-  layers: 1.410 -> 1.379 GB a core). The attention projections (`_Einsum`) keep their single gather
-  scanned too: gathered again, each needs a relayout copy for its matmul.
+  Without `reshard_after_forward` its kernel is gathered once a step (`fsdp_gather`), except in a layer
+  of a scanned stack (`in_layer`): there the gathered copy kept for the backward pass is written into an
+  array of all layers, a copy that moves more bytes than gathering the kernel again (BERT-large phase 1 on
+  v3:8x8, 4 scanned layers: 1.410 -> 1.379 GB a core). The attention projections (`_Einsum`) keep their
+  single gather scanned too: gathered again, each needs a relayout copy for its matmul.
   """
-  gather_once = not cfg.reshard_after_forward and not cfg.scan_layers
+  gather_once = not cfg.reshard_after_forward and not (in_layer and cfg.scan_layers)
   return nn.Dense(features, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name=name,
                   use_bias=cfg.dense_bias if use_bias is None else use_bias,
                   kernel_init=dense_init(cfg, names), bias_init=zeros(names[-1:]),
@@ -327,7 +328,7 @@ class BertLayer(nn.Module):
     context, (local, first) = _as_context(context), kind
     mask, rope = _pick(local, context["local_mask"], context["mask"]), _pick(local, context["local_rope"],
                                                                               context["rope"])
-    layer_dense = functools.partial(dense, cfg)
+    layer_dense = functools.partial(dense, cfg, in_layer=True)
     dropout = lambda h: nn.Dropout(cfg.hidden_dropout)(h, deterministic=deterministic)
     constrain = lambda h: _constrain(h, "activation_batch", "activation_length", "activation_embed")
     self_attention = self.shared_attention or SelfAttention(cfg, self.num_heads, name="attention")

@@ -15,8 +15,9 @@ would all-reduce them first; a sharding constraint in place of the shard_map mad
 gathered weights with copies.) Under a remat policy the gathered weight is named `GATHERED`, and
 `BertConfig.remat_checkpoint_policy` keeps it.
 
-It applies to the projections' kernels (attention, feed-forward, the heads' dense layers); the embedding
-tables (`nn.Embed`, and the MLM decoder tied to the word embeddings) are gathered as XLA chooses.
+It applies to the projections' kernels (attention, feed-forward, the heads' dense layers; in scanned
+layers the attention kernels only, `encoder.dense`); the embedding tables (`nn.Embed`, and the MLM
+decoder tied to the word embeddings) are gathered as XLA chooses.
 
 Numerically the identity: the same bfloat16 (or float32) weight either way.
 """
