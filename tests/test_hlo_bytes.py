@@ -70,6 +70,26 @@ def test_shape_bytes():
     hlo_bytes.shape_bytes("q7[3]")
 
 
+# A fusion updating one row of a [2, 1024] buffer in place (tiles substituted by the test).
+UPDATE = """HloModule m
+
+%fused (param_0: f32[2,1024], param_1: f32[1,1024], param_2: s32[]) -> f32[2,1024] {
+  %param_0 = f32[2,1024]BUFFER_LAYOUT parameter(0)
+  %param_1 = f32[1,1024]UPDATE_LAYOUT parameter(1)
+  %param_2 = s32[] parameter(2)
+  %zero = s32[] constant(0)
+  ROOT %dus = f32[2,1024]BUFFER_LAYOUT dynamic-update-slice(%param_0, %param_1, %param_2, %zero)
+}
+
+ENTRY %main (b: f32[2,1024], u: f32[1,1024], i: s32[]) -> f32[2,1024] {
+  %b = f32[2,1024]BUFFER_LAYOUT parameter(0)
+  %u = f32[1,1024]UPDATE_LAYOUT parameter(1)
+  %i = s32[] parameter(2)
+  ROOT %fusion.1 = f32[2,1024]BUFFER_LAYOUT fusion(%b, %u, %i), kind=kLoop, calls=%fused
+}
+"""
+
+
 def test_a_tiled_layout_counts_its_padding():
   # The first tile rounds up the most minor dims in the layout's order, as a TPU stores them.
   assert hlo_bytes.shape_bytes("f32[4,8]{1,0:T(8,128)}") == 8 * 128 * 4
@@ -83,6 +103,14 @@ def test_a_tiled_layout_counts_its_padding():
   assert hlo_bytes.shape_bytes("f32[16]{0:T(256)}") == 256 * 4
   assert hlo_bytes.padded_dims([16], "{0:T(2,128)}") == [2, 128]
   assert hlo_bytes.shape_bytes("(f32[1,16]{1,0:T(2,128)}, s32[])") == 2 * 128 * 4 + 4
+  # An in-place update at a fusion's root writes its update as stored, and never more than the buffer.
+  def updated(buffer_layout, update_layout):
+    text = UPDATE.replace("BUFFER_LAYOUT", buffer_layout).replace("UPDATE_LAYOUT", update_layout)
+    return {r["name"]: r for r in hlo_bytes.traffic(text)}["fusion.1"]["bytes"]
+  # Its row padded to 8 rows of 1024: read (the update) and written, and the index read.
+  assert updated("{1,0:T(8,128)}", "{1,0:T(8,128)}") == 8 * 1024 * 4 + 8 * 1024 * 4 + 4
+  # Read as stored (8 rows), written into a buffer of 2 rows: the buffer's bytes at most.
+  assert updated("{1,0:T(2,128)}", "{1,0:T(8,128)}") == 8 * 1024 * 4 + 2 * 1024 * 4 + 4
   # What a copy between tilings moves: each side as stored.
   rows = {r["name"]: r for r in hlo_bytes.traffic(
       "HloModule m\n\nENTRY %main (p: f32[4,16]) -> f32[4,16] {\n"
@@ -204,12 +232,12 @@ RELAYOUT = """HloModule jit_step
 
 %copy_fusion (param_0.1: pred[24,4,128]) -> pred[24,4,128] {
   %param_0.1 = pred[24,4,128]{2,1,0:T(4,128)(4,1)} parameter(0)
-  ROOT %copy.1 = pred[24,4,128]{2,1,0:T(2,128)(4,1)} copy(%param_0.1)
+  ROOT %copy.1 = pred[24,4,128]{2,1,0:T(4,128)} copy(%param_0.1)
 }
 
 %fused_mask (param_0: pred[24,4,128], param_1: s32[], param_2: f32[1,4,128]) -> pred[24,4,128] {
   %param_0 = pred[24,4,128]{2,1,0:T(4,128)(4,1)} parameter(0)
-  %fusion.7 = pred[24,4,128]{2,1,0:T(2,128)(4,1)} fusion(%param_0), kind=kLoop, output_to_operand_aliasing={{}: (0, {})}, calls=%copy_fusion
+  %fusion.7 = pred[24,4,128]{2,1,0:T(4,128)} fusion(%param_0), kind=kLoop, output_to_operand_aliasing={{}: (0, {})}, calls=%copy_fusion
   %param_2 = f32[1,4,128]{2,1,0} parameter(2)
   %half = f32[1,4,128]{2,1,0} constant({...})
   %lt = pred[1,4,128]{2,1,0} compare(%param_2, %half), direction=LT
@@ -227,7 +255,7 @@ RELAYOUT = """HloModule jit_step
 
 %fused_read (param_0.3: pred[24,4,128], param_1.3: s32[]) -> pred[1,4,128] {
   %param_0.3 = pred[24,4,128]{2,1,0:T(4,128)(4,1)} parameter(0)
-  %fusion.9 = pred[24,4,128]{2,1,0:T(2,128)(4,1)} fusion(%param_0.3), kind=kLoop, output_to_operand_aliasing={{}: (0, {})}, calls=%copy_fusion
+  %fusion.9 = pred[24,4,128]{2,1,0:T(4,128)} fusion(%param_0.3), kind=kLoop, output_to_operand_aliasing={{}: (0, {})}, calls=%copy_fusion
   %param_1.3 = s32[] parameter(1)
   %zero.3 = s32[] constant(0)
   ROOT %ds = pred[1,4,128]{2,1,0} dynamic-slice(%fusion.9, %param_1.3, %zero.3, %zero.3), dynamic_slice_sizes={1,4,128}
