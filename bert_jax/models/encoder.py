@@ -72,13 +72,14 @@ def gelu(cfg: BertConfig, x):
 
 
 def scan_recomputed(cfg: BertConfig, fn):
-  """`fn` (elementwise, no params) recomputed in the backward pass when the layers are scanned.
+  """`fn` (elementwise, no params) recomputed in the backward pass when the layers are scanned, as
+  `layer_norm` does for the LayerNorm modules.
 
   A scanned stack saves what its backward pass needs into arrays of all layers; autodiff's GELU saves its
   intermediates (the erf and exp terms, [rows, intermediate] each) beside its input, where rematerialised
-  it saves the input alone (BERT-large phase 1 on v3:8x8, scanned: 6.66 -> 6.46 GB a core, MFU bound 53% ->
-  55%). Unrolled,
-  XLA fuses the derivative into the backward pass's ops by itself, so `fn` is left as it is there.
+  it saves the input alone (BERT-large phase 1 on v3:8x8, scanned: 6.66 -> 6.46 GB a core, MFU bound
+  53% -> 55%). Unrolled, XLA fuses the derivative into the backward pass's ops by itself, so `fn` is left
+  as it is there.
   """
   return jax.checkpoint(fn, prevent_cse=False) if cfg.scan_layers else fn
 

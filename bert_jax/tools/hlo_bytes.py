@@ -14,9 +14,10 @@ what it returns, not its operand (so does a fusion's parameter that only slices 
 nested fusion), and an update in
 place (a dynamic-update-slice, alone or at the root of a fusion, also when its buffer passes through a
 nested fusion that aliases it, a relayout in place; a slice through such a relayout reads the slice)
-reads and writes the update, not the buffer around it; ConcatBitcast and AllocateBuffer move nothing. Shapes are the on-device ones,
-with the TPU's tile padding: a layout's first tile (`T(8,128)`) rounds the dims it covers up to whole
-tiles, as the device stores them and as XLA's cost analysis counts them; all memory spaces are counted.
+reads and writes the update, not the buffer around it; ConcatBitcast and AllocateBuffer move nothing.
+Shapes are the on-device ones, with the TPU's tile padding: a layout's first tile (`T(8,128)`) rounds the
+dims it covers up to whole tiles, as the device stores them and as XLA's cost analysis counts them; all
+memory spaces are counted.
 
 Each op's bytes are also split by where its arrays live (`on_chip_bytes`): a layout's `S(n)` names the
 memory space, 0 (none printed) the device's HBM, 5 the host's, any other on-chip memory the TPU compiler
@@ -27,10 +28,9 @@ and result the compiler placed there moves no HBM bytes. XLA's cost analysis cou
 The sum is close to XLA's "bytes accessed" on BERT-large's shapes and not equal to it (v3:8x8 phase 1,
 unrolled: 5.227 against 5.296 GB, -1.3%; with 4 layers -5%; on a one-layer tiny model on v4, 28% lower;
 XLA counts loop bodies once, this count per trip). Without the tile padding, the same HLO counts 4.556
-GB (-14%). The point is the ranking: which
-fusions, copies and collectives move the bytes, under the JAX op names (`op_name` metadata) that made
-them, so that a regression or a waste (an f32 weight read where bf16 would do, a materialised mask, a
-layout copy) shows by name.
+GB (-14%). The point is the ranking: which fusions, copies and collectives move the bytes, under the JAX
+op names (`op_name` metadata) that made them, so that a regression or a waste (an f32 weight read where
+bf16 would do, a materialised mask, a layout copy) shows by name.
 """
 
 import collections
