@@ -152,35 +152,46 @@ def test_every_param_has_logical_axis_names():
       assert (leaf.names[0] == "layers") == in_stack, (path, leaf.names)
 
 
+def _plain(x, t, b):
+  """Autodiff's tied decoder: float32 logits plus the bias."""
+  return jnp.einsum("...e,ve->...v", x, t, preferred_element_type=jnp.float32) + b
+
+
 def _grads(dtype, decode):
-  """Gradients of a weighted sum of tied logits with respect to x and the table, `decode` doing the logits."""
+  """Gradients of a weighted sum of tied logits with respect to x, the table and the bias, `decode`
+  doing the logits."""
   rng = np.random.default_rng(0)
   x = jnp.asarray(rng.normal(size=(2, 3, 16)), dtype)
   table = jnp.asarray(rng.normal(size=(VOCAB, 16)), dtype)
+  bias = jnp.asarray(rng.normal(size=(VOCAB,)), jnp.float32)
   w = jnp.asarray(rng.normal(size=(2, 3, VOCAB)), jnp.float32)
-  return jax.grad(lambda x, t: jnp.sum(decode(x, t) * w), argnums=(0, 1))(x, table), (x, table, w)
+  grads = jax.grad(lambda x, t, b: jnp.sum(decode(x, t, b) * w), argnums=(0, 1, 2))(x, table, bias)
+  return grads, (x, table, bias, w)
 
 
 def test_tied_logits_forward_and_float32_gradients_are_autodiffs():
-  plain = lambda x, t: jnp.einsum("...e,ve->...v", x, t, preferred_element_type=jnp.float32)  # noqa: E731
-  ours, (x, table, _) = _grads(jnp.float32, heads.tied_logits)
-  reference, _ = _grads(jnp.float32, plain)
-  np.testing.assert_allclose(heads.tied_logits(x, table), plain(x, table), rtol=1e-6)
+  ours, (x, table, bias, w) = _grads(jnp.float32, heads.tied_logits)
+  reference, _ = _grads(jnp.float32, _plain)
+  np.testing.assert_allclose(heads.tied_logits(x, table, bias), _plain(x, table, bias), rtol=1e-6)
   for a, b in zip(ours, reference):
     np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(ours[2], np.asarray(w).sum((0, 1)), rtol=1e-6, atol=1e-6)
 
 
 def test_tied_logits_bfloat16_backward_matmuls_take_a_bfloat16_gradient():
-  (d_x, d_table), (x, table, w) = _grads(jnp.bfloat16, heads.tied_logits)
-  assert d_x.dtype == d_table.dtype == jnp.bfloat16
-  # The matmuls of the backward pass read the logits' gradient rounded to bfloat16 (autodiff hands them the
-  # float32 one): their every matmul, operands and result, is in bfloat16.
-  jaxpr = jax.make_jaxpr(jax.grad(lambda x, t: jnp.sum(heads.tied_logits(x, t) * w), argnums=(0, 1)))(x, table)
-  dots = [e for e in jaxpr.eqns if e.primitive.name == "dot_general"]
-  assert len(dots) == 2 and all(v.aval.dtype == jnp.bfloat16 for e in dots for v in e.invars + e.outvars)
+  (d_x, d_table, d_bias), (x, table, bias, w) = _grads(jnp.bfloat16, heads.tied_logits)
+  assert d_x.dtype == d_table.dtype == jnp.bfloat16 and d_bias.dtype == jnp.float32
+  # The matmuls over the table in the backward pass read the logits' gradient rounded to bfloat16
+  # (autodiff hands them the float32 one): operands and result in bfloat16. The bias's gradient sums the
+  # float32 one.
+  grad = jax.grad(lambda x, t, b: jnp.sum(heads.tied_logits(x, t, b) * w), argnums=(0, 1, 2))
+  dots = [e for e in jax.make_jaxpr(grad)(x, table, bias).eqns if e.primitive.name == "dot_general"]
+  dtypes = sorted(tuple(str(v.aval.dtype) for v in e.invars + e.outvars) for e in dots)
+  assert dtypes == [("bfloat16",) * 3, ("bfloat16",) * 3, ("float32",) * 3], dtypes
   d_w = w.astype(jnp.bfloat16).astype(jnp.float32)
   np.testing.assert_allclose(np.asarray(d_table, np.float32),
                              np.einsum("abv,abe->ve", d_w, np.asarray(x, np.float32)), rtol=2e-2, atol=2e-2)
+  np.testing.assert_allclose(d_bias, np.asarray(w).sum((0, 1)), rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.slow
@@ -190,9 +201,8 @@ def test_bfloat16_decoder_gradient_trains_to_autodiffs_losses(monkeypatch):
   1e-3 relative at every step (measured: 1.6e-4; bfloat16 compute rounds every other gradient as much)."""
   from bert_jax.tools import bench_train
   from configs import tiny
-  plain = lambda x, t: jnp.einsum("...e,ve->...v", x, t, preferred_element_type=jnp.float32)  # noqa: E731
   losses = {}
-  for name, decode in (("autodiff", plain), ("tied_logits", heads.tied_logits)):
+  for name, decode in (("autodiff", _plain), ("tied_logits", heads.tied_logits)):
     monkeypatch.setattr(heads, "tied_logits", decode)
     c = tiny.get_config()
     c.dtype, c.global_batch_size, c.optimizer.warmup_steps = "bfloat16", 8, 5

@@ -204,6 +204,23 @@ def test_scanned_feed_forward_gelu_saves_its_input_alone(capsys):
   np.testing.assert_allclose(grads[True], grads[False], rtol=1e-6)
 
 
+def test_dense_multiplies_its_inputs_rows_outside_a_scanned_stack():
+  # [B, L, H] @ [H, F] as the 2-D matmul [B * L, H] @ [H, F]; in a scanned stack's layer, as given.
+  x = jnp.asarray(np.random.default_rng(0).normal(size=(2, 3, 32)), jnp.float32)
+  for scan, in_layer, rank in ((False, True, 2), (True, False, 2), (True, True, 3)):
+    dense = model.dense(tiny(scan_layers=scan), 8, ("embed", "mlp"), "d", in_layer=in_layer)
+    params = nn.unbox(dense.init(jax.random.key(0), x)["params"])
+    params["bias"] = jnp.arange(8.0)
+    jaxpr = jax.make_jaxpr(jax.grad(lambda p, x: jnp.sum(dense.apply({"params": p}, x) ** 2), (0, 1)))(params, x)
+    dots = [e for e in jaxpr.eqns if e.primitive.name == "dot_general"]
+    assert len(dots) == 3 and {e.invars[0].aval.ndim for e in dots} == {rank}, (scan, in_layer, dots)
+    y = dense.apply({"params": params}, x)
+    np.testing.assert_allclose(y, np.einsum("blh,hf->blf", x, params["kernel"]) + params["bias"], rtol=1e-5)
+    d_params, d_x = jax.grad(lambda p, x: jnp.sum(dense.apply({"params": p}, x) ** 2), (0, 1))(params, x)
+    np.testing.assert_allclose(d_params["kernel"], np.einsum("blh,blf->hf", x, 2 * y), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(d_x, np.einsum("blf,hf->blh", 2 * y, params["kernel"]), rtol=1e-5, atol=1e-5)
+
+
 def test_attention_dropout_path_matches_fused_attention():
   # Training with attention dropout uses an explicit softmax; with a vanishing rate it must agree.
   ids, mask, seg = random_batch(np.random.default_rng(5))

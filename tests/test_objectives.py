@@ -140,3 +140,26 @@ def test_modernbert_model_is_hugging_faces_masked_lm(data_dir):  # noqa: F811
   cfg = objectives.encoder_config(config)   # GeGLU: three h x i matrices a layer, counted once
   assert cfg.geglu and per_row["mlp"] == (cfg.num_layers * config.data.seq_length
                                           * 2 * 3 * cfg.hidden_size * cfg.intermediate_size)
+
+
+def test_cross_entropy_sums_are_log_softmaxs_and_argmaxs():
+  # -log p(label) as logsumexp minus the label's logit (its gradient is one elementwise pass): the values
+  # and the gradient of log_softmax read at the label; a tie counts as argmax does (the first index).
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from bert_jax.objectives import base  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  logits = rng.normal(size=(2, 3, 50)).astype(np.float32) * 4
+  labels = rng.integers(0, 50, (2, 3)).astype(np.int32)
+  logits[0, 0, [7, 9]] = logits[0, 1, [7, 9]] = 30.0   # ties for the max: argmax is 7
+  labels[0, 0], labels[0, 1], labels[1, 2] = 7, 9, int(np.argmax(logits[1, 2]))
+  weights = np.array([[1.0, 1.0, 0.5], [2.0, 0.0, 1.0]], np.float32)
+
+  def reference(logits):
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    return -jnp.sum(jnp.take_along_axis(logp, labels[..., None], axis=-1)[..., 0] * weights)
+
+  loss_sum, correct = base.cross_entropy_sums(jnp.asarray(logits), labels, weights)
+  np.testing.assert_allclose(loss_sum, reference(logits), rtol=1e-6)
+  assert float(correct) == np.sum((np.argmax(logits, -1) == labels) * weights) == 2.0
+  grad = jax.grad(lambda x: base.cross_entropy_sums(x, labels, weights)[0])(jnp.asarray(logits))
+  np.testing.assert_allclose(grad, jax.grad(reference)(jnp.asarray(logits)), rtol=1e-5, atol=1e-7)

@@ -72,9 +72,20 @@ def sentence_fields(d: ml_collections.ConfigDict, b: int) -> dict[str, Field]:
 
 
 def cross_entropy_sums(logits, labels, weights) -> tuple[jax.Array, jax.Array]:
-  """(weighted sum of -log p(label), weighted count of argmax == label); f32 on purpose."""
-  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-  nll = -jnp.take_along_axis(logp, labels[..., None], axis=-1)[..., 0]
+  """(weighted sum of -log p(label), weighted count of argmax == label); f32 on purpose.
+
+  -log p(label) is logsumexp(logits) - logits[label], the label's logit picked by comparing the classes
+  with it: the gradient, softmax minus the one-hot label, is then one elementwise pass over the logits.
+  Picked by a gather (`take_along_axis`), its gradient is a scatter into a zeroed array of the logits'
+  shape, [B, P, V] for the MLM term.
+  """
+  logits = logits.astype(jnp.float32)
+  classes = jax.lax.broadcasted_iota(labels.dtype, logits.shape, logits.ndim - 1)
+  label_logit = jnp.sum(jnp.where(classes == labels[..., None], logits, 0.0), axis=-1)
+  # logsumexp, shifted by the max (a constant to autodiff); jax.nn.logsumexp also guards rows of -inf,
+  # which a classification has none of, with a test for finite values the step's own guard would count.
+  shift = jax.lax.stop_gradient(jnp.max(logits, axis=-1))
+  nll = jnp.log(jnp.sum(jnp.exp(logits - shift[..., None]), axis=-1)) + shift - label_logit
   correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
   return jnp.sum(nll * weights), jnp.sum(correct * weights)
 
