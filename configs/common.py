@@ -142,7 +142,7 @@ def mesh_config() -> ml_collections.ConfigDict:
 # dimension over fsdp (ZeRO-3 style); heads/mlp/vocab over tensor (Megatron style).
 LOGICAL_AXIS_RULES = (
     ("activation_batch", ("data", "fsdp")),
-    ("activation_length", None),
+    ("activation_length", None),   # unsharded: encoder.rows_dot_general merges it into the batch's rows
     ("activation_embed", None),
     ("activation_mlp", "tensor"),
     ("activation_heads", "tensor"),

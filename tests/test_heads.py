@@ -176,6 +176,7 @@ def test_tied_logits_forward_and_float32_gradients_are_autodiffs():
   for a, b in zip(ours, reference):
     np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
   np.testing.assert_allclose(ours[2], np.asarray(w).sum((0, 1)), rtol=1e-6, atol=1e-6)
+  assert heads.tied_logits(x[:, :0], table, bias).shape == (2, 0, VOCAB)   # no rows: no logits
 
 
 def test_tied_logits_bfloat16_backward_matmuls_take_a_bfloat16_gradient():

@@ -30,7 +30,7 @@ def tied_logits(x_PE, table_VE, bias_V):
   """
   # The leading dims as one: XLA:CPU ran the 3-D einsums' backward pass 20% slower (docs/performance.md).
   logits = jnp.einsum("pe,ve->pv", _rows(x_PE), table_VE, preferred_element_type=jnp.float32)
-  return (logits + bias_V.astype(jnp.float32)).reshape(*x_PE.shape[:-1], -1)
+  return (logits + bias_V.astype(jnp.float32)).reshape(*x_PE.shape[:-1], table_VE.shape[0])
 
 
 def _rows(a):
@@ -45,7 +45,9 @@ def _tied_logits_forward(x_PE, table_VE, bias_V):
 def _tied_logits_backward(residuals, d_logits):
   x_PE, table_VE, bias_V = residuals
   d_logits = _rows(d_logits)
-  d_bias = jnp.einsum("pv,p->v", d_logits, jnp.ones(d_logits.shape[:1], d_logits.dtype)).astype(bias_V.dtype)
+  # At full float32 precision: a TPU's default would round the gradient to bfloat16 for its matrix unit.
+  d_bias = jnp.einsum("pv,p->v", d_logits, jnp.ones(d_logits.shape[:1], d_logits.dtype),
+                      precision=jax.lax.Precision.HIGHEST).astype(bias_V.dtype)
   d_logits = d_logits.astype(x_PE.dtype)
   d_x = jnp.einsum("pv,ve->pe", d_logits, table_VE).reshape(x_PE.shape)
   d_table = jnp.einsum("pv,pe->ve", d_logits, _rows(x_PE))   # summed over x's leading dims
