@@ -89,6 +89,7 @@ def model_config(preset: str = "base") -> ml_collections.ConfigDict:
   # dropout bits are `flash_bits`: "hash" (the same on every backend) or "hardware" (the TPU's generator).
   m.attention_kernel = "xla"
   m.flash_bits = "hash"
+  m.dropout_bits = "threefry"  # the other dropouts' bits (models/dropout.py): "threefry" or "hash" (cheaper on a CPU)
   # With attention dropout, what the backward pass keeps (models/softmax_dropout.py): "bfloat16" probabilities
   # and the dropout mask (3 bytes a score; the pretraining steps compute in bfloat16), "float32" (5 bytes;
   # autodiff's gradients) or "autodiff" (the plain ops, 7 bytes). BERT-large phase 2 on v3:8x8: 40.2 ms

@@ -88,7 +88,7 @@ sys.meta_path.insert(0, NoTensorFlow())
 import bert_jax.models, bert_jax.steps
 from bert_jax import cli
 try:
-  cli.main(["bert-jax", "bench", "train", "--config=configs/tiny.py", "--steps=1"])
+  cli.main(["bert-jax", "bench", "train", "--config=configs/tiny.py", "--steps=1", "--dropout_bits=hash"])
 except SystemExit as e:
   assert not e.code, e.code
 assert not [m for m in sys.modules if m.startswith("tensorflow")]
@@ -102,3 +102,4 @@ def test_bench_train_runs_without_tensorflow():
                         text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert '"tokens_per_second"' in proc.stdout
+  assert '"dropout_bits": "hash"' in proc.stdout   # --dropout_bits reached the model

@@ -10,8 +10,9 @@ from bert_jax import sharding, train
 from configs import tiny
 
 
-def _config(data=-1, fsdp=1, tensor=1, vocab_on_tensor=True):
+def _config(data=-1, fsdp=1, tensor=1, vocab_on_tensor=True, dropout_bits="threefry"):
   c = tiny.get_config()
+  c.model.dropout_bits = dropout_bits
   # One layer: every layer is sharded alike, and each one more only lengthens the compiles.
   c.model.vocab_size, c.model.hidden_size, c.model.intermediate_size, c.model.num_layers = 256, 32, 64, 1
   c.model.max_position_embeddings = c.data.seq_length = 32
@@ -51,10 +52,10 @@ def setups():
   steps the loss test has already run, and finds them compiled."""
   built = {}
 
-  def get(data, fsdp=1, tensor=1, devices=None, vocab_on_tensor=True):
-    key = (data, fsdp, tensor, devices is None, vocab_on_tensor)
+  def get(data, fsdp=1, tensor=1, devices=None, vocab_on_tensor=True, dropout_bits="threefry"):
+    key = (data, fsdp, tensor, devices is None, vocab_on_tensor, dropout_bits)
     if key not in built:
-      config = _config(data, fsdp, tensor, vocab_on_tensor)
+      config = _config(data, fsdp, tensor, vocab_on_tensor, dropout_bits)
       built[key] = config, train.setup(config, sharding.create_mesh(config.mesh, devices=devices))
     return built[key]
   return get
@@ -83,6 +84,16 @@ def test_same_losses_on_every_mesh(setups):
   # Tensor over 4 with the vocabulary off it (logical rules), as aot's mesh search may pick.
   np.testing.assert_allclose(_losses(*setups(2, 1, 4, vocab_on_tensor=False)), reference, rtol=2e-5)
   assert reference[1] != reference[0]
+
+
+@pytest.mark.slow
+def test_hash_dropout_bits_are_the_same_on_every_mesh(setups):
+  # model.dropout_bits "hash" (models/dropout.py): a counter hash of each element's index, partitioned.
+  reference = _losses(*setups(data=1, devices=jax.devices()[:1], dropout_bits="hash"))
+  for data, fsdp, tensor in [(2, 2, 2), (1, 8, 1)]:
+    np.testing.assert_allclose(_losses(*setups(data, fsdp, tensor, dropout_bits="hash")), reference, rtol=2e-5,
+                               err_msg=f"mesh {(data, fsdp, tensor)}")
+  assert reference[0] != _losses(*setups(data=1, devices=jax.devices()[:1]))[0]   # other bits, another loss
 
 
 @pytest.mark.slow

@@ -113,7 +113,7 @@ def test_the_encoder_writes_its_scores_in_the_configured_dtype():
 @pytest.mark.parametrize("dtype,layout", [("float32", {}), ("bfloat16", {})] + [
     pytest.param("float32", layout, marks=pytest.mark.slow)
     for layout in ({"scan_layers": True}, {"remat_policy": "minimal"}, {"share_layers": True},
-                   {"shared_sublayer": "attention"})])
+                   {"shared_sublayer": "attention"}, {"dropout_bits": "hash"})])
 @pytest.mark.slow
 def test_the_encoder_trains_to_the_same_loss_and_gradients(dtype, layout):
   """The model with attention_residuals "float32" against "autodiff" (the plain ops), unrolled, scanned,

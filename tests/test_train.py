@@ -316,9 +316,11 @@ def test_dropout_bits_come_from_the_configured_generator():
 
 
 @pytest.mark.slow
-def test_exact_resume_with_hardware_generated_dropout_bits(data_dir, tmp_path, compilation_cache):
-  """With dropout_rng "rbg" (XLA's RngBitGenerator) too, a resumed run replays the same dropout."""
-  check_exact_resume_after_sigterm(data_dir, tmp_path, compilation_cache, n=4, dropout_rng="rbg")
+@pytest.mark.parametrize("change", [{"dropout_rng": "rbg"}, {"model.dropout_bits": "hash"}])
+def test_exact_resume_with_other_dropout_bits(data_dir, tmp_path, compilation_cache, change):
+  """With dropout_rng "rbg" (XLA's RngBitGenerator) or the counter hash's bits (models/dropout.py) too, a
+  resumed run replays the same dropout."""
+  check_exact_resume_after_sigterm(data_dir, tmp_path, compilation_cache, n=4, **change)
 
 
 @pytest.mark.slow

@@ -11,6 +11,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bert_jax.models import dropout
 from bert_jax.models import encoder as model
 
 
@@ -51,7 +52,7 @@ class ScalarMixModel(nn.Module):
     x = ScalarMix(name="scalar_mix")(out["hidden_states"])
     if self.kind in ("classification", "regression"):
       x = x[:, 0]
-    x = nn.Dropout(cfg.hidden_dropout)(x, deterministic=deterministic)
+    x = dropout.Dropout(cfg.hidden_dropout, bits=cfg.dropout_bits)(x, deterministic=deterministic)
     features = 2 if self.kind == "span" else self.num_labels
     name = "qa_outputs" if self.kind == "span" else "classifier"
     logits = nn.Dense(features, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name=name,

@@ -11,6 +11,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from bert_jax.models import dropout
 from bert_jax.models import fsdp_gather
 from bert_jax.models import modernbert_keys
 
@@ -134,6 +135,10 @@ class BertConfig:
   # The "flash" kernel's dropout bits on TPU (FLASH_BITS): "hash" (a counter hash, the same bits on every
   # backend) or "hardware" (the TPU's generator inside the kernel: fewer vector ops; other backends hash).
   flash_bits: str = "hash"
+  # Every other dropout's bits (models/dropout.py, DROPOUT_BITS): "threefry" (`random.bernoulli` with the
+  # dropout key's generator, `dropout_rng`) or "hash" (a counter hash per element, as the flash kernel's;
+  # the same bits on every mesh; cheaper on a CPU).
+  dropout_bits: str = "threefry"
   # With attention dropout, what the backward pass keeps of the [B, N, L, L] probabilities (ATTENTION_RESIDUALS;
   # models/softmax_dropout.py): "float32" (autodiff's gradients, 5 bytes an element instead of 7), "bfloat16"
   # (3 bytes; the softmax's backward pass from rounded probabilities) or "autodiff" (the plain ops, which a
@@ -168,6 +173,8 @@ class BertConfig:
                        "and causal masks are the 'splash' kernel's")
     if self.flash_bits not in FLASH_BITS:
       raise ValueError(f"flash_bits {self.flash_bits!r}; one of {FLASH_BITS}")
+    if self.dropout_bits not in dropout.DROPOUT_BITS:
+      raise ValueError(f"dropout_bits {self.dropout_bits!r}; one of {dropout.DROPOUT_BITS}")
     if self.attention_residuals not in ATTENTION_RESIDUALS:
       raise ValueError(f"attention_residuals {self.attention_residuals!r}; one of {ATTENTION_RESIDUALS}")
     if self.attention_scores not in ATTENTION_SCORES:

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bert_jax.models import dropout
 from bert_jax.models import embedding_lookup
 from bert_jax.models import flash_dropout
 from bert_jax.models import fsdp_gather
@@ -130,7 +131,7 @@ class BertEmbeddings(nn.Module):
     if cfg.type_vocab_size:   # 0: no token types (DistilBERT)
       self.token_type_embeddings = embed(cfg.type_vocab_size, ("type_vocab", "embed"), "token_type_embeddings")
     self.layer_norm = layer_norm(cfg, "layer_norm")
-    self.dropout = nn.Dropout(cfg.hidden_dropout)
+    self.dropout = dropout.Dropout(cfg.hidden_dropout, bits=cfg.dropout_bits)
     if cfg.embedding_size is not None:
       # ALBERT's `embedding_hidden_mapping_in`; the small embedding width stays unsharded.
       self.projection = nn.Dense(cfg.hidden_size, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
@@ -238,9 +239,9 @@ class SelfAttention(nn.Module):
       # same module path, so the same bits).
       key = _DropoutKey(name="Dropout_0")()
       return softmax_dropout.attend(q_BLNK, k_BLNK, v_BLNK, mask, key, cfg.attention_dropout,
-                                    jnp.dtype(cfg.attention_residuals), cfg.scores_dtype), None
+                                    jnp.dtype(cfg.attention_residuals), cfg.scores_dtype, cfg.dropout_bits), None
     probs = softmax_dropout.probabilities(q_BLNK, k_BLNK, mask, cfg.scores_dtype)
-    dropped = nn.Dropout(cfg.attention_dropout)(probs, deterministic=deterministic)
+    dropped = dropout.Dropout(cfg.attention_dropout, bits=cfg.dropout_bits)(probs, deterministic=deterministic)
     return jnp.einsum("bnqs,bsnk->bqnk", dropped.astype(cfg.dtype), v_BLNK), probs
 
 
@@ -348,7 +349,7 @@ class BertLayer(nn.Module):
     mask, rope = _pick(local, context["local_mask"], context["mask"]), _pick(local, context["local_rope"],
                                                                               context["rope"])
     layer_dense = functools.partial(dense, cfg, in_layer=True)
-    dropout = lambda h: nn.Dropout(cfg.hidden_dropout)(h, deterministic=deterministic)
+    drop = lambda h: dropout.Dropout(cfg.hidden_dropout, bits=cfg.dropout_bits)(h, deterministic=deterministic)
     constrain = lambda h: _constrain(h, "activation_batch", "activation_length", "activation_embed")
     self_attention = self.shared_attention or SelfAttention(cfg, self.num_heads, name="attention")
     probs = []
@@ -378,12 +379,12 @@ class BertLayer(nn.Module):
     if cfg.pre_norm:
       # Layer 0 reads the embedding norm's output as it is (ModernBERT's attn_norm is Identity there).
       h = x if first is True else _pick(first, x, layer_norm(cfg, "attention_layer_norm")(x))
-      x = constrain(x + dropout(attention(h, mask, rope, deterministic)))
-      x = constrain(x + dropout(feed_forward(layer_norm(cfg, "output_layer_norm")(x))))
+      x = constrain(x + drop(attention(h, mask, rope, deterministic)))
+      x = constrain(x + drop(feed_forward(layer_norm(cfg, "output_layer_norm")(x))))
     else:
       h = attention(x, mask, rope, deterministic)
-      x = constrain(layer_norm(cfg, "attention_layer_norm")(x + dropout(h)))
-      x = constrain(layer_norm(cfg, "output_layer_norm")(x + dropout(feed_forward(x))))
+      x = constrain(layer_norm(cfg, "attention_layer_norm")(x + drop(h)))
+      x = constrain(layer_norm(cfg, "output_layer_norm")(x + drop(feed_forward(x))))
     return x, (x if output_hidden_states else None, probs[0] if self.output_attentions else None)
 
 

@@ -39,6 +39,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from flax import linen as nn
 
+from bert_jax.models import dropout
 from bert_jax.models import softmax_dropout
 from bert_jax.models import splash
 
@@ -98,28 +99,8 @@ def seeds(key, batch: int, heads: int):
   return lax.bitcast_convert_type(jax.random.bits(key, (batch, heads, 2), jnp.uint32), jnp.int32)
 
 
-def _shift(x, n):
-  return lax.shift_right_logical(x, jnp.int32(n))
-
-
-def _int32(c: int):
-  return jnp.int32(np.uint32(c).view(np.int32))
-
-
-def _mix(x):
-  """Bob Jenkins' 32-bit integer hash on int32, wrapping: shifts, adds and xors only (v3's vector unit has
-  no 32-bit integer multiply; a multiplying hash cost it twice the bundles)."""
-  x = (x + _int32(0x7ED55D16)) + lax.shift_left(x, jnp.int32(12))
-  x = (x ^ _int32(0xC761C23C)) ^ _shift(x, 19)
-  x = (x + _int32(0x165667B1)) + lax.shift_left(x, jnp.int32(5))
-  x = (x + _int32(0xD3A2646C)) ^ lax.shift_left(x, jnp.int32(9))
-  x = (x + _int32(0xFD7046C5)) + lax.shift_left(x, jnp.int32(3))
-  return (x ^ _int32(0xB55A4F09)) ^ _shift(x, 16)
-
-
-def _threshold(rate: float):
-  """A score is kept when its 16 bits are at least this: rate in steps of 2^-16."""
-  return jnp.int32(min(int(round(rate * 2.0 ** 16)), 2 ** 16))
+# The hash and its threshold are the encoder's "hash" dropout bits' (models/dropout.py), one owner.
+_shift, _int32, _mix, _threshold = dropout.shift, dropout.int32, dropout.mix, dropout.threshold
 
 
 def _bits(index, seed0, seed1):

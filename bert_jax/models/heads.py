@@ -8,6 +8,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bert_jax.models import dropout
 from bert_jax.models import encoder as model
 
 _OPTIONAL_ENCODER_INPUTS = ("position_ids", "example_ids")
@@ -116,7 +117,7 @@ def _encode(cfg, input_ids, input_mask, segment_ids, deterministic, encoder_kwar
 
 
 def _classify(cfg, x, num_labels, deterministic, name="classifier"):
-  x = nn.Dropout(cfg.hidden_dropout)(x, deterministic=deterministic)
+  x = dropout.Dropout(cfg.hidden_dropout, bits=cfg.dropout_bits)(x, deterministic=deterministic)
   return model.dense(cfg, num_labels, ("embed", None), name, use_bias=True)(x).astype(jnp.float32)
 
 
@@ -204,6 +205,7 @@ class BertForQuestionAnswering(nn.Module):
     out = _encode(cfg, input_ids, input_mask, segment_ids, deterministic, encoder_kwargs, pool=not self.head)
     x = out["sequence_output"]
     if self.head:
-      x = nn.Dropout(cfg.hidden_dropout)(PredictionHead(cfg, name="head")(x), deterministic=deterministic)
+      x = dropout.Dropout(cfg.hidden_dropout, bits=cfg.dropout_bits)(PredictionHead(cfg, name="head")(x),
+                                                                     deterministic=deterministic)
     logits = model.dense(cfg, 2, ("embed", None), "qa_outputs", use_bias=True)(x).astype(jnp.float32)
     return {"start_logits": logits[..., 0], "end_logits": logits[..., 1]}

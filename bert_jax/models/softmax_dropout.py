@@ -3,8 +3,8 @@
     context = attend(q, k, v, mask, key, rate, residual_dtype)
 
 equals the encoder's explicit path: scores `q k^T / sqrt(head_dim)` in float32, masked (`where(mask,
-scores, finfo.min)`), softmax in float32, zeroed where masked, flax's `nn.Dropout(rate)` with `key` (the
-same bits: `random.bernoulli(key, 1 - rate)`, kept values divided by 1 - rate), cast to the values' dtype,
+scores, finfo.min)`), softmax in float32, zeroed where masked, `dropout.Dropout(rate, bits)` with `key` (the
+same bits: `dropout.keep_mask`, kept values divided by 1 - rate), cast to the values' dtype,
 then the weighted sum of `v`. Autodiff of those ops saves three [batch, heads, length, length] arrays
 for the backward pass: the float32 probabilities, the dropout mask and the dropped probabilities (the
 matmul's operand; 7 bytes an element with bfloat16), and hands the float32 gradient of the scores to both
@@ -36,6 +36,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bert_jax.models import dropout
+
 
 def _dropped(probs, keep, rate: float, dtype):
   return jnp.where(keep, probs / (1.0 - rate), 0.0).astype(dtype)
@@ -49,21 +51,23 @@ def probabilities(q, k, mask, scores_dtype=jnp.float32):
   return jnp.where(mask, jax.nn.softmax(scores, axis=-1), 0.0)   # float32 on purpose
 
 
-def _forward(q, k, v, mask, key, rate, residual_dtype, scores_dtype):
+def _forward(q, k, v, mask, key, rate, residual_dtype, scores_dtype, bits):
   probs = probabilities(q, k, mask, scores_dtype)
-  keep = jax.random.bernoulli(key, 1.0 - rate, probs.shape)
+  keep = dropout.keep_mask(key, rate, probs.shape, bits)
   context = jnp.einsum("bnqs,bsnk->bqnk", _dropped(probs, keep, rate, v.dtype), v)
   return context, (q, k, v, probs.astype(residual_dtype), keep)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
-def attend(q, k, v, mask, key, rate: float, residual_dtype=jnp.float32, scores_dtype=jnp.float32):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
+def attend(q, k, v, mask, key, rate: float, residual_dtype=jnp.float32, scores_dtype=jnp.float32,
+           bits: str = "threefry"):
   """Queries, keys, values [B, L, N, K] (one dtype), `mask` broadcasting to [B, N, L, L], dropout at
-  `rate` with `key` -> context [B, L, N, K] in the values' dtype (module docstring)."""
-  return _forward(q, k, v, mask, key, rate, residual_dtype, scores_dtype)[0]
+  `rate` with `key` and `bits` (`dropout.keep_mask`) -> context [B, L, N, K] in the values' dtype (module
+  docstring)."""
+  return _forward(q, k, v, mask, key, rate, residual_dtype, scores_dtype, bits)[0]
 
 
-def _backward(rate, residual_dtype, scores_dtype, residuals, d_context):
+def _backward(rate, residual_dtype, scores_dtype, bits, residuals, d_context):
   q, k, v, probs, keep = residuals
   probs = probs.astype(jnp.float32)
   d_v = jnp.einsum("bnqs,bqnk->bsnk", _dropped(probs, keep, rate, v.dtype), d_context)

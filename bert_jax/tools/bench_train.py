@@ -3,6 +3,7 @@
     bert-jax bench train                                  # the comparison config below
     bert-jax bench train --config=configs/tiny.py --steps=20
     bert-jax bench train --compare --peer_python=PATH     # and the installed peers, same run (bench_compare.py)
+    bert-jax bench train --compare --dropout_bits=hash    # our dropouts with the counter hash (models/dropout.py)
 
 Without `--config` the model is the one of a common CPU comparison: L=4 H=256 A=4 I=1024, vocab
 30522, seq 128 (20 predictions), batch 16, AdamW, computing in float32 as the peers do (on a CPU
@@ -31,6 +32,7 @@ from ml_collections import config_flags
 from bert_jax import objectives
 from bert_jax import sharding
 from bert_jax import train
+from bert_jax.models import dropout
 from bert_jax.objectives import base
 from bert_jax.tools import bench_compare
 
@@ -159,7 +161,8 @@ def benchmark(config: ml_collections.ConfigDict, steps: int, peer_python: str | 
       "objective": config.get("objective", "bert"), "data_format": config.data.format,
       "model": {"num_layers": cfg.num_layers, "hidden_size": cfg.hidden_size, "num_heads": cfg.num_heads,
                 "intermediate_size": cfg.intermediate_size, "vocab_size": cfg.vocab_size,
-                "dtype": str(cfg.dtype), "scan_layers": cfg.scan_layers, "remat_policy": cfg.remat_policy},
+                "dtype": str(cfg.dtype), "scan_layers": cfg.scan_layers, "remat_policy": cfg.remat_policy,
+                "dropout_bits": cfg.dropout_bits},
       "global_batch_size": config.global_batch_size, "seq_length": config.data.seq_length,
       "max_predictions_per_seq": config.data.max_predictions_per_seq, "packing": config.data.packing,
       "mlm_all_positions": config.mlm_all_positions, "optimizer": config.optimizer.name,
@@ -183,6 +186,8 @@ def define_flags() -> None:
   flags.DEFINE_integer("steps", 10, "Timed steps (after 2 warm-up steps); with --compare, per system.")
   flags.DEFINE_bool("compare", False, "Also time the installed peers (Hugging Face Flax and PyTorch, KerasHub) on the "
                     "comparison model, alternating steps with ours; prints the ratios of medians.")
+  flags.DEFINE_enum("dropout_bits", None, list(dropout.DROPOUT_BITS), "Our dropouts' bits (`model.dropout_bits`, "
+                    "models/dropout.py); default: the config's. The peers draw theirs with threefry.")
   flags.DEFINE_string("peer_python", sys.executable, "The Python that runs the peers (a virtual environment "
                       "with transformers<5, keras-hub, torch); default: this one.")
 
@@ -192,5 +197,7 @@ def main(argv) -> None:
     raise ValueError(f"unexpected arguments: {argv[1:]}")
   # The peers take one example per row: so does our step when compared.
   config = FLAGS.config if FLAGS.config is not None else comparison_config(packing=not FLAGS.compare)
+  if FLAGS.dropout_bits is not None:
+    config.model.dropout_bits = FLAGS.dropout_bits
   result = benchmark(config, FLAGS.steps, FLAGS.peer_python if FLAGS.compare else None)
   print(json.dumps(result))
