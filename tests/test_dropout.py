@@ -16,10 +16,11 @@ from bert_jax.models import encoder as model
 
 class _One(nn.Module):
   kind: str   # "flax" or the bits of ours
+  rate: float = 0.1
 
   @nn.compact
   def __call__(self, x):
-    layer = nn.Dropout(0.1) if self.kind == "flax" else dropout.Dropout(0.1, bits=self.kind)
+    layer = nn.Dropout(self.rate) if self.kind == "flax" else dropout.Dropout(self.rate, bits=self.kind)
     return layer(x, deterministic=False)
 
 
@@ -43,7 +44,23 @@ def test_hash_bits_keep_one_minus_rate_and_follow_the_key():
   np.testing.assert_array_equal(out, _apply("hash", x))       # the same key, the same bits
   assert (np.asarray(_apply("hash", x, seed=1) != 0) != kept).mean() > 0.1
   assert (np.asarray(_apply("threefry", x) != 0) != kept).mean() > 0.1
-  assert (_apply("hash", x.astype(jnp.bfloat16)) != 0).dtype == jnp.bool_
+  half = _apply("hash", x.astype(jnp.bfloat16))
+  assert half.dtype == jnp.bfloat16
+  np.testing.assert_array_equal(np.asarray(half != 0), kept)   # the bits do not depend on the dtype
+
+
+def test_hash_bits_refuse_more_elements_than_their_index_counts():
+  with pytest.raises(ValueError, match="more than 2"):
+    jax.eval_shape(lambda k: dropout.keep_mask(k, 0.1, (2048, 16, 512, 512), "hash"), jax.random.key(0))
+  jax.eval_shape(lambda k: dropout.keep_mask(k, 0.1, (1024, 16, 512, 512), "hash"), jax.random.key(0))   # 2^32
+
+
+def test_rate_one_drops_everything_with_a_zero_gradient():
+  x = jnp.ones((4, 8), jnp.float32)
+  for kind in ("flax", "hash"):
+    out, grad = jax.value_and_grad(lambda x, kind=kind: jnp.sum(
+        _One(kind, rate=1.0).apply({}, x, rngs={"dropout": jax.random.key(0)})))(x)
+    assert float(out) == 0.0 and not np.isnan(np.asarray(grad)).any(), kind
 
 
 def test_element_index_is_row_major():

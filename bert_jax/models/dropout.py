@@ -8,8 +8,9 @@ and its heads is this module (and `softmax_dropout.attend`, through `keep_mask`)
   xors, as the flash kernel's bits, `flash_dropout`), its high 16 bits compared with `rate * 2^16`
   (0.1 keeps 0.899994). Elementwise integer ops on iotas: XLA fuses them into the op that uses the mask
   and partitions them like any elementwise op, so the bits are the same on every mesh and on a resume.
-  On this CPU it takes the bench model's step 7% less time than threefry (docs/performance.md); the
-  bits differ from threefry's, so a step's loss is a different draw.
+  On this CPU it takes the bench model's step about 5% less time than threefry (docs/performance.md); the
+  bits differ from threefry's, so a step's loss is a different draw. The index is one 32-bit word: an
+  array of more than 2^32 elements (global shape) would repeat its bits, and is refused.
 """
 
 import jax
@@ -60,6 +61,9 @@ def keep_mask(key, rate: float, shape, bits: str = "threefry") -> jax.Array:
     return jax.random.bernoulli(key, 1.0 - rate, shape)
   if bits != "hash":
     raise ValueError(f"dropout bits {bits!r}; one of {DROPOUT_BITS}")
+  if int(np.prod(shape, dtype=np.float64)) > 2 ** 32:
+    raise ValueError(f"hash dropout bits index elements with 32 bits: {tuple(shape)} has more than 2^32 "
+                     "elements (their bits would repeat); use dropout_bits 'threefry'")
   seeds = lax.bitcast_convert_type(jax.random.bits(key, (2,), jnp.uint32), jnp.int32)
   return shift(mix(mix(_index(tuple(shape)) + seeds[0]) ^ seeds[1]), 16) >= threshold(rate)
 
@@ -74,6 +78,8 @@ class Dropout(nn.Dropout):
     deterministic = nn.merge_param("deterministic", self.deterministic, deterministic)
     if self.rate == 0.0 or deterministic:
       return inputs
+    if self.rate == 1.0:
+      return jnp.zeros_like(inputs)
     if self.broadcast_dims:
       raise ValueError("hash dropout bits draw one bit per element: no broadcast_dims")
     rng = self.make_rng(self.rng_collection) if rng is None else rng
