@@ -217,15 +217,14 @@ def test_span_and_tagging_tasks_train_end_to_end(tmp_path, task, sample, metric)
   assert losses and all(np.isfinite(losses))
 
 
-def test_finetuning_from_a_left_to_right_run_keeps_the_causal_mask(tmp_path):
-  # An LTR pretraining run (objective "ltr") records causal=True; finetuning reads the encoder config there.
-  cfg = model_lib.BertConfig.from_preset("tiny", vocab_size=32, max_position_embeddings=32, num_layers=1,
-                                         causal=True)
+def _tiny_run(tmp_path, cfg, random_weights=False):
+  """A finetuning config whose init_checkpoint is a pretraining run of `cfg` (a 1-layer tiny encoder), and ids."""
   ids = np.arange(5, 13, dtype=np.int32)[None]
   shapes = jax.eval_shape(model_lib.BertEncoder(cfg).init, jax.random.key(0), ids)["params"]
   rng = np.random.default_rng(0)
-  params = jax.tree.map(lambda s: rng.normal(0.0, 0.2, s.shape).astype(np.float32), nn.unbox(shapes))
-  run = tmp_path / "ltr_run"
+  weights = (lambda s: rng.normal(0.0, 0.2, s.shape)) if random_weights else (lambda s: np.zeros(s.shape))
+  params = jax.tree.map(lambda s: weights(s).astype(np.float32), nn.unbox(shapes))
+  run = tmp_path / "run"
   ckpt = checkpointing.Checkpointer(str(run / "checkpoints"), keep=1, async_save=False)
   ckpt.save(10, {"params": {"bert": params}})
   ckpt.close()
@@ -233,8 +232,34 @@ def test_finetuning_from_a_left_to_right_run_keeps_the_causal_mask(tmp_path):
   checkpoint_loader.write_run_record(str(run), cfg, str(tmp_path / "vocab" / "vocab.txt"), do_lower_case=True)
   config = tiny_config(str(tmp_path / "vocab"))
   config.init_checkpoint = str(run / "checkpoints")
+  return config, ids
+
+
+def test_a_checkpoint_computes_as_the_finetuning_config_says(tmp_path):
+  # The checkpoint gives the architecture; config.model's dropout rates and compute fields apply on top.
+  cfg = model_lib.BertConfig.from_preset("tiny", vocab_size=32, max_position_embeddings=32, num_layers=1)
+  config, _ = _tiny_run(tmp_path, cfg)
+  chosen = dict(remat_policy="full", reshard_after_forward=False, embedding_lookup_on_shards=True,
+                attention_kernel="flash", flash_bits="hardware", dropout_bits="hash",
+                attention_residuals="bfloat16", attention_scores="compute", hidden_dropout=0.2)
+  assert set(chosen) >= set(model_lib.COMPUTE_FIELDS)
+  for k, v in chosen.items():
+    assert getattr(cfg, k) != v   # each differs from what the checkpoint's record would give
+    config.model[k] = v
+  loaded_cfg, _ = finetune_init.load_encoder(config)
+  assert {k: getattr(loaded_cfg, k) for k in chosen} == chosen
+  assert (loaded_cfg.num_layers, loaded_cfg.hidden_size) == (1, cfg.hidden_size)
+
+
+def test_finetuning_from_a_left_to_right_run_keeps_the_causal_mask(tmp_path):
+  # An LTR pretraining run (objective "ltr") records causal=True; finetuning reads the encoder config there.
+  cfg = model_lib.BertConfig.from_preset("tiny", vocab_size=32, max_position_embeddings=32, num_layers=1,
+                                         causal=True)
+  config, ids = _tiny_run(tmp_path, cfg, random_weights=True)
   loaded_cfg, loaded = finetune_init.load_encoder(config)
-  assert loaded_cfg.causal and dataclasses.replace(loaded_cfg, dtype=cfg.dtype, scan_layers=False) == cfg
+  # (Its float32 scores are the finetuning config's "compute" in float32.)
+  assert loaded_cfg.causal and dataclasses.replace(loaded_cfg, dtype=cfg.dtype, scan_layers=False,
+                                                   attention_scores=cfg.attention_scores) == cfg
   # The encoder finetuning builds from it masks the future: later tokens leave earlier outputs unchanged.
   later = ids.copy()
   later[0, 4:] = 7

@@ -37,11 +37,13 @@ def load_encoder(config: Config) -> tuple[model_lib.BertConfig, dict | None]:
     return dataclasses.replace(train.bert_config(config), scan_layers=config.scan_layers), None
   if config.init_checkpoint_format not in _KINDS:
     raise ValueError(f"init_checkpoint_format {config.init_checkpoint_format!r}: one of {', '.join(_KINDS)}")
-  dropout = {k: config.model[k] for k in ("hidden_dropout", "attention_dropout") if config.model.get(k) is not None}
+  # The checkpoint gives the architecture; `config.model` its dropout rates and how it computes.
+  overrides = {k: config.model[k] for k in ("hidden_dropout", "attention_dropout", *model_lib.COMPUTE_FIELDS)
+               if config.model.get(k) is not None}
   cfg, params = checkpoint_loader.load_model(
       config.init_checkpoint, kind=_KINDS[config.init_checkpoint_format],
       bert_config_json=config.bert_config_json or None, scan_layers=config.scan_layers, dtype=config.dtype,
-      **dropout)
+      **overrides)
   return cfg, params["bert"]
 
 

@@ -70,6 +70,10 @@ ATTENTION_RESIDUALS = ("float32", "bfloat16", "autodiff")
 # The dtype the explicit path's scores q k^T are written in: "float32", or "compute" (the model's `dtype`, as
 # its other matmuls write theirs); the softmax is computed in float32 either way.
 ATTENTION_SCORES = ("float32", "compute")
+# The fields that choose how the model computes, not what: a checkpoint's config gives the architecture and
+# the run's config these (`finetune.init.load_encoder`), with its dtype and dropout rates.
+COMPUTE_FIELDS = ("remat_policy", "reshard_after_forward", "embedding_lookup_on_shards", "attention_kernel",
+                  "flash_bits", "dropout_bits", "attention_residuals", "attention_scores")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -36,7 +36,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.vocab_file = ""                  # empty: vocab.txt / *.model beside the checkpoint
   c.do_lower_case = True
   # The model of a pretraining config: its size when there is no checkpoint (tests, from scratch), its
-  # dropout rates (when set) in any case.
+  # dropout rates (when set) and how it computes (models/config.py COMPUTE_FIELDS: remat, attention kernel,
+  # dropout bits ...) in any case.
   c.model = common.model_config(preset="base")
   c.dtype = "float32"          # compute dtype; "bfloat16" on TPU
   # Float32 finetuning keeps autodiff's attention gradients (models/softmax_dropout.py), as a checkpoint's
