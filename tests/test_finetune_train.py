@@ -15,6 +15,7 @@ from bert_jax import checkpointing
 from bert_jax.finetune import init as finetune_init
 from bert_jax.finetune import trainer
 from bert_jax.models import encoder as model_lib
+from bert_jax.models.config import COMPUTE_FIELDS
 from configs.finetune import sst2
 from conftest import shared_path
 
@@ -217,13 +218,12 @@ def test_span_and_tagging_tasks_train_end_to_end(tmp_path, task, sample, metric)
   assert losses and all(np.isfinite(losses))
 
 
-def _tiny_run(tmp_path, cfg, random_weights=False):
+def _tiny_run(tmp_path, cfg):
   """A finetuning config whose init_checkpoint is a pretraining run of `cfg` (a 1-layer tiny encoder), and ids."""
   ids = np.arange(5, 13, dtype=np.int32)[None]
   shapes = jax.eval_shape(model_lib.BertEncoder(cfg).init, jax.random.key(0), ids)["params"]
   rng = np.random.default_rng(0)
-  weights = (lambda s: rng.normal(0.0, 0.2, s.shape)) if random_weights else (lambda s: np.zeros(s.shape))
-  params = jax.tree.map(lambda s: weights(s).astype(np.float32), nn.unbox(shapes))
+  params = jax.tree.map(lambda s: rng.normal(0.0, 0.2, s.shape).astype(np.float32), nn.unbox(shapes))
   run = tmp_path / "run"
   ckpt = checkpointing.Checkpointer(str(run / "checkpoints"), keep=1, async_save=False)
   ckpt.save(10, {"params": {"bert": params}})
@@ -242,7 +242,7 @@ def test_a_checkpoint_computes_as_the_finetuning_config_says(tmp_path):
   chosen = dict(remat_policy="full", reshard_after_forward=False, embedding_lookup_on_shards=True,
                 attention_kernel="flash", flash_bits="hardware", dropout_bits="hash",
                 attention_residuals="bfloat16", attention_scores="compute", hidden_dropout=0.2)
-  assert set(chosen) >= set(model_lib.COMPUTE_FIELDS)
+  assert set(chosen) >= set(COMPUTE_FIELDS)
   for k, v in chosen.items():
     assert getattr(cfg, k) != v   # each differs from what the checkpoint's record would give
     config.model[k] = v
@@ -255,7 +255,7 @@ def test_finetuning_from_a_left_to_right_run_keeps_the_causal_mask(tmp_path):
   # An LTR pretraining run (objective "ltr") records causal=True; finetuning reads the encoder config there.
   cfg = model_lib.BertConfig.from_preset("tiny", vocab_size=32, max_position_embeddings=32, num_layers=1,
                                          causal=True)
-  config, ids = _tiny_run(tmp_path, cfg, random_weights=True)
+  config, ids = _tiny_run(tmp_path, cfg)
   loaded_cfg, loaded = finetune_init.load_encoder(config)
   # (Its float32 scores are the finetuning config's "compute" in float32.)
   assert loaded_cfg.causal and dataclasses.replace(loaded_cfg, dtype=cfg.dtype, scan_layers=False,

@@ -18,6 +18,7 @@ import ml_collections
 from bert_jax import checkpoint_loader
 from bert_jax.models import encoder as model_lib
 from bert_jax.models import heads
+from bert_jax.models.config import COMPUTE_FIELDS
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax import train
 
@@ -38,7 +39,7 @@ def load_encoder(config: Config) -> tuple[model_lib.BertConfig, dict | None]:
   if config.init_checkpoint_format not in _KINDS:
     raise ValueError(f"init_checkpoint_format {config.init_checkpoint_format!r}: one of {', '.join(_KINDS)}")
   # The checkpoint gives the architecture; `config.model` its dropout rates and how it computes.
-  overrides = {k: config.model[k] for k in ("hidden_dropout", "attention_dropout", *model_lib.COMPUTE_FIELDS)
+  overrides = {k: config.model[k] for k in ("hidden_dropout", "attention_dropout", *COMPUTE_FIELDS)
                if config.model.get(k) is not None}
   cfg, params = checkpoint_loader.load_model(
       config.init_checkpoint, kind=_KINDS[config.init_checkpoint_format],

@@ -32,7 +32,7 @@ from bert_jax.models import rotary
 from bert_jax.models import softmax_dropout
 from bert_jax.models import splash
 # The config lives in its own module; these names are re-exported for the callers of `encoder`.
-from bert_jax.models.config import BertConfig, COMPUTE_FIELDS, HF_MODEL_TYPES, PRESETS, REMAT_POLICIES, TABLE6  # noqa: F401
+from bert_jax.models.config import BertConfig, HF_MODEL_TYPES, PRESETS, REMAT_POLICIES, TABLE6  # noqa: F401
 from bert_jax.models.config import _GELU_APPROXIMATE, _HF_KEYS  # noqa: F401
 
 
