@@ -12,7 +12,11 @@ from bert_jax import sharding, train
 from bert_jax.models import encoder, fsdp_gather
 from test_mesh import _compiled_step, _config, random_batch
 
-QKV_KERNEL = "f32[32,4,8]"   # _config's query, key and value kernels, whole: [hidden, heads, head_dim]
+# _config's attention kernels (query, key, value [hidden, heads, head_dim] and out [heads, head_dim, hidden]),
+# whole, as the matrices they multiply: [hidden, heads * head_dim] and [heads * head_dim, hidden] (the
+# shape of the heads' [hidden, hidden] kernels too, hence the op names).
+ATTENTION_KERNEL = "f32[32,32]"
+ATTENTION = "/attention/"
 FFN_KERNEL = "f32[32,64]"    # its intermediate kernel: [hidden, intermediate]
 
 
@@ -35,17 +39,19 @@ def _trajectory(config, s, steps=3) -> list[tuple[float, float]]:
   return out
 
 
-def _all_gathers_of(compiled_text: str, shape: str) -> int:
-  return len(re.findall(rf"= {re.escape(shape)}\S* all-gather(?:-start)?\(", compiled_text))
+def _all_gathers_of(compiled_text: str, shape: str, source: str = "") -> int:
+  """The all-gathers of arrays of `shape` in the compiled text whose op name has `source` in it."""
+  return len(re.findall(rf"= {re.escape(shape)}\S* all-gather(?:-start)?\(.*op_name=\"[^\"]*{re.escape(source)}",
+                        compiled_text))
 
 
 @pytest.mark.slow
 def test_each_weight_is_gathered_once_and_the_losses_stay():
   resharded, once = _step(True), _step(False)
-  # Query, key and value: gathered in the forward pass and again in the backward pass's recomputation,
+  # Query, key, value and out: gathered in the forward pass and again in the backward pass's recomputation,
   # or once.
-  assert _all_gathers_of(_compiled_step(*resharded).as_text(), QKV_KERNEL) == 6
-  assert _all_gathers_of(_compiled_step(*once).as_text(), QKV_KERNEL) == 3
+  assert _all_gathers_of(_compiled_step(*resharded).as_text(), ATTENTION_KERNEL, ATTENTION) == 8
+  assert _all_gathers_of(_compiled_step(*once).as_text(), ATTENTION_KERNEL, ATTENTION) == 4
   # The same weights multiply either way and the gradients reach the parameters' shards alike: the gradient
   # norms agree, and so do the losses after two updates (a gradient scaled or sharded wrong moves both).
   reference = _trajectory(*resharded)
@@ -57,9 +63,9 @@ def test_each_weight_is_gathered_once_and_the_losses_stay():
 def test_scanned_layers_gather_the_attention_kernels_once_and_the_losses_stay():
   resharded, once = _step(True, scan_layers=True), _step(False, scan_layers=True)
   resharded_text, once_text = _compiled_step(*resharded).as_text(), _compiled_step(*once).as_text()
-  # In the loop body (one op in the text for every layer): query, key and value gathered once, or in the
+  # In the loop body (one op in the text for every layer): the attention kernels gathered once, or in the
   # forward pass and again in the recomputation; the feed-forward kernels in both passes either way.
-  assert _all_gathers_of(once_text, QKV_KERNEL) == 3 and _all_gathers_of(resharded_text, QKV_KERNEL) == 6
+  assert _all_gathers_of(once_text, ATTENTION_KERNEL, ATTENTION) == 4 and _all_gathers_of(resharded_text, ATTENTION_KERNEL, ATTENTION) == 8
   assert _all_gathers_of(once_text, FFN_KERNEL) == _all_gathers_of(resharded_text, FFN_KERNEL) == 2
   np.testing.assert_allclose(_trajectory(*once), _trajectory(*resharded), rtol=1e-6)
 

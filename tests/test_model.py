@@ -221,6 +221,34 @@ def test_dense_multiplies_its_inputs_rows_outside_a_scanned_stack():
     np.testing.assert_allclose(d_x, np.einsum("blf,hf->blh", 2 * y, params["kernel"]), rtol=1e-5, atol=1e-5)
 
 
+def test_attention_projections_multiply_heads_and_head_size_as_one_axis():
+  # [H, N, K] kernels multiply as [H, N * K] matrices, [N, K, H] as [N * K, H] (a TPU pads a 64-wide minor
+  # axis to 128); the parameters keep their shapes and the products, outputs and gradients are the einsums'.
+  rng = np.random.default_rng(0)
+  cfg = tiny()
+  n, k, h = cfg.num_heads, cfg.head_dim, cfg.hidden_size
+  cases = (("blh,hnk->blnk", (h, n, k), ("embed", "heads", "kv"), ("heads", "kv"), (2, 3, h), (h, n * k)),
+           ("blnk,nkh->blh", (n, k, h), ("heads", "kv", "embed"), ("embed",), (2, 3, n, k), (n * k, h)))
+  for equation, shape, axes, bias_axes, x_shape, matrix in cases:
+    proj = model._Einsum(cfg, equation, shape, axes, bias_axes)
+    x = jnp.asarray(rng.normal(size=x_shape), jnp.float32)
+    params = nn.unbox(proj.init(jax.random.key(0), x)["params"])
+    assert params["kernel"].shape == shape
+    params["bias"] = jnp.asarray(rng.normal(size=params["bias"].shape), jnp.float32)
+    loss = lambda p, x: jnp.sum(proj.apply({"params": p}, x) ** 2)
+    jaxpr = jax.make_jaxpr(jax.grad(loss, (0, 1)))(params, x)
+    dots = [e for e in jaxpr.eqns if e.primitive.name == "dot_general"]
+    assert len(dots) == 3 and dots[0].invars[1].aval.shape == matrix, dots
+    y = proj.apply({"params": params}, x)
+    expected = np.einsum(equation, x, params["kernel"]) + params["bias"]
+    np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-6)
+    d_params, d_x = jax.grad(loss, (0, 1))(params, x)
+    e_params, e_x = jax.grad(lambda p, x: jnp.sum((jnp.einsum(equation, x, p["kernel"]) + p["bias"]) ** 2),
+                             (0, 1))(params, x)
+    np.testing.assert_allclose(d_params["kernel"], e_params["kernel"], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(d_x, e_x, rtol=1e-5, atol=1e-5)
+
+
 def test_attention_dropout_path_matches_fused_attention():
   # Training with attention dropout uses an explicit softmax; with a vanishing rate it must agree.
   ids, mask, seg = random_batch(np.random.default_rng(5))
