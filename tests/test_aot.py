@@ -429,3 +429,17 @@ def test_aot_notes_a_topology_the_mesh_was_not_chosen_for():
   assert "topology is v3:8x8, not v5e:8x8" in note and "--search_mesh ranks v5e:8x8's splits" in note
   assert aot.topology_note(bert_large.get_config("phase2,v5e:8x8"), "v5e:8x8") == ""
   assert aot.topology_note(tiny.get_config(), "v4:2x2x1") == ""   # no topology of its own
+
+
+@pytest.mark.slow
+def test_attention_kernels_are_gathered_and_reduced_as_unpadded_matrices(tmp_path):
+  """A TPU stores an array in (8, 128) tiles of its two minor dims: a gathered [H, N, K] kernel with K = 64
+  minor is padded to twice its bytes. The attention projections gather, multiply and reduce-scatter the
+  gradient of their kernels as [H, N * K] and [N * K, H] matrices (`encoder._Einsum`, `fsdp_gather`): no
+  array of the whole 3-D kernel's shape is left in the compiled step."""
+  overrides = {**OVERRIDES, "model.num_heads": 2, "dtype": "bfloat16", "model.reshard_after_forward": False}
+  proc, _ = _aot(tmp_path, overrides, [f"--hlo={tmp_path / 'step.hlo'}"])
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  text = (tmp_path / "step.hlo").read_text()
+  assert re.search(r"\bbf16\[128,128\]", text)                     # the gathered matrices
+  assert not re.search(r"\[128,2,64\]|\[2,64,128\]", text), re.findall(r".*\[(?:128,2,64|2,64,128)\].*", text)[:3]
