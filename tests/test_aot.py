@@ -432,14 +432,32 @@ def test_aot_notes_a_topology_the_mesh_was_not_chosen_for():
 
 
 @pytest.mark.slow
-def test_attention_kernels_are_gathered_and_reduced_as_unpadded_matrices(tmp_path):
+@pytest.mark.parametrize("reshard_after_forward", [False, True])
+def test_attention_kernels_are_gathered_and_reduced_as_unpadded_matrices(tmp_path, reshard_after_forward):
   """A TPU stores an array in (8, 128) tiles of its two minor dims: a gathered [H, N, K] kernel with K = 64
   minor is padded to twice its bytes. The attention projections gather, multiply and reduce-scatter the
-  gradient of their kernels as [H, N * K] and [N * K, H] matrices (`encoder._Einsum`, `fsdp_gather`): no
-  array of the whole 3-D kernel's shape is left in the compiled step."""
-  overrides = {**OVERRIDES, "model.num_heads": 2, "dtype": "bfloat16", "model.reshard_after_forward": False}
+  gradient of their kernels as [H, N * K] and [N * K, H] matrices (`encoder._Einsum`, `fsdp_gather`), gathered
+  by us or by XLA: no array of the whole 3-D kernel's shape is left in the compiled step."""
+  overrides = {**OVERRIDES, "model.num_heads": 2, "dtype": "bfloat16",
+               "model.reshard_after_forward": reshard_after_forward}
   proc, _ = _aot(tmp_path, overrides, [f"--hlo={tmp_path / 'step.hlo'}"])
   assert proc.returncode == 0, proc.stderr[-3000:]
   text = (tmp_path / "step.hlo").read_text()
   assert re.search(r"\bbf16\[128,128\]", text)                     # the gathered matrices
   assert not re.search(r"\[128,2,64\]|\[2,64,128\]", text), re.findall(r".*\[(?:128,2,64|2,64,128)\].*", text)[:3]
+
+
+@pytest.mark.slow
+def test_the_masked_positions_stay_on_their_batch_shards(tmp_path):
+  """The MLM head's input, the sequence output at the masked positions, is sharded over the batch as the
+  sequence output is (`heads.gather_positions`). Left to the partitioner, with the batch over 4 fsdp shards
+  here (v5e:8x8's 2 x 32 for BERT-large phase 1), it gathered the whole batch's [B, P, H] array and built
+  its gradient as an all-reduce of it."""
+  overrides = {**OVERRIDES, "mesh.data": 1, "mesh.fsdp": 4}
+  proc, _ = _aot(tmp_path, overrides, [f"--hlo={tmp_path / 'step.hlo'}"])
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  text = (tmp_path / "step.hlo").read_text()
+  batch, positions, hidden = (overrides[k] for k in ("global_batch_size", "data.max_predictions_per_seq",
+                                                      "model.hidden_size"))
+  assert not re.search(rf"\[{batch},{positions},{hidden}\]", text), \
+      re.findall(rf".*\[{batch},{positions},{hidden}\].*", text)[:2]
