@@ -81,6 +81,9 @@ def model_config(preset: str = "base") -> ml_collections.ConfigDict:
   # False: each fsdp-sharded projection kernel is gathered once a step and kept for the backward pass
   # (models/fsdp_gather.py; not the embedding tables)
   m.reshard_after_forward = True
+  # With reshard_after_forward: the attention projections' matrices constrained to their kernel's sharding
+  # (models/encoder.py `_Einsum`); configs/bert_large.py turns it off for v5e's phase 2
+  m.constrain_attention_matrices = True
   # True: the word-embedding lookup on each device's shard of the table, no table-sized gradient
   # (models/embedding_lookup.py); XLA's count prefers it on v5e phase 1 and 2, not on v3 (docs/performance.md)
   m.embedding_lookup_on_shards = False

@@ -20,9 +20,10 @@ ATTENTION = "/attention/"
 FFN_KERNEL = "f32[32,64]"    # its intermediate kernel: [hidden, intermediate]
 
 
-def _step(reshard_after_forward: bool, scan_layers: bool = False):
+def _step(reshard_after_forward: bool, scan_layers: bool = False, constrain_attention_matrices: bool = True):
   config = _config(data=2, fsdp=4)
   config.model.scan_layers = scan_layers
+  config.model.constrain_attention_matrices = constrain_attention_matrices
   # Under remat the layer's recomputation gathers its weights again unless the policy keeps them.
   config.model.remat_policy = "minimal"
   config.model.reshard_after_forward = reshard_after_forward
@@ -57,6 +58,17 @@ def test_each_weight_is_gathered_once_and_the_losses_stay():
   reference = _trajectory(*resharded)
   assert reference[2][0] != reference[0][0] and reference[1][1] != reference[0][1]
   np.testing.assert_allclose(_trajectory(*once), reference, rtol=1e-6)
+
+
+@pytest.mark.slow
+def test_the_attention_matrices_left_to_the_partitioner_train_the_same():
+  """`model.constrain_attention_matrices` False (XLA gathers and reshapes the attention kernels as it
+  chooses) changes where the bytes go, not the step: the same losses and gradient norms."""
+  constrained, free = _step(True), _step(True, constrain_attention_matrices=False)
+  assert free[0].model.constrain_attention_matrices is False
+  reference = _trajectory(*constrained)
+  assert reference[2][0] != reference[0][0]
+  np.testing.assert_allclose(_trajectory(*free), reference, rtol=1e-6)
 
 
 @pytest.mark.slow

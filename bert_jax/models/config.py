@@ -72,8 +72,9 @@ ATTENTION_RESIDUALS = ("float32", "bfloat16", "autodiff")
 ATTENTION_SCORES = ("float32", "compute")
 # The fields that choose how the model computes, not what: a checkpoint's config gives the architecture and
 # the run's config these (`finetune.init.load_encoder`), with its dtype and dropout rates.
-COMPUTE_FIELDS = ("remat_policy", "reshard_after_forward", "embedding_lookup_on_shards", "attention_kernel",
-                  "flash_bits", "dropout_bits", "attention_residuals", "attention_scores")
+COMPUTE_FIELDS = ("remat_policy", "reshard_after_forward", "constrain_attention_matrices",
+                  "embedding_lookup_on_shards", "attention_kernel", "flash_bits", "dropout_bits",
+                  "attention_residuals", "attention_scores")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +101,11 @@ class BertConfig:
   # with scan_layers only the attention projections', `encoder.dense`).
   # True: XLA gathers it where it is used (on TPU v3, in each pass).
   reshard_after_forward: bool = True
+  # With reshard_after_forward True: the attention projections' [H, N * K] matrices (`encoder._Einsum`)
+  # constrained to their kernel's sharding where they are made, so that XLA gathers and reduce-scatters the
+  # matrix, not the 3-D kernel (BERT-large phase 1 on v5e:8x8 moves fewer bytes); False leaves where to
+  # reshape to XLA (phase 2 there moves fewer without it; docs/performance.md).
+  constrain_attention_matrices: bool = True
   # True: the word-embedding lookup on each device's shard of the table (`embedding_lookup.py`: an
   # all-to-all, no table-sized gradient), where the layout allows; False: jnp.take, laid out by XLA.
   embedding_lookup_on_shards: bool = False

@@ -187,8 +187,9 @@ class _Einsum(nn.Module):
       x = x.reshape(*x.shape[:-2], heads * size)
     else:
       raise ValueError(f"an attention projection is 'blh,hnk->blnk' or 'blnk,nkh->blh', not {self.equation!r}")
-    if cfg.reshard_after_forward:   # sharded as the kernel: XLA gathers the matrix, and reduce-scatters its gradient
-      matrix = _constrain(matrix, *names)
+    if cfg.reshard_after_forward:
+      if cfg.constrain_attention_matrices:   # sharded as the kernel: XLA gathers the matrix, reduce-scatters its gradient
+        matrix = _constrain(matrix, *names)
     else:
       matrix = fsdp_gather.gathered(matrix, names)
     y = jnp.einsum("bli,io->blo", x, matrix)
