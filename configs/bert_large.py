@@ -55,10 +55,14 @@ from configs import bert_base
 # constrain_attention_matrices: left on (the default) but for v5e's phase 2, where XLA's count is lower
 # without it (4 layers: 9.3 -> 7.4 GB, MFU bound 33% -> 41%; v6e's phase 2 the other way, 9.5 against
 # 10.4 GB; phase 1 on v5e 3.66 -> 3.41 GB with it; docs/performance.md). phase1_tokens not compiled both ways.
+# fused_qkv: one query-key-value matmul on v3's phase 1, whose tensor split all-reduces x's gradient once
+# instead of three times (24 layers: 4.722 -> 4.592 GB a core, MFU bound 75% -> 77%). Without a tensor
+# split XLA counts more bytes with it (4 layers: v3 phase 2 3.29 -> 3.34 GB, phase1_tokens 2.86 -> 2.90 GB;
+# v5e phase 1 3.2 -> 3.3 GB, phase 2 7.4 -> 9.4 GB), so those leave it off (docs/performance.md).
 _V3 = {"remat_policy": "none"}
 _LITE = {"reshard_after_forward": True}
 MESHES = {
-    ("v3:8x8", "phase1"): ((-1, 64, 2), _V3),
+    ("v3:8x8", "phase1"): ((-1, 64, 2), _V3 | {"fused_qkv": True}),
     ("v3:8x8", "phase1_tokens"): ((-1, 64, 1), _V3),
     ("v3:8x8", "phase2"): ((-1, 64, 1), _V3),
     ("v5e:8x8", "phase1"): ((-1, 32, 1), _LITE | {"remat_policy": "minimal", "embedding_lookup_on_shards": True}),

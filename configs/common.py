@@ -84,6 +84,8 @@ def model_config(preset: str = "base") -> ml_collections.ConfigDict:
   # With reshard_after_forward: the attention projections' matrices constrained to their kernel's sharding
   # (models/encoder.py `_Einsum`); configs/bert_large.py turns it off for v5e's phase 2
   m.constrain_attention_matrices = True
+  # True: queries, keys and values from one matmul (models/encoder.py `_fused_qkv`; the same parameters)
+  m.fused_qkv = False
   # True: the word-embedding lookup on each device's shard of the table, no table-sized gradient
   # (models/embedding_lookup.py); XLA's count prefers it on v5e phase 1 and 2, not on v3 (docs/performance.md)
   m.embedding_lookup_on_shards = False

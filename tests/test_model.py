@@ -249,6 +249,37 @@ def test_attention_projections_multiply_heads_and_head_size_as_one_axis():
     np.testing.assert_allclose(d_x, e_x, rtol=1e-5, atol=1e-5)
 
 
+def test_fused_qkv_keeps_the_parameters_outputs_and_gradients():
+  # model.fused_qkv: one matmul with the query, key and value kernels side by side; the parameter tree is
+  # the three projections' and outputs and gradients are those of the three matmuls.
+  ids, mask, seg = random_batch(np.random.default_rng(7))
+  mask[1, 9:] = 0
+  plain, fused = tiny(), tiny(fused_qkv=True)
+  params = init(plain)
+  rng = np.random.default_rng(8)
+  for name in ("query", "key", "value"):   # biases that differ, so that each must reach its own heads
+    attention = params["encoder"]["layer_0"]["attention"][name]
+    attention["bias"] = jnp.asarray(rng.normal(size=attention["bias"].shape), jnp.float32)
+  assert jax.tree.structure(nn.unbox(model.BertEncoder(fused).init(jax.random.key(0), jnp.ones((1, 8), jnp.int32))
+                                     ["params"])) == jax.tree.structure(params)
+
+  # A random projection of the output (a sum of squares after the last LayerNorm has next to no gradient).
+  weights = jnp.asarray(rng.normal(size=ids.shape + (plain.hidden_size,)), jnp.float32)
+
+  def loss(cfg, p):
+    out = model.BertEncoder(cfg).apply({"params": p}, ids, mask, seg, deterministic=True)
+    return jnp.sum(out["sequence_output"] * weights), out["sequence_output"]
+
+  jaxpr = jax.make_jaxpr(lambda p: loss(fused, p))(params)
+  assert sum(e.primitive.name == "dot_general" for e in jaxpr.eqns) < sum(
+      e.primitive.name == "dot_general" for e in jax.make_jaxpr(lambda p: loss(plain, p))(params).eqns)
+  (_, y), grads = jax.value_and_grad(functools.partial(loss, fused), has_aux=True)(params)
+  (_, y_ref), grads_ref = jax.value_and_grad(functools.partial(loss, plain), has_aux=True)(params)
+  np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5), grads, grads_ref)
+  assert float(jnp.abs(grads["encoder"]["layer_0"]["attention"]["key"]["kernel"]).max()) > 1e-3
+
+
 def test_attention_dropout_path_matches_fused_attention():
   # Training with attention dropout uses an explicit softmax; with a vanishing rate it must agree.
   ids, mask, seg = random_batch(np.random.default_rng(5))

@@ -72,7 +72,7 @@ ATTENTION_RESIDUALS = ("float32", "bfloat16", "autodiff")
 ATTENTION_SCORES = ("float32", "compute")
 # The fields that choose how the model computes, not what: a checkpoint's config gives the architecture and
 # the run's config these (`finetune.init.load_encoder`), with its dtype and dropout rates.
-COMPUTE_FIELDS = ("remat_policy", "reshard_after_forward", "constrain_attention_matrices",
+COMPUTE_FIELDS = ("remat_policy", "reshard_after_forward", "constrain_attention_matrices", "fused_qkv",
                   "embedding_lookup_on_shards", "attention_kernel", "flash_bits", "dropout_bits",
                   "attention_residuals", "attention_scores")
 
@@ -106,6 +106,9 @@ class BertConfig:
   # matrix, not the 3-D kernel (BERT-large phase 1 on v5e:8x8 moves fewer bytes); False leaves where to
   # reshape to XLA (phase 2 there moves fewer without it; docs/performance.md).
   constrain_attention_matrices: bool = True
+  # True: queries, keys and values from one matmul with the three kernels side by side (`encoder._fused_qkv`;
+  # the same parameters and products); False: three.
+  fused_qkv: bool = False
   # True: the word-embedding lookup on each device's shard of the table (`embedding_lookup.py`: an
   # all-to-all, no table-sized gradient), where the layout allows; False: jnp.take, laid out by XLA.
   embedding_lookup_on_shards: bool = False
