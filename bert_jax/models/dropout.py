@@ -10,7 +10,8 @@ and its heads is this module (and `softmax_dropout.attend`, through `keep_mask`)
   and partitions them like any elementwise op, so the bits are the same on every mesh and on a resume.
   On this CPU it takes the bench model's step about 5% less time than threefry (docs/performance.md); the
   bits differ from threefry's, so a step's loss is a different draw. The index is one 32-bit word: an
-  array of more than 2^32 elements (global shape) would repeat its bits, and is refused.
+  array of more than 2^32 elements (global shape) would repeat its bits, and is refused. BERT-large's v3
+  configs draw their bits so: the same bytes by XLA's count, a shorter compile (docs/performance.md).
 """
 
 import jax
