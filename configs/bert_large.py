@@ -63,8 +63,9 @@ from configs import bert_base
 # threefry's (models/dropout.py). XLA's bytes are the same (phase 1 4.592 -> 4.598 GB, MFU bound 77% both)
 # and the compile is shorter (phase 1 82.0 -> 57.4 s on a 2-core CPU); phase 2 13.9 GB, compute-bound,
 # MFU bound 96% against threefry's 91% (XLA counts the hash's integer ops as FLOPs: 2.12 against 2.24
-# TFLOP a core); phase1_tokens 10.95 GB, 98% (10.94 GB, 96%). Pretraining configs/tiny.py with dropout 0.1 for 2,000 steps, two seeds each, the
-# held-out MLM loss was 5.297 and 5.136 with the hash, 5.091 and 5.370 with threefry (docs/performance.md).
+# TFLOP a core); phase1_tokens 10.95 GB, 98% (10.94 GB, 96%). Pretraining configs/tiny.py with dropout 0.1
+# for 2,000 steps, two seeds each, the held-out MLM loss was 5.297 and 5.136 with the hash, 5.091 and 5.370
+# with threefry (docs/performance.md).
 _V3 = {"remat_policy": "none", "dropout_bits": "hash"}
 _LITE = {"reshard_after_forward": True}
 MESHES = {

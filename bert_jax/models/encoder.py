@@ -177,7 +177,7 @@ class _Einsum(nn.Module):
   @nn.compact
   def __call__(self, x):
     cfg = self.config
-    kernel = self.param("kernel", dense_init(cfg, self.kernel_axes), self.kernel_shape, cfg.param_dtype)
+    kernel, bias = _kernel_and_bias(self, self.kernel_shape, self.kernel_axes, self.bias_axes)
     x, kernel = nn.dtypes.promote_dtype(x, kernel, dtype=cfg.dtype)
     if self.equation == "blh,hnk->blnk":
       hidden, heads, size = self.kernel_shape
@@ -188,18 +188,30 @@ class _Einsum(nn.Module):
       x = x.reshape(*x.shape[:-2], heads * size)
     else:
       raise ValueError(f"an attention projection is 'blh,hnk->blnk' or 'blnk,nkh->blh', not {self.equation!r}")
-    if cfg.reshard_after_forward:
-      if cfg.constrain_attention_matrices:   # sharded as the kernel: XLA gathers the matrix, reduce-scatters its gradient
-        matrix = _constrain(matrix, *names)
-    else:
-      matrix = fsdp_gather.gathered(matrix, names)
-    y = jnp.einsum("bli,io->blo", x, matrix)
+    y = jnp.einsum("bli,io->blo", x, _gathered_matrix(cfg, matrix, names))
     if self.equation == "blh,hnk->blnk":
       y = y.reshape(*y.shape[:-1], heads, size)
-    if not cfg.dense_bias:
-      return y
-    bias_shape = self.kernel_shape[len(self.kernel_shape) - len(self.bias_axes):]
-    return y + self.param("bias", zeros(self.bias_axes), bias_shape, cfg.param_dtype).astype(cfg.dtype)
+    return y if bias is None else y + bias.astype(cfg.dtype)
+
+
+def _kernel_and_bias(module: nn.Module, kernel_shape: tuple, kernel_axes: tuple, bias_axes: tuple) -> tuple:
+  """An attention projection's parameters in `module`: "kernel" and, with `dense_bias`, "bias" over the
+  kernel's trailing axes (else None)."""
+  cfg = module.config
+  kernel = module.param("kernel", dense_init(cfg, kernel_axes), kernel_shape, cfg.param_dtype)
+  if not cfg.dense_bias:
+    return kernel, None
+  bias_shape = kernel_shape[len(kernel_shape) - len(bias_axes):]
+  return kernel, module.param("bias", zeros(bias_axes), bias_shape, cfg.param_dtype)
+
+
+def _gathered_matrix(cfg: BertConfig, matrix, names: tuple):
+  """An attention projection's matrix (logical axes `names`) as its matmul takes it: gathered once a step
+  (`fsdp_gather`) without `reshard_after_forward`; else left to XLA, with `constrain_attention_matrices`
+  sharded as the kernel, so that XLA gathers the matrix and reduce-scatters its gradient."""
+  if not cfg.reshard_after_forward:
+    return fsdp_gather.gathered(matrix, names)
+  return _constrain(matrix, *names) if cfg.constrain_attention_matrices else matrix
 
 
 def _mesh_shards(logical_name: str) -> int:
@@ -220,11 +232,7 @@ class _Weights(nn.Module):
 
   @nn.compact
   def __call__(self):
-    cfg = self.config
-    kernel = self.param("kernel", dense_init(cfg, ("embed", "heads", "kv")), self.kernel_shape, cfg.param_dtype)
-    if not cfg.dense_bias:
-      return kernel, None
-    return kernel, self.param("bias", zeros(("heads", "kv")), self.kernel_shape[1:], cfg.param_dtype)
+    return _kernel_and_bias(self, self.kernel_shape, ("embed", "heads", "kv"), ("heads", "kv"))
 
 
 def _fused_qkv(cfg: BertConfig, x_BLH, shape: tuple, tensor: int) -> list:
@@ -241,13 +249,7 @@ def _fused_qkv(cfg: BertConfig, x_BLH, shape: tuple, tensor: int) -> list:
   weights = [_Weights(cfg, shape, name=n)() for n in ("query", "key", "value")]
   kernels = [k.astype(cfg.dtype).reshape(hidden, tensor, heads * size // tensor) for k, _ in weights]
   matrix = jnp.stack(kernels, axis=2).reshape(hidden, 3 * heads * size)
-  names = ("embed", "heads")
-  if cfg.reshard_after_forward:
-    if cfg.constrain_attention_matrices:
-      matrix = _constrain(matrix, *names)
-  else:
-    matrix = fsdp_gather.gathered(matrix, names)
-  y = jnp.einsum("bli,io->blo", x_BLH.astype(cfg.dtype), matrix)
+  y = jnp.einsum("bli,io->blo", x_BLH.astype(cfg.dtype), _gathered_matrix(cfg, matrix, ("embed", "heads")))
   y = y.reshape(*y.shape[:-1], tensor, 3, heads // tensor, size)
   out = []
   for i, (_, bias) in enumerate(weights):
