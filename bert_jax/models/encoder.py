@@ -29,6 +29,7 @@ from bert_jax.models import dropout
 from bert_jax.models import embedding_lookup
 from bert_jax.models import flash_dropout
 from bert_jax.models import fsdp_gather
+from bert_jax.models import layer_norm as layer_norm_lib
 from bert_jax.models import rotary
 from bert_jax.models import softmax_dropout
 from bert_jax.models import splash
@@ -48,20 +49,17 @@ def zeros(names: tuple):
 
 
 def layer_norm(cfg: BertConfig, name: str) -> nn.Module:
-  """LayerNorm over `embed` with BERT's epsilon; with scanned layers, recomputed in the backward pass.
+  """LayerNorm over `embed` with BERT's epsilon (`models/layer_norm.py`: statistics in float32 whatever
+  cfg.dtype is, one pass over x forward and two backward).
 
-  Statistics are computed in float32 by flax whatever cfg.dtype is; the exact two-pass variance
-  matches the reference to 1e-6. In a scanned stack the backward pass reads what each layer saved from
-  arrays of all layers, and a plain LayerNorm saves its float32 intermediates there; rematerialised it
-  saves only its input, in the compute dtype (BERT-large phase 1 on v3:8x8: 6.9 -> 6.3 GB a core, step
-  15.3 -> 14.1 ms). Unrolled, XLA's own choice moves fewer bytes (5.97 against 6.12 GB), so it stays
-  plain there (docs/performance.md). The parameters (`scale`, `bias`) and their names are the same.
+  It saves only its input and two [rows] statistics for the backward pass, so a scanned stack needs no
+  recomputation of it (autodiff's LayerNorm saved its float32 intermediates there, and was rematerialised
+  when scanned). The parameters (`scale`, `bias`) and their names are flax's.
   """
-  norm = nn.remat(nn.LayerNorm, prevent_cse=False) if cfg.scan_layers else nn.LayerNorm
-  return norm(epsilon=cfg.layer_norm_eps, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-                      use_fast_variance=False, name=name, use_bias=cfg.norm_bias,
-                      scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
-                      bias_init=zeros(("embed",)))
+  return layer_norm_lib.LayerNorm(epsilon=cfg.layer_norm_eps, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+                                  name=name, use_bias=cfg.norm_bias,
+                                  scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
+                                  bias_init=zeros(("embed",)))
 
 
 def _constrain(x, *names):
