@@ -326,3 +326,27 @@ def test_init_under_mesh_shards_kernels(scan):
   word = params["embeddings"]["word_embeddings"]["embedding"]
   assert word.sharding.spec == P("tensor", "fsdp")
   assert word.addressable_shards[0].data.shape == (VOCAB // 2, 64)
+
+
+def test_default_positions_are_the_tables_first_rows_without_a_lookup():
+  # Without position_ids every row's positions are 0..L-1: the table's first L rows are added as they
+  # are; given, they are looked up. The same outputs and gradients, one gather and its scatter fewer.
+  ids, mask, seg = random_batch(np.random.default_rng(5))
+  cfg = tiny()
+  params = init(cfg)
+  given = {"position_ids": np.broadcast_to(np.arange(ids.shape[1]), ids.shape)}
+
+  def loss(arrays):
+    return lambda p: jnp.sum(model.BertEncoder(cfg).apply({"params": p}, ids, mask, seg, **arrays)["sequence_output"]
+                             * jnp.arange(cfg.hidden_size))
+
+  np.testing.assert_allclose(apply(cfg, params, ids, mask, seg)["sequence_output"],
+                             apply(cfg, params, ids, mask, seg, **given)["sequence_output"], rtol=1e-6, atol=1e-6)
+  got, want = jax.grad(loss({}))(params), jax.grad(loss(given))(params)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), got, want)
+  count = lambda arrays, name: str(jax.make_jaxpr(jax.grad(loss(arrays)))(params)).count(f" {name}[")   # noqa: E731
+  assert count({}, "gather") == count(given, "gather") - 1
+  assert count({}, "scatter-add") == count(given, "scatter-add") - 1
+  with pytest.raises(ValueError, match="max_position_embeddings"):
+    apply(cfg, params, np.zeros((1, cfg.max_position_embeddings + 1), np.int32),
+          np.ones((1, cfg.max_position_embeddings + 1), np.int32), np.zeros((1, cfg.max_position_embeddings + 1), np.int32))

@@ -143,13 +143,25 @@ class BertEmbeddings(nn.Module):
     return _constrain(x, "activation_batch", "activation_length", "activation_embed")
 
   def embed(self, input_ids, segment_ids, position_ids, deterministic: bool):
-    """The embeddings before any projection to hidden_size: [B, L, embedding_dim]."""
-    if self.config.embedding_lookup_on_shards:
-      x = embedding_lookup.lookup(self.word_embeddings.embedding, input_ids, self.config.dtype)
+    """The embeddings before any projection to hidden_size: [B, L, embedding_dim]. `position_ids` None:
+    the default positions (`default_position_ids`)."""
+    cfg = self.config
+    if cfg.embedding_lookup_on_shards:
+      x = embedding_lookup.lookup(self.word_embeddings.embedding, input_ids, cfg.dtype)
     else:
       x = self.word_embeddings(input_ids)
-    if self.config.rope_theta is None:
-      x = x + self.position_embeddings(position_ids)
+    if cfg.rope_theta is None:
+      if position_ids is None and cfg.position_pad_id is None:
+        # 0..L-1 in every row: the table's first L rows, added to each row. The same sum as a lookup,
+        # whose gather and table-sized scatter of the gradient moved 38 MB a core in BERT-large phase 1
+        # on v3:8x8 (docs/performance.md); here the gradient is a sum over the rows.
+        default_position_ids(cfg, input_ids)   # checks the length
+        table = self.position_embeddings.embedding
+        x = x + jnp.asarray(table[:input_ids.shape[-1]], cfg.dtype)
+      else:
+        if position_ids is None:
+          position_ids = default_position_ids(cfg, input_ids)
+        x = x + self.position_embeddings(position_ids)
     if self.config.type_vocab_size:
       x = x + self.token_type_embeddings(segment_ids)
     return self.dropout(self.layer_norm(x), deterministic=deterministic)
@@ -558,9 +570,9 @@ class BertEncoder(nn.Module):
       input_mask = jnp.ones_like(input_ids)
     if segment_ids is None:
       segment_ids = jnp.zeros_like(input_ids)
+    x = self.embeddings(input_ids, segment_ids, position_ids, deterministic)
     if position_ids is None:
       position_ids = default_position_ids(self.config, input_ids)
-    x = self.embeddings(input_ids, segment_ids, position_ids, deterministic)
     x_emb = x
     context = layer_context(self.config, input_mask, example_ids, position_ids)
     x, hidden, probs = self.encoder(x, context, deterministic, output_hidden_states, output_attentions, head_mask)

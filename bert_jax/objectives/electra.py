@@ -119,10 +119,7 @@ class ElectraForPreTraining(nn.Module):
     weights = batch["masked_lm_weights"]
     optional = {k: batch[k] for k in ("position_ids", "example_ids") if k in batch}
     bert_encoder = encoder.BertEncoder(cfg, name="bert")
-    position_ids = optional.get("position_ids")
-    if position_ids is None:
-      position_ids = encoder.default_position_ids(cfg, ids)
-    x = bert_encoder.embeddings.embed(ids, batch["segment_ids"], position_ids, deterministic)
+    x = bert_encoder.embeddings.embed(ids, batch["segment_ids"], optional.get("position_ids"), deterministic)
     mask = encoder.attention_mask(batch["input_mask"], optional.get("example_ids"), cfg.causal)
     table = bert_encoder.word_embeddings()
     gen_cfg = generator_config(cfg, self.generator_hidden_fraction)
