@@ -47,7 +47,7 @@ def test_one_pass_variance_error_grows_with_the_mean():
   # the spread; a post-LN BERT's rows sit near zero mean.
   z = np.random.default_rng(4).normal(size=(256, 1024))
   z = (z - z.mean(-1, keepdims=True)) / z.std(-1, keepdims=True)
-  for ratio, bound in ((0, 1e-6), (3, 5e-6), (30, 5e-4)):
+  for ratio, bound in ((0, 1e-6), (3, 2e-6), (30, 1.5e-4)):   # measured 6e-8, 1e-6, 6e-5
     x = jnp.asarray(z + ratio, jnp.float32)
     _, rstd = layer_norm._statistics(x, 0.)
     err = np.abs(np.asarray(rstd, np.float64) - 1).max()
