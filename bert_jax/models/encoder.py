@@ -101,15 +101,20 @@ def attention_mask(input_mask, example_ids=None, causal: bool = False, window: i
   return mask_BQK[:, None]
 
 
-def default_position_ids(cfg: BertConfig, input_ids):
-  """Position ids when none are given: 0..L-1, or RoBERTa's (see `BertConfig.position_pad_id`)."""
-  length = input_ids.shape[-1]
+def _check_positions_fit(cfg: BertConfig, length: int) -> None:
+  """Raises unless the default positions of `length` tokens are rows of the position table."""
   offset = 0 if cfg.position_pad_id is None else cfg.position_pad_id + 1
   if length + offset > cfg.max_position_embeddings:
     # Out-of-range ids would embed as NaN (jnp.take fills), silently, not fail.
     after = f" less the {offset} ids RoBERTa's positions start after" if offset else ""
     raise ValueError(f"sequence length {length} exceeds max_position_embeddings "
                      f"{cfg.max_position_embeddings}{after}")
+
+
+def default_position_ids(cfg: BertConfig, input_ids):
+  """Position ids when none are given: 0..L-1, or RoBERTa's (see `BertConfig.position_pad_id`)."""
+  length = input_ids.shape[-1]
+  _check_positions_fit(cfg, length)
   if cfg.position_pad_id is None:
     return jnp.broadcast_to(jnp.arange(length), input_ids.shape)
   real = (input_ids != cfg.position_pad_id).astype(jnp.int32)
@@ -151,20 +156,24 @@ class BertEmbeddings(nn.Module):
     else:
       x = self.word_embeddings(input_ids)
     if cfg.rope_theta is None:
-      if position_ids is None and cfg.position_pad_id is None:
-        # 0..L-1 in every row: the table's first L rows, added to each row. The same sum as a lookup,
-        # whose gather and table-sized scatter of the gradient moved 38 MB a core in BERT-large phase 1
-        # on v3:8x8 (docs/performance.md); here the gradient is a sum over the rows.
-        default_position_ids(cfg, input_ids)   # checks the length
-        table = self.position_embeddings.embedding
-        x = x + jnp.asarray(table[:input_ids.shape[-1]], cfg.dtype)
-      else:
-        if position_ids is None:
-          position_ids = default_position_ids(cfg, input_ids)
-        x = x + self.position_embeddings(position_ids)
+      x = x + self._positions(input_ids, position_ids)
     if self.config.type_vocab_size:
       x = x + self.token_type_embeddings(segment_ids)
     return self.dropout(self.layer_norm(x), deterministic=deterministic)
+
+  def _positions(self, input_ids, position_ids):
+    """The position embeddings. The default 0..L-1 of every row (no ids given, no RoBERTa offset) are the
+    table's first L rows [L, E], added to each row: the same sum as a lookup, whose gather and table-sized
+    scatter of the gradient moved 38 MB a core in BERT-large phase 1 on v3:8x8 (docs/performance.md);
+    their gradient is a sum over the rows. Other ids are looked up, [B, L, E]."""
+    cfg = self.config
+    if position_ids is None and cfg.position_pad_id is None:
+      length = input_ids.shape[-1]
+      _check_positions_fit(cfg, length)
+      return jnp.asarray(self.position_embeddings.embedding[:length], cfg.dtype)
+    if position_ids is None:
+      position_ids = default_position_ids(cfg, input_ids)
+    return self.position_embeddings(position_ids)
 
 
 class _Einsum(nn.Module):
