@@ -82,9 +82,9 @@ def model_config(preset: str = "base") -> ml_collections.ConfigDict:
   # (models/fsdp_gather.py; not the embedding tables)
   m.reshard_after_forward = True
   # With reshard_after_forward: the attention projections' matrices constrained to their kernel's sharding
-  # (models/encoder.py `_Einsum`); configs/bert_large.py turns it off for v5e's phase 2
+  # (models/projections.py `Einsum`); configs/bert_large.py turns it off for v5e's phase 2
   m.constrain_attention_matrices = True
-  # True: queries, keys and values from one matmul (models/encoder.py `_fused_qkv`; the same parameters)
+  # True: queries, keys and values from one matmul (models/projections.py `fused_qkv`; the same parameters)
   m.fused_qkv = False
   # True: the word-embedding lookup on each device's shard of the table, no table-sized gradient
   # (models/embedding_lookup.py); XLA's count prefers it on v5e phase 1 and 2, not on v3 (docs/performance.md)
@@ -148,7 +148,7 @@ def mesh_config() -> ml_collections.ConfigDict:
 # dimension over fsdp (ZeRO-3 style); heads/mlp/vocab over tensor (Megatron style).
 LOGICAL_AXIS_RULES = (
     ("activation_batch", ("data", "fsdp")),
-    ("activation_length", None),   # unsharded: encoder.rows_dot_general merges it into the batch's rows
+    ("activation_length", None),   # unsharded: projections.rows_dot_general merges it into the batch's rows
     ("activation_embed", None),
     ("activation_mlp", "tensor"),
     ("activation_heads", "tensor"),

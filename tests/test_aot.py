@@ -436,7 +436,7 @@ def test_aot_notes_a_topology_the_mesh_was_not_chosen_for():
 def test_attention_kernels_are_gathered_and_reduced_as_unpadded_matrices(tmp_path, reshard_after_forward):
   """A TPU stores an array in (8, 128) tiles of its two minor dims: a gathered [H, N, K] kernel with K = 64
   minor is padded to twice its bytes. The attention projections gather, multiply and reduce-scatter the
-  gradient of their kernels as [H, N * K] and [N * K, H] matrices (`encoder._Einsum`, `fsdp_gather`), gathered
+  gradient of their kernels as [H, N * K] and [N * K, H] matrices (`projections.Einsum`, `fsdp_gather`), gathered
   by us or by XLA: no array of the whole 3-D kernel's shape is left in the compiled step."""
   overrides = {**OVERRIDES, "model.num_heads": 2, "dtype": "bfloat16",
                "model.reshard_after_forward": reshard_after_forward}

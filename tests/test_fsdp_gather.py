@@ -84,7 +84,7 @@ def test_scanned_layers_gather_the_attention_kernels_once_and_the_losses_stay():
 
 def test_scanned_dense_kernels_are_gathered_where_they_are_used():
   # A kept gathered copy would be written into an array of all layers; scanned, the dense projections
-  # leave their gathers to XLA (`encoder.dense`), the attention projections keep theirs.
+  # leave their gathers to XLA (`projections.dense`), the attention projections keep theirs.
   cfg = encoder.BertConfig(vocab_size=64, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
                            max_position_embeddings=8, reshard_after_forward=False)
   for in_layer in (False, True):

@@ -11,6 +11,7 @@ import pytest
 from jax.ad_checkpoint import print_saved_residuals
 
 from bert_jax.models import encoder as model
+from bert_jax.models import projections
 
 VOCAB = 64
 
@@ -230,7 +231,7 @@ def test_attention_projections_multiply_heads_and_head_size_as_one_axis():
   cases = (("blh,hnk->blnk", (h, n, k), ("embed", "heads", "kv"), ("heads", "kv"), (2, 3, h), (h, n * k)),
            ("blnk,nkh->blh", (n, k, h), ("heads", "kv", "embed"), ("embed",), (2, 3, n, k), (n * k, h)))
   for equation, shape, axes, bias_axes, x_shape, matrix in cases:
-    proj = model._Einsum(cfg, equation, shape, axes, bias_axes)
+    proj = projections.Einsum(cfg, equation, shape, axes, bias_axes)
     x = jnp.asarray(rng.normal(size=x_shape), jnp.float32)
     params = nn.unbox(proj.init(jax.random.key(0), x)["params"])
     assert params["kernel"].shape == shape

@@ -98,15 +98,15 @@ class BertConfig:
   remat_policy: str = "none"      # "none" or a key of REMAT_POLICIES
   # False: each fsdp-sharded projection kernel is all-gathered once a step, its forward copy kept for the
   # backward pass (PyTorch FSDP's reshard_after_forward=False; `fsdp_gather.py`; not the embedding tables;
-  # with scan_layers only the attention projections', `encoder.dense`).
+  # with scan_layers only the attention projections', `projections.dense`).
   # True: XLA gathers it where it is used (on TPU v3, in each pass).
   reshard_after_forward: bool = True
-  # With reshard_after_forward True: the attention projections' [H, N * K] matrices (`encoder._Einsum`)
+  # With reshard_after_forward True: the attention projections' [H, N * K] matrices (`projections.Einsum`)
   # constrained to their kernel's sharding where they are made, so that XLA gathers and reduce-scatters the
   # matrix, not the 3-D kernel (BERT-large phase 1 on v5e:8x8 moves fewer bytes); False leaves where to
   # reshape to XLA (phase 2 there moves fewer without it; docs/performance.md).
   constrain_attention_matrices: bool = True
-  # True: queries, keys and values from one matmul with the three kernels side by side (`encoder._fused_qkv`;
+  # True: queries, keys and values from one matmul with the three kernels side by side (`projections.fused_qkv`;
   # the same parameters and products); False: three.
   fused_qkv: bool = False
   # True: the word-embedding lookup on each device's shard of the table (`embedding_lookup.py`: an

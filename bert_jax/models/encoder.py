@@ -17,7 +17,6 @@ linear layers without biases (`norm_bias`, `dense_bias`) and alternating global 
 """
 
 import functools
-import math
 import re
 
 import flax.linen as nn
@@ -28,24 +27,16 @@ import numpy as np
 from bert_jax.models import dropout
 from bert_jax.models import embedding_lookup
 from bert_jax.models import flash_dropout
-from bert_jax.models import fsdp_gather
 from bert_jax.models import layer_norm as layer_norm_lib
+from bert_jax.models import projections
 from bert_jax.models import rotary
 from bert_jax.models import softmax_dropout
 from bert_jax.models import splash
 # The config lives in its own module; these names are re-exported for the callers of `encoder`.
 from bert_jax.models.config import BertConfig, HF_MODEL_TYPES, PRESETS, REMAT_POLICIES, TABLE6  # noqa: F401
 from bert_jax.models.config import _GELU_APPROXIMATE, _HF_KEYS  # noqa: F401
-
-
-def dense_init(cfg: BertConfig, names: tuple):
-  """Truncated normal with stddev initializer_range (google-research/bert), with logical axis names."""
-  return nn.with_logical_partitioning(nn.initializers.truncated_normal(cfg.initializer_range), names)
-
-
-def zeros(names: tuple):
-  """Zeros with logical axis names (biases)."""
-  return nn.with_logical_partitioning(nn.initializers.zeros_init(), names)
+# The linear layers live in `projections`; these are used here and by the callers of `encoder`.
+from bert_jax.models.projections import constrain as _constrain, dense, dense_init, zeros
 
 
 def layer_norm(cfg: BertConfig, name: str) -> nn.Module:
@@ -60,10 +51,6 @@ def layer_norm(cfg: BertConfig, name: str) -> nn.Module:
                                   name=name, use_bias=cfg.norm_bias,
                                   scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
                                   bias_init=zeros(("embed",)))
-
-
-def _constrain(x, *names):
-  return nn.with_logical_constraint(x, names)
 
 
 def gelu(cfg: BertConfig, x):
@@ -176,107 +163,6 @@ class BertEmbeddings(nn.Module):
     return self.position_embeddings(position_ids)
 
 
-class _Einsum(nn.Module):
-  """An attention projection, `einsum(equation, x, kernel) + bias` (bias over the kernel's trailing axes):
-  "blh,hnk->blnk" into the heads or "blnk,nkh->blh" out of them.
-
-  The kernel's heads and head-size axes are multiplied as one: [H, N, K] as the matrix [H, N * K], [N, K, H]
-  as [N * K, H] (the parameter keeps its shape; the reshape is of the shard, before its gather). A TPU
-  stores a matrix in (8, 128) tiles of its two minor dims: the 3-D kernel's were (H, K), and K = 64 padded
-  each gathered copy, the matmuls' reads of it and the weight gradient to twice their bytes (BERT-large
-  phase 1 on v3:8x8 with 4 layers: 1.266 -> 1.216 GB a core; docs/performance.md). The products are the
-  same. (nn.DenseGeneral initialises a flattened kernel and trips over rank-3 logical constraints.)
-  """
-  config: BertConfig
-  equation: str
-  kernel_shape: tuple
-  kernel_axes: tuple
-  bias_axes: tuple
-
-  @nn.compact
-  def __call__(self, x):
-    cfg = self.config
-    kernel, bias = _kernel_and_bias(self, self.kernel_shape, self.kernel_axes, self.bias_axes)
-    x, kernel = nn.dtypes.promote_dtype(x, kernel, dtype=cfg.dtype)
-    if self.equation == "blh,hnk->blnk":
-      hidden, heads, size = self.kernel_shape
-      matrix, names = kernel.reshape(hidden, heads * size), self.kernel_axes[:2]
-    elif self.equation == "blnk,nkh->blh":
-      heads, size, hidden = self.kernel_shape
-      matrix, names = kernel.reshape(heads * size, hidden), self.kernel_axes[:1] + self.kernel_axes[2:]
-      x = x.reshape(*x.shape[:-2], heads * size)
-    else:
-      raise ValueError(f"an attention projection is 'blh,hnk->blnk' or 'blnk,nkh->blh', not {self.equation!r}")
-    y = jnp.einsum("bli,io->blo", x, _gathered_matrix(cfg, matrix, names))
-    if self.equation == "blh,hnk->blnk":
-      y = y.reshape(*y.shape[:-1], heads, size)
-    return y if bias is None else y + bias.astype(cfg.dtype)
-
-
-def _kernel_and_bias(module: nn.Module, kernel_shape: tuple, kernel_axes: tuple, bias_axes: tuple) -> tuple:
-  """An attention projection's parameters in `module`: "kernel" and, with `dense_bias`, "bias" over the
-  kernel's trailing axes (else None)."""
-  cfg = module.config
-  kernel = module.param("kernel", dense_init(cfg, kernel_axes), kernel_shape, cfg.param_dtype)
-  if not cfg.dense_bias:
-    return kernel, None
-  bias_shape = kernel_shape[len(kernel_shape) - len(bias_axes):]
-  return kernel, module.param("bias", zeros(bias_axes), bias_shape, cfg.param_dtype)
-
-
-def _gathered_matrix(cfg: BertConfig, matrix, names: tuple):
-  """An attention projection's matrix (logical axes `names`) as its matmul takes it: gathered once a step
-  (`fsdp_gather`) without `reshard_after_forward`; else left to XLA, with `constrain_attention_matrices`
-  sharded as the kernel, so that XLA gathers the matrix and reduce-scatters its gradient."""
-  if not cfg.reshard_after_forward:
-    return fsdp_gather.gathered(matrix, names)
-  return _constrain(matrix, *names) if cfg.constrain_attention_matrices else matrix
-
-
-def _mesh_shards(logical_name: str) -> int:
-  """How many shards the mesh in context splits the logical axis `logical_name` into (1 without one)."""
-  rules, mesh = nn.get_logical_axis_rules(), jax.sharding.get_abstract_mesh()
-  if not rules or mesh.empty:
-    return 1
-  axes = nn.logical_to_mesh_axes((logical_name,), rules)[0]
-  axes = () if axes is None else axes if isinstance(axes, tuple) else (axes,)
-  return math.prod(mesh.shape[a] for a in axes)
-
-
-class _Weights(nn.Module):
-  """An attention projection's parameters as `_Einsum` makes them ("kernel" [H, N, K], "bias" [N, K]),
-  returned for a product taken elsewhere (`_fused_qkv`)."""
-  config: BertConfig
-  kernel_shape: tuple
-
-  @nn.compact
-  def __call__(self):
-    return _kernel_and_bias(self, self.kernel_shape, ("embed", "heads", "kv"), ("heads", "kv"))
-
-
-def _fused_qkv(cfg: BertConfig, x_BLH, shape: tuple, tensor: int) -> list:
-  """Queries, keys and values [B, L, N, K] from one product with the three kernels side by side.
-
-  Each tensor shard's columns are its own heads of query, key and value, [H, tensor * 3 * (N / tensor) *
-  K], put together on the fsdp shard before the gather, so nothing moves between tensor shards. One matmul
-  reads x once, and in the backward pass one matmul gives x's gradient, all-reduced over the tensor shards
-  once instead of three times (BERT-large phase 1 on v3:8x8, 4 layers: XLA's bytes 1.129 -> 1.108 GB a
-  core; docs/performance.md). The parameters are `_Einsum`'s, named "query", "key" and "value"; the
-  products are the same.
-  """
-  hidden, heads, size = shape
-  weights = [_Weights(cfg, shape, name=n)() for n in ("query", "key", "value")]
-  kernels = [k.astype(cfg.dtype).reshape(hidden, tensor, heads * size // tensor) for k, _ in weights]
-  matrix = jnp.stack(kernels, axis=2).reshape(hidden, 3 * heads * size)
-  y = jnp.einsum("bli,io->blo", x_BLH.astype(cfg.dtype), _gathered_matrix(cfg, matrix, ("embed", "heads")))
-  y = y.reshape(*y.shape[:-1], tensor, 3, heads // tensor, size)
-  out = []
-  for i, (_, bias) in enumerate(weights):
-    y_BLNK = y[..., i, :, :].reshape(*y.shape[:-4], heads, size)
-    out.append(y_BLNK if bias is None else y_BLNK + bias.astype(cfg.dtype))
-  return out
-
-
 class SelfAttention(nn.Module):
   """Multi-head self-attention with output projection (no residual)."""
   config: BertConfig
@@ -295,11 +181,12 @@ class SelfAttention(nn.Module):
     """
     cfg = self.config
     shape = (cfg.hidden_size, cfg.num_heads if self.num_heads is None else self.num_heads, cfg.head_dim)
-    proj = lambda name: _Einsum(cfg, "blh,hnk->blnk", shape, ("embed", "heads", "kv"), ("heads", "kv"), name=name)
+    proj = lambda name: projections.Einsum(cfg, "blh,hnk->blnk", shape, ("embed", "heads", "kv"), ("heads", "kv"),
+                                           name=name)
     names = ("activation_batch", "activation_length", "activation_heads", "activation_kv")
-    tensor = _mesh_shards("heads")
+    tensor = projections.mesh_shards("heads")
     if cfg.fused_qkv and shape[1] and shape[1] % tensor == 0:
-      q_BLNK, k_BLNK, v_BLNK = (_constrain(y, *names) for y in _fused_qkv(cfg, x_BLH, shape, tensor))
+      q_BLNK, k_BLNK, v_BLNK = (_constrain(y, *names) for y in projections.fused_qkv(cfg, x_BLH, shape, tensor))
     else:
       q_BLNK, k_BLNK, v_BLNK = (_constrain(proj(n)(x_BLH), *names) for n in ("query", "key", "value"))
     if rope is not None:
@@ -323,7 +210,8 @@ class SelfAttention(nn.Module):
     if head_mask_N is not None:
       o_BLNK = o_BLNK * jnp.asarray(head_mask_N, o_BLNK.dtype)[:, None]
     o_BLNK = _constrain(o_BLNK, *names)
-    out = _Einsum(cfg, "blnk,nkh->blh", shape[1:] + shape[:1], ("heads", "kv", "embed"), ("embed",), name="out")
+    out = projections.Einsum(cfg, "blnk,nkh->blh", shape[1:] + shape[:1], ("heads", "kv", "embed"), ("embed",),
+                             name="out")
     return (out(o_BLNK), probs) if output_attentions else out(o_BLNK)
 
   def _explicit_attention(self, q_BLNK, k_BLNK, v_BLNK, mask, deterministic: bool, output_attentions: bool):
@@ -387,41 +275,6 @@ def _as_context(context) -> dict:
   if isinstance(context, dict):
     return context
   return {"mask": context, "rope": None, "local_mask": None, "local_rope": None, "segments": None}
-
-
-def dense(cfg: BertConfig, features: int, names: tuple, name: str, use_bias: bool | None = None,
-          in_layer: bool = False) -> nn.Dense:
-  """A projection to `features` with logical axis names `names`; bias as `use_bias`, by default `dense_bias`.
-
-  Without `reshard_after_forward` its kernel is gathered once a step (`fsdp_gather`), except in a layer
-  of a scanned stack (`in_layer`): there the gathered copy kept for the backward pass is written into an
-  array of all layers, a copy that moves more bytes than gathering the kernel again (BERT-large phase 1 on
-  v3:8x8, 4 scanned layers: 1.410 -> 1.379 GB a core). The attention projections (`_Einsum`) keep their
-  single gather scanned too: gathered again, each needs a relayout copy for its matmul.
-
-  Its input's leading dims are taken as one (`rows_dot_general`), except in a layer of a scanned stack:
-  there the reshape cost the TPU step copies (the same 4 scanned layers: 1.377 -> 1.406 GB a core).
-  """
-  scanned = in_layer and cfg.scan_layers
-  dot_general = fsdp_gather.dot_general(names) if not cfg.reshard_after_forward and not scanned else jax.lax.dot_general
-  return nn.Dense(features, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name=name,
-                  use_bias=cfg.dense_bias if use_bias is None else use_bias,
-                  kernel_init=dense_init(cfg, names), bias_init=zeros(names[-1:]),
-                  dot_general=dot_general if scanned else rows_dot_general(dot_general))
-
-
-def rows_dot_general(dot_general):
-  """`dot_general` for `nn.Dense`, its input's leading dims taken as one: [B, L, H] @ [H, F] is the matmul
-  [B * L, H] @ [H, F], the same products. XLA:CPU ran the train step of `bench train`'s model 7% faster
-  so; the unrolled TPU step is the same or a little smaller (docs/performance.md). The leading dims are
-  the batch (sharded) and the length (not), so the reshape moves nothing between devices."""
-  def dot(lhs, rhs, dimension_numbers, **kwargs):
-    (lhs_contract, rhs_contract), batch_dims = dimension_numbers
-    if lhs.ndim <= 2 or batch_dims != ((), ()) or (tuple(lhs_contract), tuple(rhs_contract)) != ((lhs.ndim - 1,), (0,)):
-      return dot_general(lhs, rhs, dimension_numbers, **kwargs)
-    out = dot_general(lhs.reshape(-1, lhs.shape[-1]), rhs, (((1,), (0,)), ((), ())), **kwargs)
-    return out.reshape(*lhs.shape[:-1], *out.shape[1:])
-  return dot
 
 
 class BertLayer(nn.Module):

@@ -11,7 +11,7 @@ read, for the memory of every layer's gathered weights held from the forward pas
 
 The weight's gradient passes the gather as it comes (`custom_vjp`), constrained to the weight's sharding:
 the partitioner reduce-scatters the partial sums onto the shards there, in the gathered array's shape, before
-any reshape between it and the parameter (`encoder._Einsum`'s [H, N * K] matrices of [H, N, K] kernels:
+any reshape between it and the parameter (`projections.Einsum`'s [H, N * K] matrices of [H, N, K] kernels:
 reduce-scattered after the reshape, the gradient was written and read in the padded 3-D layout; BERT-large
 phase 1 on v3:8x8 with 4 layers: 1.216 -> 1.179 GB a core). (The shard_map's own transpose would all-reduce
 them first; a sharding constraint in place of the shard_map made XLA transpose the gathered weights with
@@ -19,7 +19,7 @@ copies.) Under a remat policy the gathered weight is named `GATHERED`, and
 `BertConfig.remat_checkpoint_policy` keeps it.
 
 It applies to the projections' kernels (attention, feed-forward, the heads' dense layers; in scanned
-layers the attention kernels only, `encoder.dense`); the embedding tables (`nn.Embed`, and the MLM
+layers the attention kernels only, `projections.dense`); the embedding tables (`nn.Embed`, and the MLM
 decoder tied to the word embeddings) are gathered as XLA chooses.
 
 Numerically the identity: the same bfloat16 (or float32) weight either way.
