@@ -86,6 +86,8 @@ def model_config(preset: str = "base") -> ml_collections.ConfigDict:
   m.constrain_attention_matrices = True
   # True: queries, keys and values from one matmul (models/projections.py `fused_qkv`; the same parameters)
   m.fused_qkv = False
+  # True: the feed-forward GELU recomputed in the backward pass of unrolled layers too (encoder.scan_recomputed)
+  m.recompute_gelu = False
   # True: the word-embedding lookup on each device's shard of the table, no table-sized gradient
   # (models/embedding_lookup.py); XLA's count prefers it on v5e phase 1 and 2, not on v3 (docs/performance.md)
   m.embedding_lookup_on_shards = False

@@ -184,7 +184,8 @@ def test_remat_does_not_change_gradients():
   # (encoder.layer_norm, encoder.scan_recomputed).
   for cfg, p in [(tiny(remat_policy="full"), params),
                  (tiny(remat_policy="minimal", scan_layers=True), model.scan_params(params)),
-                 (tiny(scan_layers=True), model.scan_params(params))]:
+                 (tiny(scan_layers=True), model.scan_params(params)),
+                 (tiny(recompute_gelu=True), params)]:
     grad_fn = jax.grad(loss_fn(cfg))
     assert "remat" in str(jax.make_jaxpr(grad_fn)(p))  # the switch really rematerialises
     got = jax.jit(grad_fn)(p)
@@ -193,16 +194,22 @@ def test_remat_does_not_change_gradients():
 
 def test_scanned_feed_forward_gelu_saves_its_input_alone(capsys):
   # Autodiff's exact GELU saves three [rows, intermediate] arrays for its backward pass; a scanned stack
-  # would stack each over the layers. Recomputed, it saves its input (and its gradient is the same).
+  # would stack each over the layers. Recomputed, it saves its input (and its gradient is the same); so it
+  # does unrolled with `recompute_gelu`, behind the CSE barrier (without it XLA merges the recomputation
+  # back into the forward pass).
   x = jnp.linspace(-4.0, 4.0, 96).reshape(8, 12)
   grads = {}
-  for scan in (False, True):
-    fn = model.scan_recomputed(tiny(scan_layers=scan), functools.partial(model.gelu, tiny()))
+  for layout, saves, prevent_cse in (({}, 3, None), ({"scan_layers": True}, 1, False),
+                                     ({"recompute_gelu": True}, 1, True)):
+    fn = model.scan_recomputed(tiny(**layout), functools.partial(model.gelu, tiny()))
     print_saved_residuals(lambda x: fn(x).sum(), x)
     saved = [line for line in capsys.readouterr().out.splitlines() if "[8,12]" in line]
-    assert len(saved) == (1 if scan else 3), saved
-    grads[scan] = jax.grad(lambda x: fn(x).sum())(x)
-  np.testing.assert_allclose(grads[True], grads[False], rtol=1e-6)
+    assert len(saved) == saves, (layout, saved)
+    remat = [e for e in jax.make_jaxpr(fn)(x).eqns if "prevent_cse" in e.params]   # jax.checkpoint's
+    assert [e.params["prevent_cse"] for e in remat] == ([] if prevent_cse is None else [prevent_cse]), layout
+    grads[tuple(layout)] = jax.grad(lambda x: fn(x).sum())(x)
+  for g in grads.values():
+    np.testing.assert_allclose(g, grads[()], rtol=1e-6)
 
 
 def test_dense_multiplies_its_inputs_rows_outside_a_scanned_stack():

@@ -72,7 +72,7 @@ ATTENTION_RESIDUALS = ("float32", "bfloat16", "autodiff")
 ATTENTION_SCORES = ("float32", "compute")
 # The fields that choose how the model computes, not what: a checkpoint's config gives the architecture and
 # the run's config these (`finetune.init.load_encoder`), with its dtype and dropout rates.
-COMPUTE_FIELDS = ("remat_policy", "reshard_after_forward", "constrain_attention_matrices", "fused_qkv",
+COMPUTE_FIELDS = ("remat_policy", "reshard_after_forward", "constrain_attention_matrices", "fused_qkv", "recompute_gelu",
                   "embedding_lookup_on_shards", "attention_kernel", "flash_bits", "dropout_bits",
                   "attention_residuals", "attention_scores")
 
@@ -109,6 +109,9 @@ class BertConfig:
   # True: queries, keys and values from one matmul with the three kernels side by side (`projections.fused_qkv`;
   # the same parameters and products); False: three.
   fused_qkv: bool = False
+  # True: the feed-forward GELU recomputed in the backward pass of unrolled layers too, as scanned layers
+  # always do (`encoder.scan_recomputed`); False: autodiff's, fused by XLA.
+  recompute_gelu: bool = False
   # True: the word-embedding lookup on each device's shard of the table (`embedding_lookup.py`: an
   # all-to-all, no table-sized gradient), where the layout allows; False: jnp.take, laid out by XLA.
   embedding_lookup_on_shards: bool = False
