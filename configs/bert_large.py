@@ -69,11 +69,15 @@ from configs import bert_base
 # recompute_gelu on v3's phase 1: the GELU recomputed in the backward pass, so the forward pass no longer
 # writes the erfc term three backward fusions read (encoder.scan_recomputed; 24 layers: 4.444 -> 4.394 GB
 # a core, MFU bound 79.2% -> 80.2%). The other steps were not compiled with it.
+# scan_layers on v3's phase1_tokens: compute-bound either way (compute 31.3 to 31.9 ms), so one compiled
+# layer body costs no step time by the estimate: memory 29.2 ms (13.2 GB by op) scanned against 23.8 ms
+# (10.7 GB) unrolled, compiled in 18.6 s against 78.6 s on a 2-core CPU (docs/performance.md). Phase 1
+# and phase 2 are memory-bound scanned (65% and 85% against 80% and 96%), so they stay unrolled.
 _V3 = {"remat_policy": "none", "dropout_bits": "hash"}
 _LITE = {"reshard_after_forward": True}
 MESHES = {
     ("v3:8x8", "phase1"): ((-1, 64, 2), _V3 | {"fused_qkv": True, "recompute_gelu": True}),
-    ("v3:8x8", "phase1_tokens"): ((-1, 64, 1), _V3),
+    ("v3:8x8", "phase1_tokens"): ((-1, 64, 1), _V3 | {"scan_layers": True}),
     ("v3:8x8", "phase2"): ((-1, 64, 1), _V3),
     ("v5e:8x8", "phase1"): ((-1, 32, 1), _LITE | {"remat_policy": "minimal", "embedding_lookup_on_shards": True}),
     ("v5e:8x8", "phase1_tokens"): ((-1, 32, 1), _LITE | {"remat_policy": "minimal"}),
