@@ -18,7 +18,8 @@ import json
 import os
 import signal
 import time
-from typing import Any
+import re
+from typing import Any, Mapping
 
 from absl import logging
 import jax
@@ -26,9 +27,11 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from bert_jax import failures
 from bert_jax import paths
+from bert_jax.models import encoder
 
 
 def _encode(data_state: Any) -> dict:
@@ -248,19 +251,88 @@ def split_path(path: str) -> tuple[str, int | None]:
 
 
 def restore_state(path: str, abstract_state: Any) -> Any:
-  """A TrainState from another run's checkpoint (`<dir>` = its latest step, or `<dir>/<step>`)."""
+  """A TrainState from another run's checkpoint (`<dir>` = its latest step, or `<dir>/<step>`), its encoder
+  layers stacked or one by one as `abstract_state` has them, whichever way they were saved (`relayout`)."""
   directory, step = split_path(path)
+  stored, wanted = _stored_layout(directory, step), layer_layout(abstract_state)
+  target = relayout(abstract_state, stored, abstract=True) if stored and wanted and stored != wanted else None
   checkpointer = Checkpointer(directory, keep=None, async_save=False)
   try:
     if step is None:   # the newest readable step; another run's directory is left as it is
-      state, _, step = checkpointer.restore_latest(abstract_state, move_aside=False)
+      state, _, step = checkpointer.restore_latest(target or abstract_state, move_aside=False)
       if step is None:
         raise failures.UserError(f"{path} holds no checkpoint")
     else:
-      state, _ = checkpointer.restore(abstract_state, step)
+      state, _ = checkpointer.restore(target or abstract_state, step)
   finally:
     checkpointer.close()
-  return state
+  return _relaid(state, abstract_state) if target else state
+
+
+# A run's encoder layers are saved as it ran them: scanned (`model.scan_layers`), stacked under `layers`
+# [N, ...]; unrolled, one by one under `layer_0..layer_{N-1}`; the params and every tree laid out like them
+# (Adam's moments) alike. Another run started from the checkpoint (phase 2 from phase 1's, scanned or
+# not) takes them in its own layout.
+SCANNED, UNROLLED = "scanned", "unrolled"
+
+
+def layer_layout(tree: Any) -> str | None:
+  """SCANNED or UNROLLED for the first dict in `tree` that holds encoder layers; None if none does."""
+  for d in jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, Mapping)):
+    if isinstance(d, Mapping) and (found := _dict_layout(d)):
+      return found
+  return None
+
+
+def _dict_layout(d: Mapping) -> str | None:
+  if "layers" in d:
+    return SCANNED
+  if any(re.fullmatch(r"layer_\d+", str(k)) for k in d):
+    return UNROLLED
+  return next((found for v in d.values() if isinstance(v, Mapping) and (found := _dict_layout(v))), None)
+
+
+def relayout(tree: Any, to: str, abstract: bool = False) -> Any:
+  """Every dict of `tree` (params, optimizer moments) in layout `to`: arrays, or with `abstract`
+  ShapeDtypeStructs whose NamedShardings gain or lose the layer axis (unsharded)."""
+  if abstract:
+    def stack(*xs):
+      return jax.ShapeDtypeStruct((len(xs),) + xs[0].shape, xs[0].dtype,
+                                  sharding=NamedSharding(xs[0].sharding.mesh, P(None, *xs[0].sharding.spec)))
+
+    def index(x, _):
+      return jax.ShapeDtypeStruct(x.shape[1:], x.dtype,
+                                  sharding=NamedSharding(x.sharding.mesh, P(*x.sharding.spec[1:])))
+    convert = (lambda d: encoder.scan_params(d, stack=stack, fill=lambda x: x)) if to == SCANNED else (
+        lambda d: encoder.unscan_params(d, index=index))
+  else:
+    convert = encoder.scan_params if to == SCANNED else encoder.unscan_params
+  return convert(tree)
+
+
+def _relaid(state: Any, abstract_state: Any) -> Any:
+  """`state` (restored in the other layout) in `abstract_state`'s layout and shardings."""
+  return jax.device_put(relayout(state, layer_layout(abstract_state)),
+                        jax.tree.map(lambda a: a.sharding, abstract_state))
+
+
+def _stored_layout(directory: str, step: int | None) -> str | None:
+  """The layer layout of the params saved at `step` (default the latest) in `directory`; None if there is
+  no step to read, or no encoder layers."""
+  manager = _reader(directory)
+  try:
+    step = manager.latest_step() if step is None else step
+    return None if step is None else layer_layout(manager.item_metadata(step).state["params"])
+  except (OSError, KeyError, TypeError, ValueError):
+    return None
+  finally:
+    manager.close()
+
+
+def _reader(directory: str):
+  with _orbax_warnings_off():
+    return ocp.CheckpointManager(epath.Path(paths.absolute(directory)), item_handlers={"state": ocp.PyTreeCheckpointHandler()},
+                                 options=ocp.CheckpointManagerOptions(read_only=True))
 
 
 def checkpoint_problem(path: str, items: tuple[str, ...] = ("state", "data")) -> str | None:
@@ -288,9 +360,7 @@ def restore_params(path: str, abstract_params: Any = None) -> Any:
   host numpy arrays, whatever mesh the checkpoint was written from.
   """
   directory, step = split_path(path)
-  with _orbax_warnings_off():
-    manager = ocp.CheckpointManager(epath.Path(paths.absolute(directory)), item_handlers={"state": ocp.PyTreeCheckpointHandler()},
-                                    options=ocp.CheckpointManagerOptions(read_only=True))
+  manager = _reader(directory)
   step = manager.latest_step() if step is None else step
   if step is None:
     raise FileNotFoundError(f"no checkpoint in {directory}")
@@ -313,6 +383,10 @@ def _orbax_warnings_off():
 def _restore_params(manager, step: int, abstract_params: Any) -> Any:
   metadata = manager.item_metadata(step).state
   param_meta = metadata["params"]
+  stored, wanted = layer_layout(param_meta), layer_layout(abstract_params)
+  if abstract_params is not None and stored and wanted and stored != wanted:   # the other layer layout
+    params = _restore_params(manager, step, relayout(abstract_params, stored, abstract=True))
+    return _relaid(params, abstract_params)
   if abstract_params is None:
     restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), param_meta)
   else:

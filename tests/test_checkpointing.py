@@ -179,3 +179,42 @@ def test_checkpoint_problem(tmp_path):
   assert "does not exist" in checkpointing.checkpoint_problem(str(tmp_path / "nowhere"))
   os.makedirs(tmp_path / "other" / "7")
   assert "has no state or data" in checkpointing.checkpoint_problem(str(tmp_path / "other"))
+
+
+def _layered_state(mesh, scanned: bool, n=3):
+  """A state with params and an optimizer tree laid out like them: encoder layers stacked or one by one."""
+  w, b = NamedSharding(mesh, P("fsdp", None)), NamedSharding(mesh, P())
+  layers = [{"kernel": jnp.arange(32.0).reshape(8, 4) + 100 * i, "bias": jnp.full(4, float(i))} for i in range(n)]
+  if scanned:
+    enc = {"layers": {"kernel": jax.device_put(jnp.stack([l["kernel"] for l in layers]),
+                                               NamedSharding(mesh, P(None, "fsdp", None))),
+                      "bias": jax.device_put(jnp.stack([l["bias"] for l in layers]), b)}}
+  else:
+    enc = {f"layer_{i}": {"kernel": jax.device_put(l["kernel"], w), "bias": jax.device_put(l["bias"], b)}
+           for i, l in enumerate(layers)}
+  params = {"encoder": enc, "head": {"w": jax.device_put(jnp.ones((8, 4)), w)}}
+  return {"params": params, "opt": (jnp.int32(3), jax.tree.map(lambda x: -x, params)), "step": jnp.int32(3)}
+
+
+@pytest.mark.parametrize("saved_scanned", [True, False])
+def test_another_runs_layers_are_restored_in_this_runs_layout(tmp_path, saved_scanned):
+  """Phase 2 (unrolled) from phase 1's checkpoint saved scanned, and the other way round: the params and the
+  trees laid out like them (Adam's moments) take the restoring run's layout and shardings, values kept."""
+  mesh_config = common.mesh_config()
+  mesh_config.fsdp = 4
+  mesh = sharding.create_mesh(mesh_config)
+  ckpt = checkpointing.Checkpointer(str(tmp_path / "ckpt"), async_save=False)
+  ckpt.save(3, _layered_state(mesh, saved_scanned), {})
+  ckpt.close()
+  want = _layered_state(mesh, not saved_scanned)
+  assert checkpointing.layer_layout(want) == ("unrolled" if saved_scanned else "scanned")
+  state = checkpointing.restore_state(str(tmp_path / "ckpt"), _abstract(want))
+  assert jax.tree.structure(state) == jax.tree.structure(want)
+  jax.tree.map(np.testing.assert_array_equal, state, want)
+  specs = lambda tree: jax.tree.map(lambda x: x.sharding.spec, (tree["params"], tree["opt"][1]))   # noqa: E731
+  assert specs(state) == specs(want)
+  params = checkpointing.restore_params(str(tmp_path / "ckpt" / "3"), _abstract(want)["params"])
+  jax.tree.map(np.testing.assert_array_equal, params, want["params"])
+  # Without an abstract tree the params come back as saved.
+  assert checkpointing.layer_layout(checkpointing.restore_params(str(tmp_path / "ckpt"))) == (
+      "scanned" if saved_scanned else "unrolled")

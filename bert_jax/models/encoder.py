@@ -476,15 +476,26 @@ def _attentions(cfg: BertConfig, probs: list, input_mask):
 
 
 def _map_layer_dicts(tree, fn):
-  if not isinstance(tree, dict):
+  """`fn` applied to every dict in `tree`, outermost first, through any pytree containers around them (an
+  optimizer state's tuples around its moments)."""
+  if isinstance(tree, dict):
+    tree = fn(tree)
+    return {k: _map_layer_dicts(v, fn) for k, v in tree.items()}
+  if tree is None or jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(tree)):
     return tree
-  tree = fn(tree)
-  return {k: _map_layer_dicts(v, fn) for k, v in tree.items()}
+  return jax.tree.map(lambda x: _map_layer_dicts(x, fn), tree, is_leaf=lambda x: isinstance(x, dict))
 
 
-def scan_params(params):
-  """Unscanned -> scanned layout: every `layer_0..layer_{N-1}` group becomes `layers` [N, ...]."""
-  def stack(d):
+def _stack(*xs):
+  return np.stack(xs) if isinstance(xs[0], np.ndarray) else jnp.stack(xs)
+
+
+def scan_params(params, stack=_stack, fill=np.ones_like):
+  """Unscanned -> scanned layout: every `layer_0..layer_{N-1}` group becomes `layers` [N, ...].
+
+  `stack` joins the N layers' leaves and `fill` makes a leaf layer 0 lacks (pre_norm's attention norm) from
+  layer 1's; other trees laid out like the params (optimizer moments, abstract shapes) pass their own."""
+  def group(d):
     n = sum(1 for k in d if re.fullmatch(r"layer_\d+", k))
     if not n:
       return d
@@ -492,19 +503,18 @@ def scan_params(params):
     if n > 1 and set(layers[0]) < set(layers[1]):
       # pre_norm: layer 0 has no attention norm; scanned, its step holds an unused one (ones, as initialised).
       missing = {k: v for k, v in layers[1].items() if k not in layers[0]}
-      layers[0] = {**jax.tree.map(np.ones_like, missing), **layers[0]}
+      layers[0] = {**jax.tree.map(fill, missing), **layers[0]}
     rest = {k: v for k, v in d.items() if not re.fullmatch(r"layer_\d+", k)}
-    return {**rest, "layers": jax.tree.map(lambda *xs: np.stack(xs) if isinstance(xs[0], np.ndarray)
-                                           else jnp.stack(xs), *layers)}
-  return _map_layer_dicts(params, stack)
+    return {**rest, "layers": jax.tree.map(stack, *layers)}
+  return _map_layer_dicts(params, group)
 
 
-def unscan_params(params):
-  """Scanned -> unscanned layout (inverse of `scan_params`)."""
+def unscan_params(params, index=lambda x, i: x[i]):
+  """Scanned -> unscanned layout (inverse of `scan_params`); `index(leaf, i)` takes layer i of a leaf."""
   def split(d):
     if "layers" not in d:
       return d
     n = jax.tree.leaves(d["layers"])[0].shape[0]
     rest = {k: v for k, v in d.items() if k != "layers"}
-    return {**rest, **{f"layer_{i}": jax.tree.map(lambda x: x[i], d["layers"]) for i in range(n)}}
+    return {**rest, **{f"layer_{i}": jax.tree.map(lambda x: index(x, i), d["layers"]) for i in range(n)}}
   return _map_layer_dicts(params, split)
