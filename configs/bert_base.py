@@ -40,6 +40,12 @@ PHASES = ("phase1", "phase1_tokens", "phase2")
 # compute-bound from 16 x 2 x 1 on: 1 x 32 x 1 first by 0.002 ms of XLA's FLOPs, 2 x 16 x 1 as good) and 4
 # (phase1_tokens); data -1 takes what is left of the devices.
 MESHES = {"phase1": (-1, 32, 1), "phase1_tokens": (-1, 32, 1), "phase2": (-1, 32, 1)}
+# Phases whose layers are scanned (one compiled layer body): where the step is compute-bound either way, so
+# the scanned step's extra bytes cost no step time by the estimate. phase1_tokens on v3:4x4: memory 32.7 ms
+# (14.7 GB by op) scanned against 27.5 ms (12.4 GB) unrolled, under compute 36.4 to 38.4 ms; compiled in
+# 24.9 s against 68.7 s on a 2-core CPU. Phase 1 is memory-bound and phase 2 nearly so (memory 39.5 against
+# compute 44.1 ms unrolled): unrolled (docs/performance.md, "Scanned or unrolled layers").
+SCANNED_PHASES = ("phase1_tokens",)
 
 
 def get_config(arg: str = "phase1", preset: str = "base"):
@@ -64,6 +70,7 @@ def get_config(arg: str = "phase1", preset: str = "base"):
   c.topology = "v3:4x4"       # 16 chips (A.2)
   c.peak_flops_per_device = tpu_chips.peak_flops_per_device(c.topology)   # for MFU
   c.mesh.data, c.mesh.fsdp, c.mesh.tensor = MESHES[arg]
+  c.model.scan_layers = arg in SCANNED_PHASES
   # Each weight all-gathered once a step, kept for the backward pass (models/fsdp_gather.py): on v3 fewer
   # bytes in every phase (phase 1 MFU bound 82% -> 86%) for 0.06 to 0.14 GiB a core (docs/performance.md).
   c.model.reshard_after_forward = False

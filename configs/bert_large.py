@@ -72,9 +72,10 @@ from configs import bert_base
 # scan_layers on v3's phase1_tokens: compute-bound either way (compute 31.3 to 31.9 ms), so one compiled
 # layer body costs no step time by the estimate: memory 29.2 ms (13.2 GB by op) scanned against 23.8 ms
 # (10.7 GB) unrolled, compiled in 18.6 s against 78.6 s on a 2-core CPU (docs/performance.md). Phase 1
-# and phase 2 are memory-bound scanned (65% and 85% against 80% and 96%), so they stay unrolled.
-_V3 = {"remat_policy": "none", "dropout_bits": "hash"}
-_LITE = {"reshard_after_forward": True}
+# and phase 2 are memory-bound scanned (65% and 85% against 80% and 96%), so they stay unrolled, as do
+# v5e's and v6e's memory-bound steps (bert_base.py scans its own phase1_tokens; here each entry says).
+_V3 = {"remat_policy": "none", "dropout_bits": "hash", "scan_layers": False}
+_LITE = {"reshard_after_forward": True, "scan_layers": False}
 MESHES = {
     ("v3:8x8", "phase1"): ((-1, 64, 2), _V3 | {"fused_qkv": True, "recompute_gelu": True}),
     ("v3:8x8", "phase1_tokens"): ((-1, 64, 1), _V3 | {"scan_layers": True}),

@@ -126,6 +126,18 @@ def test_bert_paper_schedule(module):
     module.get_config("phase3")
 
 
+def test_only_the_compute_bound_steps_scan_their_layers():
+  """One compiled layer body only where the step is compute-bound either way (v3's phase1_tokens): a config
+  built on bert_base's must not inherit it for a memory-bound step on another chip or objective."""
+  scanned = {name for name, c in CONFIGS.items() if c.model.scan_layers}
+  assert {n for n in scanned if n.startswith(("bert_base", "bert_large"))} == {
+      "bert_base.py:phase1_tokens", "bert_large.py:phase1_tokens"}
+  for topology, phase in bert_large.MESHES:
+    c = bert_large.get_config(f"{phase},{topology}")
+    assert c.model.scan_layers == (topology == "v3:8x8" and phase == "phase1_tokens"), (topology, phase)
+  assert not ltr_base.get_config("phase1_tokens").model.scan_layers
+
+
 @pytest.mark.parametrize("module, lr, warmup", [(roberta_base, 6e-4, 24_000), (roberta_large, 4e-4, 30_000)])
 def test_roberta_paper_schedule(module, lr, warmup):
   """Liu et al. 2019, Table 9."""
