@@ -161,14 +161,20 @@ class Checkpointer:
     step = self.latest_step() if step is None else step
     if step is None:
       raise FileNotFoundError(f"no checkpoint in {self.directory}")
-    args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore())
+    # Saved in the other layer layout (another run's, or this run's before `scan_layers` changed): read as
+    # saved, then laid out as `abstract_state` is.
+    stored, wanted = _stored_layout(self.directory, step), layer_layout(abstract_state)
+    relaid = bool(stored and wanted and stored != wanted)
+    target = relayout(abstract_state, stored, abstract=True) if relaid else abstract_state
+    args = ocp.args.Composite(state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore())
     restored = self.manager.restore(step, args=args)
     hosts = restored.data["hosts"]
     if len(hosts) != jax.process_count():
       raise failures.UserError(
           f"checkpoint {self.directory}/{step} was written by {len(hosts)} hosts; this job has "
           f"{jax.process_count()}: the data position of each host cannot be carried over")
-    return restored.state, _decode(hosts[jax.process_index()])
+    state = _relaid(restored.state, abstract_state) if relaid else restored.state
+    return state, _decode(hosts[jax.process_index()])
 
   def restore_latest(self, abstract_state: Any, move_aside: bool = True,
                      at_most: int | None = None) -> tuple[Any, Any, int | None]:
@@ -254,25 +260,23 @@ def restore_state(path: str, abstract_state: Any) -> Any:
   """A TrainState from another run's checkpoint (`<dir>` = its latest step, or `<dir>/<step>`), its encoder
   layers stacked or one by one as `abstract_state` has them, whichever way they were saved (`relayout`)."""
   directory, step = split_path(path)
-  stored, wanted = _stored_layout(directory, step), layer_layout(abstract_state)
-  target = relayout(abstract_state, stored, abstract=True) if stored and wanted and stored != wanted else None
   checkpointer = Checkpointer(directory, keep=None, async_save=False)
   try:
     if step is None:   # the newest readable step; another run's directory is left as it is
-      state, _, step = checkpointer.restore_latest(target or abstract_state, move_aside=False)
+      state, _, step = checkpointer.restore_latest(abstract_state, move_aside=False)
       if step is None:
         raise failures.UserError(f"{path} holds no checkpoint")
     else:
-      state, _ = checkpointer.restore(target or abstract_state, step)
+      state, _ = checkpointer.restore(abstract_state, step)
   finally:
     checkpointer.close()
-  return _relaid(state, abstract_state) if target else state
+  return state
 
 
 # A run's encoder layers are saved as it ran them: scanned (`model.scan_layers`), stacked under `layers`
 # [N, ...]; unrolled, one by one under `layer_0..layer_{N-1}`; the params and every tree laid out like them
-# (Adam's moments) alike. Another run started from the checkpoint (phase 2 from phase 1's, scanned or
-# not) takes them in its own layout.
+# (Adam's moments) alike. A restore (another run started from the checkpoint, phase 2 from phase 1's; or
+# this run resumed with `scan_layers` changed) takes them in its own layout.
 SCANNED, UNROLLED = "scanned", "unrolled"
 
 
@@ -319,11 +323,15 @@ def _relaid(state: Any, abstract_state: Any) -> Any:
 def _stored_layout(directory: str, step: int | None) -> str | None:
   """The layer layout of the params saved at `step` (default the latest) in `directory`; None if there is
   no step to read, or no encoder layers."""
-  manager = _reader(directory)
   try:
-    step = manager.latest_step() if step is None else step
-    return None if step is None else layer_layout(manager.item_metadata(step).state["params"])
-  except (OSError, KeyError, TypeError, ValueError):
+    manager = _reader(directory)
+  except Exception:  # pylint: disable=broad-except  (the restore that follows reports what is wrong)
+    return None
+  try:
+    with _orbax_warnings_off():
+      step = manager.latest_step() if step is None else step
+      return None if step is None else layer_layout(manager.item_metadata(step).state["params"])
+  except Exception:  # pylint: disable=broad-except  (a damaged step: the restore says so)
     return None
   finally:
     manager.close()
@@ -331,7 +339,8 @@ def _stored_layout(directory: str, step: int | None) -> str | None:
 
 def _reader(directory: str):
   with _orbax_warnings_off():
-    return ocp.CheckpointManager(epath.Path(paths.absolute(directory)), item_handlers={"state": ocp.PyTreeCheckpointHandler()},
+    return ocp.CheckpointManager(epath.Path(paths.absolute(str(directory))),
+                                 item_handlers={"state": ocp.PyTreeCheckpointHandler()},
                                  options=ocp.CheckpointManagerOptions(read_only=True))
 
 
