@@ -220,17 +220,15 @@ def test_another_runs_layers_are_restored_in_this_runs_layout(tmp_path, saved_sc
       "scanned" if saved_scanned else "unrolled")
 
 
-def test_a_run_resumed_with_its_layers_scanned_takes_its_own_checkpoint():
+def test_a_run_resumed_with_its_layers_scanned_takes_its_own_checkpoint(tmp_path):
   """Resuming (`restore_latest`) after `model.scan_layers` changed lays the run's own checkpoint out anew."""
-  import tempfile   # pylint: disable=g-import-not-at-top
   mesh = sharding.create_mesh(common.mesh_config())
-  with tempfile.TemporaryDirectory() as d:
-    ckpt = checkpointing.Checkpointer(d, async_save=False)
-    ckpt.save(3, _layered_state(mesh, scanned=False), {"batch": 3})
-    ckpt.close()
-    ckpt = checkpointing.Checkpointer(d, async_save=False)
-    want = _layered_state(mesh, scanned=True)
-    state, data_state, step = ckpt.restore_latest(_abstract(want))
-    ckpt.close()
+  ckpt = checkpointing.Checkpointer(str(tmp_path), async_save=False)
+  ckpt.save(3, _layered_state(mesh, scanned=False), {"batch": 3})
+  ckpt.close()
+  ckpt = checkpointing.Checkpointer(str(tmp_path), async_save=False)
+  want = _layered_state(mesh, scanned=True)
+  state, data_state, step = ckpt.restore_latest(_abstract(want))
+  ckpt.close()
   assert (step, data_state) == (3, {"batch": 3})
   jax.tree.map(np.testing.assert_array_equal, state, want)
