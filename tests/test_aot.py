@@ -42,6 +42,14 @@ def test_aot_counts_a_scanned_layer_stack_per_layer(tmp_path):
   assert max(r["trips"] for r in scanned["traffic"]["top_ops"]) == 4
   assert s["memory_seconds"] == pytest.approx(s["step_bytes"] / s["hbm_bandwidth"])
   assert s["model_flops"] == u["model_flops"]
+  # The matmuls, each trip counted, are the model's FLOPs; recomputed in the backward pass (remat "full"),
+  # a third more, which the compute is charged (scaling XLA's count to the model's left them out).
+  assert u["loop_flops"] is None and s["loop_flops"] == pytest.approx(s["model_flops"], rel=0.02)
+  proc, remat = _aot(tmp_path / "remat", {**layers, "model.scan_layers": True, "model.remat_policy": "full"}, [])
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  r = remat["time_per_step"]
+  assert 1.15 * r["model_flops"] < r["loop_flops"] == r["step_flops"] < 1.5 * r["model_flops"]
+  assert r["compute_seconds"] == pytest.approx(r["loop_flops"] / r["peak_flops"])
 
 
 # A non-BERT objective: SpanBERT brings its own batch fields (span boundaries) and head (SBO).

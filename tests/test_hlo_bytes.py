@@ -436,3 +436,61 @@ def test_a_fusion_beside_a_collective_and_an_update_in_place_count_each_output_w
   update = HLO.replace("ROOT %fusion.2 = f32[16,8]{1,0} fusion", "ROOT %fusion.2 = f32[16,8]{1,0:S(1)} fusion")
   rows = {r["name"]: r for r in hlo_bytes.traffic(update)}
   assert rows["fusion.2"]["bytes"] == 52 and rows["fusion.2"]["on_chip_bytes"] == 32
+
+
+# Matmuls as a TPU step prints them: a dot and a convolution over a padded window (a gradient's product) in
+# a loop body of 3 trips, and in the entry a batched matmul as a convolution over a dilated input.
+MATMULS = """HloModule jit_step, is_scheduled=true
+
+%fused_products (p0: f32[4,8], p1: f32[8,16], p2: f32[2,3,16,1], p3: f32[8,4,16,1]) -> (f32[4,16], f32[2,3,8,4]) {
+  %p0 = f32[4,8]{1,0} parameter(0)
+  %p1 = f32[8,16]{1,0} parameter(1)
+  %p2 = f32[2,3,16,1]{3,2,1,0} parameter(2)
+  %p3 = f32[8,4,16,1]{3,2,1,0} parameter(3)
+  %dot.1 = f32[4,16]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %convolution.1 = f32[2,3,8,4]{3,2,1,0} convolution(%p2, %p3), window={size=1x8 pad=0_0x7_7 rhs_reversal=0x1}, dim_labels=0bf1_1oi0->0b1f
+  ROOT %t = (f32[4,16]{1,0}, f32[2,3,8,4]{3,2,1,0}) tuple(%dot.1, %convolution.1)
+}
+
+%fused_batched (q0: f32[3,2,6], q1: f32[3,6,5]) -> f32[3,2,5] {
+  %q0 = f32[3,2,6]{2,1,0} parameter(0)
+  %q1 = f32[3,6,5]{2,1,0} parameter(1)
+  ROOT %convolution-base-dilated.1 = f32[3,2,5]{2,1,0} convolution(%q0, %q1), window={size=3 stride=2 lhs_dilate=3}, dim_labels=0bf_0io->0bf
+}
+
+%body (state: (s32[], f32[4,8], f32[8,16], f32[2,3,16,1], f32[8,4,16,1])) -> (s32[], f32[4,8], f32[8,16], f32[2,3,16,1], f32[8,4,16,1]) {
+  %state = (s32[], f32[4,8]{1,0}, f32[8,16]{1,0}, f32[2,3,16,1]{3,2,1,0}, f32[8,4,16,1]{3,2,1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%state), index=0
+  %x = f32[4,8]{1,0} get-tuple-element(%state), index=1
+  %w = f32[8,16]{1,0} get-tuple-element(%state), index=2
+  %dy = f32[2,3,16,1]{3,2,1,0} get-tuple-element(%state), index=3
+  %k = f32[8,4,16,1]{3,2,1,0} get-tuple-element(%state), index=4
+  %fusion.1 = (f32[4,16]{1,0}, f32[2,3,8,4]{3,2,1,0}) fusion(%x, %w, %dy, %k), kind=kOutput, calls=%fused_products
+  %one = s32[] constant(1)
+  %next = s32[] add(%i, %one)
+  ROOT %tuple.1 = (s32[], f32[4,8]{1,0}, f32[8,16]{1,0}, f32[2,3,16,1]{3,2,1,0}, f32[8,4,16,1]{3,2,1,0}) tuple(%next, %x, %w, %dy, %k)
+}
+
+%cond (state.1: (s32[], f32[4,8], f32[8,16], f32[2,3,16,1], f32[8,4,16,1])) -> pred[] {
+  %state.1 = (s32[], f32[4,8]{1,0}, f32[8,16]{1,0}, f32[2,3,16,1]{3,2,1,0}, f32[8,4,16,1]{3,2,1,0}) parameter(0)
+  %gte.2 = s32[] get-tuple-element(%state.1), index=0
+  %three = s32[] constant(3)
+  ROOT %lt = pred[] compare(%gte.2, %three), direction=LT
+}
+
+ENTRY %main (init: (s32[], f32[4,8], f32[8,16], f32[2,3,16,1], f32[8,4,16,1]), a: f32[3,2,6], b: f32[3,6,5]) -> f32[3,2,5] {
+  %init = (s32[], f32[4,8]{1,0}, f32[8,16]{1,0}, f32[2,3,16,1]{3,2,1,0}, f32[8,4,16,1]{3,2,1,0}) parameter(0)
+  %a = f32[3,2,6]{2,1,0} parameter(1)
+  %b = f32[3,6,5]{2,1,0} parameter(2)
+  %while.1 = (s32[], f32[4,8]{1,0}, f32[8,16]{1,0}, f32[2,3,16,1]{3,2,1,0}, f32[8,4,16,1]{3,2,1,0}) while(%init), condition=%cond, body=%body
+  ROOT %fusion.2 = f32[3,2,5]{2,1,0} fusion(%a, %b), kind=kOutput, calls=%fused_batched
+}
+"""
+
+
+def test_matmul_flops_count_each_product_per_trip_and_only_the_taps_that_meet_the_input():
+  # The dot: 2 x 4 x 16 outputs x 8 contracted. The padded convolution: each of its 2 x 3 x 8 x 4 outputs
+  # meets one of the 8 taps (the other 7 fall on padding) and contracts 16 features. Both 3 times.
+  # The batched one: 3 batches of [2, 6] x [6, 5], each output one tap of its window over the dilated input.
+  loop = 2 * 4 * 16 * 8 + 2 * (2 * 3 * 8 * 4) * 16
+  assert hlo_bytes.matmul_flops(MATMULS) == 3 * loop + 2 * 3 * 2 * 5 * 6

@@ -125,7 +125,7 @@ def memory_report(compiled, hbm_per_device: float) -> dict[str, float]:
 
 def time_report(compiled, chip: Chip, model_flops_per_device: float, loop_trips: int = 1,
                 kernel: dict | None = None, loop_bytes: float | None = None,
-                on_chip_share: float = 0.0) -> dict[str, Any]:
+                on_chip_share: float = 0.0, loop_flops: float | None = None) -> dict[str, Any]:
   """Estimated step time per device: max(FLOPs / peak, bytes accessed / HBM bandwidth).
 
   `loop_trips` is how often the step runs its outermost loop (`micro_batches`), which XLA counts once.
@@ -133,6 +133,9 @@ def time_report(compiled, chip: Chip, model_flops_per_device: float, loop_trips:
   attention kernel: `flops.kernel_attention_per_row`'s model FLOPs, FLOPs and bytes); added to its counts.
   `loop_bytes`: for a step with loops, the bytes its ops move with each loop body counted per trip
   (`loop_bytes()`); it replaces XLA's count, which counts them once (and is otherwise scaled as the FLOPs).
+  `loop_flops`: for a step with loops, the FLOPs of its matmuls with each loop body counted per trip
+  (`hlo_bytes.matmul_flops`): the compute is charged these where they exceed the analytic count (a remat
+  policy's recomputed matmuls in a scanned stack, which scaling XLA's count up to the model's leaves out).
   `on_chip_share`: the fraction of the step's bytes in on-chip memory spaces, by `hlo_bytes`' count (the
   same share of XLA's count is taken as on chip); the "hbm_" fields
   are the step without them (on-chip traffic free), the others charge them at HBM bandwidth.
@@ -147,7 +150,8 @@ def time_report(compiled, chip: Chip, model_flops_per_device: float, loop_trips:
   visible = model_flops_per_device - kernel["model_flops"]
   loop_factor = max(float(loop_trips), visible / xla_flops if xla_flops else 1.0)
   peak, bandwidth = chip.peak_flops / chip.cores, chip.hbm_bandwidth / chip.cores
-  compute_s = (xla_flops * loop_factor + kernel_flops) / peak
+  step_flops = max(xla_flops * loop_factor, loop_flops or 0.0)
+  compute_s = (step_flops + kernel_flops) / peak
   step_bytes = xla_bytes * loop_factor if loop_bytes is None else loop_bytes
   memory_s = (step_bytes + kernel_bytes) / bandwidth
   step_s = max(compute_s, memory_s)
@@ -159,7 +163,8 @@ def time_report(compiled, chip: Chip, model_flops_per_device: float, loop_trips:
       "bytes_source": "xla" if loop_bytes is None else "hlo_bytes",
       # XLA's own estimate, when it has one (negative values, seen for v5e, mean none).
       "xla_optimal_seconds": optimal if (optimal := float(cost.get("optimal_seconds", -1.0))) > 0 else None,
-      "model_flops": model_flops_per_device, "loop_factor": loop_factor,
+      "model_flops": model_flops_per_device, "loop_factor": loop_factor, "loop_flops": loop_flops,
+      "step_flops": step_flops,
       "kernel_flops": kernel_flops, "kernel_bytes": kernel_bytes,
       "peak_flops": peak, "hbm_bandwidth": bandwidth,
       "compute_seconds": compute_s, "memory_seconds": memory_s, "step_seconds": step_s,
@@ -231,6 +236,7 @@ def run(config, topology: str, report_top: int = 0, hlo_path: str = "", compile_
   timing = time_report(compiled, chip, objectives.train_flops_per_step(config) / n, int(config.micro_batches),
                        kernel={k: v * config.global_batch_size / n for k, v in per_row.items()},
                        loop_bytes=loop_bytes(text, traffic),
+                       loop_flops=hlo_bytes.matmul_flops(text) if _WHILE.search(text) else None,
                        on_chip_share=traffic["on_chip_bytes"] / traffic["total_bytes"] if traffic["total_bytes"] else 0.0)
   report = {
       **report, "compile_seconds": compile_s, "lower_seconds": lower_s,
@@ -348,7 +354,9 @@ def format_report(r: dict[str, Any]) -> str:
   m, t = r["memory_per_device"], r["time_per_step"]
   gib = lambda b: f"{b / GiB:7.2f} GiB"   # noqa: E731
   mesh = " x ".join(f"{axis} {size}" for axis, size in r["mesh"].items())
-  kernel_flops = kernel_bytes = ""
+  kernel_flops = kernel_bytes = loop_flops = ""
+  if t and t.get("loop_flops"):
+    loop_flops = f"; matmuls, loop bodies per trip, {t['loop_flops'] / 1e12:.2f}"
   if t and t.get("kernel_flops"):
     kernel_flops = f" + attention kernel {t['kernel_flops'] / 1e12:.2f}"
     kernel_bytes = f" + attention kernel {t['kernel_bytes'] / 1e9:.1f} GB, estimated"
@@ -375,7 +383,8 @@ def format_report(r: dict[str, Any]) -> str:
       + ("fits" if m["fits"] else "DOES NOT FIT"),
       "estimated step time per device:",
       f"  compute {1e3 * t['compute_seconds']:.1f} ms ({t['model_flops'] / 1e12:.2f} model TFLOP, XLA "
-      f"{t['xla_flops'] / 1e12:.2f} x{t['loop_factor']:.1f}{kernel_flops} at {t['peak_flops'] / 1e12:.1f} TFLOP/s)",
+      f"{t['xla_flops'] / 1e12:.2f} x{t['loop_factor']:.1f}{kernel_flops}"
+      f"{loop_flops} at {t['peak_flops'] / 1e12:.1f} TFLOP/s)",
       f"  memory  {1e3 * t['memory_seconds']:.1f} ms ({t['step_bytes'] / 1e9:.1f} GB"
       f"{' by op, loop bodies per trip' if t['bytes_source'] == 'hlo_bytes' else ''}"
       f"{kernel_bytes} at {t['hbm_bandwidth'] / 1e9:.0f} GB/s)",

@@ -434,22 +434,86 @@ def source(op: Op) -> str:
   return re.sub(r"layer_\d+", "layer_*", name)
 
 
+def _runs(entry: str, computations: dict[str, list[Op]]) -> tuple[list[str], collections.Counter]:
+  """Every computation that runs ops of its own, breadth-first from the entry, and how often it runs a step
+  (a loop body per trip)."""
+  runs, order = collections.Counter({entry: 1}), [entry]
+  for comp in order:
+    for op in computations.get(comp, []):
+      for callee, n in _called(op, computations):
+        if callee not in runs:
+          order.append(callee)
+        runs[callee] += runs[comp] * n
+  return order, runs
+
+
+def matmul_flops(text: str) -> float:
+  """The FLOPs of a compiled step's matrix products, each loop body counted per trip (XLA's cost analysis
+  counts it once): every `dot` and `convolution` (TPU's compiler writes matmuls as convolutions), inside
+  fusions too, at 2 x its result's elements x the size it contracts. No elementwise work: for a step with
+  loops, a count of the matmuls it runs, recomputed ones (a remat policy's) included."""
+  entry, computations = parse_module(text)
+  shapes = {op.name: op.shape for ops in computations.values() for op in ops}
+  order, runs = _runs(entry, computations)
+  return sum(runs[comp] * _flops(op, computations, shapes) for comp in order for op in computations.get(comp, []))
+
+
+def _dims(shape: str) -> list[int]:
+  arrays = _ARRAY.findall(shape)
+  return [int(d) for d in arrays[0][1].split(",") if d] if arrays else []
+
+
+def _flops(op: Op, computations: dict[str, list[Op]], shapes: dict[str, str], depth: int = 0) -> float:
+  if op.opcode == "fusion":
+    return 0.0 if depth > 8 else sum(_flops(o, computations, shapes, depth + 1)
+                                     for o in _calls(op, computations) or [])
+  if op.opcode not in ("dot", "convolution") or len(op.operands) < 2:
+    return 0.0
+  out = math.prod(_dims(op.shape))
+  if op.opcode == "dot":
+    lhs = _dims(shapes.get(op.operands[0], ""))
+    m = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", op.attrs)
+    contracted = math.prod(lhs[int(d)] for d in m.group(1).split(",") if d) if m and lhs else 1
+    return 2.0 * out * contracted
+  # convolution: per output element, the kernel's input features times the window's taps that land on an
+  # input element (not on padding, nor between the elements of a dilated input: TPU's batched matmuls lay
+  # batch dims out as spatial dims with a window over a dilated input, which meets one element in each).
+  lhs, rhs = _dims(shapes.get(op.operands[0], "")), _dims(shapes.get(op.operands[1], ""))
+  labels = re.search(r"dim_labels=([^_\s,]*)_([^-\s,]*)->([^\s,]*)", op.attrs)
+  if not lhs or not rhs or not labels or "i" not in labels.group(2):
+    return 0.0
+  lhs_labels, rhs_labels, out_labels = labels.groups()
+  out_dims = _dims(op.shape)
+  spatial = sorted(c for c in out_labels if c.isdigit())
+  window = m.group(1) if (m := re.search(r"window=\{([^}]*)\}", op.attrs)) else ""
+  def field(name, default):
+    m = re.search(rf"\b{name}=([\d_x]+)", window)
+    return m.group(1).split("x") if m else [default] * len(spatial)
+  sizes, strides = field("size", "1"), field("stride", "1")
+  pads, lhs_dilate, rhs_dilate = field("pad", "0_0"), field("lhs_dilate", "1"), field("rhs_dilate", "1")
+  pairs = 1
+  for j, dim in enumerate(spatial):
+    n_in, n_out = lhs[lhs_labels.index(dim)], out_dims[out_labels.index(dim)]
+    size, stride, low = int(sizes[j]), int(strides[j]), int(pads[j].split("_")[0])
+    d_in, d_k = int(lhs_dilate[j]), int(rhs_dilate[j])
+    pairs *= sum(1 for o in range(n_out) for k in range(size)
+                 if 0 <= (p := o * stride + k * d_k - low) <= (n_in - 1) * d_in and p % d_in == 0)
+  per_position = math.prod(out_dims) // max(1, math.prod(out_dims[out_labels.index(d)] for d in spatial))
+  return 2.0 * per_position * rhs[rhs_labels.index("i")] * pairs
+
+
 def traffic(text: str) -> list[dict]:
   """Per executed op: name, category, source, shape, trips (per step), bytes (per step: per run x trips)
   and on_chip_bytes (those of them in on-chip memory spaces)."""
   entry, computations = parse_module(text)
   shapes = {op.name: op.shape for ops in computations.values() for op in ops}
-  rows, runs = [], collections.Counter({entry: 1})
-  order = [entry]
-  for comp in order:   # breadth-first from the entry: every computation that runs ops of its own
+  rows = []
+  order, runs = _runs(entry, computations)
+  for comp in order:
     for op in computations.get(comp, []):
       if op.opcode == "while" and trip_count(op, computations) is None:
         rows.append({"name": op.name, "category": UNKNOWN_LOOP, "source": source(op), "shape": op.shape,
                      "trips": runs[comp], "bytes": 0.0})
-      for callee, n in _called(op, computations):
-        if callee not in runs:
-          order.append(callee)
-        runs[callee] += runs[comp] * n
   for comp in order:
     trips = runs[comp]
     for op in computations.get(comp, []):
