@@ -71,6 +71,10 @@ def get_config(arg: str = "phase1", preset: str = "base"):
   c.peak_flops_per_device = tpu_chips.peak_flops_per_device(c.topology)   # for MFU
   c.mesh.data, c.mesh.fsdp, c.mesh.tensor = MESHES[arg]
   c.model.scan_layers = arg in SCANNED_PHASES
+  # Dropout's bits from a counter hash of each element's index (models/dropout.py), as bert_large.py's v3
+  # steps: XLA counts fewer FLOPs than threefry's and the same bytes (v3:4x4 phase 2 compute-bound, MFU bound
+  # 89% -> 95%, compiled in 104.9 -> 70.9 s; phase 1 95% -> 96%, 53.7 -> 41.2 s; docs/performance.md).
+  c.model.dropout_bits = "hash"
   # Each weight all-gathered once a step, kept for the backward pass (models/fsdp_gather.py): on v3 fewer
   # bytes in every phase (phase 1 MFU bound 82% -> 86%) for 0.06 to 0.14 GiB a core (docs/performance.md).
   c.model.reshard_after_forward = False

@@ -75,7 +75,7 @@ from configs import bert_base
 # and phase 2 are memory-bound scanned (65% and 85% against 80% and 96%), so they stay unrolled, as do
 # v5e's and v6e's memory-bound steps (bert_base.py scans its own phase1_tokens; here each entry says).
 _V3 = {"remat_policy": "none", "dropout_bits": "hash", "scan_layers": False}
-_LITE = {"reshard_after_forward": True, "scan_layers": False}
+_LITE = {"reshard_after_forward": True, "scan_layers": False, "dropout_bits": "threefry"}
 MESHES = {
     ("v3:8x8", "phase1"): ((-1, 64, 2), _V3 | {"fused_qkv": True, "recompute_gelu": True}),
     ("v3:8x8", "phase1_tokens"): ((-1, 64, 1), _V3 | {"scan_layers": True}),

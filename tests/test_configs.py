@@ -126,7 +126,7 @@ def test_bert_paper_schedule(module):
     module.get_config("phase3")
 
 
-def test_only_the_compute_bound_steps_scan_their_layers():
+def test_layers_scanned_and_dropout_hashed_only_on_the_steps_that_gain():
   """One compiled layer body only where the step is compute-bound either way (v3's phase1_tokens): a config
   built on bert_base's must not inherit it for a memory-bound step on another chip or objective."""
   scanned = {name for name, c in CONFIGS.items() if c.model.scan_layers}
@@ -136,6 +136,12 @@ def test_only_the_compute_bound_steps_scan_their_layers():
     c = bert_large.get_config(f"{phase},{topology}")
     assert c.model.scan_layers == (topology == "v3:8x8" and phase == "phase1_tokens"), (topology, phase)
   assert not ltr_base.get_config("phase1_tokens").model.scan_layers
+  # Likewise the dropout bits: the counter hash on v3, where XLA counts fewer FLOPs with it; threefry's on
+  # v5e and v6e, where it counted fewer bytes.
+  for topology, phase in bert_large.MESHES:
+    bits = bert_large.get_config(f"{phase},{topology}").model.dropout_bits
+    assert bits == ("hash" if topology.startswith("v3") else "threefry"), (topology, phase)
+  assert {bert_base.get_config(p).model.dropout_bits for p in bert_base.PHASES} == {"hash"}
 
 
 @pytest.mark.parametrize("module, lr, warmup", [(roberta_base, 6e-4, 24_000), (roberta_large, 4e-4, 30_000)])
