@@ -23,14 +23,14 @@ from test_train import data_dir  # noqa: F401  (the prepared-corpus fixture)
 
 WORKER = textwrap.dedent("""
     import json, sys
-    process_id, port, data_dir, workdir, steps = sys.argv[1:]
+    process_id, port, data_dir, workdir, steps, scan = sys.argv[1:]
     import jax
     jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2,
                                process_id=int(process_id), initialization_timeout=120)
     from bert_jax import train
     from test_train import tiny_config
     config = tiny_config(data_dir, train_steps=int(steps), checkpoint_every=1000, eval_steps=0,
-                         **{"optimizer.total_steps": 20})
+                         **{"optimizer.total_steps": 20, "model.scan_layers": scan == "scan"})
     results = train.train_and_evaluate(config, workdir)
     print("RESULT " + json.dumps({"processes": jax.process_count(), "devices": jax.device_count(),
                                   "loss": results["train/loss"]}), flush=True)
@@ -44,12 +44,14 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _launch_pair(data_dir, workdir, steps) -> list[dict]:
-  """Runs both processes to completion (or kills both); returns each one's RESULT line."""
+def _launch_pair(data_dir, workdir, steps, scan=False) -> list[dict]:
+  """Runs both processes to completion (or kills both); returns each one's RESULT line. `scan`: the
+  model's layers scanned."""
   env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2",
              PYTHONPATH=os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "tests")]))
   port = _free_port()
-  procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(i), str(port), data_dir, workdir, str(steps)],
+  procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(i), str(port), data_dir, workdir, str(steps),
+                             "scan" if scan else "unrolled"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
            for i in range(2)]
   outputs = []
@@ -90,6 +92,18 @@ def test_two_processes_train_checkpoint_and_resume(data_dir, tmp_path):  # noqa:
   # The second launch resumed at step 4: steps 1-4 are not trained (nor logged) again.
   assert _logged_steps(workdir) == [1, 2, 3, 4, 5, 6]
   assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["4", "6"]
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_two_processes_resume_a_scanned_run_unrolled(data_dir, tmp_path):  # noqa: F811
+  """The checkpoint of a run with its layers scanned, sharded over both processes, resumed with them
+  unrolled: the params and Adam moments are laid out anew on each host (`checkpointing.relayout`)."""
+  workdir = str(tmp_path / "run")
+  _launch_pair(data_dir, workdir, steps=4, scan=True)
+  second = _launch_pair(data_dir, workdir, steps=6)
+  assert second[0]["loss"] == second[1]["loss"]
+  assert _logged_steps(workdir) == [1, 2, 3, 4, 5, 6]
 
 
 def _cli(process_id: int, port: int, data_dir, workdir, heartbeat_s: int) -> list[str]:  # noqa: F811
