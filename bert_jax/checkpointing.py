@@ -163,9 +163,11 @@ class Checkpointer:
       raise FileNotFoundError(f"no checkpoint in {self.directory}")
     # Saved in the other layer layout (another run's, or this run's before `scan_layers` changed): read as
     # saved, then laid out as `abstract_state` is.
-    stored, wanted = _stored_layout(self.directory, step), layer_layout(abstract_state)
-    relaid = bool(stored and wanted and stored != wanted)
-    target = relayout(abstract_state, stored, abstract=True) if relaid else abstract_state
+    wanted = layer_layout(abstract_state)
+    saved = _saved_params(self.directory, step) if wanted else None
+    stored = layer_layout(saved)
+    relaid = bool(stored and stored != wanted)
+    target = relayout(abstract_state, stored, abstract=True, saved=saved) if relaid else abstract_state
     args = ocp.args.Composite(state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore())
     restored = self.manager.restore(step, args=args)
     hosts = restored.data["hosts"]
@@ -296,9 +298,17 @@ def _dict_layout(d: Mapping) -> str | None:
   return next((found for v in d.values() if isinstance(v, Mapping) and (found := _dict_layout(v))), None)
 
 
-def relayout(tree: Any, to: str, abstract: bool = False) -> Any:
+def relayout(tree: Any, to: str, abstract: bool = False, saved: Any = None) -> Any:
   """Every dict of `tree` (params, optimizer moments) in layout `to`: arrays, or with `abstract`
-  ShapeDtypeStructs whose NamedShardings gain or lose the layer axis (unsharded)."""
+  ShapeDtypeStructs whose NamedShardings gain or lose the layer axis (unsharded).
+
+  A stack whose layers differ in their params (pre_norm's layer 0, which has no attention norm), in `tree`
+  or in the `saved` params it is to match, is not laid out anew: scanned, its layer 0 holds an unused norm
+  the unrolled stack lacks (a UserError)."""
+  if _uneven_layers(tree) or _uneven_layers(saved):
+    raise failures.UserError(
+        "the checkpoint's encoder layers and this run's are laid out differently (model.scan_layers), and "
+        "its layer 0 has params the others lack (pre_norm): run with scan_layers as it was saved")
   if abstract:
     def stack(*xs):
       return jax.ShapeDtypeStruct((len(xs),) + xs[0].shape, xs[0].dtype,
@@ -314,15 +324,29 @@ def relayout(tree: Any, to: str, abstract: bool = False) -> Any:
   return convert(tree)
 
 
+def _uneven_layers(tree: Any) -> bool:
+  """Whether an unrolled stack in `tree` has layers with different params (pre_norm's layer 0)."""
+  def paths(t):
+    return {jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(t)[0]}
+
+  def uneven(d):
+    if not isinstance(d, Mapping):
+      return False
+    if "layer_0" in d and "layer_1" in d:
+      return paths(d["layer_0"]) != paths(d["layer_1"])
+    return any(uneven(v) for v in d.values())
+  return any(uneven(d) for d in jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, Mapping)))
+
+
 def _relaid(state: Any, abstract_state: Any) -> Any:
   """`state` (restored in the other layout) in `abstract_state`'s layout and shardings."""
   return jax.device_put(relayout(state, layer_layout(abstract_state)),
                         jax.tree.map(lambda a: a.sharding, abstract_state))
 
 
-def _stored_layout(directory: str, step: int | None) -> str | None:
-  """The layer layout of the params saved at `step` (default the latest) in `directory`; None if there is
-  no step to read, or no encoder layers."""
+def _saved_params(directory: str, step: int | None) -> Any:
+  """The metadata of the params saved at `step` (default the latest) in `directory`; None if there is no
+  step or the state holds no params."""
   try:
     manager = _reader(directory)
   except Exception:  # pylint: disable=broad-except  (the restore that follows reports what is wrong)
@@ -330,9 +354,9 @@ def _stored_layout(directory: str, step: int | None) -> str | None:
   try:
     with _orbax_warnings_off():
       step = manager.latest_step() if step is None else step
-      return None if step is None else layer_layout(manager.item_metadata(step).state["params"])
-  except Exception:  # pylint: disable=broad-except  (a damaged step: the restore says so)
-    return None
+      return None if step is None else manager.item_metadata(step).state["params"]
+  except (KeyError, TypeError):   # no params in the state: nothing to lay out (a read that fails is raised,
+    return None                   # and `restore_latest` takes the step as unreadable on every host)
   finally:
     manager.close()
 
@@ -394,7 +418,7 @@ def _restore_params(manager, step: int, abstract_params: Any) -> Any:
   param_meta = metadata["params"]
   stored, wanted = layer_layout(param_meta), layer_layout(abstract_params)
   if abstract_params is not None and stored and wanted and stored != wanted:   # the other layer layout
-    params = _restore_params(manager, step, relayout(abstract_params, stored, abstract=True))
+    params = _restore_params(manager, step, relayout(abstract_params, stored, abstract=True, saved=param_meta))
     return _relaid(params, abstract_params)
   if abstract_params is None:
     restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), param_meta)

@@ -14,6 +14,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from bert_jax import checkpointing
+from bert_jax import failures
 from bert_jax import sharding
 from configs import common
 
@@ -181,16 +182,20 @@ def test_checkpoint_problem(tmp_path):
   assert "has no state or data" in checkpointing.checkpoint_problem(str(tmp_path / "other"))
 
 
-def _layered_state(mesh, scanned: bool, n=3):
-  """A state with params and an optimizer tree laid out like them: encoder layers stacked or one by one."""
+def _layered_state(mesh, scanned: bool, n=3, pre_norm=False):
+  """A state with params and an optimizer tree laid out like them: encoder layers stacked or one by one
+  (`pre_norm`: layer 0 without the others' norm when unrolled, as pre_norm's)."""
   w, b = NamedSharding(mesh, P("fsdp", None)), NamedSharding(mesh, P())
   layers = [{"kernel": jnp.arange(32.0).reshape(8, 4) + 100 * i, "bias": jnp.full(4, float(i))} for i in range(n)]
   if scanned:
     enc = {"layers": {"kernel": jax.device_put(jnp.stack([l["kernel"] for l in layers]),
                                                NamedSharding(mesh, P(None, "fsdp", None))),
                       "bias": jax.device_put(jnp.stack([l["bias"] for l in layers]), b)}}
+    if pre_norm:
+      enc["layers"]["norm"] = jax.device_put(jnp.ones((n, 4)), b)
   else:
-    enc = {f"layer_{i}": {"kernel": jax.device_put(l["kernel"], w), "bias": jax.device_put(l["bias"], b)}
+    enc = {f"layer_{i}": {"kernel": jax.device_put(l["kernel"], w), "bias": jax.device_put(l["bias"], b),
+                          **({"norm": jax.device_put(jnp.ones(4), b)} if pre_norm and i else {})}
            for i, l in enumerate(layers)}
   params = {"encoder": enc, "head": {"w": jax.device_put(jnp.ones((8, 4)), w)}}
   return {"params": params, "opt": (jnp.int32(3), jax.tree.map(lambda x: -x, params)), "step": jnp.int32(3)}
@@ -232,3 +237,18 @@ def test_a_run_resumed_with_its_layers_scanned_takes_its_own_checkpoint(tmp_path
   ckpt.close()
   assert (step, data_state) == (3, {"batch": 3})
   jax.tree.map(np.testing.assert_array_equal, state, want)
+
+
+@pytest.mark.parametrize("saved_scanned", [True, False])
+def test_a_pre_norm_stack_in_the_other_layout_is_refused_by_name(tmp_path, saved_scanned):
+  """Layer 0 of a pre_norm stack has no attention norm unrolled and an unused one scanned: not laid out
+  anew, and the error says how to run instead of calling every step unreadable."""
+  mesh = sharding.create_mesh(common.mesh_config())
+  ckpt = checkpointing.Checkpointer(str(tmp_path), async_save=False)
+  ckpt.save(3, _layered_state(mesh, saved_scanned, pre_norm=True), {})
+  ckpt.close()
+  ckpt = checkpointing.Checkpointer(str(tmp_path), async_save=False)
+  with pytest.raises(failures.UserError, match="pre_norm.*scan_layers as it was saved"):
+    ckpt.restore_latest(_abstract(_layered_state(mesh, not saved_scanned, pre_norm=True)))
+  ckpt.close()
+  assert sorted(os.listdir(tmp_path)) == ["3"]   # nothing moved aside

@@ -134,8 +134,8 @@ def time_report(compiled, chip: Chip, model_flops_per_device: float, loop_trips:
   `loop_bytes`: for a step with loops, the bytes its ops move with each loop body counted per trip
   (`loop_bytes()`); it replaces XLA's count, which counts them once (and is otherwise scaled as the FLOPs).
   `loop_flops`: for a step with loops, the FLOPs of its matmuls with each loop body counted per trip
-  (`hlo_bytes.matmul_flops`): the compute is charged these where they exceed the analytic count (a remat
-  policy's recomputed matmuls in a scanned stack, which scaling XLA's count up to the model's leaves out).
+  (`hlo_bytes.matmul_flops`): the compute is charged these where they exceed XLA's count scaled by the loop
+  factor (up to the model's FLOPs in a scanned stack, which leaves out a remat policy's recomputed matmuls).
   `on_chip_share`: the fraction of the step's bytes in on-chip memory spaces, by `hlo_bytes`' count (the
   same share of XLA's count is taken as on chip); the "hbm_" fields
   are the step without them (on-chip traffic free), the others charge them at HBM bandwidth.

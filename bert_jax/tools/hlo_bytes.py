@@ -487,7 +487,7 @@ def _flops(op: Op, computations: dict[str, list[Op]], shapes: dict[str, str], de
   spatial = sorted(c for c in out_labels if c.isdigit())
   window = m.group(1) if (m := re.search(r"window=\{([^}]*)\}", op.attrs)) else ""
   def field(name, default):
-    m = re.search(rf"\b{name}=([\d_x]+)", window)
+    m = re.search(rf"\b{name}=([-\d_x]+)", window)
     return m.group(1).split("x") if m else [default] * len(spatial)
   sizes, strides = field("size", "1"), field("stride", "1")
   pads, lhs_dilate, rhs_dilate = field("pad", "0_0"), field("lhs_dilate", "1"), field("rhs_dilate", "1")
