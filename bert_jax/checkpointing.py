@@ -18,8 +18,7 @@ import json
 import os
 import signal
 import time
-import re
-from typing import Any, Mapping
+from typing import Any
 
 from absl import logging
 import jax
@@ -31,7 +30,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from bert_jax import failures
 from bert_jax import paths
-from bert_jax.models import encoder
+from bert_jax.models import layouts
 
 
 def _encode(data_state: Any) -> dict:
@@ -163,19 +162,16 @@ class Checkpointer:
       raise FileNotFoundError(f"no checkpoint in {self.directory}")
     # Saved in the other layer layout (another run's, or this run's before `scan_layers` changed): read as
     # saved, then laid out as `abstract_state` is.
-    wanted = layer_layout(abstract_state)
-    saved = _saved_params(self.directory, step) if wanted else None
-    stored = layer_layout(saved)
-    relaid = bool(stored and stored != wanted)
-    target = relayout(abstract_state, stored, abstract=True, saved=saved) if relaid else abstract_state
-    args = ocp.args.Composite(state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore())
+    saved = _saved_params(self.directory, step) if layer_layout(abstract_state) else None
+    target = _in_saved_layout(abstract_state, saved)
+    args = ocp.args.Composite(state=ocp.args.StandardRestore(target or abstract_state), data=ocp.args.JsonRestore())
     restored = self.manager.restore(step, args=args)
     hosts = restored.data["hosts"]
     if len(hosts) != jax.process_count():
       raise failures.UserError(
           f"checkpoint {self.directory}/{step} was written by {len(hosts)} hosts; this job has "
           f"{jax.process_count()}: the data position of each host cannot be carried over")
-    state = _relaid(restored.state, abstract_state) if relaid else restored.state
+    state = _relaid(restored.state, abstract_state) if target else restored.state
     return state, _decode(hosts[jax.process_index()])
 
   def restore_latest(self, abstract_state: Any, move_aside: bool = True,
@@ -275,27 +271,10 @@ def restore_state(path: str, abstract_state: Any) -> Any:
   return state
 
 
-# A run's encoder layers are saved as it ran them: scanned (`model.scan_layers`), stacked under `layers`
-# [N, ...]; unrolled, one by one under `layer_0..layer_{N-1}`; the params and every tree laid out like them
-# (Adam's moments) alike. A restore (another run started from the checkpoint, phase 2 from phase 1's; or
-# this run resumed with `scan_layers` changed) takes them in its own layout.
-SCANNED, UNROLLED = "scanned", "unrolled"
-
-
-def layer_layout(tree: Any) -> str | None:
-  """SCANNED or UNROLLED for the first dict in `tree` that holds encoder layers; None if none does."""
-  for d in jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, Mapping)):
-    if isinstance(d, Mapping) and (found := _dict_layout(d)):
-      return found
-  return None
-
-
-def _dict_layout(d: Mapping) -> str | None:
-  if "layers" in d:
-    return SCANNED
-  if any(re.fullmatch(r"layer_\d+", str(k)) for k in d):
-    return UNROLLED
-  return next((found for v in d.values() if isinstance(v, Mapping) and (found := _dict_layout(v))), None)
+# A run's encoder layers are saved in the layout it ran them in (`models/layouts.py`), the params and every
+# tree laid out like them (Adam's moments) alike. A restore (another run started from the checkpoint, phase 2
+# from phase 1's; or this run resumed with `scan_layers` changed) takes them in its own layout.
+layer_layout = layouts.layer_layout
 
 
 def relayout(tree: Any, to: str, abstract: bool = False, saved: Any = None) -> Any:
@@ -305,7 +284,7 @@ def relayout(tree: Any, to: str, abstract: bool = False, saved: Any = None) -> A
   A stack whose layers differ in their params (pre_norm's layer 0, which has no attention norm), in `tree`
   or in the `saved` params it is to match, is not laid out anew: scanned, its layer 0 holds an unused norm
   the unrolled stack lacks (a UserError)."""
-  if _uneven_layers(tree) or _uneven_layers(saved):
+  if layouts.uneven_layers(tree) or layouts.uneven_layers(saved):
     raise failures.UserError(
         "the checkpoint's encoder layers and this run's are laid out differently (model.scan_layers), and "
         "its layer 0 has params the others lack (pre_norm): run with scan_layers as it was saved")
@@ -317,25 +296,18 @@ def relayout(tree: Any, to: str, abstract: bool = False, saved: Any = None) -> A
     def index(x, _):
       return jax.ShapeDtypeStruct(x.shape[1:], x.dtype,
                                   sharding=NamedSharding(x.sharding.mesh, P(*x.sharding.spec[1:])))
-    convert = (lambda d: encoder.scan_params(d, stack=stack, fill=lambda x: x)) if to == SCANNED else (
-        lambda d: encoder.unscan_params(d, index=index))
+    convert = (lambda d: layouts.scan_params(d, stack=stack, fill=lambda x: x)) if to == layouts.SCANNED else (
+        lambda d: layouts.unscan_params(d, index=index))
   else:
-    convert = encoder.scan_params if to == SCANNED else encoder.unscan_params
+    convert = layouts.scan_params if to == layouts.SCANNED else layouts.unscan_params
   return convert(tree)
 
 
-def _uneven_layers(tree: Any) -> bool:
-  """Whether an unrolled stack in `tree` has layers with different params (pre_norm's layer 0)."""
-  def paths(t):
-    return {jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(t)[0]}
-
-  def uneven(d):
-    if not isinstance(d, Mapping):
-      return False
-    if "layer_0" in d and "layer_1" in d:
-      return paths(d["layer_0"]) != paths(d["layer_1"])
-    return any(uneven(v) for v in d.values())
-  return any(uneven(d) for d in jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, Mapping)))
+def _in_saved_layout(abstract: Any, saved: Any) -> Any:
+  """`abstract` (ShapeDtypeStructs) in the layer layout of the `saved` params' metadata where it differs from
+  it, to restore them as saved; None where it does not (or either holds no encoder layers)."""
+  stored, wanted = layer_layout(saved), layer_layout(abstract)
+  return relayout(abstract, stored, abstract=True, saved=saved) if stored and wanted and stored != wanted else None
 
 
 def _relaid(state: Any, abstract_state: Any) -> Any:
@@ -416,10 +388,8 @@ def _orbax_warnings_off():
 def _restore_params(manager, step: int, abstract_params: Any) -> Any:
   metadata = manager.item_metadata(step).state
   param_meta = metadata["params"]
-  stored, wanted = layer_layout(param_meta), layer_layout(abstract_params)
-  if abstract_params is not None and stored and wanted and stored != wanted:   # the other layer layout
-    params = _restore_params(manager, step, relayout(abstract_params, stored, abstract=True, saved=param_meta))
-    return _relaid(params, abstract_params)
+  if (target := _in_saved_layout(abstract_params, param_meta)) is not None:   # the other layer layout
+    return _relaid(_restore_params(manager, step, target), abstract_params)
   if abstract_params is None:
     restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), param_meta)
   else:

@@ -17,12 +17,10 @@ linear layers without biases (`norm_bias`, `dense_bias`) and alternating global 
 """
 
 import functools
-import re
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from bert_jax.models import dropout
 from bert_jax.models import embedding_lookup
@@ -37,6 +35,8 @@ from bert_jax.models.config import BertConfig, HF_MODEL_TYPES, PRESETS, REMAT_PO
 from bert_jax.models.config import _GELU_APPROXIMATE, _HF_KEYS  # noqa: F401
 # The linear layers live in `projections`; these are used here and by the callers of `encoder`.
 from bert_jax.models.projections import constrain as _constrain, dense, dense_init, zeros
+# The params' layer layouts (scanned or unrolled) are `layouts`'; re-exported for the callers of `encoder`.
+from bert_jax.models.layouts import scan_params, unscan_params  # noqa: F401
 
 
 def layer_norm(cfg: BertConfig, name: str) -> nn.Module:
@@ -473,48 +473,3 @@ def _attentions(cfg: BertConfig, probs: list, input_mask):
       p = jnp.zeros(p.shape[:1] + (cfg.num_heads,) + p.shape[2:], p.dtype).at[:, list(cfg.kept_heads(i))].set(p)
     full.append(p * input_mask[:, None, :, None].astype(p.dtype))
   return jnp.stack(full)
-
-
-def _map_layer_dicts(tree, fn):
-  """`fn` applied to every dict in `tree`, outermost first, through any pytree containers around them (an
-  optimizer state's tuples around its moments)."""
-  if isinstance(tree, dict):
-    tree = fn(tree)
-    return {k: _map_layer_dicts(v, fn) for k, v in tree.items()}
-  if tree is None or jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(tree)):
-    return tree
-  return jax.tree.map(lambda x: _map_layer_dicts(x, fn), tree, is_leaf=lambda x: isinstance(x, dict))
-
-
-def _stack(*xs):
-  return np.stack(xs) if isinstance(xs[0], np.ndarray) else jnp.stack(xs)
-
-
-def scan_params(params, stack=_stack, fill=np.ones_like):
-  """Unscanned -> scanned layout: every `layer_0..layer_{N-1}` group becomes `layers` [N, ...].
-
-  `stack` joins the N layers' leaves and `fill` makes a leaf layer 0 lacks (pre_norm's attention norm) from
-  layer 1's; other trees laid out like the params (optimizer moments, abstract shapes) pass their own."""
-  def group(d):
-    n = sum(1 for k in d if re.fullmatch(r"layer_\d+", k))
-    if not n:
-      return d
-    layers = [d[f"layer_{i}"] for i in range(n)]
-    if n > 1 and set(layers[0]) < set(layers[1]):
-      # pre_norm: layer 0 has no attention norm; scanned, its step holds an unused one (ones, as initialised).
-      missing = {k: v for k, v in layers[1].items() if k not in layers[0]}
-      layers[0] = {**jax.tree.map(fill, missing), **layers[0]}
-    rest = {k: v for k, v in d.items() if not re.fullmatch(r"layer_\d+", k)}
-    return {**rest, "layers": jax.tree.map(stack, *layers)}
-  return _map_layer_dicts(params, group)
-
-
-def unscan_params(params, index=lambda x, i: x[i]):
-  """Scanned -> unscanned layout (inverse of `scan_params`); `index(leaf, i)` takes layer i of a leaf."""
-  def split(d):
-    if "layers" not in d:
-      return d
-    n = jax.tree.leaves(d["layers"])[0].shape[0]
-    rest = {k: v for k, v in d.items() if k != "layers"}
-    return {**rest, **{f"layer_{i}": jax.tree.map(lambda x: index(x, i), d["layers"]) for i in range(n)}}
-  return _map_layer_dicts(params, split)
