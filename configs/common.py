@@ -91,6 +91,9 @@ def model_config(preset: str = "base") -> ml_collections.ConfigDict:
   # True: the word-embedding lookup on each device's shard of the table, no table-sized gradient
   # (models/embedding_lookup.py); XLA's count prefers it on v5e phase 1 and 2, not on v3 (docs/performance.md)
   m.embedding_lookup_on_shards = False
+  # True: the pretraining MLM decoder and its cross-entropy on each device's slice of the vocabulary, no
+  # gathered table, no logits leaving the devices (models/vocab_split.py; docs/performance.md)
+  m.decoder_on_shards = False
   # "xla", "splash": Pallas' block-sparse TPU attention kernel (models/splash.py; no [B, N, L, L] scores), or
   # "flash": a Pallas TPU kernel for training attention with its dropout (models/flash_dropout.py), whose
   # dropout bits are `flash_bits`: "hash" (the same on every backend) or "hardware" (the TPU's generator).

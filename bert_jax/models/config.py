@@ -73,7 +73,7 @@ ATTENTION_SCORES = ("float32", "compute")
 # The fields that choose how the model computes, not what: a checkpoint's config gives the architecture and
 # the run's config these (`finetune.init.load_encoder`), with its dtype and dropout rates.
 COMPUTE_FIELDS = ("remat_policy", "reshard_after_forward", "constrain_attention_matrices", "fused_qkv",
-                  "recompute_gelu", "embedding_lookup_on_shards", "attention_kernel", "flash_bits", "dropout_bits",
+                  "recompute_gelu", "embedding_lookup_on_shards", "decoder_on_shards", "attention_kernel", "flash_bits", "dropout_bits",
                   "attention_residuals", "attention_scores")
 
 
@@ -115,6 +115,11 @@ class BertConfig:
   # True: the word-embedding lookup on each device's shard of the table (`embedding_lookup.py`: an
   # all-to-all, no table-sized gradient), where the layout allows; False: jnp.take, laid out by XLA.
   embedding_lookup_on_shards: bool = False
+  # True: the pretraining MLM head's decoder (tied to the word embeddings) and its cross-entropy on each
+  # device's slice of the vocabulary (`vocab_split.py`: no gathered table, no logits leave the devices),
+  # where the layout allows and the masked positions' labels are given; False: `tied_logits` on the table,
+  # laid out by XLA.
+  decoder_on_shards: bool = False
   # ALBERT: embeddings (and their LayerNorm) of this width, projected to hidden_size; the MLM head maps back
   # to it. None: no projection (BERT). Set equal to hidden_size, the projection is still there (as in ALBERT).
   embedding_size: int | None = None

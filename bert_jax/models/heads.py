@@ -9,6 +9,7 @@ import jax.numpy as jnp
 
 from bert_jax.models import dropout
 from bert_jax.models import encoder as model
+from bert_jax.models import vocab_split
 from bert_jax.models.tied_decoder import tied_logits
 
 _OPTIONAL_ENCODER_INPUTS = ("position_ids", "example_ids")
@@ -32,11 +33,17 @@ class MaskedLMHead(nn.Module):
   config: model.BertConfig
 
   @nn.compact
-  def __call__(self, x, word_embeddings_VE):
+  def __call__(self, x, word_embeddings_VE, labels=None):
+    """Logits [..., V] float32; with `labels` [B, P] and `decoder_on_shards`, where its layout applies,
+    {"mlm_nll", "mlm_correct"} [B, P] float32 instead (`vocab_split.masked_lm_sums`)."""
     cfg = self.config
     x = model.gelu(cfg, model.dense(cfg, cfg.embedding_dim, ("embed", "mlp"), "transform")(x))
     x = model.layer_norm(cfg, "layer_norm")(x)
     bias = self.param("output_bias", model.zeros(("vocab",)), (cfg.vocab_size,), cfg.param_dtype)
+    if cfg.decoder_on_shards and labels is not None:
+      sums = vocab_split.masked_lm_sums(x.astype(cfg.dtype), word_embeddings_VE.astype(cfg.dtype), bias, labels)
+      if sums is not None:
+        return {"mlm_nll": sums[0], "mlm_correct": sums[1]}
     # Logits in float32: the vocabulary softmax is taken by the loss.
     logits = tied_logits(x.astype(cfg.dtype), word_embeddings_VE.astype(cfg.dtype), bias)
     return nn.with_logical_constraint(logits, ("activation_batch", "activation_length", "activation_vocab"))
@@ -54,7 +61,8 @@ class BertForPreTraining(nn.Module):
 
   @nn.compact
   def __call__(self, batch: dict, *, deterministic: bool = True) -> dict:
-    """Returns {"mlm_logits": [B, P, V] (or [B, L, V]), "nsp_logits": [B, 2] or [B, K, 2]} in float32."""
+    """Returns {"mlm_logits": [B, P, V] (or [B, L, V]), "nsp_logits": [B, 2] or [B, K, 2]} in float32; with
+    `decoder_on_shards`, where it applies, "mlm_nll" and "mlm_correct" [B, P] in place of "mlm_logits"."""
     cfg = self.config
     bert = model.BertEncoder(cfg, name="bert")
     nsp_positions = batch.get("next_sentence_positions")
@@ -65,7 +73,9 @@ class BertForPreTraining(nn.Module):
     if not self.mlm_all_positions:
       # Project only the masked positions to the vocabulary, as google-research/bert does.
       x = gather_positions(x, batch["masked_lm_positions"])
-    result = {"mlm_logits": MaskedLMHead(cfg, name="mlm")(x, bert.word_embeddings())}
+    labels = None if self.mlm_all_positions else batch.get("masked_lm_ids")
+    mlm = MaskedLMHead(cfg, name="mlm")(x, bert.word_embeddings(), labels)
+    result = dict(mlm) if isinstance(mlm, dict) else {"mlm_logits": mlm}
     if self.use_nsp:
       nsp = model.dense(cfg, 2, ("embed", None), "nsp", use_bias=True)
       result["nsp_logits"] = nsp(out["pooled_output"]).astype(jnp.float32)

@@ -60,12 +60,17 @@ def _sentence_weights(batch: base.Batch) -> jax.Array:
 def mlm_sums(outputs: dict, batch: base.Batch, mlm_all_positions: bool = False) -> dict[str, jax.Array]:
   """`mlm_loss_sum`, `mlm_weight`, `mlm_correct` at the masked positions.
 
-  With `mlm_all_positions` the MLM logits are [B, L, V] and are gathered at the masked positions here.
+  With `mlm_all_positions` the MLM logits are [B, L, V] and are gathered at the masked positions here. A head
+  with `decoder_on_shards` gives each position's -log p(label) and correctness instead of logits.
   """
+  weights = batch["masked_lm_weights"].astype(jnp.float32)
+  if "mlm_nll" in outputs:
+    return {"mlm_loss_sum": jnp.sum(outputs["mlm_nll"] * weights), "mlm_weight": jnp.sum(weights),
+            "mlm_correct": jnp.sum(outputs["mlm_correct"] * weights)}
   logits = outputs["mlm_logits"]
   if mlm_all_positions:
     logits = jnp.take_along_axis(logits, batch["masked_lm_positions"][..., None], axis=1)
-  return base.term_sums("mlm", logits, batch["masked_lm_ids"], batch["masked_lm_weights"].astype(jnp.float32))
+  return base.term_sums("mlm", logits, batch["masked_lm_ids"], weights)
 
 
 def loss_sums(outputs: dict, batch: base.Batch, config=None) -> dict[str, jax.Array]:

@@ -1,0 +1,116 @@
+"""The MLM decoder tied to the word embeddings, and its cross-entropy, on each device's slice of the vocabulary.
+
+Under FSDP the word-embedding table [V, E] is split by columns over the fsdp axis (`embed` -> `fsdp` in
+`config.logical_axis_rules`, and by rows over `tensor` where `vocab` -> `tensor`). `heads.tied_logits` on
+the sharded table makes XLA's partitioner all-gather it on every device in the compute dtype ([V / tensor,
+E]: 32 MB a core for BERT-large on v3:8x8 phase 1), read it in both passes, write the table's whole
+gradient and reduce-scatter it: about 175 MB a core a step by op there, for the 80 masked rows a core
+(docs/performance.md).
+
+`masked_lm_sums` does it in a `shard_map` instead. Each device pads its shard's rows to a multiple of the
+fsdp size and trades column blocks for row blocks with an all-to-all over fsdp, so that it holds whole
+rows of its own slice of the vocabulary, [V / (tensor * fsdp), E] (the padding: at most fsdp - 1 rows of
+zeros a tensor slice, whose logits get a bias of -1e9). The masked rows of the fsdp group are gathered
+([rows / data, E]: the masked positions' vectors, not the table), each device takes the logits of its
+slice through `heads.tied_logits`, and the cross-entropy's reductions over the vocabulary become psums
+over the slices: the max, the sum of exponentials, the label's logit; argmax's first index of the max
+is a pmin of each slice's first. No logits leave the devices. In the backward pass the rows' gradient is
+reduce-scattered over fsdp before it is summed over tensor, and the table's goes back through the
+all-to-all onto the shard.
+
+Numerically it is `objectives.base.cross_entropy_sums` on `tied_logits`: the same products in the same
+dtypes, the sums over the vocabulary in another order (`tests/test_vocab_split.py` compares losses and
+gradients). Outside a mesh-and-rules context, or for a layout it does not cover (the table's columns not
+split over a batch axis of the rows, a vocabulary the tensor axis does not divide, rows the mesh does not
+divide, as at init), it returns None and the caller takes the logits.
+
+`BertConfig.decoder_on_shards` turns it on for the masked LM head of `heads.BertForPreTraining`.
+"""
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from bert_jax import sharding
+from bert_jax.models import embedding_lookup
+from bert_jax.models.tied_decoder import tied_logits
+
+TABLE_AXES = embedding_lookup.TABLE_AXES
+ROWS_AXES = ("activation_batch", None, "activation_embed")
+PAD_BIAS = -1e9   # the logit of a padding row: exp() of it, shifted by any real logit, is 0 in float32
+
+
+def _plan(table_shape, rows_shape, mesh, rules):
+  """(vocab axis or None, fsdp axis, batch axes, specs) when the split decoder applies, else None."""
+  table_spec = nn.logical_to_mesh_axes(TABLE_AXES, rules)
+  rows_spec = nn.logical_to_mesh_axes(ROWS_AXES, rules)
+  vocab_axis, embed_axis = embedding_lookup._single(table_spec[0]), embedding_lookup._single(table_spec[1])
+  batch = rows_spec[0] if isinstance(rows_spec[0], tuple) else (rows_spec[0],)
+  if (vocab_axis is False or not embed_axis or embed_axis not in batch or vocab_axis in sharding.BATCH_AXES
+      or rows_spec[2] is not None or mesh.shape[embed_axis] == 1 or table_shape[1] % mesh.shape[embed_axis]
+      or (vocab_axis and table_shape[0] % mesh.shape[vocab_axis]) or len(rows_shape) != 3
+      or rows_shape[0] % math.prod(mesh.shape[a] for a in batch)):
+    return None
+  return vocab_axis, embed_axis, batch, (table_spec, jax.sharding.PartitionSpec(batch, None, None),
+                                         jax.sharding.PartitionSpec(batch, None))
+
+
+def masked_lm_sums(x_BPE, table_VE, bias_V, labels_BP):
+  """(-log p(label), 1.0 where argmax == label else 0.0), each [B, P] float32, of the logits x @ table^T + bias;
+  None where the layout is not covered (module docstring). x and the table in the compute dtype."""
+  rules, mesh = nn.get_logical_axis_rules(), jax.sharding.get_abstract_mesh()
+  plan = None if not rules or mesh.empty else _plan(table_VE.shape, x_BPE.shape, mesh, rules)
+  if plan is None:
+    return None
+  vocab_axis, embed_axis, batch, (table_spec, rows_spec, out_spec) = plan
+  fsdp = mesh.shape[embed_axis]
+  vocab_axes = (vocab_axis, embed_axis) if vocab_axis else (embed_axis,)
+  others = tuple(a for a in batch if a != embed_axis)
+  per_tensor = table_VE.shape[0] // (mesh.shape[vocab_axis] if vocab_axis else 1)
+  padded = -(-per_tensor // fsdp) * fsdp
+  per_device = padded // fsdp
+
+  @jax.custom_vjp
+  def gather_rows(x):
+    return jax.lax.all_gather(x, embed_axis, axis=0, tiled=True)
+
+  def gather_rows_backward(_, d_x):
+    return (jax.lax.psum_scatter(d_x, embed_axis, scatter_dimension=0, tiled=True),)
+
+  gather_rows.defvjp(lambda x: (gather_rows(x), None), gather_rows_backward)
+
+  def local(x_BPE, shard_VE, bias_V, labels_BP):
+    b, p, e = x_BPE.shape
+    # Whole rows of this device's slice of the vocabulary: [padded, E / fsdp] -> [padded / fsdp, E].
+    shard_VE = jnp.pad(shard_VE, ((0, padded - per_tensor), (0, 0)))
+    rows_VE = jax.lax.all_to_all(shard_VE, embed_axis, split_axis=0, concat_axis=1, tiled=True)
+    slot = jax.lax.axis_index(embed_axis)
+    bias_V = jnp.pad(bias_V.astype(jnp.float32), (0, padded - per_tensor), constant_values=PAD_BIAS)
+    bias_V = jax.lax.dynamic_slice_in_dim(bias_V, slot * per_device, per_device)
+    first = slot * per_device + (jax.lax.axis_index(vocab_axis) * per_tensor if vocab_axis else 0)
+    if vocab_axis:   # x is the same on every tensor slice; its gradient is summed over them after the scatter
+      x_BPE = jax.lax.pcast(x_BPE, vocab_axis, to="varying")
+    # The fsdp group's rows, 2-D: a TPU reduce-scatters their gradient over its leading (major) dimension.
+    x_NE = gather_rows(x_BPE.reshape(b * p, e))
+    labels_N = jax.lax.all_gather(labels_BP.reshape(b * p), embed_axis, axis=0, tiled=True, to="invarying")
+    if others:   # the rows differ over the other batch axes: the slice's gradients are summed over them
+      rows_VE, bias_V = (jax.lax.pcast(a, others, to="varying") for a in (rows_VE, bias_V))
+    logits = tied_logits(x_NE, rows_VE, bias_V)                     # [N, V / devices] float32
+    index = labels_N - first
+    # A label past the slice's real rows belongs to the next tensor slice, not to this one's padding.
+    index = jnp.where(slot * per_device + index < per_tensor, index, -1)
+    columns = jax.lax.broadcasted_iota(index.dtype, logits.shape, 1)
+    label_logit = jax.lax.psum(jnp.sum(jnp.where(columns == index[:, None], logits, 0.0), axis=-1), vocab_axes)
+    top = jax.lax.stop_gradient(jnp.max(logits, axis=-1))
+    shift = jax.lax.pmax(top, vocab_axes)
+    nll = jnp.log(jax.lax.psum(jnp.sum(jnp.exp(logits - shift[:, None]), axis=-1), vocab_axes)) + shift - label_logit
+    argmax = jnp.where(top == shift, jnp.argmax(logits, axis=-1).astype(index.dtype) + first,
+                       jnp.iinfo(index.dtype).max)
+    correct = (jax.lax.pmin(argmax, vocab_axes) == labels_N).astype(jnp.float32)
+    own = lambda a: jax.lax.dynamic_slice_in_dim(a, slot * b * p, b * p).reshape(b, p)   # noqa: E731
+    return own(nll), own(correct)
+
+  return jax.shard_map(local, mesh=mesh, in_specs=(rows_spec, table_spec, jax.sharding.PartitionSpec(table_spec[0]), out_spec),
+                       out_specs=(out_spec, out_spec))(x_BPE, table_VE, bias_V, labels_BP)
