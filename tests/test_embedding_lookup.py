@@ -72,6 +72,12 @@ def test_a_data_parallel_mesh_keeps_take_and_its_table_sized_gradient():
   assert _table_sized_ops(hlo)
 
 
+def test_ids_split_over_the_vocabularys_axis_too_keep_take():
+  # The psum over the vocabulary's slices would add up different tokens' rows.
+  rules = tuple((n, ("data", "fsdp", "tensor") if n == "activation_batch" else a) for n, a in RULES)
+  assert embedding_lookup._plan((V, E), (B, L), _mesh((2, 2, 2)).abstract_mesh, rules) is None
+
+
 def test_bfloat16_rows_are_the_cast_tables_rows_and_the_gradient_stays_float32():
   table, ids, weights = _inputs()
   value, grad, _ = _sharded((2, 4, 1), jnp.bfloat16)

@@ -66,7 +66,7 @@ def _value_and_grads(fn, mesh_shape, inputs, dtype=jnp.float32):
   return step(*args), step.lower(*args).compile().as_text()
 
 
-@pytest.mark.parametrize("shape", [(1, 4, 2), (2, 4, 1), (1, 2, 4), (1, 8, 1)])
+@pytest.mark.parametrize("shape", [(1, 4, 2), (2, 4, 1), (1, 2, 4), (1, 8, 1), (2, 2, 2)])
 def test_the_split_sums_and_gradients_are_the_plain_ones(shape):
   inputs = _inputs()
   assert vocab_split._plan((V, E), (B, P, E), _mesh(shape).abstract_mesh, RULES) is not None
@@ -113,6 +113,9 @@ def test_layouts_it_does_not_cover_are_left_to_the_logits():
   assert vocab_split._plan((V + 1, E), (B, P, E), _mesh((1, 4, 2)).abstract_mesh, RULES) is None
   x, table, bias, labels, _ = _inputs()
   assert vocab_split.masked_lm_sums(x, table, bias, labels) is None    # no mesh, no rules
+  # The rows split over the tensor axis too: a psum over the vocabulary's slices would add up other rows.
+  rows_on_tensor = tuple((n, ("data", "fsdp", "tensor") if n == "activation_batch" else a) for n, a in RULES)
+  assert vocab_split._plan((V, E), (B, P, E), _mesh((2, 2, 2)).abstract_mesh, rows_on_tensor) is None
 
 
 @pytest.mark.slow

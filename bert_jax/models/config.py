@@ -117,8 +117,9 @@ class BertConfig:
   embedding_lookup_on_shards: bool = False
   # True: the pretraining MLM head's decoder (tied to the word embeddings) and its cross-entropy on each
   # device's slice of the vocabulary (`vocab_split.py`: no gathered table, no logits leave the devices),
-  # where the layout allows and the masked positions' labels are given; False: `tied_logits` on the table,
-  # laid out by XLA.
+  # where the layout allows and the masked positions' labels are given (`heads.BertForPreTraining`: the bert,
+  # roberta, albert and modernbert objectives; the other objectives' heads take the logits); False:
+  # `tied_logits` on the table, laid out by XLA.
   decoder_on_shards: bool = False
   # ALBERT: embeddings (and their LayerNorm) of this width, projected to hidden_size; the MLM head maps back
   # to it. None: no projection (BERT). Set equal to hidden_size, the projection is still there (as in ALBERT).

@@ -55,6 +55,7 @@ def _plan(table_shape, ids_shape, mesh, rules):
   vocab_axis, embed_axis = _single(table_spec[0]), _single(table_spec[1])
   batch = ids_spec[0] if isinstance(ids_spec[0], tuple) else (ids_spec[0],)
   if (vocab_axis is False or not embed_axis or embed_axis not in batch or vocab_axis in sharding.BATCH_AXES
+      or vocab_axis in batch   # the psum over the vocabulary slices would add up different tokens' rows
       or tuple(out_spec) != tuple(ids_spec) + (None,) or mesh.shape[embed_axis] == 1
       or table_shape[1] % mesh.shape[embed_axis] or (vocab_axis and table_shape[0] % mesh.shape[vocab_axis])
       or len(ids_shape) != 2 or ids_shape[0] % math.prod(mesh.shape[a] for a in batch)):   # (init: one row)

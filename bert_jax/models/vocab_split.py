@@ -49,6 +49,7 @@ def _plan(table_shape, rows_shape, mesh, rules):
   vocab_axis, embed_axis = embedding_lookup._single(table_spec[0]), embedding_lookup._single(table_spec[1])
   batch = rows_spec[0] if isinstance(rows_spec[0], tuple) else (rows_spec[0],)
   if (vocab_axis is False or not embed_axis or embed_axis not in batch or vocab_axis in sharding.BATCH_AXES
+      or vocab_axis in batch   # the slices' psums would add up different rows
       or rows_spec[2] is not None or mesh.shape[embed_axis] == 1 or table_shape[1] % mesh.shape[embed_axis]
       or (vocab_axis and table_shape[0] % mesh.shape[vocab_axis]) or len(rows_shape) != 3
       or rows_shape[0] % math.prod(mesh.shape[a] for a in batch)):
