@@ -240,7 +240,7 @@ def test_a_checkpoint_computes_as_the_finetuning_config_says(tmp_path):
   cfg = model_lib.BertConfig.from_preset("tiny", vocab_size=32, max_position_embeddings=32, num_layers=1)
   config, _ = _tiny_run(tmp_path, cfg)
   chosen = dict(remat_policy="full", reshard_after_forward=False, constrain_attention_matrices=False,
-                fused_qkv=True, recompute_gelu=True, embedding_lookup_on_shards=True,
+                fused_qkv=True, recompute_gelu=True, embedding_lookup_on_shards=True, decoder_on_shards=True,
                 attention_kernel="flash", flash_bits="hardware", dropout_bits="hash",
                 attention_residuals="bfloat16", attention_scores="compute", hidden_dropout=0.2)
   assert set(chosen) >= set(COMPUTE_FIELDS)
