@@ -73,8 +73,8 @@ ATTENTION_SCORES = ("float32", "compute")
 # The fields that choose how the model computes, not what: a checkpoint's config gives the architecture and
 # the run's config these (`finetune.init.load_encoder`), with its dtype and dropout rates.
 COMPUTE_FIELDS = ("remat_policy", "reshard_after_forward", "constrain_attention_matrices", "fused_qkv",
-                  "recompute_gelu", "embedding_lookup_on_shards", "decoder_on_shards", "attention_kernel", "flash_bits", "dropout_bits",
-                  "attention_residuals", "attention_scores")
+                  "recompute_gelu", "embedding_lookup_on_shards", "decoder_on_shards", "attention_kernel", "flash_bits",
+                  "dropout_bits", "attention_residuals", "attention_scores")
 
 
 @dataclasses.dataclass(frozen=True)

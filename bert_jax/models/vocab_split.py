@@ -1,8 +1,8 @@
 """The MLM decoder tied to the word embeddings, and its cross-entropy, on each device's slice of the vocabulary.
 
 Under FSDP the word-embedding table [V, E] is split by columns over the fsdp axis (`embed` -> `fsdp` in
-`config.logical_axis_rules`, and by rows over `tensor` where `vocab` -> `tensor`). `heads.tied_logits` on
-the sharded table makes XLA's partitioner all-gather it on every device in the compute dtype ([V / tensor,
+`config.logical_axis_rules`, and by rows over `tensor` where `vocab` -> `tensor`). `tied_decoder.tied_logits`
+on the sharded table makes XLA's partitioner all-gather it on every device in the compute dtype ([V / tensor,
 E]: 32 MB a core for BERT-large on v3:8x8 phase 1), read it in both passes, write the table's whole
 gradient and reduce-scatter it: about 175 MB a core a step by op there, for the 80 masked rows a core
 (docs/performance.md).
@@ -12,7 +12,7 @@ fsdp size and trades column blocks for row blocks with an all-to-all over fsdp, 
 rows of its own slice of the vocabulary, [V / (tensor * fsdp), E] (the padding: at most fsdp - 1 rows of
 zeros a tensor slice, whose logits get a bias of -1e9). The masked rows of the fsdp group are gathered
 ([rows / data, E]: the masked positions' vectors, not the table), each device takes the logits of its
-slice through `heads.tied_logits`, and the cross-entropy's reductions over the vocabulary become psums
+slice through `tied_logits`, and the cross-entropy's reductions over the vocabulary become psums
 over the slices: the max, the sum of exponentials, the label's logit; argmax's first index of the max
 is a pmin of each slice's first. No logits leave the devices. In the backward pass the rows' gradient is
 reduce-scattered over fsdp before it is summed over tensor, and the table's goes back through the
@@ -54,8 +54,8 @@ def _plan(table_shape, rows_shape, mesh, rules):
       or (vocab_axis and table_shape[0] % mesh.shape[vocab_axis]) or len(rows_shape) != 3
       or rows_shape[0] % math.prod(mesh.shape[a] for a in batch)):
     return None
-  return vocab_axis, embed_axis, batch, (table_spec, jax.sharding.PartitionSpec(batch, None, None),
-                                         jax.sharding.PartitionSpec(batch, None))
+  spec = jax.sharding.PartitionSpec
+  return vocab_axis, embed_axis, batch, (table_spec, spec(table_spec[0]), spec(batch, None, None), spec(batch, None))
 
 
 def masked_lm_sums(x_BPE, table_VE, bias_V, labels_BP):
@@ -65,7 +65,7 @@ def masked_lm_sums(x_BPE, table_VE, bias_V, labels_BP):
   plan = None if not rules or mesh.empty else _plan(table_VE.shape, x_BPE.shape, mesh, rules)
   if plan is None:
     return None
-  vocab_axis, embed_axis, batch, (table_spec, rows_spec, out_spec) = plan
+  vocab_axis, embed_axis, batch, (table_spec, bias_spec, rows_spec, out_spec) = plan
   fsdp = mesh.shape[embed_axis]
   vocab_axes = (vocab_axis, embed_axis) if vocab_axis else (embed_axis,)
   others = tuple(a for a in batch if a != embed_axis)
@@ -113,5 +113,5 @@ def masked_lm_sums(x_BPE, table_VE, bias_V, labels_BP):
     own = lambda a: jax.lax.dynamic_slice_in_dim(a, slot * b * p, b * p).reshape(b, p)   # noqa: E731
     return own(nll), own(correct)
 
-  return jax.shard_map(local, mesh=mesh, in_specs=(rows_spec, table_spec, jax.sharding.PartitionSpec(table_spec[0]), out_spec),
+  return jax.shard_map(local, mesh=mesh, in_specs=(rows_spec, table_spec, bias_spec, out_spec),
                        out_specs=(out_spec, out_spec))(x_BPE, table_VE, bias_V, labels_BP)

@@ -92,7 +92,11 @@ def cross_entropy_sums(logits, labels, weights) -> tuple[jax.Array, jax.Array]:
 
 def term_sums(term: str, logits, labels, weights) -> dict[str, jax.Array]:
   """`<term>_loss_sum`, `<term>_weight`, `<term>_correct` of a classification over `logits`' last axis."""
-  loss_sum, correct = cross_entropy_sums(logits, labels, weights)
+  return named_sums(term, *cross_entropy_sums(logits, labels, weights), weights)
+
+
+def named_sums(term: str, loss_sum, correct, weights) -> dict[str, jax.Array]:
+  """A term's sums under their names: `<term>_loss_sum`, `<term>_weight` (of `weights`), `<term>_correct`."""
   return {f"{term}_loss_sum": loss_sum, f"{term}_weight": jnp.sum(weights), f"{term}_correct": correct}
 
 

@@ -65,8 +65,8 @@ def mlm_sums(outputs: dict, batch: base.Batch, mlm_all_positions: bool = False) 
   """
   weights = batch["masked_lm_weights"].astype(jnp.float32)
   if "mlm_nll" in outputs:
-    return {"mlm_loss_sum": jnp.sum(outputs["mlm_nll"] * weights), "mlm_weight": jnp.sum(weights),
-            "mlm_correct": jnp.sum(outputs["mlm_correct"] * weights)}
+    return base.named_sums("mlm", jnp.sum(outputs["mlm_nll"] * weights), jnp.sum(outputs["mlm_correct"] * weights),
+                           weights)
   logits = outputs["mlm_logits"]
   if mlm_all_positions:
     logits = jnp.take_along_axis(logits, batch["masked_lm_positions"][..., None], axis=1)
