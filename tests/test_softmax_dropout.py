@@ -199,3 +199,39 @@ def test_bfloat16_scores_on_a_real_checkpoint_stay_within_bfloat16_computes_erro
   assert errors["compute"].mean() < 1.1 * errors["float32"].mean()
   assert errors["compute"].max() < 0.05
   assert not np.array_equal(outputs["compute"], outputs["float32"])
+
+
+@pytest.mark.parametrize("dtype,named", [("float32", "float32"), ("bfloat16", "bfloat16")])
+def test_compute_residuals_are_those_of_the_compute_dtype(dtype, named):
+  """attention_residuals "compute" (the pretraining configs' default) keeps the probabilities in the model's
+  dtype: the encoder's loss and gradients are those of naming that dtype, to the bit, and in float32 they
+  differ from bfloat16's (so float32 pretraining, tiny.py and `bench train`'s comparison model, keeps
+  autodiff's float32 gradients)."""
+  cfg0 = dataclasses.replace(model.BertConfig.from_preset("tiny"), dtype=jnp.dtype(dtype))
+  rng = np.random.default_rng(0)
+  ids = jnp.asarray(rng.integers(5, cfg0.vocab_size, (2, 16)))
+  mask, seg = jnp.ones((2, 16), jnp.int32), jnp.zeros((2, 16), jnp.int32)
+  w = jnp.asarray(rng.normal(size=(2, 16, cfg0.hidden_size)), jnp.float32)
+  results = {}
+  for residuals in ("compute", named, "bfloat16"):
+    m = model.BertEncoder(dataclasses.replace(cfg0, attention_residuals=residuals))
+    params = m.init(jax.random.key(0), ids, mask, seg)["params"]
+    loss = lambda p, m=m: jnp.sum(m.apply({"params": p}, ids, mask, seg, deterministic=False,
+                                          rngs={"dropout": jax.random.key(3)})["sequence_output"].astype(jnp.float32) * w)
+    results[residuals] = jax.jit(jax.value_and_grad(loss))(params)
+  same = jax.tree.map(lambda a, b: bool(jnp.all(a == b)), results["compute"], results[named])
+  assert all(jax.tree.leaves(same))
+  if dtype == "float32":
+    differs = jax.tree.map(lambda a, b: bool(jnp.any(a != b)), results["compute"][1], results["bfloat16"][1])
+    assert any(jax.tree.leaves(differs))
+
+
+def test_float32_pretraining_configs_keep_float32_residuals():
+  """tiny.py (the quick start) and `bench train`'s comparison model compute in float32: their attention's
+  backward pass keeps float32 probabilities, as the peers' autodiff does; bfloat16 pretraining keeps bfloat16."""
+  from bert_jax import train
+  from bert_jax.tools import bench_train
+  from configs import bert_base, tiny
+  for c, dtype in ((tiny.get_config(), jnp.float32), (bench_train.comparison_config(packing=False), jnp.float32),
+                   (bert_base.get_config("phase1"), jnp.bfloat16)):
+    assert train.bert_config(c).residuals_dtype == jnp.dtype(dtype)

@@ -66,7 +66,7 @@ ATTENTION_KERNELS = ("xla", "splash", "splash_interpret", "flash", "flash_interp
 FLASH_BITS = ("hash", "hardware")
 # What the explicit attention path keeps for its backward pass in training (models/softmax_dropout.py):
 # "float32" or "bfloat16" probabilities and the dropout mask, or "autodiff": whatever autodiff saves.
-ATTENTION_RESIDUALS = ("float32", "bfloat16", "autodiff")
+ATTENTION_RESIDUALS = ("float32", "bfloat16", "compute", "autodiff")
 # The dtype the explicit path's scores q k^T are written in: "float32", or "compute" (the model's `dtype`, as
 # its other matmuls write theirs); the softmax is computed in float32 either way.
 ATTENTION_SCORES = ("float32", "compute")
@@ -163,8 +163,9 @@ class BertConfig:
   dropout_bits: str = "threefry"
   # With attention dropout, what the backward pass keeps of the [B, N, L, L] probabilities (ATTENTION_RESIDUALS;
   # models/softmax_dropout.py): "float32" (autodiff's gradients, 5 bytes an element instead of 7), "bfloat16"
-  # (3 bytes; the softmax's backward pass from rounded probabilities) or "autodiff" (the plain ops, which a
-  # remat policy other than "none" also takes).
+  # (3 bytes; the softmax's backward pass from rounded probabilities), "compute" (`dtype`'s: bfloat16 in
+  # bfloat16 compute, float32 in float32) or "autodiff" (the plain ops, which a remat policy other than
+  # "none" also takes).
   attention_residuals: str = "float32"
   # The dtype the explicit path writes its [B, N, L, L] scores q k^T in (ATTENTION_SCORES): "float32", or
   # "compute": `dtype`, as the layer's other matmuls and mixed-precision BERTs elsewhere (PyTorch's autocast,
@@ -231,6 +232,11 @@ class BertConfig:
       return policy
     return jax.checkpoint_policies.save_from_both_policies(
         policy, jax.checkpoint_policies.save_only_these_names(fsdp_gather.GATHERED))
+
+  @property
+  def residuals_dtype(self):
+    """What `attention_residuals` keeps the probabilities in (not "autodiff")."""
+    return self.dtype if self.attention_residuals == "compute" else jnp.dtype(self.attention_residuals)
 
   @property
   def scores_dtype(self):
