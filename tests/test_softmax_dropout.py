@@ -205,8 +205,8 @@ def test_bfloat16_scores_on_a_real_checkpoint_stay_within_bfloat16_computes_erro
 def test_compute_residuals_are_those_of_the_compute_dtype(dtype, named):
   """attention_residuals "compute" (the pretraining configs' default) keeps the probabilities in the model's
   dtype: the encoder's loss and gradients are those of naming that dtype, to the bit, and in float32 they
-  differ from bfloat16's (so float32 pretraining, tiny.py and `bench train`'s comparison model, keeps
-  autodiff's float32 gradients)."""
+  differ from bfloat16's (so float32 pretraining with attention dropout, `bench train`'s comparison model,
+  keeps autodiff's float32 gradients)."""
   cfg0 = dataclasses.replace(model.BertConfig.from_preset("tiny"), dtype=jnp.dtype(dtype))
   rng = np.random.default_rng(0)
   ids = jnp.asarray(rng.integers(5, cfg0.vocab_size, (2, 16)))
@@ -227,8 +227,9 @@ def test_compute_residuals_are_those_of_the_compute_dtype(dtype, named):
 
 
 def test_float32_pretraining_configs_keep_float32_residuals():
-  """tiny.py (the quick start) and `bench train`'s comparison model compute in float32: their attention's
-  backward pass keeps float32 probabilities, as the peers' autodiff does; bfloat16 pretraining keeps bfloat16."""
+  """tiny.py (the quick start, no dropout) and `bench train`'s comparison model (BERT's dropout) compute in
+  float32: with attention dropout their attention's backward pass keeps float32 probabilities, as the peers'
+  autodiff does; bfloat16 pretraining keeps bfloat16."""
   from bert_jax import train
   from bert_jax.tools import bench_train
   from configs import bert_base, tiny
