@@ -102,9 +102,9 @@ def model_config(preset: str = "base") -> ml_collections.ConfigDict:
   m.dropout_bits = "threefry"  # the other dropouts' bits (models/dropout.py): "threefry" or "hash" (cheaper on a CPU)
   # With attention dropout, what the backward pass keeps (models/softmax_dropout.py): "compute" probabilities
   # and the dropout mask in the config's `dtype` (bfloat16, 3 bytes a score, in the pretraining steps; in a
-  # float32 config such as `bench train`'s comparison model, autodiff's gradients), "bfloat16", "float32" (5 bytes) or
-  # "autodiff" (the plain ops, 7 bytes). BERT-large phase 2 on v3:8x8: bfloat16 40.2 ms against 42.1 ms
-  # and 43.0 ms (docs/performance.md).
+  # float32 config such as `bench train`'s comparison model, autodiff's gradients), "bfloat16", "float32"
+  # (5 bytes) or "autodiff" (the plain ops, 7 bytes). BERT-large phase 2 on v3:8x8: bfloat16 40.2 ms against
+  # 42.1 ms and 43.0 ms (docs/performance.md).
   m.attention_residuals = "compute"
   # The dtype of the explicit path's scores q k^T (models/softmax_dropout.py): "compute" (the config's
   # `dtype`: bfloat16 in pretraining, float32 in float32 finetuning) or "float32". The softmax is float32

@@ -201,8 +201,8 @@ def test_bfloat16_scores_on_a_real_checkpoint_stay_within_bfloat16_computes_erro
   assert not np.array_equal(outputs["compute"], outputs["float32"])
 
 
-@pytest.mark.parametrize("dtype,named", [("float32", "float32"), ("bfloat16", "bfloat16")])
-def test_compute_residuals_are_those_of_the_compute_dtype(dtype, named):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_compute_residuals_are_those_of_the_compute_dtype(dtype):
   """attention_residuals "compute" (the pretraining configs' default) keeps the probabilities in the model's
   dtype: the encoder's loss and gradients are those of naming that dtype, to the bit, and in float32 they
   differ from bfloat16's (so float32 pretraining with attention dropout, `bench train`'s comparison model,
@@ -213,13 +213,13 @@ def test_compute_residuals_are_those_of_the_compute_dtype(dtype, named):
   mask, seg = jnp.ones((2, 16), jnp.int32), jnp.zeros((2, 16), jnp.int32)
   w = jnp.asarray(rng.normal(size=(2, 16, cfg0.hidden_size)), jnp.float32)
   results = {}
-  for residuals in ("compute", named, "bfloat16"):
+  for residuals in dict.fromkeys(("compute", dtype, "bfloat16")):
     m = model.BertEncoder(dataclasses.replace(cfg0, attention_residuals=residuals))
     params = m.init(jax.random.key(0), ids, mask, seg)["params"]
     loss = lambda p, m=m: jnp.sum(m.apply({"params": p}, ids, mask, seg, deterministic=False,
                                           rngs={"dropout": jax.random.key(3)})["sequence_output"].astype(jnp.float32) * w)
     results[residuals] = jax.jit(jax.value_and_grad(loss))(params)
-  same = jax.tree.map(lambda a, b: bool(jnp.all(a == b)), results["compute"], results[named])
+  same = jax.tree.map(lambda a, b: bool(jnp.all(a == b)), results["compute"], results[dtype])
   assert all(jax.tree.leaves(same))
   if dtype == "float32":
     differs = jax.tree.map(lambda a, b: bool(jnp.any(a != b)), results["compute"][1], results["bfloat16"][1])

@@ -65,7 +65,8 @@ ATTENTION_KERNELS = ("xla", "splash", "splash_interpret", "flash", "flash_interp
 # Where the "flash" kernel's dropout bits come from on TPU (models/flash_dropout.py).
 FLASH_BITS = ("hash", "hardware")
 # What the explicit attention path keeps for its backward pass in training (models/softmax_dropout.py):
-# "float32" or "bfloat16" probabilities and the dropout mask, or "autodiff": whatever autodiff saves.
+# "float32", "bfloat16" or "compute" (the model's `dtype`) probabilities and the dropout mask, or
+# "autodiff": whatever autodiff saves.
 ATTENTION_RESIDUALS = ("float32", "bfloat16", "compute", "autodiff")
 # The dtype the explicit path's scores q k^T are written in: "float32", or "compute" (the model's `dtype`, as
 # its other matmuls write theirs); the softmax is computed in float32 either way.
@@ -233,15 +234,19 @@ class BertConfig:
     return jax.checkpoint_policies.save_from_both_policies(
         policy, jax.checkpoint_policies.save_only_these_names(fsdp_gather.GATHERED))
 
+  def _named_dtype(self, name: str):
+    """The dtype a compute field names: "compute" is the model's `dtype`, any other name is its own."""
+    return self.dtype if name == "compute" else jnp.dtype(name)
+
   @property
   def residuals_dtype(self):
     """What `attention_residuals` keeps the probabilities in (not "autodiff")."""
-    return self.dtype if self.attention_residuals == "compute" else jnp.dtype(self.attention_residuals)
+    return self._named_dtype(self.attention_residuals)
 
   @property
   def scores_dtype(self):
     """What `attention_scores` names: the dtype of the explicit path's scores."""
-    return jnp.dtype(jnp.float32) if self.attention_scores == "float32" else self.dtype
+    return self._named_dtype(self.attention_scores)
 
   @property
   def head_dim(self) -> int:
