@@ -111,9 +111,9 @@ def test_remat_keeps_the_losses_with_dropout(setups):
 
 @pytest.mark.slow
 def test_fused_qkv_keeps_the_losses_and_each_tensor_shard_its_own_heads(setups):
-  # model.fused_qkv on data 2 x fsdp 2 x tensor 2: the losses of the three matmuls, and the kernels put side
-  # by side where they lie, so that the attention's only collectives are the fused matrix's gather (of its
-  # [32, 3 * 32 / 2] tensor shard: each shard's own heads of query, key and value) and its input gradient's
+  # model.fused_qkv on data 2 x fsdp 2 x tensor 2: the losses of the three matmuls, and the kernels stacked
+  # where they lie, so that the attention's only collectives are the stacked matrix's gather (of its
+  # [3, 32, 32 / 2] tensor shard: each shard's own heads of query, key and value) and its input gradient's
   # all-reduce; heads moved between tensor shards would add an all-to-all, a permute or a wider gather.
   reference = _losses(*setups(2, 2, 2))
   config = _config(2, 2, 2)
@@ -122,7 +122,7 @@ def test_fused_qkv_keeps_the_losses_and_each_tensor_shard_its_own_heads(setups):
   np.testing.assert_allclose(_losses(config, s), reference, rtol=2e-5)
   collectives = re.findall(r"= (\S+?)\{[^}]*\} (all-gather|all-reduce|all-to-all|collective-permute|reduce-scatter)"
                            r"(?:-start)?\(.*?op_name=\"[^\"]*/attention/", _compiled_step(config, s).as_text())
-  assert sorted(collectives) == [("f32[16,32]", "all-gather"), ("f32[32,48]", "all-gather"),
+  assert sorted(collectives) == [("f32[16,32]", "all-gather"), ("f32[3,32,16]", "all-gather"),
                                  ("f32[32]", "all-gather"), ("f32[4,32,32]", "all-reduce")], collectives
 
 

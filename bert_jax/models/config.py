@@ -107,7 +107,7 @@ class BertConfig:
   # matrix, not the 3-D kernel (BERT-large phase 1 on v5e:8x8 moves fewer bytes); False leaves where to
   # reshape to XLA (phase 2 there moves fewer without it; docs/performance.md).
   constrain_attention_matrices: bool = True
-  # True: queries, keys and values from one matmul with the three kernels side by side (`projections.fused_qkv`;
+  # True: queries, keys and values from one matmul with the three kernels stacked (`projections.fused_qkv`;
   # the same parameters and products); False: three.
   fused_qkv: bool = False
   # True: the feed-forward GELU recomputed in the backward pass of unrolled layers too, as scanned layers

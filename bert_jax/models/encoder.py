@@ -191,7 +191,7 @@ class SelfAttention(nn.Module):
     names = ("activation_batch", "activation_length", "activation_heads", "activation_kv")
     tensor = projections.mesh_shards("heads")
     if cfg.fused_qkv and shape[1] and shape[1] % tensor == 0:
-      q_BLNK, k_BLNK, v_BLNK = (_constrain(y, *names) for y in projections.fused_qkv(cfg, x_BLH, shape, tensor))
+      q_BLNK, k_BLNK, v_BLNK = (_constrain(y, *names) for y in projections.fused_qkv(cfg, x_BLH, shape))
     else:
       q_BLNK, k_BLNK, v_BLNK = (_constrain(proj(n)(x_BLH), *names) for n in ("query", "key", "value"))
     if rope is not None:
