@@ -56,9 +56,10 @@ from configs import bert_base
 # without it (4 layers: 9.3 -> 7.4 GB, MFU bound 33% -> 41%; v6e's phase 2 the other way, 9.5 against
 # 10.4 GB; phase 1 on v5e 3.66 -> 3.41 GB with it; docs/performance.md). phase1_tokens not compiled both ways.
 # fused_qkv: one query-key-value matmul on v3's phase 1, whose tensor split all-reduces x's gradient once
-# instead of three times (24 layers: 4.722 -> 4.592 GB a core, MFU bound 75% -> 77%). Without a tensor
-# split XLA counts more bytes with it (4 layers: v3 phase 2 3.29 -> 3.34 GB, phase1_tokens 2.86 -> 2.90 GB;
-# v5e phase 1 3.2 -> 3.3 GB, phase 2 7.4 -> 9.4 GB), so those leave it off (docs/performance.md).
+# instead of three times (24 layers, the kernels stacked: 4.19 GB a core, MFU bound 84.0%). On v5e XLA
+# counts more bytes with it (4 layers: phase 1 2.995 -> 3.010 GB, phase 2 7.35 -> 8.86 GB); v3's phase 2
+# and phase1_tokens are compute-bound either way (96.1% and 100%, 13.68 -> 13.59 and 13.15 -> 13.06 GB),
+# and phase1_tokens compiled slower with it (23.1 against 32.5 s), so those leave it off (docs/performance.md).
 # dropout_bits "hash" on v3: a counter hash of each element's index for the dropout masks in place of
 # threefry's (models/dropout.py). XLA's bytes are the same (phase 1 4.592 -> 4.598 GB, MFU bound 77% both)
 # and the compile is shorter (phase 1 82.0 -> 57.4 s on a 2-core CPU); phase 2 13.9 GB, compute-bound,
