@@ -115,10 +115,10 @@ def fused_qkv(cfg: BertConfig, x_BLH, shape: tuple) -> list:
   The matrix is [3, H, N * K] (query, key, value; `heads` on its last axis, so each tensor shard holds
   its own heads of all three and nothing moves between tensor shards), the product [3, B, L, N * K]. One
   matmul reads x once, and in the backward pass one matmul gives x's gradient, all-reduced over the tensor
-  shards once instead of three times (BERT-large phase 1 on v3:8x8, 4 layers: XLA's bytes 1.129 -> 1.108 GB
-  a core; docs/performance.md). With the three on the leading axis the backward pass puts the three
-  gradients together end to end, where with the columns side by side ([H, 3 * N * K]) it needed a
-  relayout copy of them too (24 layers: 4.28 -> 4.19 GB a core). The parameters are `Einsum`'s, named
+  shards once instead of three times (BERT-large phase 1 on v3:8x8, 4 layers, against the three matmuls:
+  XLA's bytes 1.129 -> 1.108 GB a core with the columns side by side; docs/performance.md). With the three
+  on the leading axis the backward pass puts the three gradients together end to end, where side by side
+  ([H, 3 * N * K]) it needed a relayout copy of them too (24 layers: 4.28 -> 4.19 GB a core). The parameters are `Einsum`'s, named
   "query", "key" and "value"; the products are the same.
   """
   hidden, heads, size = shape
