@@ -118,8 +118,8 @@ def fused_qkv(cfg: BertConfig, x_BLH, shape: tuple) -> list:
   shards once instead of three times (BERT-large phase 1 on v3:8x8, 4 layers, against the three matmuls:
   XLA's bytes 1.129 -> 1.108 GB a core with the columns side by side; docs/performance.md). With the three
   on the leading axis the backward pass puts the three gradients together end to end, where side by side
-  ([H, 3 * N * K]) it needed a relayout copy of them too (24 layers: 4.28 -> 4.19 GB a core). The parameters are `Einsum`'s, named
-  "query", "key" and "value"; the products are the same.
+  ([H, 3 * N * K]) it needed a relayout copy of them too (24 layers: 4.28 -> 4.19 GB a core). The
+  parameters are `Einsum`'s, named "query", "key" and "value"; the products are the same.
   """
   hidden, heads, size = shape
   weights = [_Weights(cfg, shape, name=n)() for n in ("query", "key", "value")]
