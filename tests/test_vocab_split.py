@@ -77,9 +77,16 @@ def test_the_split_sums_and_gradients_are_the_plain_ones(shape):
   assert float(ours[1]) == float(reference[1])
   for g, r in zip(grads, reference_grads):
     np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-6)
-  # No device holds the table's rows at full width: nothing of [rows a tensor slice, E] is gathered.
-  rows = V // shape[2]
-  assert not re.findall(rf"\[{rows},{E}\]\S* all-gather", hlo)
+  # No device holds a tensor slice's rows of the table at full width: nothing of [V / tensor, E] is gathered,
+  # only each fsdp slot's rows of every tensor slice (the same shape where fsdp == tensor).
+  data, fsdp, tensor = shape
+  rows, ours = V // tensor, tensor * -(-(V // tensor) // fsdp)
+  if rows != ours:
+    assert not re.findall(rf"\[{rows},{E}\]\S* all-gather", hlo)
+  # The masked rows: each tensor slice gathers its share of the fsdp group's, not all of them.
+  assert re.findall(rf"\[{B * P // (data * tensor)},{E}\]\S* all-gather", hlo)
+  if tensor > 1 and B * P // data != ours:
+    assert not re.findall(rf"\[{B * P // data},{E}\]\S* all-gather", hlo)
 
 
 def test_argmax_takes_the_first_of_tied_maxima_across_slices():
