@@ -15,8 +15,9 @@ per batch) and `:phase2` 256 * 512. `:phase1_tokens` is an interpretation, not t
 1024 * 128, the 128k tokens per batch that the paper quotes for 512-token sequences, kept at length 128
 (equal tokens per step for the whole 1M-step schedule). 20 predictions per 128-token sequence and 80
 per 512 (google-research/bert README). The optimizer omits Adam's bias correction as the original
-AdamWeightDecayOptimizer does. BERT-base was trained on "4 Cloud TPUs in Pod configuration (16 TPU
-chips total)", hence `topology = "v3:4x4"`.
+AdamWeightDecayOptimizer does, and the GELU is the original code's tanh approximation (`gelu` in its
+modeling.py). BERT-base was trained on "4 Cloud TPUs in Pod configuration (16 TPU chips total)", hence
+`topology = "v3:4x4"`.
 
 Phase 2 restores phase 1's full final state (parameters, Adam moments, step 900k) and continues the one
 1M-step schedule; the data iterator starts fresh, since the sequence length changes.
@@ -55,6 +56,10 @@ def get_config(arg: str = "phase1", preset: str = "base"):
     raise ValueError(f"unknown phase {arg!r}: use one of {PHASES}")
   c = common.pretrain_config()
   c.model.preset = preset
+  # The GELU of google-research/bert's modeling.py, which pretrained the released checkpoints: the tanh
+  # approximation (its `gelu`; Hugging Face's "gelu_new"). Hugging Face's port runs those checkpoints
+  # with the exact erf form, which loading one takes from its config.json.
+  c.model.hidden_act = "gelu_new"
   c.optimizer.learning_rate = 1e-4
   c.optimizer.warmup_steps = 10_000
   c.optimizer.total_steps = TOTAL_STEPS

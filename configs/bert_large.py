@@ -67,9 +67,9 @@ from configs import bert_base
 # TFLOP a core); phase1_tokens 10.95 GB, 98% (10.94 GB, 96%). Pretraining configs/tiny.py with dropout 0.1
 # for 2,000 steps, two seeds each, the held-out MLM loss was 5.297 and 5.136 with the hash, 5.091 and 5.370
 # with threefry (docs/performance.md).
-# recompute_gelu on v3's phase 1: the GELU recomputed in the backward pass, so the forward pass no longer
-# writes the erfc term three backward fusions read (encoder.scan_recomputed; 24 layers: 4.444 -> 4.394 GB
-# a core, MFU bound 79.2% -> 80.2%). The other steps were not compiled with it.
+# recompute_gelu: off. With the exact GELU it took v3's phase 1 from 4.444 to 4.394 GB (the forward pass no
+# longer wrote the erfc term three backward fusions read); with bert_base.py's tanh GELU, which XLA fuses
+# into the output matmul, recomputing it moves more (2 layers: 0.509 GB without, 0.517 GB with).
 # scan_layers on v3's phase1_tokens: compute-bound either way (compute 31.3 to 31.9 ms), so one compiled
 # layer body costs no step time by the estimate: memory 29.2 ms (13.2 GB by op) scanned against 23.8 ms
 # (10.7 GB) unrolled, compiled in 18.6 s against 78.6 s on a 2-core CPU (docs/performance.md). Phase 1
@@ -84,7 +84,7 @@ from configs import bert_base
 _V3 = {"remat_policy": "none", "dropout_bits": "hash", "scan_layers": False}
 _LITE = {"reshard_after_forward": True, "scan_layers": False, "dropout_bits": "threefry"}
 MESHES = {
-    ("v3:8x8", "phase1"): ((-1, 64, 2), _V3 | {"fused_qkv": True, "recompute_gelu": True, "decoder_on_shards": True}),
+    ("v3:8x8", "phase1"): ((-1, 64, 2), _V3 | {"fused_qkv": True, "decoder_on_shards": True}),
     ("v3:8x8", "phase1_tokens"): ((-1, 64, 1), _V3 | {"scan_layers": True}),
     ("v3:8x8", "phase2"): ((-1, 64, 1), _V3),
     ("v5e:8x8", "phase1"): ((-1, 32, 1), _LITE | {"remat_policy": "minimal", "embedding_lookup_on_shards": True,

@@ -62,7 +62,7 @@ def model_config(preset: str = "base") -> ml_collections.ConfigDict:
     m[name] = ml_collections.config_dict.placeholder(int)
   for name in ("hidden_dropout", "attention_dropout", "initializer_range", "layer_norm_eps"):
     m[name] = ml_collections.config_dict.placeholder(float)
-  m.hidden_act = ml_collections.config_dict.placeholder(str)   # "gelu" (BERT) or "gelu_new" (ALBERT)
+  m.hidden_act = ml_collections.config_dict.placeholder(str)   # "gelu" (exact), "gelu_new" (tanh)
   m.embedding_size = ml_collections.config_dict.placeholder(int)   # ALBERT's E (factorized embeddings)
   m.share_layers = False      # ALBERT: every layer applies one parameter set
   m.shared_sublayer = ""      # ALBERT's Table 4: "attention" or "ffn" shared across layers, the rest per layer

@@ -144,6 +144,20 @@ def test_layers_scanned_and_dropout_hashed_only_on_the_steps_that_gain():
   assert {bert_base.get_config(p).model.dropout_bits for p in bert_base.PHASES} == {"hash"}
 
 
+def test_gelu_is_each_reference_codes():
+  """BERT's configs take google-research/bert's tanh GELU in every phase (phase 2 continues phase 1's
+  weights); the families whose code computes the exact erf form keep it, as do Hugging Face's presets."""
+  from bert_jax.models.config import BertConfig
+  from configs.ablations import roberta_table2
+  bert = {name for name, c in CONFIGS.items() if name.startswith(("bert_base", "bert_large"))}
+  assert bert and {CONFIGS[n].model.hidden_act for n in bert} == {"gelu_new"}
+  assert ltr_base.get_config("phase1").model.hidden_act == "gelu_new"    # Devlin et al.'s LTR ablation
+  assert roberta_table2.paper_base().model.hidden_act == "gelu"          # FAIRSEQ's BERT-base
+  for name in ("roberta_base.py", "spanbert_base.py", "spanbert_large.py", "distilbert_base.py"):
+    assert CONFIGS[name].model.hidden_act in (None, "gelu"), name
+  assert BertConfig().hidden_act == "gelu"
+
+
 @pytest.mark.parametrize("module, lr, warmup", [(roberta_base, 6e-4, 24_000), (roberta_large, 4e-4, 30_000)])
 def test_roberta_paper_schedule(module, lr, warmup):
   """Liu et al. 2019, Table 9."""

@@ -88,7 +88,7 @@ class BertConfig:
   intermediate_size: int = 3072
   max_position_embeddings: int = 512
   type_vocab_size: int = 2      # 0: no token-type embeddings (DistilBERT)
-  hidden_act: str = "gelu"  # exact erf GELU, as in BERT; "gelu_new" is the tanh approximation
+  hidden_act: str = "gelu"  # exact erf GELU (Hugging Face's BERT); "gelu_new": tanh (google-research/bert's)
   hidden_dropout: float = 0.1
   attention_dropout: float = 0.1
   initializer_range: float = 0.02

@@ -46,6 +46,7 @@ TABLE1 = {
 
 def paper_base():
   c = bert_base.get_config("phase2")
+  c.model.hidden_act = "gelu"   # the exact GELU of FAIRSEQ, where the paper's BERT-base was trained
   c.init_from = ""
   c.train_steps = c.optimizer.total_steps = 1_000_000
   return c
