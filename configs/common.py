@@ -98,6 +98,8 @@ def model_config(preset: str = "base") -> ml_collections.ConfigDict:
   # "flash": a Pallas TPU kernel for training attention with its dropout (models/flash_dropout.py), whose
   # dropout bits are `flash_bits`: "hash" (the same on every backend) or "hardware" (the TPU's generator).
   m.attention_kernel = "xla"
+  # "pallas": LayerNorm's backward pass as one TPU kernel (models/layer_norm_kernel.py); "xla": two fusions
+  m.layer_norm_kernel = "xla"
   m.flash_bits = "hash"
   m.dropout_bits = "threefry"  # the other dropouts' bits (models/dropout.py): "threefry" or "hash" (cheaper on a CPU)
   # With attention dropout, what the backward pass keeps (models/softmax_dropout.py): "compute" probabilities

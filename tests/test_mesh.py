@@ -29,6 +29,13 @@ def _config(data=-1, fsdp=1, tensor=1, vocab_on_tensor=True, dropout_bits="three
   return c
 
 
+def _mesh_setup(data=1, fsdp=4, tensor=2, **model):
+  """(config, train.setup) of `_config` on that mesh with `model`'s settings."""
+  config = _config(data=data, fsdp=fsdp, tensor=tensor)
+  config.model.update(model)
+  return config, train.setup(config, sharding.create_mesh(config.mesh))
+
+
 def random_batch(config, seed=0) -> dict[str, np.ndarray]:
   """A global batch of random ids and labels, with the pipeline's shapes and dtypes."""
   rng = np.random.default_rng(seed)

@@ -9,12 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import sharding, train
 from bert_jax.models import tied_decoder, vocab_split
 from bert_jax.objectives import base
 from configs import common
 from test_fsdp_gather import _trajectory
-from test_mesh import _compiled_step, _config
+from test_mesh import _compiled_step, _config, _mesh_setup
 
 V, E, B, P = 76, 32, 8, 5     # 76 rows: 38 a tensor slice of 2, padded to 40 over 4 fsdp shards
 RULES = tuple(tuple(rule) for rule in common.LOGICAL_AXIS_RULES)
@@ -127,11 +126,7 @@ def test_layouts_it_does_not_cover_are_left_to_the_logits():
 
 @pytest.mark.slow
 def test_a_model_trained_with_the_split_decoder_follows_the_same_losses():
-  def setup(on_shards):
-    config = _config(data=1, fsdp=4, tensor=2)
-    config.model.decoder_on_shards = on_shards
-    return config, train.setup(config, sharding.create_mesh(config.mesh))
-  plain, split = setup(False), setup(True)
+  plain, split = _mesh_setup(decoder_on_shards=False), _mesh_setup(decoder_on_shards=True)
   hlo = _compiled_step(*split).as_text()
   assert "mlm/shard_map" in hlo and not re.findall(r"\[128,32\]\S* all-gather", hlo)   # 256 / tensor rows
   reference = _trajectory(*plain)

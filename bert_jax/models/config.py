@@ -71,11 +71,12 @@ ATTENTION_RESIDUALS = ("float32", "bfloat16", "compute", "autodiff")
 # The dtype the explicit path's scores q k^T are written in: "float32", or "compute" (the model's `dtype`, as
 # its other matmuls write theirs); the softmax is computed in float32 either way.
 ATTENTION_SCORES = ("float32", "compute")
+LAYER_NORM_KERNELS = ("xla", "pallas", "interpret")
 # The fields that choose how the model computes, not what: a checkpoint's config gives the architecture and
 # the run's config these (`finetune.init.load_encoder`), with its dtype and dropout rates.
 COMPUTE_FIELDS = ("remat_policy", "reshard_after_forward", "constrain_attention_matrices", "fused_qkv",
                   "recompute_gelu", "embedding_lookup_on_shards", "decoder_on_shards", "attention_kernel", "flash_bits",
-                  "dropout_bits", "attention_residuals", "attention_scores")
+                  "dropout_bits", "attention_residuals", "attention_scores", "layer_norm_kernel")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,6 +175,9 @@ class BertConfig:
   # on them either way; with bfloat16 compute, "compute" rounds each score to 8 significant bits and halves
   # what the scores move (models/softmax_dropout.py).
   attention_scores: str = "float32"
+  # LayerNorm's backward pass (LAYER_NORM_KERNELS; models/layer_norm_kernel.py): "xla" (two fusions), "pallas"
+  # (one Pallas kernel on TPU, XLA's ops elsewhere) or "interpret" (the kernel interpreted, any backend: tests).
+  layer_norm_kernel: str = "xla"
 
   def __post_init__(self):
     # Accept dtype names ("bfloat16") as they come from ConfigDicts and command lines.
@@ -195,6 +199,8 @@ class BertConfig:
     if self.attention_kernel.startswith("flash") and (self.local_attention is not None or self.causal):
       raise ValueError(f"attention_kernel {self.attention_kernel!r} takes segment ids only: sliding windows "
                        "and causal masks are the 'splash' kernel's")
+    if self.layer_norm_kernel not in LAYER_NORM_KERNELS:
+      raise ValueError(f"layer_norm_kernel {self.layer_norm_kernel!r}; one of {LAYER_NORM_KERNELS}")
     if self.flash_bits not in FLASH_BITS:
       raise ValueError(f"flash_bits {self.flash_bits!r}; one of {FLASH_BITS}")
     if self.dropout_bits not in dropout.DROPOUT_BITS:

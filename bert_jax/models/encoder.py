@@ -39,18 +39,26 @@ from bert_jax.models.projections import constrain as _constrain, dense, dense_in
 from bert_jax.models.layouts import scan_params, unscan_params  # noqa: F401
 
 
-def layer_norm(cfg: BertConfig, name: str) -> nn.Module:
+def layer_norm(cfg: BertConfig, name: str, in_layer: bool = False) -> nn.Module:
   """LayerNorm over `embed` with BERT's epsilon (`models/layer_norm.py`: statistics in float32 whatever
   cfg.dtype is, one pass over x forward and two backward).
 
   It saves only its input and two [rows] statistics for the backward pass, so a scanned stack needs no
   recomputation of it (autodiff's LayerNorm saved its float32 intermediates there, and was rematerialised
-  when scanned). The parameters (`scale`, `bias`) and their names are flax's.
+  when scanned). The parameters (`scale`, `bias`) and their names are flax's. `in_layer`: a Transformer
+  layer's norm, whose backward pass takes `cfg.layer_norm_kernel` (the embeddings' and the heads' keep XLA's).
   """
   return layer_norm_lib.LayerNorm(epsilon=cfg.layer_norm_eps, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
                                   name=name, use_bias=cfg.norm_bias,
+                                  kernel=cfg.layer_norm_kernel if in_layer else "xla",
                                   scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
                                   bias_init=zeros(("embed",)))
+
+
+def paired_layer_norms(cfg: BertConfig) -> bool:
+  """Whether a post-LN layer's norms hand their output to its two users (the next sublayer and the residual)
+  as two values (`layer_norm.normalize_pair`), so that the LayerNorm kernel reads their gradients apart."""
+  return cfg.layer_norm_kernel != "xla" and not cfg.pre_norm
 
 
 def gelu(cfg: BertConfig, x):
@@ -336,9 +344,16 @@ class BertLayer(nn.Module):
 
     if cfg.pre_norm:
       # Layer 0 reads the embedding norm's output as it is (ModernBERT's attn_norm is Identity there).
-      h = x if first is True else _pick(first, x, layer_norm(cfg, "attention_layer_norm")(x))
+      h = x if first is True else _pick(first, x, layer_norm(cfg, "attention_layer_norm", True)(x))
       x = constrain(x + drop(attention(h, mask, rope, deterministic)))
-      x = constrain(x + drop(feed_forward(layer_norm(cfg, "output_layer_norm")(x))))
+      x = constrain(x + drop(feed_forward(layer_norm(cfg, "output_layer_norm", True)(x))))
+    elif isinstance(x, tuple):   # `paired_layer_norms`: each norm's output handed to its two users apart
+      x_in, x_res = x
+      h = attention(constrain(x_in), mask, rope, deterministic)
+      y_in, y_res = layer_norm(cfg, "attention_layer_norm", True)(x_res + drop(h), pair=True)
+      y_in, y_res = layer_norm(cfg, "output_layer_norm", True)(y_res + drop(feed_forward(constrain(y_in))), pair=True)
+      x = (constrain(y_in), constrain(y_res))
+      return x, (x[0] if output_hidden_states else None, probs[0] if self.output_attentions else None)
     else:
       h = attention(x, mask, rope, deterministic)
       x = constrain(layer_norm(cfg, "attention_layer_norm")(x + drop(h)))
@@ -361,6 +376,9 @@ class BertLayerStack(nn.Module):
     cfg = self.config
     layer = BertLayer
     kinds = layer_kinds(cfg)
+    paired = paired_layer_norms(cfg)
+    if paired:   # each layer takes and gives its stream as (the sublayer's input, the residual's)
+      x = (x, x)
     if cfg.remat_policy != "none":
       # Arguments counted with self: deterministic and output_hidden_states are Python bools, and so is each
       # layer's kind when the layers are not scanned.
@@ -378,6 +396,7 @@ class BertLayerStack(nn.Module):
       kinds_N = tuple(jnp.array(k) for k in zip(*kinds))
       x, (hidden, probs) = stack(cfg, output_attentions, name=name)(x, context, deterministic, output_hidden_states,
                                                                     kinds_N, head_mask)
+      x = x[0] if paired else x
       return x, (list(hidden) if output_hidden_states else []), (list(probs) if output_attentions else [])
     shared = layer(cfg, output_attentions, name="shared_layer") if cfg.share_layers else None
     sublayers = _shared_sublayers(cfg)
@@ -388,6 +407,7 @@ class BertLayerStack(nn.Module):
                         None if head_mask is None else head_mask[i])
       hidden.append(h)
       probs.append(p)
+    x = x[0] if paired else x
     return x, (hidden if output_hidden_states else []), (probs if output_attentions else [])
 
 

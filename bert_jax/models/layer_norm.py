@@ -24,6 +24,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bert_jax.models import layer_norm_kernel
+
 
 def _statistics(x, eps):
   """Row mean and 1 / sqrt(var + eps), float32, [..., 1], from one pass over x."""
@@ -42,20 +44,24 @@ def _apply(x, mean, rstd, scale, bias, dtype):
   return y.astype(dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def normalize(x, scale, bias, eps: float, dtype):
-  """LayerNorm of x over its last axis; `scale` and `bias` [embed] or None."""
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def normalize(x, scale, bias, eps: float, dtype, kernel: str = "xla"):
+  """LayerNorm of x over its last axis; `scale` and `bias` [embed] or None; `kernel` the backward pass's
+  (`BertConfig.layer_norm_kernel`)."""
   return _apply(x, *_statistics(x, eps), scale, bias, dtype)
 
 
-def _normalize_fwd(x, scale, bias, eps, dtype):
+def _normalize_fwd(x, scale, bias, eps, dtype, kernel):
   mean, rstd = _statistics(x, eps)
   return _apply(x, mean, rstd, scale, bias, dtype), (x, mean, rstd, scale, bias)
 
 
-def _normalize_bwd(eps, dtype, saved, dy):
-  del eps, dtype
+def _normalize_bwd(eps, dtype, kernel, saved, dy):
+  del dtype
   x, mean, rstd, scale, bias = saved
+  if kernel != "xla" and scale is not None and bias is not None:
+    dx, d_scale, d_bias = layer_norm_kernel.gradient(x, (dy,), scale, eps, kernel)
+    return dx, d_scale.astype(scale.dtype), d_bias.astype(bias.dtype)
   x_hat = (x.astype(jnp.float32) - mean) * rstd
   dy = dy.astype(jnp.float32)
   rows = tuple(range(x.ndim - 1))
@@ -69,6 +75,30 @@ def _normalize_bwd(eps, dtype, saved, dy):
 normalize.defvjp(_normalize_fwd, _normalize_bwd)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def normalize_pair(x, scale, bias, eps: float, dtype, kernel: str = "xla"):
+  """`normalize`'s output twice, for two users: the backward pass takes their gradients apart (the kernel
+  reads both, where their sum would be written first for it to read)."""
+  y = normalize(x, scale, bias, eps, dtype, kernel)
+  return y, y
+
+
+def _pair_fwd(x, scale, bias, eps, dtype, kernel):
+  y, saved = _normalize_fwd(x, scale, bias, eps, dtype, kernel)
+  return (y, y), saved
+
+
+def _pair_bwd(eps, dtype, kernel, saved, dys):
+  x, mean, rstd, scale, bias = saved
+  if kernel != "xla" and scale is not None and bias is not None:
+    dx, d_scale, d_bias = layer_norm_kernel.gradient(x, dys, scale, eps, kernel)
+    return dx, d_scale.astype(scale.dtype), d_bias.astype(bias.dtype)
+  return _normalize_bwd(eps, dtype, kernel, saved, dys[0] + dys[1])
+
+
+normalize_pair.defvjp(_pair_fwd, _pair_bwd)
+
+
 class LayerNorm(nn.Module):
   """`normalize` with parameters named as `flax.linen.LayerNorm`'s (`scale`, `bias`)."""
   epsilon: float = 1e-6
@@ -77,11 +107,13 @@ class LayerNorm(nn.Module):
   use_bias: bool = True
   scale_init: nn.initializers.Initializer = nn.initializers.ones_init()
   bias_init: nn.initializers.Initializer = nn.initializers.zeros_init()
+  kernel: str = "xla"   # the backward pass's: `BertConfig.layer_norm_kernel`
 
   @nn.compact
-  def __call__(self, x):
+  def __call__(self, x, pair: bool = False):
+    """y, or (y, y) with `pair` (`normalize_pair`: for an output with two users)."""
     features = (x.shape[-1],)
     scale = self.param("scale", self.scale_init, features, self.param_dtype)
     bias = self.param("bias", self.bias_init, features, self.param_dtype) if self.use_bias else None
     dtype = self.dtype or jnp.result_type(x, scale)
-    return normalize(x, scale, bias, self.epsilon, dtype)
+    return (normalize_pair if pair else normalize)(x, scale, bias, self.epsilon, dtype, self.kernel)
