@@ -70,6 +70,10 @@ from configs import bert_base
 # recompute_gelu: off. With the exact GELU it took v3's phase 1 from 4.444 to 4.394 GB (the forward pass no
 # longer wrote the erfc term three backward fusions read); with bert_base.py's tanh GELU, which XLA fuses
 # into the output matmul, recomputing it moves more (2 layers: 0.509 GB without, 0.517 GB with).
+# layer_norm_kernel "pallas" on v3's phase 1: the layers' LayerNorm backward passes as one Pallas kernel
+# each, which reads the two gradients of a norm's output apart (models/layer_norm_kernel.py; 24 layers:
+# 3.961 -> 3.831 GB a core by XLA's count, 3.794 GB by op, MFU bound 88.9% -> 91.9%). The other steps were
+# not compiled with it.
 # scan_layers on v3's phase1_tokens: compute-bound either way (compute 31.3 to 31.9 ms), so one compiled
 # layer body costs no step time by the estimate: memory 29.2 ms (13.2 GB by op) scanned against 23.8 ms
 # (10.7 GB) unrolled, compiled in 18.6 s against 78.6 s on a 2-core CPU (docs/performance.md). Phase 1
@@ -84,7 +88,8 @@ from configs import bert_base
 _V3 = {"remat_policy": "none", "dropout_bits": "hash", "scan_layers": False}
 _LITE = {"reshard_after_forward": True, "scan_layers": False, "dropout_bits": "threefry"}
 MESHES = {
-    ("v3:8x8", "phase1"): ((-1, 64, 2), _V3 | {"fused_qkv": True, "decoder_on_shards": True}),
+    ("v3:8x8", "phase1"): ((-1, 64, 2), _V3 | {"fused_qkv": True, "decoder_on_shards": True,
+                                                 "layer_norm_kernel": "pallas"}),
     ("v3:8x8", "phase1_tokens"): ((-1, 64, 1), _V3 | {"scan_layers": True}),
     ("v3:8x8", "phase2"): ((-1, 64, 1), _V3),
     ("v5e:8x8", "phase1"): ((-1, 32, 1), _LITE | {"remat_policy": "minimal", "embedding_lookup_on_shards": True,
