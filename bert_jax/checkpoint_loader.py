@@ -195,11 +195,12 @@ def load(path, *, kind: str = "auto", bert_config_json: str | None = None, scan_
 
 
 # The fields that make an encoder's parameters and attention what they are: a checkpoint that differs in one
-# cannot initialise the model (or, worse, would, as another architecture).
+# cannot initialise the model (or, worse, would, as another architecture; the GELU's form among them, so that
+# a phase 2 does not continue a phase 1 under another activation).
 _STRUCTURE = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size", "max_position_embeddings",
               "type_vocab_size", "embedding_size", "share_layers", "shared_sublayer", "position_pad_id", "causal",
               "rope_theta", "local_rope_theta", "geglu", "pre_norm", "final_norm", "norm_bias", "dense_bias",
-              "global_attn_every_n_layers", "local_attention", "pruned_heads")
+              "global_attn_every_n_layers", "local_attention", "pruned_heads", "hidden_act")
 
 
 def family_problem(path, encoder_config: model.BertConfig) -> str | None:

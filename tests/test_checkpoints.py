@@ -143,6 +143,11 @@ def test_heads_round_trip_through_hf_and_tf(tmp_path):
   cfg_tf, params_tf = checkpoints_tf.load_tf(tmp_path / "tf" / "model.ckpt", scan_layers=True)
   assert cfg_tf == cfg_hf == cfg
   jax.tree.map(np.testing.assert_array_equal, params_tf, params)
+  # Google's code knows one GELU, "gelu" (its tanh form): the tanh GELU is written so and read back as ours.
+  tanh = dataclasses.replace(cfg, hidden_act="gelu_new")
+  checkpoints_tf.save_tf(tmp_path / "tanh" / "model.ckpt", tanh, params)
+  assert json.loads((tmp_path / "tanh" / "bert_config.json").read_text())["hidden_act"] == "gelu"
+  assert checkpoints_tf.load_tf(tmp_path / "tanh" / "model.ckpt", scan_layers=True)[0] == tanh
 
   # Errors name TF variables: a 2-layer checkpoint read with a 1-layer config.
   (tmp_path / "tf" / "bert_config.json").write_text(json.dumps({**cfg.to_hf_dict(), "num_hidden_layers": 1}))

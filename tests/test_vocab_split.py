@@ -13,7 +13,7 @@ from bert_jax.models import tied_decoder, vocab_split
 from bert_jax.objectives import base
 from configs import common
 from test_fsdp_gather import _trajectory
-from test_mesh import _compiled_step, _config, _mesh_setup
+from test_mesh import _compiled_step, _mesh_setup
 
 V, E, B, P = 76, 32, 8, 5     # 76 rows: 38 a tensor slice of 2, padded to 40 over 4 fsdp shards
 RULES = tuple(tuple(rule) for rule in common.LOGICAL_AXIS_RULES)
@@ -86,6 +86,19 @@ def test_the_split_sums_and_gradients_are_the_plain_ones(shape):
   assert re.findall(rf"\[{B * P // (data * tensor)},{E}\]\S* all-gather", hlo)
   if tensor > 1 and B * P // data != ours:
     assert not re.findall(rf"\[{B * P // data},{E}\]\S* all-gather", hlo)
+
+
+def test_rows_the_tensor_axis_does_not_divide_keep_the_whole_group_on_each_slice():
+  # 4 x 5 rows on data 1 x fsdp 4 x tensor 2: 5 a device, which 2 tensor slices cannot split.
+  x, table, bias, labels, weights = _inputs()
+  inputs = (x[:4], table, bias, labels[:4], weights[:4])
+  (reference, reference_grads), _ = _value_and_grads(_plain, (1, 4, 2), inputs)
+  (ours, grads), hlo = _value_and_grads(_split, (1, 4, 2), inputs)
+  np.testing.assert_allclose(ours[0], reference[0], rtol=1e-5)
+  assert float(ours[1]) == float(reference[1]) > 0
+  for g, r in zip(grads, reference_grads):
+    np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-6)
+  assert re.findall(rf"\[{4 * P},{E}\]\S* all-gather", hlo)    # the fsdp group's 20 rows on each slice
 
 
 def test_argmax_takes_the_first_of_tied_maxima_across_slices():

@@ -83,8 +83,10 @@ def load_tf(ckpt_path, bert_config_json=None, scan_layers: bool = False, **confi
   tf = host_env.import_tensorflow()
   prefix = _checkpoint_prefix(ckpt_path)
   config_path = pathlib.Path(bert_config_json or pathlib.Path(prefix).parent / "bert_config.json")
-  cfg = model.BertConfig.from_hf_dict(json.loads(config_path.read_text()), scan_layers=scan_layers,
-                                      **config_overrides)
+  d = json.loads(config_path.read_text())
+  if _OURS in d:   # written by `save_tf`
+    d["hidden_act"] = d.pop(_OURS)
+  cfg = model.BertConfig.from_hf_dict(d, scan_layers=scan_layers, **config_overrides)
   reader = tf.train.load_checkpoint(prefix)
   state, tf_names = {}, {}
   for name in reader.get_variable_to_shape_map():
@@ -109,4 +111,18 @@ def save_tf(ckpt_prefix, cfg: model.BertConfig, params: dict) -> None:
   prefix = pathlib.Path(ckpt_prefix)
   prefix.parent.mkdir(parents=True, exist_ok=True)
   tf.raw_ops.SaveV2(prefix=str(prefix), tensor_names=names, shape_and_slices=[""] * len(names), tensors=tensors)
-  (prefix.parent / "bert_config.json").write_text(json.dumps(cfg.to_hf_dict(), indent=2) + "\n")
+  (prefix.parent / "bert_config.json").write_text(json.dumps(_google_config(cfg), indent=2) + "\n")
+
+
+# google-research/bert's `get_activation` knows "gelu" (its tanh approximation), "relu", "tanh" and "linear".
+# A config written for it names either GELU "gelu" and keeps ours beside it, under a key its BertConfig
+# ignores, for `load_tf` to read back; a checkpoint of Google's own "gelu" loads as the exact form, as
+# Hugging Face's port runs those checkpoints.
+_OURS = "bert_jax_hidden_act"
+
+
+def _google_config(cfg: model.BertConfig) -> dict:
+  d = cfg.to_hf_dict()
+  if d.get("hidden_act", "").startswith("gelu"):
+    d[_OURS], d["hidden_act"] = d["hidden_act"], "gelu"
+  return d

@@ -56,20 +56,22 @@ def _normalize_fwd(x, scale, bias, eps, dtype, kernel):
   return _apply(x, mean, rstd, scale, bias, dtype), (x, mean, rstd, scale, bias)
 
 
+def _backward(eps, kernel, saved, dys):
+  """(dx, d_scale, d_bias) from the gradients `dys` (one, or two apart) of the output: XLA's two fusions,
+  or `kernel`'s (`layer_norm_kernel.gradient`; a missing scale is ones there)."""
+  x, mean, rstd, scale, bias = saved
+  if kernel == "xla":
+    dx, d_scale, d_bias = layer_norm_kernel.reference(x, dys, scale, eps, (mean, rstd))
+  else:
+    ones = scale if scale is not None else jnp.ones(x.shape[-1:], jnp.float32)
+    dx, d_scale, d_bias = layer_norm_kernel.gradient(x, dys, ones, eps, kernel)
+  return (dx, None if scale is None else d_scale.astype(scale.dtype),
+          None if bias is None else d_bias.astype(bias.dtype))
+
+
 def _normalize_bwd(eps, dtype, kernel, saved, dy):
   del dtype
-  x, mean, rstd, scale, bias = saved
-  if kernel != "xla" and scale is not None and bias is not None:
-    dx, d_scale, d_bias = layer_norm_kernel.gradient(x, (dy,), scale, eps, kernel)
-    return dx, d_scale.astype(scale.dtype), d_bias.astype(bias.dtype)
-  x_hat = (x.astype(jnp.float32) - mean) * rstd
-  dy = dy.astype(jnp.float32)
-  rows = tuple(range(x.ndim - 1))
-  g = dy if scale is None else dy * scale.astype(jnp.float32)
-  d_scale = None if scale is None else jnp.sum(dy * x_hat, axis=rows).astype(scale.dtype)
-  d_bias = None if bias is None else jnp.sum(dy, axis=rows).astype(bias.dtype)
-  dx = rstd * (g - jnp.mean(g, axis=-1, keepdims=True) - x_hat * jnp.mean(g * x_hat, axis=-1, keepdims=True))
-  return dx.astype(x.dtype), d_scale, d_bias
+  return _backward(eps, kernel, saved, (dy,))
 
 
 normalize.defvjp(_normalize_fwd, _normalize_bwd)
@@ -89,11 +91,8 @@ def _pair_fwd(x, scale, bias, eps, dtype, kernel):
 
 
 def _pair_bwd(eps, dtype, kernel, saved, dys):
-  x, mean, rstd, scale, bias = saved
-  if kernel != "xla" and scale is not None and bias is not None:
-    dx, d_scale, d_bias = layer_norm_kernel.gradient(x, dys, scale, eps, kernel)
-    return dx, d_scale.astype(scale.dtype), d_bias.astype(bias.dtype)
-  return _normalize_bwd(eps, dtype, kernel, saved, dys[0] + dys[1])
+  del dtype
+  return _backward(eps, kernel, saved, tuple(dys))
 
 
 normalize_pair.defvjp(_pair_fwd, _pair_bwd)

@@ -4,11 +4,12 @@
 takes each row's two means (and the parameters' column sums), the second reads both again and writes dx;
 where the gradient arrives as a sum of two (a post-LN layer's output feeds both the next sublayer and its
 residual), the first also writes that sum for the second to read. Here a block of rows sits in VMEM while
-the row means and dx are computed from it: HBM sees x, the gradients, the saved statistics and dx once.
+its row statistics (recomputed from x, as the forward pass took them), the row means and dx are computed
+from it: HBM sees x, the gradients and dx once.
 
-`gradient` takes one gradient or two, [rows, features] in the compute dtype, with the forward pass's saved
-row statistics; it returns dx and the scale's and bias's gradients (float32, summed over the rows: the
-kernel writes each block's column sums, XLA adds the blocks). Under a mesh it runs per shard over the rows
+`gradient` takes one gradient or two, [rows, features] in the compute dtype; it returns dx and the scale's
+and bias's gradients (float32, summed over the rows: the kernel writes each block's column sums, XLA adds
+the blocks). Under a mesh it runs per shard over the rows
 (the batch axes of the logical rules), and on backends other than TPU `reference` (XLA ops, the formula of
 `layer_norm._normalize_bwd`). "interpret" runs the kernel in Pallas' TPU interpreter on any backend (tests).
 """
@@ -18,27 +19,35 @@ import functools
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
+
+from bert_jax.models import splash
 
 SUBLANES = 8   # the column sums' block: [8, features], the first row read back
 
 
-def block_rows(rows: int) -> int:
-  """Rows a grid step takes: the largest of 256, 128, ..., 8 that divides `rows` (else all of them)."""
+BLOCK_ELEMENTS = 256 * 1024   # a block's elements: 1 MB a float32 temporary in VMEM
+
+
+def block_rows(rows: int, features: int) -> int | None:
+  """Rows a grid step takes: the largest of 256, 128, ..., 8 that divides `rows` and keeps a block within
+  BLOCK_ELEMENTS (8 at least); None where none divides (`_call` pads the rows to a multiple of 8)."""
   for block in (256, 128, 64, 32, 16, 8):
-    if rows % block == 0:
+    if rows % block == 0 and (block * features <= BLOCK_ELEMENTS or block == 8):
       return block
-  return rows
+  return None
 
 
-def reference(x, dys, scale, eps):
-  """(dx in x's dtype, d_scale, d_bias float32) with XLA ops; `dys` a tuple of one or two gradients."""
-  mean, rstd = _statistics(x.astype(jnp.float32), eps)
+def reference(x, dys, scale, eps, statistics=None):
+  """(dx in x's dtype, d_scale, d_bias float32) with XLA ops: `layer_norm`'s backward pass. `dys` a tuple of
+  one or two gradients; `scale` None for ones; `statistics` the forward pass's (mean, rstd), else recomputed."""
+  mean, rstd = statistics if statistics is not None else _statistics(x.astype(jnp.float32), eps)
   x_hat = (x.astype(jnp.float32) - mean) * rstd
-  dy = sum(d.astype(jnp.float32) for d in dys)
-  g = dy * scale.astype(jnp.float32)
+  dy = dys[0].astype(jnp.float32)
+  for d in dys[1:]:
+    dy = dy + d.astype(jnp.float32)
+  g = dy if scale is None else dy * scale.astype(jnp.float32)
   dx = rstd * (g - jnp.mean(g, axis=-1, keepdims=True) - x_hat * jnp.mean(g * x_hat, axis=-1, keepdims=True))
   rows = tuple(range(x.ndim - 1))
   return dx.astype(x.dtype), jnp.sum(dy * x_hat, axis=rows), jnp.sum(dy, axis=rows)
@@ -72,7 +81,11 @@ def _kernel(*refs, n_dy, eps):
 
 def _call(x_RH, dys_RH, scale_1H, eps, interpret):
   rows, features = x_RH.shape
-  block = block_rows(rows)
+  block = block_rows(rows, features)
+  if block is None:   # rows of zeros (x and gradients) add nothing to the sums and get dx 0
+    pad = lambda a: jnp.pad(a, ((0, -rows % 8), (0, 0)))   # noqa: E731
+    dx, d_scale, d_bias = _call(pad(x_RH), tuple(pad(d) for d in dys_RH), scale_1H, eps, interpret)
+    return dx[:rows], d_scale, d_bias
   blocks = rows // block
   row = pl.BlockSpec((block, features), lambda i: (i, 0))
   col = pl.BlockSpec((1, features), lambda i: (0, 0))
@@ -106,7 +119,6 @@ ROWS_AXES = ("activation_batch", "activation_length", "activation_embed")
 
 def _sharded(x, dys, scale, eps, interpret):
   """`_on_rows` per shard: rows split as the logical rules split the activations' batch, features whole."""
-  from bert_jax.models import splash   # pylint: disable=g-import-not-at-top
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or x.ndim != 3:
     return _on_rows(x, dys, scale, eps, interpret)
@@ -114,12 +126,13 @@ def _sharded(x, dys, scale, eps, interpret):
   if spec[2] is not None:
     return reference(x, dys, scale, eps)
   P = jax.sharding.PartitionSpec
-  batch = tuple(a for a in (spec[0] if isinstance(spec[0], tuple) else (spec[0],)) if a is not None)
+  # Every mesh axis the rows are split over (batch and length): the column sums add over all of them.
+  split = tuple(a for axes in spec[:2] for a in (axes if isinstance(axes, tuple) else (axes,)) if a is not None)
 
   def local(x, dys, scale):
     dx, d_scale, d_bias = _on_rows(x, dys, scale, eps, interpret)
-    if batch:
-      d_scale, d_bias = jax.lax.psum((d_scale, d_bias), batch)
+    if split:
+      d_scale, d_bias = jax.lax.psum((d_scale, d_bias), split)
     return dx, d_scale, d_bias
 
   return jax.shard_map(local, mesh=mesh, in_specs=(spec, (spec,) * len(dys), P(None)),
@@ -133,5 +146,5 @@ def gradient(x, dys, scale, eps: float, kernel: str = "pallas"):
   dys = tuple(dys)
   if kernel == "interpret":
     return _sharded(x, dys, scale, eps, True)
-  return lax.platform_dependent(x, dys, scale, tpu=lambda *a: _sharded(*a, eps, False),
-                                default=lambda *a: reference(*a, eps))
+  return jax.lax.platform_dependent(x, dys, scale, tpu=lambda *a: _sharded(*a, eps, False),
+                                    default=lambda *a: reference(*a, eps))
