@@ -23,7 +23,7 @@ SUBCOMMANDS = {
     "bench data": ("bert_jax.tools.bench_data", "Benchmark the input pipeline and `prepare`; prints JSON lines."),
     "bench train": ("bert_jax.tools.bench_train", "Benchmark the train step (step time, tokens/s, MFU); prints JSON."),
     "bench kernel": ("bert_jax.tools.bench_kernel", "The TPU compiler's schedule of the flash attention kernels "
-                     "(bundles per grid step); prints JSON lines."),
+                     "or of LayerNorm's backward kernel (bundles per grid step); prints JSON lines."),
     "analyze attention": ("bert_jax.analysis.attention", "Attention maps of every layer and head: PNG grids, "
                           "BertViz-style HTML pages."),
     "analyze heads": ("bert_jax.analysis.heads", "Per-head attention statistics over a corpus: CSV, heat maps."),

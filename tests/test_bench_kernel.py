@@ -1,4 +1,5 @@
-"""`bert-jax bench kernel` compiles the flash kernels for a TPU chip here and reads the compiler's schedule."""
+"""`bert-jax bench kernel` compiles the flash kernels, or LayerNorm's backward kernel, for a TPU chip here and
+reads the compiler's schedule."""
 
 import json
 import os
@@ -67,3 +68,21 @@ def test_hardware_bits_draw_from_the_tpus_generator():
   for kernel in ("forward", "backward"):
     assert hardware[kernel, 0.1]["hardware_rng_ops"] > 0 and hardware[kernel, 0.0]["hardware_rng_ops"] == 0
     assert hardware[kernel, 0.1]["slots_per_step"]["VALU"] < hashed[kernel, 0.1]["slots_per_step"]["VALU"]
+
+
+def test_bench_kernel_reads_the_layer_norm_kernels_schedule():
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  rows = {}
+  for n in (1, 2):
+    proc = subprocess.run([sys.executable, "-m", "bert_jax.cli", "bench", "kernel", "--topology=v3:2x2",
+                           "--layer_norm", "--rows=96", "--features=256", f"--gradients={n}"], cwd=REPO_ROOT,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows[n] = json.loads(proc.stdout.strip().splitlines()[-1])
+  for n, r in rows.items():
+    assert r["device_kind"] == "TPU v3" and r["kernel"] == "layer_norm_backward" and r["gradients"] == n
+    assert r["block_rows"] == 32 and r["grid_steps"] == 3 and r["bundles_per_norm"] == 3 * r["bundles_per_step"]
+    assert r["slots_per_step"]["VALU"] > 0 and r["activation_bytes"] == (n + 2) * 96 * 256 * 2
+  # The second gradient is read and added: more loads and vector work.
+  assert rows[2]["slots_per_step"]["VLOAD"] > rows[1]["slots_per_step"]["VLOAD"]
+  assert rows[2]["slots_per_step"]["VALU"] > rows[1]["slots_per_step"]["VALU"]

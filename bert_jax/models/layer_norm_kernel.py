@@ -24,7 +24,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from bert_jax.models import splash
 
-SUBLANES = 8   # the column sums' block: [8, features], the first row read back
+SUBLANES = 8   # rows a trip of the kernel's loop; the column sums' block: [8, features], summed by XLA
 
 
 BLOCK_ELEMENTS = 256 * 1024   # a block's elements: 1 MB a float32 temporary in VMEM
@@ -62,21 +62,32 @@ def _statistics(x32, eps):
 
 
 def _kernel(*refs, n_dy, eps):
+  """One block of rows, 8 at a time (one vreg's sublanes; the loop unrolled): row statistics, both row
+  means and dx of 8 rows, their dy * x_hat and dy added into the block's [8, features] column sums."""
   x_ref, dy_refs, scale_ref, (dx_ref, dscale_ref, dbias_ref) = (
       refs[0], refs[1:1 + n_dy], refs[1 + n_dy], refs[2 + n_dy:])
-  x = x_ref[...].astype(jnp.float32)
-  dy = dy_refs[0][...].astype(jnp.float32)
-  for ref in dy_refs[1:]:
-    dy = dy + ref[...].astype(jnp.float32)
-  mean, rstd = _statistics(x, eps)
-  x_hat = (x - mean) * rstd
-  g = dy * scale_ref[...]
-  inv = 1.0 / x.shape[-1]
-  a = jnp.sum(g, axis=-1, keepdims=True) * inv
-  b = jnp.sum(g * x_hat, axis=-1, keepdims=True) * inv
-  dx_ref[...] = (rstd * (g - a - x_hat * b)).astype(dx_ref.dtype)
-  dscale_ref[...] = jnp.broadcast_to(jnp.sum(dy * x_hat, axis=0, keepdims=True), dscale_ref.shape)
-  dbias_ref[...] = jnp.broadcast_to(jnp.sum(dy, axis=0, keepdims=True), dbias_ref.shape)
+  rows, features = x_ref.shape
+  inv = 1.0 / features
+  dscale_ref[...] = jnp.zeros_like(dscale_ref)
+  dbias_ref[...] = jnp.zeros_like(dbias_ref)
+
+  def rows_of(i, carry):
+    sl = pl.ds(pl.multiple_of(i * SUBLANES, SUBLANES), SUBLANES)
+    x = x_ref[sl, :].astype(jnp.float32)
+    dy = dy_refs[0][sl, :].astype(jnp.float32)
+    for ref in dy_refs[1:]:
+      dy = dy + ref[sl, :].astype(jnp.float32)
+    mean, rstd = _statistics(x, eps)
+    x_hat = (x - mean) * rstd
+    g = dy * scale_ref[...]
+    a = jnp.sum(g, axis=-1, keepdims=True) * inv
+    b = jnp.sum(g * x_hat, axis=-1, keepdims=True) * inv
+    dx_ref[sl, :] = (rstd * (g - a - x_hat * b)).astype(dx_ref.dtype)
+    dscale_ref[...] += dy * x_hat
+    dbias_ref[...] += dy
+    return carry
+
+  jax.lax.fori_loop(0, rows // SUBLANES, rows_of, 0, unroll=True)
 
 
 def _call(x_RH, dys_RH, scale_1H, eps, interpret):
@@ -88,21 +99,22 @@ def _call(x_RH, dys_RH, scale_1H, eps, interpret):
     return dx[:rows], d_scale, d_bias
   blocks = rows // block
   row = pl.BlockSpec((block, features), lambda i: (i, 0))
-  col = pl.BlockSpec((1, features), lambda i: (0, 0))
+  col = pl.BlockSpec((SUBLANES, features), lambda i: (0, 0))   # the scale on every sublane
   part = pl.BlockSpec((None, SUBLANES, features), lambda i: (i, 0, 0))
   out = (jax.ShapeDtypeStruct(x_RH.shape, x_RH.dtype),
          *[jax.ShapeDtypeStruct((blocks, SUBLANES, features), jnp.float32)] * 2)
   # What it moves, for XLA's cost analysis (which counts a custom call without one as moving nothing):
   # each operand read once, each result written once.
-  moved = sum(a.size * a.dtype.itemsize for a in (x_RH, *dys_RH, scale_1H, *out))
+  scale_8H = jnp.broadcast_to(scale_1H, (SUBLANES, features))
+  moved = sum(a.size * a.dtype.itemsize for a in (x_RH, *dys_RH, scale_8H, *out))
   dx, d_scale, d_bias = pl.pallas_call(
-      functools.partial(_kernel, n_dy=len(dys_RH), eps=eps), grid=(blocks,),
+      functools.partial(_kernel, n_dy=len(dys_RH), eps=eps), grid=(blocks,), name="layer_norm_backward",
       in_specs=[row] + [row] * len(dys_RH) + [col], out_specs=[row, part, part], out_shape=out,
       compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
       cost_estimate=pl.CostEstimate(flops=rows * features * (12 + len(dys_RH)), transcendentals=rows,
                                     bytes_accessed=moved),
-      interpret=pltpu.InterpretParams() if interpret else False)(x_RH, *dys_RH, scale_1H)
-  return dx, jnp.sum(d_scale[:, 0], axis=0), jnp.sum(d_bias[:, 0], axis=0)
+      interpret=pltpu.InterpretParams() if interpret else False)(x_RH, *dys_RH, scale_8H)
+  return dx, jnp.sum(d_scale, axis=(0, 1)), jnp.sum(d_bias, axis=(0, 1))
 
 
 def _on_rows(x, dys, scale, eps, interpret):

@@ -1,6 +1,7 @@
 """`bert-jax bench kernel`: the TPU compiler's schedule of the flash attention kernels, from this CPU.
 
     bert-jax bench kernel --topology=v3:2x2 --seq_length=512 --heads=16 --head_dim=64
+    bert-jax bench kernel --topology=v3:2x2 --layer_norm --rows=512 --features=1024 --gradients=2
 
 `bert-jax aot` counts the flash kernel (models/flash_dropout.py) as its matmuls at the MXU's peak, as if
 nothing else in it took time. This compiles the forward and backward kernels for one chip of a topology
@@ -14,6 +15,10 @@ MXU results not ready) add to it and are not in the dump. "matmul_bundles" is th
 step's MXU pushes fit in (pushes / MXU slots a bundle); "bundles_over_matmul" how far the schedule is
 above that, i.e. how much more than its matmuls the kernel costs if its bundles set the pace. Figures
 from the compiler, not a measurement on a TPU.
+
+`--layer_norm` compiles LayerNorm's backward kernel instead (models/layer_norm_kernel.py) on one shard's
+[rows, features] bfloat16 rows with one or two gradients, and gives its bundles a grid step and a norm beside
+the bytes it moves, which the step's estimate charges at HBM bandwidth.
 """
 
 import glob
@@ -41,6 +46,10 @@ def define_flags() -> None:
                     "generator (`model.flash_bits`).")
   flags.DEFINE_bool("splash", False, "Also Pallas' splash kernel (models/splash.py; no dropout) on the same "
                     "shape, for comparison.")
+  flags.DEFINE_bool("layer_norm", False, "LayerNorm's backward kernel instead of the flash kernels.")
+  flags.DEFINE_integer("rows", 512, "--layer_norm: rows of one shard (batch x length).")
+  flags.DEFINE_integer("features", 1024, "--layer_norm: features (the hidden size).")
+  flags.DEFINE_integer("gradients", 2, "--layer_norm: gradients of the norm's output, 1 or 2 (a post-LN layer's).")
   flags.DEFINE_string("child", "", "Internal: compile this kernel (forward, backward, splash) and exit.")
   flags.DEFINE_float("child_rate", 0.0, "Internal: the child's dropout rate.")
 
@@ -57,6 +66,14 @@ def _compile(kernel: str, rate: float) -> None:
   from bert_jax.tools import aot  # pylint: disable=g-import-not-at-top
   device = aot.topology_devices(FLAGS.topology)[0]
   sharding = jax.sharding.SingleDeviceSharding(device)
+  if kernel == "layer_norm":
+    from bert_jax.models import layer_norm_kernel  # pylint: disable=g-import-not-at-top
+    rows = jax.ShapeDtypeStruct((FLAGS.rows, FLAGS.features), jnp.bfloat16, sharding=sharding)
+    scale = jax.ShapeDtypeStruct((FLAGS.features,), jnp.float32, sharding=sharding)
+    backward = lambda x, dys, s: layer_norm_kernel.gradient(x, dys, s, 1e-12, "pallas")  # noqa: E731
+    jax.jit(backward).lower(rows, (rows,) * FLAGS.gradients, scale).compile()
+    print(json.dumps({"device_kind": device.device_kind}))
+    return
   shape = (1, FLAGS.heads, FLAGS.seq_length, FLAGS.head_dim)
   x = jax.ShapeDtypeStruct(shape, jnp.dtype(FLAGS.dtype), sharding=sharding)
   segments = jax.ShapeDtypeStruct(shape[:1] + shape[2:3], jnp.int32, sharding=sharding)
@@ -113,7 +130,8 @@ def _compile_in_child(kernel: str, rate: float, dump_dir: str) -> dict:
   env.pop("XLA_FLAGS", None)
   flags_ = [f"--topology={FLAGS.topology}", f"--seq_length={FLAGS.seq_length}", f"--heads={FLAGS.heads}",
             f"--head_dim={FLAGS.head_dim}", f"--dtype={FLAGS.dtype}", f"--bits={FLAGS.bits}", f"--child={kernel}",
-            f"--child_rate={rate}"]
+            f"--child_rate={rate}", f"--rows={FLAGS.rows}", f"--features={FLAGS.features}",
+            f"--gradients={FLAGS.gradients}"]
   proc = subprocess.run([sys.executable, "-m", "bert_jax.cli", "bench", "kernel", *flags_], env=env,
                         capture_output=True, text=True, timeout=600)
   if proc.returncode:
@@ -178,10 +196,33 @@ def splash_report(dump_dir: str) -> dict:
           "bundles_per_example": sum(kernels.values()) * steps}
 
 
+def layer_norm_report(dump_dir: str) -> dict:
+  """LayerNorm's backward kernel on [--rows, --features]: its bundles a grid step and a norm, its bytes."""
+  from bert_jax.models import layer_norm_kernel  # pylint: disable=g-import-not-at-top
+  device = _compile_in_child("layer_norm", 0.0, dump_dir)
+  dumps = glob.glob(os.path.join(dump_dir, "*layer_norm_backward*final_hlo-static-per-bundle-utilization.txt"))
+  if not dumps:
+    raise RuntimeError(f"libtpu wrote no schedule of the LayerNorm kernel to {dump_dir}")
+  s = parse_schedule(max(dumps, key=os.path.getsize))
+  rows, features, n = FLAGS.rows, FLAGS.features, FLAGS.gradients
+  block = layer_norm_kernel.block_rows(rows, features) or layer_norm_kernel.SUBLANES
+  steps = -(-rows // block)
+  # HBM bytes: x, the gradients and dx in bfloat16 (the float32 column sums and the scale are small).
+  return {"topology": FLAGS.topology, **device, "kernel": "layer_norm_backward", "rows": rows,
+          "features": features, "gradients": n, "block_rows": block, "grid_steps": steps,
+          "bundles_per_step": s["bundles"], "bundles_per_norm": s["bundles"] * steps,
+          "slots_per_step": s["slots"], "slot_capacity": s["capacity"],
+          "activation_bytes": (n + 2) * rows * features * 2}
+
+
 def main(argv) -> None:
   del argv
   if FLAGS.child:
     _compile(FLAGS.child, FLAGS.child_rate)
+    return
+  if FLAGS.layer_norm:
+    with tempfile.TemporaryDirectory() as dump_dir:
+      print(json.dumps(layer_norm_report(dump_dir)), flush=True)
     return
   for rate in (FLAGS.rate, 0.0) if FLAGS.rate > 0 else (0.0,):
     for kernel in KERNELS:
