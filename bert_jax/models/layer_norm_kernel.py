@@ -24,7 +24,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from bert_jax.models import splash
 
-SUBLANES = 8   # rows a trip of the kernel's loop; the column sums' block: [8, features], summed by XLA
+SUBLANES = 8   # rows a trip of the kernel's loop; the column sums' block: [8, features], the first row read back
 
 
 BLOCK_ELEMENTS = 256 * 1024   # a block's elements: 1 MB a float32 temporary in VMEM
@@ -63,7 +63,8 @@ def _statistics(x32, eps):
 
 def _kernel(*refs, n_dy, eps):
   """One block of rows, 8 at a time (one vreg's sublanes; the loop unrolled): row statistics, both row
-  means and dx of 8 rows, their dy * x_hat and dy added into the block's [8, features] column sums."""
+  means and dx of 8 rows, their dy * x_hat and dy added into the block's [8, features] column sums, which
+  are summed over their 8 rows at the end."""
   x_ref, dy_refs, scale_ref, (dx_ref, dscale_ref, dbias_ref) = (
       refs[0], refs[1:1 + n_dy], refs[1 + n_dy], refs[2 + n_dy:])
   rows, features = x_ref.shape
@@ -88,6 +89,8 @@ def _kernel(*refs, n_dy, eps):
     return carry
 
   jax.lax.fori_loop(0, rows // SUBLANES, rows_of, 0, unroll=True)
+  for ref in (dscale_ref, dbias_ref):   # the block's sums on every sublane; XLA reads the first
+    ref[...] = jnp.broadcast_to(jnp.sum(ref[...], axis=0, keepdims=True), ref.shape)
 
 
 def _call(x_RH, dys_RH, scale_1H, eps, interpret):
@@ -114,7 +117,7 @@ def _call(x_RH, dys_RH, scale_1H, eps, interpret):
       cost_estimate=pl.CostEstimate(flops=rows * features * (12 + len(dys_RH)), transcendentals=rows,
                                     bytes_accessed=moved),
       interpret=pltpu.InterpretParams() if interpret else False)(x_RH, *dys_RH, scale_8H)
-  return dx, jnp.sum(d_scale, axis=(0, 1)), jnp.sum(d_bias, axis=(0, 1))
+  return dx, jnp.sum(d_scale[:, 0], axis=0), jnp.sum(d_bias[:, 0], axis=0)
 
 
 def _on_rows(x, dys, scale, eps, interpret):
