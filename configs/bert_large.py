@@ -72,8 +72,8 @@ from configs import bert_base
 # into the output matmul, recomputing it moves more (2 layers: 0.509 GB without, 0.517 GB with).
 # layer_norm_kernel "pallas" on v3's phase 1: the layers' LayerNorm backward passes as one Pallas kernel
 # each, which reads the two gradients of a norm's output apart (models/layer_norm_kernel.py; 24 layers:
-# 3.961 -> 3.831 GB a core by XLA's count, 3.794 GB by op, MFU bound 88.9% -> 91.9%). The other steps were
-# not compiled with it.
+# 3.961 -> 3.833 GB a core by XLA's count, MFU bound 88.9% -> 91.9%). On v5e it adds bytes by XLA's count
+# (phase 1 14.31 -> 14.40 GB, phase 2 36.99 -> 37.81, phase1_tokens 31.68 -> 32.10), so v5e and v6e keep XLA's.
 # scan_layers on v3's phase1_tokens: compute-bound either way (compute 31.3 to 31.9 ms), so one compiled
 # layer body costs no step time by the estimate: memory 29.2 ms (13.2 GB by op) scanned against 23.8 ms
 # (10.7 GB) unrolled, compiled in 18.6 s against 78.6 s on a 2-core CPU (docs/performance.md). Phase 1

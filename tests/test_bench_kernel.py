@@ -70,19 +70,33 @@ def test_hardware_bits_draw_from_the_tpus_generator():
     assert hardware[kernel, 0.1]["slots_per_step"]["VALU"] < hashed[kernel, 0.1]["slots_per_step"]["VALU"]
 
 
-def test_bench_kernel_reads_the_layer_norm_kernels_schedule():
+def _layer_norm_bench(rows, features, gradients):
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  rows = {}
-  for n in (1, 2):
-    proc = subprocess.run([sys.executable, "-m", "bert_jax.cli", "bench", "kernel", "--topology=v3:2x2",
-                           "--layer_norm", "--rows=96", "--features=256", f"--gradients={n}"], cwd=REPO_ROOT,
-                          env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows[n] = json.loads(proc.stdout.strip().splitlines()[-1])
+  proc = subprocess.run([sys.executable, "-m", "bert_jax.cli", "bench", "kernel", "--topology=v3:2x2", "--layer_norm",
+                         f"--rows={rows}", f"--features={features}", f"--gradients={gradients}"], cwd=REPO_ROOT,
+                        env=env, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_bench_kernel_reads_the_layer_norm_kernels_schedule():
+  pytest.importorskip("libtpu")
+  rows = {n: _layer_norm_bench(96, 256, n) for n in (1, 2)}
   for n, r in rows.items():
     assert r["device_kind"] == "TPU v3" and r["kernel"] == "layer_norm_backward" and r["gradients"] == n
+    assert r["compiled_shape"] == [96, 256]
     assert r["block_rows"] == 32 and r["grid_steps"] == 3 and r["bundles_per_norm"] == 3 * r["bundles_per_step"]
     assert r["slots_per_step"]["VALU"] > 0 and r["activation_bytes"] == (n + 2) * 96 * 256 * 2
+    # XLA's count of the call: at least the activations, the scale on 8 sublanes and 3 blocks' two [8, 256]
+    # float32 column sums, which the kernel declares; the XLA ops around it (the scale's broadcast, the sums'
+    # addition) add a little.
+    declared = r["activation_bytes"] + 8 * 256 * 4 + 2 * 3 * 8 * 256 * 4
+    assert declared <= r["xla_bytes"] < 1.25 * declared
   # The second gradient is read and added: more loads and vector work.
   assert rows[2]["slots_per_step"]["VLOAD"] > rows[1]["slots_per_step"]["VLOAD"]
   assert rows[2]["slots_per_step"]["VALU"] > rows[1]["slots_per_step"]["VALU"]
+  # Rows no block divides are padded to 8 (250 -> 256: one 256-row step); features not a multiple of 128.
+  padded = _layer_norm_bench(250, 320, 2)
+  assert padded["compiled_shape"] == [250, 320] and padded["block_rows"] == 256 and padded["grid_steps"] == 1
+  assert padded["bundles_per_step"] > rows[2]["bundles_per_step"]

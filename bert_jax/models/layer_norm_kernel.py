@@ -27,7 +27,7 @@ from bert_jax.models import splash
 SUBLANES = 8   # rows a trip of the kernel's loop; the column sums' block: [8, features], the first row read back
 
 
-BLOCK_ELEMENTS = 256 * 1024   # a block's elements: 1 MB a float32 temporary in VMEM
+BLOCK_ELEMENTS = 256 * 1024   # a block's elements: x, the gradients and dx double-buffered in VMEM
 
 
 def block_rows(rows: int, features: int) -> int | None:

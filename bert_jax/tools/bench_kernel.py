@@ -18,7 +18,8 @@ from the compiler, not a measurement on a TPU.
 
 `--layer_norm` compiles LayerNorm's backward kernel instead (models/layer_norm_kernel.py) on one shard's
 [rows, features] bfloat16 rows with one or two gradients, and gives its bundles a grid step and a norm beside
-the bytes it moves, which the step's estimate charges at HBM bandwidth.
+its bytes: x, the gradients and dx, and XLA's count of the compiled call (those, the scale, the column sums
+and the XLA ops around the kernel), which the step's estimate charges at HBM bandwidth.
 """
 
 import glob
@@ -49,8 +50,9 @@ def define_flags() -> None:
   flags.DEFINE_bool("layer_norm", False, "LayerNorm's backward kernel instead of the flash kernels.")
   flags.DEFINE_integer("rows", 512, "--layer_norm: rows of one shard (batch x length).")
   flags.DEFINE_integer("features", 1024, "--layer_norm: features (the hidden size).")
-  flags.DEFINE_integer("gradients", 2, "--layer_norm: gradients of the norm's output, 1 or 2 (a post-LN layer's).")
-  flags.DEFINE_string("child", "", "Internal: compile this kernel (forward, backward, splash) and exit.")
+  flags.DEFINE_integer("gradients", 2, "--layer_norm: gradients of the norm's output, 1 or 2 (a post-LN layer's).",
+                       lower_bound=1, upper_bound=2)
+  flags.DEFINE_string("child", "", "Internal: compile this kernel (forward, backward, splash, layer_norm) and exit.")
   flags.DEFINE_float("child_rate", 0.0, "Internal: the child's dropout rate.")
 
 
@@ -71,8 +73,9 @@ def _compile(kernel: str, rate: float) -> None:
     rows = jax.ShapeDtypeStruct((FLAGS.rows, FLAGS.features), jnp.bfloat16, sharding=sharding)
     scale = jax.ShapeDtypeStruct((FLAGS.features,), jnp.float32, sharding=sharding)
     backward = lambda x, dys, s: layer_norm_kernel.gradient(x, dys, s, 1e-12, "pallas")  # noqa: E731
-    jax.jit(backward).lower(rows, (rows,) * FLAGS.gradients, scale).compile()
-    print(json.dumps({"device_kind": device.device_kind}))
+    compiled = jax.jit(backward).lower(rows, (rows,) * FLAGS.gradients, scale).compile()
+    print(json.dumps({"device_kind": device.device_kind, "compiled_shape": list(rows.shape),
+                      "bytes_accessed": compiled.cost_analysis().get("bytes accessed")}))
     return
   shape = (1, FLAGS.heads, FLAGS.seq_length, FLAGS.head_dim)
   x = jax.ShapeDtypeStruct(shape, jnp.dtype(FLAGS.dtype), sharding=sharding)
@@ -205,14 +208,16 @@ def layer_norm_report(dump_dir: str) -> dict:
     raise RuntimeError(f"libtpu wrote no schedule of the LayerNorm kernel to {dump_dir}")
   s = parse_schedule(max(dumps, key=os.path.getsize))
   rows, features, n = FLAGS.rows, FLAGS.features, FLAGS.gradients
-  block = layer_norm_kernel.block_rows(rows, features) or layer_norm_kernel.SUBLANES
-  steps = -(-rows // block)
-  # HBM bytes: x, the gradients and dx in bfloat16 (the float32 column sums and the scale are small).
+  padded = rows + -rows % layer_norm_kernel.SUBLANES   # where no block divides the rows, `_call` pads them
+  block = layer_norm_kernel.block_rows(rows, features) or layer_norm_kernel.block_rows(padded, features)
+  steps = padded // block
   return {"topology": FLAGS.topology, **device, "kernel": "layer_norm_backward", "rows": rows,
           "features": features, "gradients": n, "block_rows": block, "grid_steps": steps,
           "bundles_per_step": s["bundles"], "bundles_per_norm": s["bundles"] * steps,
           "slots_per_step": s["slots"], "slot_capacity": s["capacity"],
-          "activation_bytes": (n + 2) * rows * features * 2}
+          # x, the gradients and dx (bfloat16); XLA's count of the compiled call adds the scale, the column
+          # sums and the XLA ops around the kernel (the scale's broadcast, the sums' addition)
+          "activation_bytes": (n + 2) * rows * features * 2, "xla_bytes": device["bytes_accessed"]}
 
 
 def main(argv) -> None:
