@@ -29,13 +29,18 @@ def test_parse_schedule_counts_bundles_and_slots(tmp_path):
                "capacity": {"MATMUL": 2, "MATPUSH": 2, "XLU": 1, "VALU": 2}}
 
 
-def _bench(*flags):
+def _run(*flags):
+  """`bench kernel` with these flags in a process of its own: its JSON lines."""
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  proc = subprocess.run([sys.executable, "-m", "bert_jax.cli", "bench", "kernel", "--topology=v5e:2x2",
-                         "--seq_length=256", "--heads=2", "--head_dim=64", *flags], cwd=REPO_ROOT, env=env,
+  proc = subprocess.run([sys.executable, "-m", "bert_jax.cli", "bench", "kernel", *flags], cwd=REPO_ROOT, env=env,
                         capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  return {(r["kernel"], r["rate"]): r for r in map(json.loads, proc.stdout.strip().splitlines())}
+  return [json.loads(line) for line in proc.stdout.strip().splitlines()]
+
+
+def _bench(*flags):
+  rows = _run("--topology=v5e:2x2", "--seq_length=256", "--heads=2", "--head_dim=64", *flags)
+  return {(r["kernel"], r["rate"]): r for r in rows}
 
 
 @pytest.mark.slow
@@ -71,12 +76,8 @@ def test_hardware_bits_draw_from_the_tpus_generator():
 
 
 def _layer_norm_bench(rows, features, gradients):
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  proc = subprocess.run([sys.executable, "-m", "bert_jax.cli", "bench", "kernel", "--topology=v3:2x2", "--layer_norm",
-                         f"--rows={rows}", f"--features={features}", f"--gradients={gradients}"], cwd=REPO_ROOT,
-                        env=env, capture_output=True, text=True, timeout=600)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  return json.loads(proc.stdout.strip().splitlines()[-1])
+  return _run("--topology=v3:2x2", "--layer_norm", f"--rows={rows}", f"--features={features}",
+              f"--gradients={gradients}")[-1]
 
 
 @pytest.mark.slow

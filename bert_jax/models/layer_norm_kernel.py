@@ -32,11 +32,18 @@ BLOCK_ELEMENTS = 256 * 1024   # a block's elements: x, the gradients and dx doub
 
 def block_rows(rows: int, features: int) -> int | None:
   """Rows a grid step takes: the largest of 256, 128, ..., 8 that divides `rows` and keeps a block within
-  BLOCK_ELEMENTS (8 at least); None where none divides (`_call` pads the rows to a multiple of 8)."""
+  BLOCK_ELEMENTS (8 at least); None where none divides (`grid` pads the rows to a multiple of 8)."""
   for block in (256, 128, 64, 32, 16, 8):
     if rows % block == 0 and (block * features <= BLOCK_ELEMENTS or block == 8):
       return block
   return None
+
+
+def grid(rows: int, features: int) -> tuple[int, int]:
+  """(rows the kernel runs on, rows a grid step): `rows` padded to a multiple of 8 where no block divides
+  them (rows of zeros add nothing to the column sums and get dx 0)."""
+  padded = rows if block_rows(rows, features) else rows + -rows % SUBLANES
+  return padded, block_rows(padded, features)
 
 
 def reference(x, dys, scale, eps, statistics=None):
@@ -95,9 +102,9 @@ def _kernel(*refs, n_dy, eps):
 
 def _call(x_RH, dys_RH, scale_1H, eps, interpret):
   rows, features = x_RH.shape
-  block = block_rows(rows, features)
-  if block is None:   # rows of zeros (x and gradients) add nothing to the sums and get dx 0
-    pad = lambda a: jnp.pad(a, ((0, -rows % 8), (0, 0)))   # noqa: E731
+  padded, block = grid(rows, features)
+  if padded != rows:
+    pad = lambda a: jnp.pad(a, ((0, padded - rows), (0, 0)))   # noqa: E731
     dx, d_scale, d_bias = _call(pad(x_RH), tuple(pad(d) for d in dys_RH), scale_1H, eps, interpret)
     return dx[:rows], d_scale, d_bias
   blocks = rows // block

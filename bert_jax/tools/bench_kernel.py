@@ -208,8 +208,7 @@ def layer_norm_report(dump_dir: str) -> dict:
     raise RuntimeError(f"libtpu wrote no schedule of the LayerNorm kernel to {dump_dir}")
   s = parse_schedule(max(dumps, key=os.path.getsize))
   rows, features, n = FLAGS.rows, FLAGS.features, FLAGS.gradients
-  padded = rows + -rows % layer_norm_kernel.SUBLANES   # where no block divides the rows, `_call` pads them
-  block = layer_norm_kernel.block_rows(rows, features) or layer_norm_kernel.block_rows(padded, features)
+  padded, block = layer_norm_kernel.grid(rows, features)
   steps = padded // block
   return {"topology": FLAGS.topology, **device, "kernel": "layer_norm_backward", "rows": rows,
           "features": features, "gradients": n, "block_rows": block, "grid_steps": steps,
