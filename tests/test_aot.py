@@ -116,6 +116,7 @@ def test_aot_report_for_a_small_topology(tmp_path):
   # --hlo wrote the compiled step's text: the report reads the same from it.
   text = (tmp_path / "step.hlo").read_text()
   assert text.startswith("HloModule")
+  assert " conditional(" not in text   # the non-finite guard is a select here, folded into the update
   assert hlo_bytes.summarize(hlo_bytes.traffic(text))["total_bytes"] == pytest.approx(traffic["total_bytes"])
 
 

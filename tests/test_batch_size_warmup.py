@@ -47,15 +47,17 @@ def _batch(rows=ROWS, seed=0):
 
 
 def _steps(config, batch, at):
-  """[(new state, metrics) of one train step from fixed params at `state.step` = t, for t in at], jaxpr."""
+  """[(new state, metrics) of one train step from fixed params at `state.step` = t, for t in at], the
+  jaxpr of its gradient over the micro-batches (the optimizer's guard may hold a conditional of its own)."""
   model = _TinyLM()
   tx = optimizer.create_optimizer(config.optimizer)
   params = model.init(jax.random.key(0), jax.tree.map(lambda x: x[:1], batch))["params"]
   state = lambda t: steps.TrainState(step=jnp.int32(t), params=params, opt_state=tx.init(params),
                                      nonfinite_count=jnp.int32(0), nonfinite_streak=jnp.int32(0))
   fn = jax.jit(functools.partial(steps.train_step, model=model, tx=tx, config=config))
-  return [fn(state(t), batch, jax.random.key(1)) for t in at], str(jax.make_jaxpr(fn)(state(0), batch,
-                                                                                   jax.random.key(1)))
+  grads = functools.partial(steps._grads_and_sums, model=model, config=config)   # pylint: disable=protected-access
+  jaxpr = jax.make_jaxpr(grads)(params, batch, jax.random.key(1), None, jnp.int32(at[0]))
+  return [fn(state(t), batch, jax.random.key(1)) for t in at], str(jaxpr)
 
 
 def _assert_same_step(a, b):

@@ -39,13 +39,19 @@ def _batch(poisoned: bool):
   return {"masked_lm_ids": ids, "masked_lm_positions": np.zeros_like(ids), "masked_lm_weights": weights}
 
 
-def test_logged_learning_rate_is_the_applied_one_after_a_skipped_step():
-  config, model = _config(), _BiasOnlyLM()
+def _state_and_tx(config, model):
+  """A fresh TrainState of `model` and the optimizer of `config`."""
   tx = optimizer.create_optimizer(config.optimizer)
   params = model.init(jax.random.key(0), _batch(False))["params"]
   zero = jnp.zeros([], jnp.int32)
   state = steps.TrainState(step=zero, params=params, opt_state=tx.init(params), nonfinite_count=zero,
                            nonfinite_streak=zero)
+  return state, tx
+
+
+def test_logged_learning_rate_is_the_applied_one_after_a_skipped_step():
+  config, model = _config(), _BiasOnlyLM()
+  state, tx = _state_and_tx(config, model)
   step = jax.jit(functools.partial(steps.train_step, model=model, tx=tx, config=config))
   schedule = optimizer.learning_rate_schedule(config.optimizer)
   applied, logged = [], []
@@ -72,11 +78,7 @@ def test_the_guard_tests_every_update_only_where_adam_can_divide_zero_by_zero():
   for eps in (0.0, 1e-6):
     config = _config()
     config.optimizer.eps = eps
-    tx = optimizer.create_optimizer(config.optimizer)
-    params = model.init(jax.random.key(0), _batch(False))["params"]
-    zero = jnp.zeros([], jnp.int32)
-    state = steps.TrainState(step=zero, params=params, opt_state=tx.init(params), nonfinite_count=zero,
-                             nonfinite_streak=zero)
+    state, tx = _state_and_tx(config, model)
     step = functools.partial(steps.train_step, model=model, tx=tx, config=config)
     counts[eps] = str(jax.make_jaxpr(step)(state, _batch(False), jax.random.key(1))).count("is_finite")
     # Either way a NaN loss leaves the parameters and moments as they were.
@@ -86,3 +88,21 @@ def test_the_guard_tests_every_update_only_where_adam_can_divide_zero_by_zero():
   assert steps.update_can_be_nonfinite(common.optimizer_config()) is False   # the default eps is 1e-6
   assert steps.update_can_be_nonfinite(ml_collections.ConfigDict({"eps": 1e-20}))   # eps^2 underflows
   assert counts[1e-6] == 2 and counts[0.0] > 2   # loss and gradient norm; then every update and parameter
+
+
+def test_the_guard_is_a_conditional_on_the_cpu():
+  """On the CPU the update runs in a branch (XLA's CPU backend would copy every moment for a select);
+  the TPU step's select is checked by tests/test_aot.py."""
+  config, model = _config(), _BiasOnlyLM()
+  config.optimizer.eps = 1e-6   # the guard decides before the update
+  state, tx = _state_and_tx(config, model)
+  params = state.params
+  step = jax.jit(functools.partial(steps.train_step, model=model, tx=tx, config=config))
+  assert " conditional(" in step.lower(state, _batch(False), jax.random.key(1)).compile().as_text()
+  # A clean step moves every element (the second: the first's rate is 0 in the warmup); a poisoned one
+  # moves none, of the parameters and the moments.
+  moved, _ = step(step(state, _batch(False), jax.random.key(1))[0], _batch(False), jax.random.key(1))
+  assert np.all(np.asarray(moved.params["w"]) != np.asarray(params["w"]))
+  kept, _ = step(moved, _batch(True), jax.random.key(1))
+  assert int(kept.nonfinite_count) == 1
+  jax.tree.map(np.testing.assert_array_equal, (kept.params, kept.opt_state), (moved.params, moved.opt_state))
