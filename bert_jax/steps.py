@@ -131,8 +131,9 @@ def train_step(state: TrainState, batch: Batch, rng: jax.Array, frozen=None, *, 
   state untouched: `state.step` counts it, the optimizer's own count (which drives the learning-rate
   schedule) does not. So the parameters of a TrainState are always finite. An update can be NaN while
   loss and gradient are finite only with Adam's eps = 0 or nearly (0 / 0 at a zero gradient); elsewhere the test
-  is of loss and gradient norm alone (`update_can_be_nonfinite`), which XLA folds into the update, where
-  testing every update and parameter costs a second pass over parameters and moments. The logged
+  is of loss and gradient norm alone (`update_can_be_nonfinite`), decided before the update
+  (`_guarded_update`), where testing every update and parameter costs a second pass over parameters and
+  moments. The logged
   `learning_rate` is the schedule at the optimizer's count, i.e. the rate this step applies (or would
   have applied, when skipped), so after skipped steps it trails `schedule(state.step)`.
   """

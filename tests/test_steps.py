@@ -103,6 +103,8 @@ def test_the_guard_is_a_conditional_on_the_cpu():
   # moves none, of the parameters and the moments.
   moved, _ = step(step(state, _batch(False), jax.random.key(1))[0], _batch(False), jax.random.key(1))
   assert np.all(np.asarray(moved.params["w"]) != np.asarray(params["w"]))
+  adam = lambda s: s.opt_state[0]   # noqa: E731  (count, mu, nu)
+  assert int(adam(moved).count) == 2 and np.all(np.asarray(adam(moved).nu["w"]) != np.asarray(adam(state).nu["w"]))
   kept, _ = step(moved, _batch(True), jax.random.key(1))
   assert int(kept.nonfinite_count) == 1
   jax.tree.map(np.testing.assert_array_equal, (kept.params, kept.opt_state), (moved.params, moved.opt_state))
