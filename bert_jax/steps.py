@@ -133,9 +133,8 @@ def train_step(state: TrainState, batch: Batch, rng: jax.Array, frozen=None, *, 
   loss and gradient are finite only with Adam's eps = 0 or nearly (0 / 0 at a zero gradient); elsewhere the test
   is of loss and gradient norm alone (`update_can_be_nonfinite`), decided before the update
   (`_guarded_update`), where testing every update and parameter costs a second pass over parameters and
-  moments. The logged
-  `learning_rate` is the schedule at the optimizer's count, i.e. the rate this step applies (or would
-  have applied, when skipped), so after skipped steps it trails `schedule(state.step)`.
+  moments. The logged `learning_rate` is the schedule at the optimizer's count, i.e. the rate this step
+  applies (or would have applied, when skipped), so after skipped steps it trails `schedule(state.step)`.
   """
   key = jax.random.fold_in(rng, state.step)
   grads, sums = _grads_and_sums(state.params, batch, key, frozen, state.step, model=model, config=config)

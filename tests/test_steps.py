@@ -96,15 +96,14 @@ def test_the_guard_is_a_conditional_on_the_cpu():
   config, model = _config(), _BiasOnlyLM()
   config.optimizer.eps = 1e-6   # the guard decides before the update
   state, tx = _state_and_tx(config, model)
-  params = state.params
   step = jax.jit(functools.partial(steps.train_step, model=model, tx=tx, config=config))
   assert " conditional(" in step.lower(state, _batch(False), jax.random.key(1)).compile().as_text()
   # A clean step moves every element (the second: the first's rate is 0 in the warmup); a poisoned one
   # moves none, of the parameters and the moments.
   moved, _ = step(step(state, _batch(False), jax.random.key(1))[0], _batch(False), jax.random.key(1))
-  assert np.all(np.asarray(moved.params["w"]) != np.asarray(params["w"]))
-  adam = lambda s: s.opt_state[0]   # noqa: E731  (count, mu, nu)
-  assert int(adam(moved).count) == 2 and np.all(np.asarray(adam(moved).nu["w"]) != np.asarray(adam(state).nu["w"]))
+  assert np.all(np.asarray(moved.params["w"]) != np.asarray(state.params["w"]))
+  adam, fresh = moved.opt_state[0], state.opt_state[0]   # (count, mu, nu)
+  assert int(adam.count) == 2 and np.all(np.asarray(adam.nu["w"]) != np.asarray(fresh.nu["w"]))
   kept, _ = step(moved, _batch(True), jax.random.key(1))
   assert int(kept.nonfinite_count) == 1
   jax.tree.map(np.testing.assert_array_equal, (kept.params, kept.opt_state), (moved.params, moved.opt_state))
