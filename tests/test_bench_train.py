@@ -73,3 +73,43 @@ def test_times_a_distillation_step_with_a_random_teacher():
   config.mesh.data, config.mesh.fsdp = -1, 2   # the 8 test devices
   times = bench_train.time_train_steps(config, steps=1, warmup=1)
   assert len(times) == 1 and times[0] > 0
+
+
+def test_mfu_sets_each_step_against_the_peak_sampled_beside_it():
+  # Step i took times[i] s; the matmul peak sampled right after it was peaks[i] FLOP/s.
+  figures = bench_train.mfu_figures(step_flops=100.0, times=[1.0, 2.0, 4.0], peaks=[200.0, 100.0, 25.0])
+  # Per-step shares: 100/1/200 = 0.5, 100/2/100 = 0.5, 100/4/25 = 1.0.
+  assert figures["mfu_median"] == 0.5 and figures["mfu"] == 0.5   # the best step (1 s) against its own sample
+  assert figures["matmul_peak_flops"] == 100.0 and figures["matmul_peak_flops_best"] == 200.0
+  assert figures["mfu_median_against_best_peak"] == 100.0 / 2.0 / 200.0
+  with pytest.raises(ValueError, match="one peak sample per step"):
+    bench_train.mfu_figures(100.0, [1.0, 2.0], [10.0])
+
+
+def test_benchmark_samples_the_peak_after_each_timed_step(monkeypatch):
+  events = []
+
+  class Timer:
+    def __init__(self, config, warmup=2, batch=None):
+      pass
+
+    def __call__(self):
+      events.append("step")
+      return 2.0
+
+    def check_finite(self):
+      pass
+
+  class Peak:
+    def __call__(self):
+      events.append("peak")
+      return 1e9
+
+  monkeypatch.setattr(bench_train, "TrainStepTimer", Timer)
+  monkeypatch.setattr(bench_train, "MatmulPeak", Peak)
+  config = _config("bert", False)
+  result = bench_train.benchmark(config, steps=3)
+  assert events == ["step", "peak"] * 3
+  flops = objectives.train_flops_per_step(config)
+  assert result["mfu_median"] == pytest.approx(flops / 2.0 / 1e9)
+  assert result["matmul_peak_flops"] == 1e9 and result["step_seconds_median"] == 2.0

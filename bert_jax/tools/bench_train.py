@@ -12,8 +12,9 @@ bfloat16 has no native matmul and is slower, docs/performance.md). `--compare` t
 steps with ours, and prints the ratios of the medians; a peer that is not installed is reported so.
 No figure here comes from another machine.
 
-MFU is the analytic model FLOPs (the objective's, `flops.py`) per second over a peak measured here: the best of a
-few large float32 matmuls. Batches are synthetic (random ids, 15% masked, packed rows when
+MFU is the analytic model FLOPs (the objective's, `flops.py`) per second over a peak measured here, the best of a
+few large float32 matmuls, sampled right after each of our timed steps: each step is set against the machine as
+it was then (its speed drifts within minutes here), and the median is of those per-step shares. Batches are synthetic (random ids, 15% masked, packed rows when
 `data.packing`), built before timing, so the input pipeline is not measured (`bert-jax bench data`).
 """
 
@@ -57,18 +58,40 @@ def comparison_config(packing: bool = True) -> ml_collections.ConfigDict:
   return c
 
 
-def matmul_peak_flops(n: int = 2048, dtype=jnp.float32, repeats: int = 7) -> float:
-  """FLOP/s of the best of `repeats` [n, n] x [n, n] matmuls: this machine's practical peak."""
-  a = jax.random.normal(jax.random.key(0), (n, n), dtype)
-  b = jax.random.normal(jax.random.key(1), (n, n), dtype)
-  matmul = jax.jit(jnp.matmul)
-  matmul(a, b).block_until_ready()
-  best = float("inf")
-  for _ in range(repeats):
-    start = time.perf_counter()
-    matmul(a, b).block_until_ready()
-    best = min(best, time.perf_counter() - start)
-  return 2 * n**3 / best
+class MatmulPeak:
+  """This machine's practical peak: [n, n] x [n, n] matmuls, compiled once; a call gives the FLOP/s of the
+  best of `repeats` of them."""
+
+  def __init__(self, n: int = 2048, dtype=jnp.float32, repeats: int = 3):
+    self._a = jax.random.normal(jax.random.key(0), (n, n), dtype)
+    self._b = jax.random.normal(jax.random.key(1), (n, n), dtype)
+    self._matmul = jax.jit(jnp.matmul)
+    self._matmul(self._a, self._b).block_until_ready()
+    self._flops, self._repeats = 2 * n**3, repeats
+
+  def __call__(self) -> float:
+    best = float("inf")
+    for _ in range(self._repeats):
+      start = time.perf_counter()
+      self._matmul(self._a, self._b).block_until_ready()
+      best = min(best, time.perf_counter() - start)
+    return self._flops / best
+
+
+def mfu_figures(step_flops: float, times: list[float], peaks: list[float]) -> dict:
+  """MFU from step times and the matmul peak sampled beside each step (`peaks[i]` right after `times[i]`).
+
+  "mfu_median" is the median over steps of each step's FLOP/s over its own peak sample, "mfu" that share at
+  the best step; "mfu_median_against_best_peak" sets the median step against the run's best sample, the
+  most conservative reading.
+  """
+  if len(times) != len(peaks) or not times:
+    raise ValueError(f"one peak sample per step: {len(times)} steps, {len(peaks)} samples")
+  shares = [step_flops / t / p for t, p in zip(times, peaks)]
+  best = min(range(len(times)), key=times.__getitem__)
+  return {"matmul_peak_flops": statistics.median(peaks), "matmul_peak_flops_best": max(peaks),
+          "mfu": shares[best], "mfu_median": statistics.median(shares),
+          "mfu_median_against_best_peak": step_flops / statistics.median(times) / max(peaks)}
 
 
 def synthetic_batch(config: ml_collections.ConfigDict, seed: int = 0) -> dict[str, np.ndarray]:
@@ -143,14 +166,25 @@ def time_train_steps(config: ml_collections.ConfigDict, steps: int, warmup: int 
 def benchmark(config: ml_collections.ConfigDict, steps: int, peer_python: str | None = None) -> dict:
   """Step time (best and median), tokens/s and MFU against this machine's measured matmul peak; with
   `peer_python`, our steps alternate with the installed peers' (`bench_compare`) under "compare"."""
-  peak = matmul_peak_flops()
+  peak, peaks = MatmulPeak(), []
+
+  def step_then_peak(step):
+    def timed() -> float:
+      seconds = step()
+      peaks.append(peak())   # after the step is timed, so that the peak's matmuls stay out of its time
+      return seconds
+    return timed
+
   comparison = None
   if peer_python is None:
-    times = time_train_steps(config, steps)
+    timer = TrainStepTimer(config)
+    timed = step_then_peak(timer)
+    times = [timed() for _ in range(steps)]
+    timer.check_finite()
   else:
     batch = synthetic_batch(config)
     timer = TrainStepTimer(config, batch=batch)
-    comparison = bench_compare.compare(config, batch, timer, steps, peer_python)
+    comparison = bench_compare.compare(config, batch, step_then_peak(timer), steps, peer_python)
     timer.check_finite()
     times = comparison["systems"][bench_compare.OURS]["step_seconds"]
   best, median = min(times), statistics.median(times)
@@ -169,9 +203,8 @@ def benchmark(config: ml_collections.ConfigDict, steps: int, peer_python: str | 
       "devices": jax.device_count(), "steps": steps,
       "step_seconds_best": best, "step_seconds_median": median,
       "tokens_per_second": tokens / best, "tokens_per_second_median": tokens / median,
-      "model_flops_per_step": step_flops, "matmul_peak_flops": peak,
-      "mfu": step_flops / best / peak, "mfu_median": step_flops / median / peak,
-  }
+      "model_flops_per_step": step_flops,
+  } | mfu_figures(step_flops, times, peaks)
   if comparison is not None:
     result["compare"] = comparison
   return result
