@@ -72,6 +72,8 @@ def test_the_comparison_model_computes_in_the_peers_dtype(tmp_path):
   spec = bench_compare.peer_spec(config, str(tmp_path / "batch.npz"), warmup=1)
   assert spec["dtype"] == "float32"
   assert bench_peers._float32(spec) == []   # no "float32 compute" difference left to report
+  # BERT's tanh GELU, which KerasHub's BertBackbone has and the spec hands to Hugging Face's BertConfig.
+  assert spec["model"]["hidden_act"] == "gelu_new" and "gelu_new" in bench_peers._TANH_GELUS
 
 
 # TensorFlow is only the data library: the model, the steps and `bench train` run without it (a GPU image

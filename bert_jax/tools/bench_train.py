@@ -6,7 +6,7 @@
     bert-jax bench train --compare --dropout_bits=hash    # our dropouts with the counter hash (models/dropout.py)
 
 Without `--config` the model is the one of a common CPU comparison: L=4 H=256 A=4 I=1024, vocab
-30522, seq 128 (20 predictions), batch 16, AdamW, computing in float32 as the peers do (on a CPU
+30522, seq 128 (20 predictions), batch 16, AdamW, BERT's tanh GELU, computing in float32 as the peers do (on a CPU
 bfloat16 has no native matmul and is slower, docs/performance.md). `--compare` times Hugging Face's `BertForPreTraining`
 (Flax and PyTorch) and KerasHub's `BertMaskedLM` on that model and batch in the same run, alternating
 steps with ours, and prints the ratios of the medians; a peer that is not installed is reported so.
@@ -44,7 +44,7 @@ config_path.put_config_root_on_path(sys.argv)   # config files do `from configs 
 
 def comparison_config(packing: bool = True) -> ml_collections.ConfigDict:
   """L=4 H=256 A=4 I=1024 ("mini"), vocab 30522, seq 128 (20 predictions), batch 16, AdamW, float32
-  compute (the peers'); packed rows unless `packing=False` (`--compare`: the peers take one example per row)."""
+  compute (the peers'), BERT's tanh GELU; packed rows unless `packing=False` (`--compare`: the peers take one example per row)."""
   from configs import common  # pylint: disable=g-import-not-at-top
   c = common.pretrain_config()
   c.model.preset = "mini"
@@ -55,6 +55,9 @@ def comparison_config(packing: bool = True) -> ml_collections.ConfigDict:
   c.global_batch_size = 16
   c.optimizer.name = "adamw"
   c.dtype = "float32"
+  # BERT's own GELU, google-research/bert's tanh approximation (the paper configs'): KerasHub's `BertBackbone`
+  # has it too, and the peers' spec hands it to Hugging Face's models ("gelu_new").
+  c.model.hidden_act = "gelu_new"
   return c
 
 
