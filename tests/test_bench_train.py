@@ -1,5 +1,6 @@
 """`bench train`'s synthetic batch is the batch the train step compiles against, for every objective."""
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -101,6 +102,9 @@ def test_benchmark_samples_the_peak_after_each_timed_step(monkeypatch):
       pass
 
   class Peak:
+    def __init__(self, n, dtype):
+      events.append(("peak in", n, dtype))
+
     def __call__(self):
       events.append("peak")
       return 1e9
@@ -108,8 +112,10 @@ def test_benchmark_samples_the_peak_after_each_timed_step(monkeypatch):
   monkeypatch.setattr(bench_train, "TrainStepTimer", Timer)
   monkeypatch.setattr(bench_train, "MatmulPeak", Peak)
   config = _config("bert", False)
+  config.dtype = "bfloat16"
   result = bench_train.benchmark(config, steps=3)
-  assert events == ["step", "peak"] * 3
+  # The peak in the step's compute dtype, then one sample after each timed step.
+  assert events == [("peak in", 2048, np.dtype(jnp.bfloat16))] + ["step", "peak"] * 3
   flops = objectives.train_flops_per_step(config)
   assert result["mfu_median"] == pytest.approx(flops / 2.0 / 1e9)
   assert result["matmul_peak_flops"] == 1e9 and result["step_seconds_median"] == 2.0
