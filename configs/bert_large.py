@@ -52,7 +52,8 @@ from configs import bert_base
 # gradient; models/embedding_lookup.py) where a full compile put it ahead: v5e phase 1 17.38 -> 17.11 GB,
 # MFU bound 23.0% -> 23.4%; phase 2 40.43 -> 40.19 GB, 42.0% -> 42.2%. On v3 (16 columns a shard at fsdp 64,
 # padded to 128 lanes) XLA counts more; v5e's phase1_tokens takes it with decoder_on_shards (below); v6e's
-# phase1_tokens moves more with both; v6e's phase 1 and phase 2 were not compiled with it.
+# phase1_tokens and phase 2 move more with both (4 layers: phase 2 9.62 -> 9.98 GB); v6e's phase 1 was not
+# compiled with it.
 # constrain_attention_matrices: left on (the default) but for v5e's phase 2, where XLA's count is lower
 # without it (4 layers: 9.3 -> 7.4 GB, MFU bound 33% -> 41%; v6e's phase 2 the other way, 9.5 against
 # 10.4 GB; phase 1 on v5e 3.66 -> 3.41 GB with it; docs/performance.md). phase1_tokens not compiled both ways.
