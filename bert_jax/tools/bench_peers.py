@@ -25,7 +25,8 @@ import traceback
 import numpy as np
 
 PEERS = ("hugging_face_flax", "keras_hub", "hugging_face_torch")
-_TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh")   # KerasHub's BERT GELU; bert_jax's names for it
+# KerasHub's BERT GELU under bert_jax's `hidden_act` names (models/config.py; this script imports no bert_jax).
+_TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh")
 
 
 class NotInstalled(Exception):

@@ -13,9 +13,10 @@ steps with ours, and prints the ratios of the medians; a peer that is not instal
 No figure here comes from another machine.
 
 MFU is the analytic model FLOPs (the objective's, `flops.py`) per second over a peak measured here, the best of a
-few large float32 matmuls, sampled right after each of our timed steps: each step is set against the machine as
-it was then (its speed drifts within minutes here), and the median is of those per-step shares. Batches are synthetic (random ids, 15% masked, packed rows when
-`data.packing`), built before timing, so the input pipeline is not measured (`bert-jax bench data`).
+few large matmuls in the step's dtype, sampled right after each of our timed steps: each step is set against the
+machine as it was then (its speed drifts within minutes here), and the median is of those per-step shares.
+Batches are synthetic (random ids, 15% masked, packed rows when `data.packing`), built before timing, so the
+input pipeline is not measured (`bert-jax bench data`).
 """
 
 import json
@@ -44,7 +45,8 @@ config_path.put_config_root_on_path(sys.argv)   # config files do `from configs 
 
 def comparison_config(packing: bool = True) -> ml_collections.ConfigDict:
   """L=4 H=256 A=4 I=1024 ("mini"), vocab 30522, seq 128 (20 predictions), batch 16, AdamW, float32
-  compute (the peers'), BERT's tanh GELU; packed rows unless `packing=False` (`--compare`: the peers take one example per row)."""
+  compute (the peers'), BERT's tanh GELU; packed rows unless `packing=False` (`--compare`: the peers take one
+  example per row)."""
   from configs import common  # pylint: disable=g-import-not-at-top
   c = common.pretrain_config()
   c.model.preset = "mini"
@@ -172,26 +174,21 @@ def benchmark(config: ml_collections.ConfigDict, steps: int, peer_python: str | 
   `peer_python`, our steps alternate with the installed peers' (`bench_compare`) under "compare"."""
   peak = MatmulPeak(2048 if jax.default_backend() == "cpu" else 8192, jnp.dtype(config.dtype))
   peaks = []
+  batch = synthetic_batch(config)
+  timer = TrainStepTimer(config, batch=batch)
 
-  def step_then_peak(step):
-    def timed() -> float:
-      seconds = step()
-      peaks.append(peak())   # after the step is timed, so that the peak's matmuls stay out of its time
-      return seconds
-    return timed
+  def ours() -> float:
+    seconds = timer()
+    peaks.append(peak())   # after the step is timed, so that the peak's matmuls stay out of its time
+    return seconds
 
   comparison = None
   if peer_python is None:
-    timer = TrainStepTimer(config)
-    timed = step_then_peak(timer)
-    times = [timed() for _ in range(steps)]
-    timer.check_finite()
+    times = [ours() for _ in range(steps)]
   else:
-    batch = synthetic_batch(config)
-    timer = TrainStepTimer(config, batch=batch)
-    comparison = bench_compare.compare(config, batch, step_then_peak(timer), steps, peer_python)
-    timer.check_finite()
+    comparison = bench_compare.compare(config, batch, ours, steps, peer_python)
     times = comparison["systems"][bench_compare.OURS]["step_seconds"]
+  timer.check_finite()
   best, median = min(times), statistics.median(times)
   cfg = train.bert_config(config)
   tokens = config.global_batch_size * config.data.seq_length
