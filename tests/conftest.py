@@ -57,3 +57,13 @@ def minilm_rotten_tomatoes(tmp_path_factory) -> tuple[pathlib.Path, dict]:
   run = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
   assert run.returncode == 0, (run.returncode, run.stdout[-2000:], run.stderr[-5000:])
   return workdir, json.loads((workdir / "results.json").read_text())
+
+
+def shipped_bert_large_steps() -> list:
+  """pytest params (model switches, whether the mesh splits over tensor) of each distinct set of model
+  switches `configs/bert_large.py` ships for a (topology, phase), named by the first entry with it."""
+  from configs import bert_large  # pylint: disable=g-import-not-at-top
+  cases = {}
+  for (topology, phase), ((_, _, tensor), model) in bert_large.MESHES.items():
+    cases.setdefault((tuple(sorted(model.items())), tensor > 1), f"{topology}:{phase}")
+  return [pytest.param(dict(model), tensor, id=name) for (model, tensor), name in cases.items()]

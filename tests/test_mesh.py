@@ -7,7 +7,9 @@ import jax
 import numpy as np
 import pytest
 
-from bert_jax import sharding, train
+from bert_jax import checkpointing, sharding, train
+from bert_jax.models import layouts
+from conftest import shipped_bert_large_steps
 from configs import tiny
 
 
@@ -165,3 +167,34 @@ def test_fsdp_divides_state_bytes_per_device(setups):
     # The state is donated: the new state reuses its buffers.
     assert memory.alias_size_in_bytes == state_bytes
   assert fsdp_step.memory_analysis().argument_size_in_bytes < data_step.memory_analysis().argument_size_in_bytes / 5
+
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model, split_tensor", shipped_bert_large_steps())
+def test_each_shipped_bert_large_step_keeps_the_plain_losses(model, split_tensor):
+  """All of a shipped TPU step's switches at once (the decoder and the lookup on shards, the fused
+  query-key-value matmul, the LayerNorm kernel in Pallas' interpreter, remat, scanned layers, each weight
+  gathered once or again) take the losses of the step with every switch at its default, on the same mesh
+  and from the same parameters, dropout on, the second loss after an update (relative 2e-5). The dropout
+  bits are the entry's in both; scanned layers draw theirs from the scan's split of the key, other masks
+  than the unrolled layers', so the scanned entry is compared without dropout."""
+  mesh = dict(data=1, fsdp=4, tensor=2) if split_tensor else dict(data=2, fsdp=4, tensor=1)
+  model = {k: ("interpret" if (k, v) == ("layer_norm_kernel", "pallas") else v) for k, v in model.items()}
+  common = dict(num_layers=2, **({"hidden_dropout": 0.0, "attention_dropout": 0.0} if model["scan_layers"] else {}))
+  plain_config, plain = _mesh_setup(**mesh, **common, dropout_bits=model["dropout_bits"])
+  _, shipped = _mesh_setup(**mesh, **common, **model)
+  init_rng, dropout_rng = jax.random.split(jax.random.key(0))
+  plain_state, state = plain.init(init_rng), plain.init(init_rng)   # each step donates its own
+  if model["scan_layers"]:   # the same parameters and moments, stacked over the layers
+    state = jax.device_put(checkpointing.relayout(jax.device_get(state), to=layouts.SCANNED),
+                           shipped.state_shardings)
+  losses = {}
+  for name, s, st in (("plain", plain, plain_state), ("shipped", shipped, state)):
+    losses[name] = []
+    for i in range(2):
+      batch = sharding.global_batch(random_batch(plain_config, seed=i), s.mesh)
+      st, metrics = s.train_step(st, batch, dropout_rng)
+      losses[name].append(float(metrics["loss"]))
+  np.testing.assert_allclose(losses["shipped"], losses["plain"], rtol=2e-5)
+  assert losses["plain"][1] != losses["plain"][0]
