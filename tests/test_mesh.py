@@ -175,8 +175,9 @@ def test_fsdp_divides_state_bytes_per_device(setups):
 def test_each_shipped_bert_large_step_keeps_the_plain_losses(model, split_tensor):
   """All of a shipped TPU step's switches at once (the decoder and the lookup on shards, the fused
   query-key-value matmul, the LayerNorm kernel in Pallas' interpreter, remat, scanned layers, each weight
-  gathered once or again) take the losses of the step with every switch at its default, on the same mesh
-  and from the same parameters, dropout on, the second loss after an update (relative 2e-5). The dropout
+  gathered once or again) take the losses and gradient norms of the step with every switch at its default,
+  on the same mesh and from the same parameters, dropout on, the second step after an update (relative
+  2e-5; Adam's first update hardly moves with the gradient's scale, its norm does). The dropout
   bits are the entry's in both; scanned layers draw theirs from the scan's split of the key, other masks
   than the unrolled layers', so the scanned entry is compared without dropout."""
   mesh = dict(data=1, fsdp=4, tensor=2) if split_tensor else dict(data=2, fsdp=4, tensor=1)
@@ -189,12 +190,12 @@ def test_each_shipped_bert_large_step_keeps_the_plain_losses(model, split_tensor
   if model["scan_layers"]:   # the same parameters and moments, stacked over the layers
     state = jax.device_put(checkpointing.relayout(jax.device_get(state), to=layouts.SCANNED),
                            shipped.state_shardings)
-  losses = {}
+  losses = {}   # (loss, gradient norm) of each step
   for name, s, st in (("plain", plain, plain_state), ("shipped", shipped, state)):
     losses[name] = []
     for i in range(2):
       batch = sharding.global_batch(random_batch(plain_config, seed=i), s.mesh)
       st, metrics = s.train_step(st, batch, dropout_rng)
-      losses[name].append(float(metrics["loss"]))
+      losses[name].append((float(metrics["loss"]), float(metrics["grad_norm"])))
   np.testing.assert_allclose(losses["shipped"], losses["plain"], rtol=2e-5)
-  assert losses["plain"][1] != losses["plain"][0]
+  assert losses["plain"][1][0] != losses["plain"][0][0]
