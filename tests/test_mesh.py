@@ -71,15 +71,17 @@ def setups():
   return get
 
 
-def _losses(config, s, steps=2) -> list[float]:
+def _losses(config, s, steps=2, state=None) -> list[tuple[float, float]]:
+  """(loss, gradient norm) of `steps` train steps from `s.init`'s state (or `state`) on random batches. The
+  norm as well: Adam's first update, and with it the second loss, hardly moves with the gradient's scale."""
   mesh = s.mesh
   init_rng, dropout_rng = jax.random.split(jax.random.key(0))
-  state = s.init(init_rng)
+  state = s.init(init_rng) if state is None else state
   losses = []
   for i in range(steps):
     batch = sharding.global_batch(random_batch(config, seed=i), mesh)
     state, metrics = s.train_step(state, batch, dropout_rng)
-    losses.append(float(metrics["loss"]))
+    losses.append((float(metrics["loss"]), float(metrics["grad_norm"])))
   return losses
 
 
@@ -177,25 +179,17 @@ def test_each_shipped_bert_large_step_keeps_the_plain_losses(model, split_tensor
   query-key-value matmul, the LayerNorm kernel in Pallas' interpreter, remat, scanned layers, each weight
   gathered once or again) take the losses and gradient norms of the step with every switch at its default,
   on the same mesh and from the same parameters, dropout on, the second step after an update (relative
-  2e-5; Adam's first update hardly moves with the gradient's scale, its norm does). The dropout
-  bits are the entry's in both; scanned layers draw theirs from the scan's split of the key, other masks
-  than the unrolled layers', so the scanned entry is compared without dropout."""
+  2e-5). The dropout bits are the entry's in both; scanned layers draw theirs from the scan's split of the
+  key, other masks than the unrolled layers', so the scanned entry is compared without dropout."""
   mesh = dict(data=1, fsdp=4, tensor=2) if split_tensor else dict(data=2, fsdp=4, tensor=1)
   model = {k: ("interpret" if (k, v) == ("layer_norm_kernel", "pallas") else v) for k, v in model.items()}
   common = dict(num_layers=2, **({"hidden_dropout": 0.0, "attention_dropout": 0.0} if model["scan_layers"] else {}))
   plain_config, plain = _mesh_setup(**mesh, **common, dropout_bits=model["dropout_bits"])
   _, shipped = _mesh_setup(**mesh, **common, **model)
-  init_rng, dropout_rng = jax.random.split(jax.random.key(0))
-  plain_state, state = plain.init(init_rng), plain.init(init_rng)   # each step donates its own
+  plain_state, state = plain.init(jax.random.key(0)), plain.init(jax.random.key(0))   # each step donates its own
   if model["scan_layers"]:   # the same parameters and moments, stacked over the layers
     state = jax.device_put(checkpointing.relayout(jax.device_get(state), to=layouts.SCANNED),
                            shipped.state_shardings)
-  losses = {}   # (loss, gradient norm) of each step
-  for name, s, st in (("plain", plain, plain_state), ("shipped", shipped, state)):
-    losses[name] = []
-    for i in range(2):
-      batch = sharding.global_batch(random_batch(plain_config, seed=i), s.mesh)
-      st, metrics = s.train_step(st, batch, dropout_rng)
-      losses[name].append((float(metrics["loss"]), float(metrics["grad_norm"])))
-  np.testing.assert_allclose(losses["shipped"], losses["plain"], rtol=2e-5)
-  assert losses["plain"][1][0] != losses["plain"][0][0]
+  reference = _losses(plain_config, plain, state=plain_state)
+  np.testing.assert_allclose(_losses(plain_config, shipped, state=state), reference, rtol=2e-5)
+  assert reference[1][0] != reference[0][0]
