@@ -376,5 +376,5 @@ def test_exact_resume_with_each_shipped_bert_large_step(data_dir, tmp_path, comp
   interpreter, ...), on its tiny mesh of the 8 CPU devices, a resumed run replays the uninterrupted one."""
   mesh = {"mesh.fsdp": 2, "mesh.tensor": 2} if split_tensor else {"mesh.fsdp": 4, "mesh.tensor": 1}
   model = {k: ("interpret" if (k, v) == ("layer_norm_kernel", "pallas") else v) for k, v in model.items()}
-  check_exact_resume_after_sigterm(data_dir, tmp_path, compilation_cache, n=3, **mesh,
+  check_exact_resume_after_sigterm(data_dir, tmp_path, compilation_cache, n=4, **mesh,
                                    **{"model.num_layers": 2}, **{f"model.{k}": v for k, v in model.items()})
