@@ -60,10 +60,16 @@ def minilm_rotten_tomatoes(tmp_path_factory) -> tuple[pathlib.Path, dict]:
 
 
 def shipped_bert_large_steps() -> list:
-  """pytest params (model switches, whether the mesh splits over tensor) of each distinct set of model
-  switches `configs/bert_large.py` ships for a (topology, phase), named by the first entry with it."""
+  """pytest params (model fields, whether the mesh splits over tensor) of each distinct way
+  `configs/bert_large.py` computes a (topology, phase) of its MESHES, named by the first entry with it:
+  every field of `models.config.COMPUTE_FIELDS` and `scan_layers` as the whole config has it (the entry's
+  own, and what it takes from bert_base.py), at BertConfig's default where the config leaves it."""
+  from bert_jax.models import config as model_config  # pylint: disable=g-import-not-at-top
   from configs import bert_large  # pylint: disable=g-import-not-at-top
+  fields, defaults = model_config.COMPUTE_FIELDS + ("scan_layers",), model_config.BertConfig()
   cases = {}
-  for (topology, phase), ((_, _, tensor), model) in bert_large.MESHES.items():
-    cases.setdefault((tuple(sorted(model.items())), tensor > 1), f"{topology}:{phase}")
+  for topology, phase in bert_large.MESHES:
+    c = bert_large.get_config(f"{phase},{topology}")
+    model = {name: c.model.get(name, getattr(defaults, name)) for name in fields}
+    cases.setdefault((tuple(sorted(model.items())), c.mesh.tensor > 1), f"{topology}:{phase}")
   return [pytest.param(dict(model), tensor, id=name) for (model, tensor), name in cases.items()]

@@ -368,13 +368,21 @@ def test_exact_resume_with_each_weight_gathered_once(data_dir, tmp_path, compila
 
 
 @pytest.mark.slow
+def test_exact_resume_with_the_embedding_lookup_on_shards(data_dir, tmp_path, compilation_cache):
+  """On an fsdp mesh of the 8 CPU devices, with the word-embedding lookup on each device's shard
+  (`model.embedding_lookup_on_shards`, an all-to-all), a resumed run replays the uninterrupted one."""
+  check_exact_resume_after_sigterm(data_dir, tmp_path, compilation_cache, n=4,
+                                   **{"mesh.fsdp": 4, "model.embedding_lookup_on_shards": True})
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("model, split_tensor", shipped_bert_large_steps())
 def test_exact_resume_with_each_shipped_bert_large_step(data_dir, tmp_path, compilation_cache, model,
                                                          split_tensor):
-  """With all of a shipped TPU step's switches at once (`configs/bert_large.py`'s MESHES: the decoder and
-  the word-embedding lookup on each device's shard, remat, scanned layers, the LayerNorm kernel in Pallas'
-  interpreter, ...), on its tiny mesh of the 8 CPU devices, a resumed run replays the uninterrupted one."""
-  mesh = {"mesh.fsdp": 2, "mesh.tensor": 2} if split_tensor else {"mesh.fsdp": 4, "mesh.tensor": 1}
+  """How a shipped TPU step computes, all at once (`shipped_bert_large_steps`: the decoder and the
+  word-embedding lookup on each device's shard, remat, scanned layers, the LayerNorm kernel in Pallas'
+  interpreter, ...), on its tiny mesh of the 8 CPU devices: a resumed run replays the uninterrupted one."""
+  mesh = {"mesh.fsdp": 4, "mesh.tensor": 2} if split_tensor else {"mesh.fsdp": 4, "mesh.tensor": 1}
   model = {k: ("interpret" if (k, v) == ("layer_norm_kernel", "pallas") else v) for k, v in model.items()}
   check_exact_resume_after_sigterm(data_dir, tmp_path, compilation_cache, n=4, **mesh,
                                    **{"model.num_layers": 2}, **{f"model.{k}": v for k, v in model.items()})
