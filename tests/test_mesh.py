@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from bert_jax import checkpointing, sharding, train
-from bert_jax.models import layouts
+from bert_jax.models import config as model_config, layouts
 from conftest import shipped_bert_large_steps
 from configs import tiny
 
@@ -171,7 +171,6 @@ def test_fsdp_divides_state_bytes_per_device(setups):
   assert fsdp_step.memory_analysis().argument_size_in_bytes < data_step.memory_analysis().argument_size_in_bytes / 5
 
 
-
 @pytest.mark.slow
 @pytest.mark.parametrize("model, split_tensor", shipped_bert_large_steps())
 def test_each_shipped_bert_large_step_keeps_the_plain_losses(model, split_tensor):
@@ -183,9 +182,7 @@ def test_each_shipped_bert_large_step_keeps_the_plain_losses(model, split_tensor
   tested against threefry's distribution in tests/test_dropout.py); scanned layers draw theirs from the
   scan's split of the key, other masks than the unrolled layers', so the scanned entry is compared without
   dropout."""
-  from bert_jax.models import config as model_config
   mesh = dict(data=1, fsdp=4, tensor=2) if split_tensor else dict(data=2, fsdp=4, tensor=1)
-  model = {k: ("interpret" if (k, v) == ("layer_norm_kernel", "pallas") else v) for k, v in model.items()}
   defaults = {name: getattr(model_config.BertConfig(), name) for name in model}
   common = dict(num_layers=2, **({"hidden_dropout": 0.0, "attention_dropout": 0.0} if model["scan_layers"] else {}))
   plain_config, plain = _mesh_setup(**mesh, **common, **{**defaults, "dropout_bits": model["dropout_bits"]})

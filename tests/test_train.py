@@ -382,7 +382,6 @@ def test_exact_resume_with_each_shipped_bert_large_step(data_dir, tmp_path, comp
   """How a shipped TPU step computes, all at once (`shipped_bert_large_steps`: the decoder and the
   word-embedding lookup on each device's shard, remat, scanned layers, the LayerNorm kernel in Pallas'
   interpreter, ...), on its tiny mesh of the 8 CPU devices: a resumed run replays the uninterrupted one."""
-  mesh = {"mesh.fsdp": 4, "mesh.tensor": 2} if split_tensor else {"mesh.fsdp": 4, "mesh.tensor": 1}
-  model = {k: ("interpret" if (k, v) == ("layer_norm_kernel", "pallas") else v) for k, v in model.items()}
+  mesh = {"mesh.fsdp": 4, "mesh.tensor": 2 if split_tensor else 1}
   check_exact_resume_after_sigterm(data_dir, tmp_path, compilation_cache, n=4, **mesh,
                                    **{"model.num_layers": 2}, **{f"model.{k}": v for k, v in model.items()})
