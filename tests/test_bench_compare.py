@@ -76,6 +76,25 @@ def test_the_comparison_model_computes_in_the_peers_dtype(tmp_path):
   assert spec["model"]["hidden_act"] == "gelu_new" and "gelu_new" in bench_peers._TANH_GELUS
 
 
+def test_hugging_face_flax_at_the_masked_positions_has_the_same_losses(tmp_path):
+  # The masked peer applies Hugging Face's own encoder and heads, the MLM head on the masked rows only: the
+  # same parameters, dropout masks and losses, less work. Runs where transformers<5 and its Flax models are.
+  pytest.importorskip("flax")
+  transformers = pytest.importorskip("transformers")
+  if int(transformers.__version__.split(".")[0]) >= 5:
+    pytest.skip("transformers 5 has no Flax models")
+  config = _config()
+  batch = bench_train.synthetic_batch(config)
+  spec = bench_compare.peer_spec(config, str(tmp_path / "batch.npz"), warmup=0)
+  losses = {}
+  for peer in ("hugging_face_flax", "hugging_face_flax_masked"):
+    run, _, differences = getattr(bench_peers, peer)(spec, batch)
+    losses[peer] = [float(run()) for _ in range(3)]
+    assert any("MLM logits at " + ("the masked" if peer.endswith("masked") else "every") in d for d in differences)
+  assert losses["hugging_face_flax"] == pytest.approx(losses["hugging_face_flax_masked"], rel=1e-5)
+  assert losses["hugging_face_flax"][0] != losses["hugging_face_flax"][2]   # the steps trained
+
+
 # TensorFlow is only the data library: the model, the steps and `bench train` run without it (a GPU image
 # may not have it). Any import of it fails in this process.
 _WITHOUT_TENSORFLOW = """

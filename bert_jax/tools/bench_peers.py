@@ -24,7 +24,7 @@ import traceback
 
 import numpy as np
 
-PEERS = ("hugging_face_flax", "keras_hub", "hugging_face_torch")
+PEERS = ("hugging_face_flax", "hugging_face_flax_masked", "keras_hub", "hugging_face_torch")
 # KerasHub's BERT GELU under bert_jax's `hidden_act` names (models/config.py; this script imports no bert_jax).
 _TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh")
 
@@ -56,8 +56,11 @@ def _float32(spec) -> list[str]:
   return [] if spec["dtype"] == "float32" else [f"float32 compute (bert_jax: {spec['dtype']})"]
 
 
-def hugging_face_flax(spec, batch):
-  """`FlaxBertForPreTraining` (MLM over every position, as the model computes it, plus NSP) with optax AdamW."""
+def hugging_face_flax(spec, batch, masked: bool = False):
+  """`FlaxBertForPreTraining` (MLM over every position, as the model computes it, plus NSP) with optax AdamW.
+
+  `masked`: its encoder and heads applied as bert_jax applies its own, the MLM head on the masked
+  positions' hidden states only (the same parameters; the work of bert_jax's step)."""
   try:
     import transformers  # pylint: disable=g-import-not-at-top
     import jax, jax.numpy as jnp, optax  # pylint: disable=g-import-not-at-top,multiple-imports
@@ -75,14 +78,31 @@ def hugging_face_flax(spec, batch):
                                weight_decay=opt["weight_decay"],
                                mask=lambda p: jax.tree_util.tree_map_with_path(decays, p)))
   labels, weights = _mlm_labels(batch)
+  if masked:   # the masked positions' labels and weights, [rows, masked]
+    labels, weights = batch["masked_lm_ids"], batch["masked_lm_weights"]
   inputs = jax.device_put((batch["input_ids"], batch["input_mask"], batch["segment_ids"], labels, weights,
-                           batch["next_sentence_labels"]))
+                           batch["next_sentence_labels"], batch["masked_lm_positions"]))
 
-  def loss_fn(params, rng, ids, mask, types, labels, weights, nsp_labels):
-    out = model(ids, mask, types, params=params, dropout_rng=rng, train=True)
-    logp = jax.nn.log_softmax(out.prediction_logits.astype(jnp.float32))
+  def heads_at_masked(module, ids, mask, types, masked_positions, deterministic):
+    """`FlaxBertForPreTrainingModule.__call__` with the MLM head on the masked positions alone."""
+    positions = jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape)
+    head_mask = jnp.ones((module.config.num_hidden_layers, module.config.num_attention_heads))
+    hidden, pooled = module.bert(ids, mask, types, positions, head_mask, deterministic=deterministic,
+                                 return_dict=False)[:2]
+    table = module.bert.variables["params"]["embeddings"]["word_embeddings"]["embedding"]
+    hidden = jnp.take_along_axis(hidden, masked_positions[..., None], axis=1)
+    return module.cls(hidden, pooled, shared_embedding=table)
+
+  def loss_fn(params, rng, ids, mask, types, labels, weights, nsp_labels, masked_positions):
+    if masked:
+      mlm_logits, nsp_logits = model.module.apply({"params": params}, ids, mask, types, masked_positions, False,
+                                                  method=heads_at_masked, rngs={"dropout": rng})
+    else:
+      out = model(ids, mask, types, params=params, dropout_rng=rng, train=True)
+      mlm_logits, nsp_logits = out.prediction_logits, out.seq_relationship_logits
+    logp = jax.nn.log_softmax(mlm_logits.astype(jnp.float32))
     mlm = -(jnp.take_along_axis(logp, labels[..., None], -1)[..., 0] * weights).sum() / weights.sum()
-    nsp_logp = jax.nn.log_softmax(out.seq_relationship_logits.astype(jnp.float32))
+    nsp_logp = jax.nn.log_softmax(nsp_logits.astype(jnp.float32))
     return mlm - jnp.take_along_axis(nsp_logp, nsp_labels[:, None], -1).mean()
 
   @functools.partial(jax.jit, donate_argnums=(0, 1))   # as bert_jax's step
@@ -101,9 +121,16 @@ def hugging_face_flax(spec, batch):
     return loss
 
   versions = {"transformers": transformers.__version__, "jax": jax.__version__, "optax": optax.__version__}
-  differences = _float32(spec) + ["MLM logits at every position (the model's own head), loss read at the masked ones",
-                 "optax.adamw: Adam with bias correction whatever bert_jax's optimizer.bias_correction"]
+  logits = (["MLM logits at the masked positions (the model's encoder and heads applied as bert_jax does)"]
+            if masked else ["MLM logits at every position (the model's own head), loss read at the masked ones"])
+  differences = _float32(spec) + logits + [
+      "optax.adamw: Adam with bias correction whatever bert_jax's optimizer.bias_correction"]
   return run, versions, differences
+
+
+def hugging_face_flax_masked(spec, batch):
+  """`hugging_face_flax` with the MLM head on the masked positions only, as bert_jax's step computes it."""
+  return hugging_face_flax(spec, batch, masked=True)
 
 
 def keras_hub(spec, batch):
