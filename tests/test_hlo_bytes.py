@@ -152,6 +152,25 @@ def test_summary_ranks_ops_sources_and_kinds():
   assert "over 6 ops" in text and "XLA's cost analysis: 0.000 GB" in text and "layer_*/add" in text
 
 
+def test_an_attribute_over_several_lines_keeps_the_ops_after_it():
+  # A Pallas kernel's `kernel_metadata` is printed over lines of which some begin with "}": the ops
+  # after it belong to the same computation, which ends at a "}" alone.
+  text = ("HloModule m\n\nENTRY %main (p: f32[8,128]) -> f32[8,128] {\n"
+          "  %p = f32[8,128]{1,0} parameter(0)\n"
+          "  %k = f32[8,128]{1,0} custom-call(%p), custom_call_target=\"tpu_custom_call\", "
+          "frontend_attributes={kernel_metadata={\n"
+          "  \"name\": \"kernel\"\n"
+          "}}, metadata={op_name=\"pallas_call\"}\n"
+          "  ROOT %negate.1 = f32[8,128]{1,0} negate(%k)\n}\n")
+  entry, computations = hlo_bytes.parse_module(text)
+  assert [op.name for op in computations[entry]] == ["p", "k", "negate.1"]
+  assert 'op_name="pallas_call"' in computations[entry][1].attrs
+  rows = {r["name"]: r["bytes"] for r in hlo_bytes.traffic(text)}
+  assert rows == {"k": 2 * 8 * 128 * 4, "negate.1": 2 * 8 * 128 * 4}
+  with pytest.raises(ValueError, match="does not end"):
+    hlo_bytes.parse_module(text.rstrip().rstrip("}"))
+
+
 def test_a_module_without_entry_is_refused():
   with pytest.raises(ValueError, match="no ENTRY"):
     hlo_bytes.traffic("HloModule m\n")

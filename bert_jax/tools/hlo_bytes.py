@@ -174,21 +174,36 @@ def parse_op(line: str) -> Op | None:
   return Op(name, shape, opcode, operands, rest[close + 1:], rest[paren + 1:close], bool(match.group(1)))
 
 
+def _instructions(lines: list[str]) -> list[str]:
+  """A computation's lines as one line an instruction: an attribute printed over several lines (a Pallas
+  kernel's `kernel_metadata`, some of whose lines begin with "}") is joined to its instruction's line."""
+  out = []
+  for line in lines:
+    if _INSTR.match(line) or not out:
+      out.append(line)
+    else:
+      out[-1] += " " + line.strip()
+  return out
+
+
 def parse_module(text: str) -> tuple[str, dict[str, list[Op]]]:
-  """(entry computation name, computation name -> its ops) of a module's HLO text."""
-  computations, entry, current = {}, None, None
+  """(entry computation name, computation name -> its ops) of a module's HLO text. A computation ends at
+  a line that is "}" alone."""
+  computations, entry, current, body = {}, None, None, []
   for line in text.splitlines():
     if current is None:
       if header := _HEADER.match(line):
-        current = header.group(2)
-        computations[current] = []
+        current, body = header.group(2), []
         if header.group(1):
           entry = current
       continue
-    if line.startswith("}"):
+    if line.strip() == "}":
+      computations[current] = [op for op in map(parse_op, _instructions(body)) if op]
       current = None
-    elif op := parse_op(line):
-      computations[current].append(op)
+    else:
+      body.append(line)
+  if current is not None:
+    raise ValueError(f"HLO computation {current!r} does not end")
   if entry is None:
     raise ValueError("no ENTRY computation in the HLO text")
   return entry, computations
