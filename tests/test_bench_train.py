@@ -119,3 +119,36 @@ def test_benchmark_samples_the_peak_after_each_timed_step(monkeypatch):
   flops = objectives.train_flops_per_step(config)
   assert result["mfu_median"] == pytest.approx(flops / 2.0 / 1e9)
   assert result["matmul_peak_flops"] == 1e9 and result["step_seconds_median"] == 2.0
+
+
+class _Clock:
+  """A clock that moves only while the device is waited on: a timing that does not wait reads 0 s."""
+
+  def __init__(self, seconds_a_wait: float):
+    self.now, self.seconds = 0.0, seconds_a_wait
+
+  def perf_counter(self) -> float:
+    return self.now
+
+  def wait(self, x):
+    self.now += self.seconds
+    return x
+
+
+def test_the_matmul_peak_waits_for_each_product_and_counts_2n3_flops(monkeypatch):
+  peak = bench_train.MatmulPeak(n=64, repeats=2)
+  clock = _Clock(0.5)
+  monkeypatch.setattr(bench_train.time, "perf_counter", clock.perf_counter)
+  peak._matmul = lambda a, b: type("Pending", (), {"block_until_ready": lambda self: clock.wait(self)})()
+  assert peak() == 2 * 64**3 / 0.5
+
+
+def test_a_timed_step_waits_for_the_state_and_the_metrics(monkeypatch):
+  timer = bench_train.TrainStepTimer(_config("bert", False), warmup=1)
+  clock = _Clock(0.25)
+  waited = []
+  monkeypatch.setattr(bench_train.time, "perf_counter", clock.perf_counter)
+  monkeypatch.setattr(bench_train.jax, "block_until_ready", lambda x: waited.append(x) or clock.wait(x))
+  assert timer() == 0.25
+  state, metrics = waited[0]
+  assert "loss" in metrics and state is timer._state
