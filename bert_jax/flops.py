@@ -70,10 +70,12 @@ def kernel_attention_per_row(cfg: model.BertConfig, seq_length: int) -> dict[str
     keys); its backward kernels recompute the scores: dq takes 3 matmuls, dk and dv 4, against the
     forward's 2. Flash (`flash_dropout`) computes every key: 2 matmuls forward, 5 backward (the scores
     again, then the values', probabilities', keys' and queries').
-  - "bytes": splash's, an estimate from that blocking: the forward pass reads q and writes o once and k
-    and v once per query block that reaches them; the backward passes read about twice that. Flash reads
-    and writes its operands and results once, as XLA counts them, but the queries' segment ids: a row of
-    int32 (8 sublanes a tile) per head and pass, counted here beyond XLA's one.
+  - "bytes": what the kernels read beyond one read of each operand (`hlo_bytes` counts each kernel's
+    operands and results once, as stored; XLA's cost analysis counts a kernel that declares no cost as
+    moving nothing, and `aot` adds that count). Splash's, an estimate from that blocking: the forward pass
+    reads k and v once per query block that reaches them, and the backward passes about twice that. Flash
+    reads the queries' segment ids once per head in each pass (int32 [1, length] rows, 2 sublanes a tile,
+    `T(2,128)`, as compiled for v3); its other operands once.
   """
   from bert_jax.models import splash  # pylint: disable=g-import-not-at-top
   out = {"model_flops": 0.0, "flops": 0.0, "bytes": 0.0}
@@ -86,12 +88,12 @@ def kernel_attention_per_row(cfg: model.BertConfig, seq_length: int) -> dict[str
     out["model_flops"] += 3 * 2 * (2 * s * keys * h)
     if flash:
       out["flops"] += (2 + 5) * 2 * s * keys * h
-      out["bytes"] += 2 * (cfg.num_heads - 1) * s * 4 * 8
+      out["bytes"] += 2 * (cfg.num_heads - 1) * s * 4 * 2
     else:
       # Key blocks a query block computes: all of them, or its own and those the half-window reaches.
       blocks = s // block if keys >= s else min(s // block, 1 + 2 * -(-(keys // 2) // block))
       out["flops"] += (2 + 3 + 4) * 2 * s * (blocks * block) * h
-      out["bytes"] += 3 * itemsize * h * s * (2 + 2 * blocks)
+      out["bytes"] += 3 * itemsize * h * s * 2 * (blocks - 1)
   return out
 
 

@@ -202,12 +202,26 @@ def test_aot_compiles_the_splash_kernel(tmp_path):
   timing = report["time_per_step"]
   config = _config(overrides)
   kernel = flops.kernel_attention_per_row(objectives.encoder_config(config), 128)
-  assert kernel["flops"] > 0 and kernel["bytes"] > 0
+  assert kernel["flops"] > 0 and kernel["bytes"] == 0   # one key block: no operand read twice
   assert timing["kernel_flops"] == pytest.approx(kernel["flops"] * 16 / 4)
   assert timing["kernel_bytes"] == pytest.approx(kernel["bytes"] * 16 / 4)
+  # XLA counts the kernels (no declared cost) as moving nothing: their operands and results by op are added.
+  assert timing["kernel_operand_bytes"] > 0.05 * timing["xla_bytes_accessed"]
+  assert timing["step_bytes"] == timing["xla_bytes_accessed"] + timing["kernel_operand_bytes"]
   # XLA's count lacks the attention matmuls: with the kernel's model share it is about the model's.
   assert 1.0 <= (timing["xla_flops"] + kernel["model_flops"] * 16 / 4) / timing["model_flops"] <= 1.3
   assert timing["loop_factor"] == 1.0
+  # Scanned, the bytes are counted by op, each trip, the kernels' operands among them: near the unrolled
+  # step's. (A multi-line attribute of the kernel's custom call once ended the parse of its computation,
+  # and the ops after it went uncounted.)
+  proc, scanned = _aot(tmp_path / "scanned", {**overrides, "model.scan_layers": True}, ["--report"])
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  s, traffic = scanned["time_per_step"], scanned["traffic"]
+  assert s["bytes_source"] == "hlo_bytes" and s["step_bytes"] == traffic["total_bytes"]
+  # The scanned layer picks its attention (global or windowed) in a conditional, both of whose branches the
+  # count takes: the kernels' operands once or twice.
+  assert 0.9 <= traffic["undeclared_kernel_bytes"] / timing["kernel_operand_bytes"] <= 2.1
+  assert 0.7 <= s["step_bytes"] / timing["step_bytes"] <= 1.5
 
 
 @pytest.mark.slow
@@ -225,6 +239,10 @@ def test_aot_compiles_the_flash_kernel_for_v3_in_one_mxu_pass(tmp_path):
   timing, cfg = report["time_per_step"], objectives.encoder_config(_config(overrides))
   kernel = flops.kernel_attention_per_row(cfg, 32)
   assert timing["kernel_flops"] == pytest.approx(kernel["flops"] * 16 / 8) and kernel["flops"] > 0
+  # Its operands and results, which XLA counts as moving nothing, by op: q, k, v, o forward and q, k, v,
+  # do, dq, dk, dv backward at least ([2 rows, 32, 128] bf16 each on a device).
+  assert timing["kernel_operand_bytes"] >= 11 * 2 * 32 * 128 * 2
+  assert timing["step_bytes"] == timing["xla_bytes_accessed"] + timing["kernel_operand_bytes"]
   assert 1.0 <= (timing["xla_flops"] + kernel["model_flops"] * 16 / 8) / timing["model_flops"] <= 1.3
   llo = [p.read_text() for p in dump.glob("*post-finalize-llo.txt")]
   assert len(llo) >= 2                                   # forward and backward kernels

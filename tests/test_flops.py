@@ -87,12 +87,23 @@ def test_splash_kernel_counts_the_window_only():
   # One block of 128 keys holds every key: the kernel computes all of them in every layer, and its
   # backward pass recomputes the scores (9 matmuls of S x keys x H against the forward's 2).
   assert kernel["flops"] == 4 * 9 * 2 * 128 * 128 * 128
-  assert kernel["bytes"] == 4 * 3 * 4 * 128 * 128 * (2 + 2)   # float32: 4 bytes an element
+  assert kernel["bytes"] == 0   # one key block: each operand read once, which the count by op has
   # At 8192 tokens a 129-key window inside 512-token blocks computes 3 key blocks a query block.
   long = dataclasses.replace(splash, num_layers=2, dtype=jnp.bfloat16)
   long_kernel = flops.kernel_attention_per_row(long, 8192)
   assert long_kernel["flops"] == 9 * 2 * 8192 * (8192 + 3 * 512) * 128
-  assert long_kernel["bytes"] == 3 * 2 * 128 * 8192 * ((2 + 2 * 16) + (2 + 2 * 3))
+  # k and v read again by each query block past the first that reaches them, forward and twice backward.
+  assert long_kernel["bytes"] == 3 * 2 * 128 * 8192 * 2 * ((16 - 1) + (3 - 1))
   zero = {"model_flops": 0.0, "flops": 0.0, "bytes": 0.0}
   assert flops.kernel_attention_per_row(local, 128) == zero
   assert flops.kernel_attention_per_row(dataclasses.replace(splash, attention_dropout=0.1), 128) == zero
+
+
+def test_flash_kernel_counts_the_queries_segment_ids_again_for_each_head():
+  """Beyond one read of each operand (the count by op has those), the flash kernel reads the queries'
+  segment ids once per head in each pass, int32 rows of 2 sublanes a tile."""
+  flash = dataclasses.replace(TINY, num_layers=2, num_heads=4, attention_kernel="flash", attention_dropout=0.1,
+                              dtype=jnp.bfloat16)
+  kernel = flops.kernel_attention_per_row(flash, 128)
+  assert kernel["flops"] == 2 * (2 + 5) * 2 * 128 * 128 * flash.hidden_size
+  assert kernel["bytes"] == 2 * 2 * (4 - 1) * 128 * 4 * 2

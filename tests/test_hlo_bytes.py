@@ -167,6 +167,10 @@ def test_an_attribute_over_several_lines_keeps_the_ops_after_it():
   assert 'op_name="pallas_call"' in computations[entry][1].attrs
   rows = {r["name"]: r["bytes"] for r in hlo_bytes.traffic(text)}
   assert rows == {"k": 2 * 8 * 128 * 4, "negate.1": 2 * 8 * 128 * 4}
+  # A kernel that declares no cost (XLA counts it as moving nothing) is summed apart; one that does is not.
+  assert hlo_bytes.summarize(hlo_bytes.traffic(text))["undeclared_kernel_bytes"] == 2 * 8 * 128 * 4
+  declared = text.replace("custom_call_target=", 'backend_config="{\\"cost_estimate\\":{}}", custom_call_target=')
+  assert hlo_bytes.summarize(hlo_bytes.traffic(declared))["undeclared_kernel_bytes"] == 0
   with pytest.raises(ValueError, match="does not end"):
     hlo_bytes.parse_module(text.rstrip().rstrip("}"))
 

@@ -125,12 +125,16 @@ def memory_report(compiled, hbm_per_device: float) -> dict[str, float]:
 
 def time_report(compiled, chip: Chip, model_flops_per_device: float, loop_trips: int = 1,
                 kernel: dict | None = None, loop_bytes: float | None = None,
-                on_chip_share: float = 0.0, loop_flops: float | None = None) -> dict[str, Any]:
+                on_chip_share: float = 0.0, loop_flops: float | None = None,
+                kernel_operand_bytes: float = 0.0) -> dict[str, Any]:
   """Estimated step time per device: max(FLOPs / peak, bytes accessed / HBM bandwidth).
 
   `loop_trips` is how often the step runs its outermost loop (`micro_batches`), which XLA counts once.
-  `kernel`: per device, what runs inside custom calls, which XLA's cost analysis does not see (the splash
-  attention kernel: `flops.kernel_attention_per_row`'s model FLOPs, FLOPs and bytes); added to its counts.
+  `kernel`: per device, what runs inside the attention kernels, which XLA's cost analysis does not see
+  (`flops.kernel_attention_per_row`'s model FLOPs, FLOPs and the bytes they read beyond one read of each
+  operand); added to its counts. `kernel_operand_bytes`: the operands and results, as stored, of the Pallas
+  kernels that declare no cost (`hlo_bytes`' `undeclared_kernel_bytes`), which XLA counts as moving
+  nothing; added to XLA's count (the count by op has them).
   `loop_bytes`: for a step with loops, the bytes its ops move with each loop body counted per trip
   (`loop_bytes()`); it replaces XLA's count, which counts them once (and is otherwise scaled as the FLOPs).
   `loop_flops`: for a step with loops, the FLOPs of its matmuls with each loop body counted per trip
@@ -152,7 +156,7 @@ def time_report(compiled, chip: Chip, model_flops_per_device: float, loop_trips:
   peak, bandwidth = chip.peak_flops / chip.cores, chip.hbm_bandwidth / chip.cores
   step_flops = max(xla_flops * loop_factor, loop_flops or 0.0)
   compute_s = (step_flops + kernel_flops) / peak
-  step_bytes = xla_bytes * loop_factor if loop_bytes is None else loop_bytes
+  step_bytes = (xla_bytes + kernel_operand_bytes) * loop_factor if loop_bytes is None else loop_bytes
   memory_s = (step_bytes + kernel_bytes) / bandwidth
   step_s = max(compute_s, memory_s)
   on_chip_bytes = step_bytes * on_chip_share
@@ -165,7 +169,7 @@ def time_report(compiled, chip: Chip, model_flops_per_device: float, loop_trips:
       "xla_optimal_seconds": optimal if (optimal := float(cost.get("optimal_seconds", -1.0))) > 0 else None,
       "model_flops": model_flops_per_device, "loop_factor": loop_factor, "loop_flops": loop_flops,
       "step_flops": step_flops,
-      "kernel_flops": kernel_flops, "kernel_bytes": kernel_bytes,
+      "kernel_flops": kernel_flops, "kernel_bytes": kernel_bytes, "kernel_operand_bytes": kernel_operand_bytes,
       "peak_flops": peak, "hbm_bandwidth": bandwidth,
       "compute_seconds": compute_s, "memory_seconds": memory_s, "step_seconds": step_s,
       "bound": "compute" if compute_s >= memory_s else "memory",
@@ -237,7 +241,8 @@ def run(config, topology: str, report_top: int = 0, hlo_path: str = "", compile_
                        kernel={k: v * config.global_batch_size / n for k, v in per_row.items()},
                        loop_bytes=loop_bytes(text, traffic),
                        loop_flops=hlo_bytes.matmul_flops(text) if _WHILE.search(text) else None,
-                       on_chip_share=traffic["on_chip_bytes"] / traffic["total_bytes"] if traffic["total_bytes"] else 0.0)
+                       on_chip_share=traffic["on_chip_bytes"] / traffic["total_bytes"] if traffic["total_bytes"] else 0.0,
+                       kernel_operand_bytes=traffic["undeclared_kernel_bytes"])
   report = {
       **report, "compile_seconds": compile_s, "lower_seconds": lower_s,
       "memory_per_device": memory_report(compiled, hbm),
@@ -359,7 +364,11 @@ def format_report(r: dict[str, Any]) -> str:
     loop_flops = f"; matmuls, loop bodies per trip, {t['loop_flops'] / 1e12:.2f}"
   if t and t.get("kernel_flops"):
     kernel_flops = f" + attention kernel {t['kernel_flops'] / 1e12:.2f}"
-    kernel_bytes = f" + attention kernel {t['kernel_bytes'] / 1e9:.1f} GB, estimated"
+    kernel_bytes = f" + attention kernel's re-reads {t['kernel_bytes'] / 1e9:.2f} GB, estimated,"
+  if t and t.get("kernel_operand_bytes") and t["bytes_source"] == "xla":
+    kernel_bytes = (f": XLA's {t['xla_bytes_accessed'] * t['loop_factor'] / 1e9:.1f} + Pallas kernels' operands and "
+                    f"results {t['kernel_operand_bytes'] * t['loop_factor'] / 1e9:.2f} by op, which XLA counts as "
+                    f"moving nothing{kernel_bytes}")
   lines = [
       f"{r['topology']}: {r['chips']} chips x {r['devices_per_chip']} device(s) = {r['devices']} "
       f"{r['device_kind']} devices; mesh {mesh}; batch {r['global_batch_size']} x {r['seq_length']} "

@@ -15,6 +15,9 @@ nested fusion), and an update in
 place (a dynamic-update-slice, alone or at the root of a fusion, also when its buffer passes through a
 nested fusion that aliases it, a relayout in place; a slice through such a relayout reads the slice)
 reads and writes the update, not the buffer around it; ConcatBitcast and AllocateBuffer move nothing.
+A Pallas kernel (a `tpu_custom_call`) moves its operands and result, as any op; one that declares no cost
+(`pl.CostEstimate`) is one XLA's cost analysis counts as moving nothing, and its bytes are also summed
+apart (`undeclared_kernel_bytes`), which `aot` adds to XLA's count.
 Shapes are the on-device ones, with the TPU's tile padding: a layout's first tile (`T(8,128)`) rounds the
 dims it covers up to whole tiles, as the device stores them and as XLA's cost analysis counts them; all
 memory spaces are counted.
@@ -422,6 +425,12 @@ def _passed_through(op: Op, fused: list[Op], reads: list[float]) -> dict[int, fl
   return unwritten
 
 
+def undeclared_kernel(op: Op) -> bool:
+  """A Pallas TPU kernel whose backend config declares no cost estimate: XLA's cost analysis counts it as
+  moving nothing and computing nothing."""
+  return op.opcode == "custom-call" and '"tpu_custom_call"' in op.attrs and "cost_estimate" not in op.attrs
+
+
 def category(op: Op, computations: dict[str, list[Op]] | None = None) -> str:
   base = op.opcode.removesuffix("-start").removesuffix("-done")
   if op.opcode == "fusion":
@@ -518,8 +527,8 @@ def _flops(op: Op, computations: dict[str, list[Op]], shapes: dict[str, str], de
 
 
 def traffic(text: str) -> list[dict]:
-  """Per executed op: name, category, source, shape, trips (per step), bytes (per step: per run x trips)
-  and on_chip_bytes (those of them in on-chip memory spaces)."""
+  """Per executed op: name, category, source, shape, trips (per step), bytes (per step: per run x trips),
+  on_chip_bytes (those of them in on-chip memory spaces) and undeclared_kernel (`undeclared_kernel`)."""
   entry, computations = parse_module(text)
   shapes = {op.name: op.shape for ops in computations.values() for op in ops}
   rows = []
@@ -537,7 +546,7 @@ def traffic(text: str) -> list[dict]:
       read, written, on_chip = moved(op, computations, shapes)
       rows.append({"name": op.name, "category": category(op, computations), "source": source(op),
                    "shape": op.shape, "trips": trips, "bytes": (read + written) * trips,
-                   "on_chip_bytes": on_chip * trips})
+                   "on_chip_bytes": on_chip * trips, "undeclared_kernel": undeclared_kernel(op)})
   return rows
 
 
@@ -558,6 +567,7 @@ def summarize(rows: list[dict], top: int = 15) -> dict:
   kinds = [k for k in kinds if k["category"] != UNKNOWN_LOOP]
   return {
       "total_bytes": total, "on_chip_bytes": sum(r.get("on_chip_bytes", 0.0) for r in rows),
+      "undeclared_kernel_bytes": sum(r["bytes"] for r in rows if r.get("undeclared_kernel")),
       "ops": len(rows) - unknown, "unknown_loops": unknown, "by_category": kinds,
       "top_sources": [{"source": k, "bytes": v} for k, v in sources.most_common(top)],
       "top_ops": sorted(rows, key=lambda r: -r["bytes"])[:top],
@@ -575,6 +585,9 @@ def format_summary(s: dict, xla_bytes: float | None = None) -> str:
   if s.get("on_chip_bytes"):
     lines.append(f"  of which in on-chip memory (layouts S(n), n not 0 or 5): {gb(s['on_chip_bytes']).strip()}; "
                  f"elsewhere (HBM, host): {gb(s['total_bytes'] - s['on_chip_bytes']).strip()}")
+  if s.get("undeclared_kernel_bytes"):
+    lines.append(f"  of which in Pallas kernels that declare no cost (XLA counts them as moving nothing): "
+                 f"{gb(s['undeclared_kernel_bytes']).strip()}")
   if s.get("unknown_loops"):
     lines.append(f"  WARNING: {s['unknown_loops']} loop(s) of unknown trip count: their bodies are counted once")
   lines.append("  by kind:")
