@@ -27,9 +27,9 @@ def test_summarize_takes_medians_and_divides_them():
 def test_alternate_takes_turns():
   calls = []
   steps = {name: (lambda n=name: calls.append(n) or 1.0) for name in ("ours", "a", "b")}
-  times = bench_compare.alternate(steps, rounds=2)
-  assert calls == ["ours", "a", "b", "ours", "a", "b"]
-  assert times == {"ours": [1.0, 1.0], "a": [1.0, 1.0], "b": [1.0, 1.0]}
+  times = bench_compare.alternate(steps, rounds=4)
+  assert calls == ["ours", "a", "b", "a", "b", "ours", "b", "ours", "a", "ours", "a", "b"]
+  assert times == {"ours": [1.0] * 4, "a": [1.0] * 4, "b": [1.0] * 4}
 
 
 def _config():
@@ -64,6 +64,14 @@ def test_compare_refuses_what_the_peers_cannot_run():
   config = _config()
   config.data.packing = True
   with pytest.raises(ValueError, match="unpacked"):
+    bench_compare.peer_spec(config, "batch.npz", warmup=1)
+  config = _config()
+  config.optimizer.schedule = "wsd"
+  with pytest.raises(ValueError, match="linear schedule"):
+    bench_compare.peer_spec(config, "batch.npz", warmup=1)
+  config = _config()
+  config.mlm_all_positions = True
+  with pytest.raises(ValueError, match="mlm_all_positions"):
     bench_compare.peer_spec(config, "batch.npz", warmup=1)
 
 

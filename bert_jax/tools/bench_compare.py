@@ -66,11 +66,12 @@ class Peer:
 
 
 def alternate(steps: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
-  """`rounds` rounds of one timed step per system, in the order given; each system's seconds."""
-  times = {name: [] for name in steps}
-  for _ in range(rounds):
-    for name, step in steps.items():
-      times[name].append(step())
+  """`rounds` rounds of one timed step per system; each system's seconds. Each round starts one system
+  later than the one before (a, b, c; b, c, a; ...), so that no system always follows the same one."""
+  times, names = {name: [] for name in steps}, list(steps)
+  for r in range(rounds):
+    for name in names[r % len(names):] + names[:r % len(names)]:
+      times[name].append(steps[name]())
   return times
 
 
@@ -97,6 +98,11 @@ def peer_spec(config, batch_path: str, warmup: int) -> dict:
   opt = config.optimizer
   if opt.name != "adamw":
     raise ValueError(f"the peers train with AdamW; optimizer.name is {opt.name!r}")
+  if opt.get("schedule", "linear") != "linear":
+    raise ValueError(f"the peers take BERT's linear schedule; optimizer.schedule is {opt.schedule!r}")
+  if config.get("mlm_all_positions", False):
+    raise ValueError("the peers compute the MLM loss at the masked positions (`bench_peers`): mlm_all_positions "
+                     "must be False")
   return {"model": {f: getattr(cfg, f) for f in fields},
           "optimizer": {f: float(opt[f]) for f in ("learning_rate", "b1", "b2", "eps", "weight_decay", "clip_norm")}
           | {"warmup_steps": int(opt.warmup_steps), "total_steps": int(opt.total_steps)},
@@ -115,8 +121,10 @@ def compare(config, batch: dict[str, np.ndarray], ours_step: Callable[[], float]
     batch_path = os.path.join(tmp, "batch.npz")
     np.savez(batch_path, **batch)
     spec = peer_spec(config, batch_path, warmup)
-    peers = [Peer(name, peer_python, spec, tmp) for name in bench_peers.PEERS]
+    peers = []
     try:
+      for name in bench_peers.PEERS:   # each started inside the try: a failure closes those already running
+        peers.append(Peer(name, peer_python, spec, tmp))
       ready = {p.name: p.step for p in peers if p.status == "ready"}
       times = alternate({OURS: ours_step} | ready, steps)
     finally:
