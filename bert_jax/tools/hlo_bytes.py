@@ -24,7 +24,8 @@ memory spaces are counted.
 
 Each op's bytes are also split by where its arrays live (`on_chip_bytes`): a layout's `S(n)` names the
 memory space, 0 (none printed) the device's HBM, 5 the host's, any other on-chip memory the TPU compiler
-assigns (`S(1)`: its alternate memory, the 128 MiB VMEM of a v5e or v6e core; small `S(2)`, `S(4)`, `S(6)`
+assigns (`S(1)`: its alternate memory, the 128 MiB VMEM of a v5e or v6e core; `S(3)` on v4, where a small
+step keeps most of its arrays, its 128 MiB CMEM as we read it; small `S(2)`, `S(4)`, `S(6)`
 scalars). An asynchronous copy or slice into `S(1)` reads HBM and writes on chip; a fusion whose operands
 and result the compiler placed there moves no HBM bytes. XLA's cost analysis counts every space alike.
 
