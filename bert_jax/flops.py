@@ -73,7 +73,8 @@ def kernel_attention_per_row(cfg: model.BertConfig, seq_length: int) -> dict[str
   - "bytes": what the kernels read beyond one read of each operand (`hlo_bytes` counts each kernel's
     operands and results once, as stored; XLA's cost analysis counts a kernel that declares no cost as
     moving nothing, and `aot` adds that count). Splash's, an estimate from that blocking: the forward pass
-    reads k and v once per query block that reaches them, and the backward passes about twice that. Flash
+    reads k and v once per query block that reaches them, and its backward passes read about twice as
+    much again (the dkv pass takes q and the output's gradient once per key block). Flash
     reads the queries' segment ids once per head in each pass (int32 [1, length] rows, 2 sublanes a tile,
     `T(2,128)`, as compiled for v3); its other operands once.
   """

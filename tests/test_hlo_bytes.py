@@ -153,13 +153,16 @@ def test_summary_ranks_ops_sources_and_kinds():
 
 
 def test_an_attribute_over_several_lines_keeps_the_ops_after_it():
-  # A Pallas kernel's `kernel_metadata` is printed over lines of which some begin with "}": the ops
-  # after it belong to the same computation, which ends at a "}" alone.
+  # A Pallas kernel's `kernel_metadata` is printed over lines, some of which begin with "}" or are "}"
+  # alone: the instruction goes on to where its brackets close, and the computation ends after it.
   text = ("HloModule m\n\nENTRY %main (p: f32[8,128]) -> f32[8,128] {\n"
           "  %p = f32[8,128]{1,0} parameter(0)\n"
           "  %k = f32[8,128]{1,0} custom-call(%p), custom_call_target=\"tpu_custom_call\", "
           "frontend_attributes={kernel_metadata={\n"
-          "  \"name\": \"kernel\"\n"
+          "\"name\": \"kernel\",\n"
+          "\"inner\": {\n"
+          "\"a\": \"}\"\n"
+          "}\n"
           "}}, metadata={op_name=\"pallas_call\"}\n"
           "  ROOT %negate.1 = f32[8,128]{1,0} negate(%k)\n}\n")
   entry, computations = hlo_bytes.parse_module(text)

@@ -237,12 +237,12 @@ def run(config, topology: str, report_top: int = 0, hlo_path: str = "", compile_
   per_row = flops.kernel_attention_per_row(objectives.encoder_config(config), config.data.seq_length)
   text = compiled.as_text()
   traffic = hlo_bytes.summarize(hlo_bytes.traffic(text), report_top)
+  on_chip_share = traffic["on_chip_bytes"] / traffic["total_bytes"] if traffic["total_bytes"] else 0.0
   timing = time_report(compiled, chip, objectives.train_flops_per_step(config) / n, int(config.micro_batches),
                        kernel={k: v * config.global_batch_size / n for k, v in per_row.items()},
                        loop_bytes=loop_bytes(text, traffic),
                        loop_flops=hlo_bytes.matmul_flops(text) if _WHILE.search(text) else None,
-                       on_chip_share=traffic["on_chip_bytes"] / traffic["total_bytes"] if traffic["total_bytes"] else 0.0,
-                       kernel_operand_bytes=traffic["undeclared_kernel_bytes"])
+                       on_chip_share=on_chip_share, kernel_operand_bytes=traffic["undeclared_kernel_bytes"])
   report = {
       **report, "compile_seconds": compile_s, "lower_seconds": lower_s,
       "memory_per_device": memory_report(compiled, hbm),

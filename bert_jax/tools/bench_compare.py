@@ -4,8 +4,9 @@ Each peer (`bench_peers.PEERS`) runs in a child process started with `--peer_pyt
 interpreter), so its packages may live in another virtual environment. Every system builds the same
 model (our config's sizes, f32 for the peers; PyTorch on CUDA when it sees a GPU), trains on the same
 batch (written once to an .npz file) with AdamW at our learning-rate schedule, compiles during its
-warm-up steps, and then the systems take turns: one timed step of ours, one of each peer, and again. The result holds each system's median step
-time and tokens/s and the ratios of medians; a peer that is not installed is reported so and skipped.
+warm-up steps, and then the systems take turns, one timed step each a round, each round starting one
+system later than the one before. The result holds each system's median step time and tokens/s and the
+ratios of medians; a peer that is not installed is reported so and skipped.
 """
 
 import json
@@ -36,7 +37,13 @@ class Peer:
     except OSError as e:   # no such interpreter
       self._proc, self.status, self.info = None, "not installed", {"reason": f"{python}: {e.strerror}"}
       return
-    reply = self._request(spec)
+    try:
+      reply = self._request(spec)
+    except Exception:   # a broken pipe or an unreadable reply: stop the child before passing it on
+      self._proc.kill()
+      self._proc.wait(timeout=60)
+      self._log.close()
+      raise
     self.status = reply.pop("status", "failed")
     self.info = reply
 

@@ -1,6 +1,6 @@
 """One peer's BERT pretraining step, timed for `bert-jax bench train --compare`; a script, not a library.
 
-    PYTHON bert_jax/tools/bench_peers.py hugging_face_flax   # or keras_hub, hugging_face_torch
+    PYTHON bert_jax/tools/bench_peers.py hugging_face_flax   # or any other of PEERS
 
 The peers may need package versions that conflict with ours, so `bench_compare` starts this file by its
 path with any Python (`--peer_python`); it imports only the standard library and numpy at the top, never
@@ -89,7 +89,8 @@ def hugging_face_flax(spec, batch, masked: bool = False):
     head_mask = jnp.ones((module.config.num_hidden_layers, module.config.num_attention_heads))
     hidden, pooled = module.bert(ids, mask, types, positions, head_mask, deterministic=deterministic,
                                  return_dict=False)[:2]
-    table = module.bert.variables["params"]["embeddings"]["word_embeddings"]["embedding"]
+    table = (module.bert.variables["params"]["embeddings"]["word_embeddings"]["embedding"]
+             if module.config.tie_word_embeddings else None)
     hidden = jnp.take_along_axis(hidden, masked_positions[..., None], axis=1)
     return module.cls(hidden, pooled, shared_embedding=table)
 

@@ -138,8 +138,8 @@ class Op:
   root: bool = False
 
 
-def _closing(text: str, start: int) -> int:
-  """Index of the bracket closing the one at text[start] (brackets of any kind nest; quotes skipped)."""
+def _depths(text: str, start: int = 0):
+  """(index, depth after it) of each bracket in text[start:] outside quoted strings (any kind nests)."""
   depth, quoted, i = 0, False, start
   while i < len(text):
     c = text[i]
@@ -150,14 +150,26 @@ def _closing(text: str, start: int) -> int:
         quoted = False
     elif c == '"':
       quoted = True
-    elif c in "([{":
-      depth += 1
-    elif c in ")]}":
-      depth -= 1
-      if depth == 0:
-        return i
+    elif c in "([{)]}":
+      depth += 1 if c in "([{" else -1
+      yield i, depth
     i += 1
+
+
+def _closing(text: str, start: int) -> int:
+  """Index of the bracket closing the one at text[start] (brackets of any kind nest; quotes skipped)."""
+  for i, depth in _depths(text, start):
+    if depth == 0:
+      return i
   raise ValueError(f"unbalanced HLO text: {text[start:start + 80]!r}")
+
+
+def _depth(text: str) -> int:
+  """Brackets opened less brackets closed in `text`, outside quoted strings."""
+  depth = 0
+  for _, depth in _depths(text):
+    pass
+  return depth
 
 
 def parse_op(line: str) -> Op | None:
@@ -178,34 +190,28 @@ def parse_op(line: str) -> Op | None:
   return Op(name, shape, opcode, operands, rest[close + 1:], rest[paren + 1:close], bool(match.group(1)))
 
 
-def _instructions(lines: list[str]) -> list[str]:
-  """A computation's lines as one line an instruction: an attribute printed over several lines (a Pallas
-  kernel's `kernel_metadata`, some of whose lines begin with "}") is joined to its instruction's line."""
-  out = []
-  for line in lines:
-    if _INSTR.match(line) or not out:
-      out.append(line)
-    else:
-      out[-1] += " " + line.strip()
-  return out
-
-
 def parse_module(text: str) -> tuple[str, dict[str, list[Op]]]:
-  """(entry computation name, computation name -> its ops) of a module's HLO text. A computation ends at
-  a line that is "}" alone."""
-  computations, entry, current, body = {}, None, None, []
+  """(entry computation name, computation name -> its ops) of a module's HLO text. An instruction whose
+  attributes are printed over several lines (a Pallas kernel's `kernel_metadata`, some of whose lines
+  begin with "}" or are "}" alone) is read as one line, to where its brackets close; a computation ends
+  at a "}" alone outside an instruction."""
+  computations, entry, current, body, depth = {}, None, None, [], 0
   for line in text.splitlines():
     if current is None:
       if header := _HEADER.match(line):
-        current, body = header.group(2), []
+        current, body, depth = header.group(2), [], 0
         if header.group(1):
           entry = current
       continue
-    if line.strip() == "}":
-      computations[current] = [op for op in map(parse_op, _instructions(body)) if op]
+    if depth > 0:   # the instruction goes on
+      body[-1] += " " + line.strip()
+      depth += _depth(line)
+    elif line.strip() == "}":
+      computations[current] = [op for op in map(parse_op, body) if op]
       current = None
-    else:
+    elif _INSTR.match(line):
       body.append(line)
+      depth = _depth(line)
   if current is not None:
     raise ValueError(f"HLO computation {current!r} does not end")
   if entry is None:
