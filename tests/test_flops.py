@@ -88,12 +88,13 @@ def test_splash_kernel_counts_the_window_only():
   # backward pass recomputes the scores (9 matmuls of S x keys x H against the forward's 2).
   assert kernel["flops"] == 4 * 9 * 2 * 128 * 128 * 128
   assert kernel["bytes"] == 0   # one key block: each operand read once, which the count by op has
-  # At 8192 tokens a 129-key window inside 512-token blocks computes 3 key blocks a query block.
+  # At 8192 tokens a 129-key window inside 512-token blocks computes 3 key blocks a query block, 2 for the
+  # first and the last: 46 pairs of 512 x 512 against the global layer's 256.
   long = dataclasses.replace(splash, num_layers=2, dtype=jnp.bfloat16)
   long_kernel = flops.kernel_attention_per_row(long, 8192)
-  assert long_kernel["flops"] == 9 * 2 * 8192 * (8192 + 3 * 512) * 128
+  assert long_kernel["flops"] == 9 * 2 * (256 + 46) * 512 * 512 * 128
   # k and v read again by each query block past the first that reaches them, forward and twice backward.
-  assert long_kernel["bytes"] == 3 * 2 * 128 * 8192 * 2 * ((16 - 1) + (3 - 1))
+  assert long_kernel["bytes"] == 3 * 2 * 128 * 512 * 2 * ((256 - 16) + (46 - 16))
   zero = {"model_flops": 0.0, "flops": 0.0, "bytes": 0.0}
   assert flops.kernel_attention_per_row(local, 128) == zero
   assert flops.kernel_attention_per_row(dataclasses.replace(splash, attention_dropout=0.1), 128) == zero
