@@ -67,16 +67,16 @@ def kernel_attention_per_row(cfg: model.BertConfig, seq_length: int) -> dict[str
   - "model_flops": the model count's share (3x the forward scores and values, `forward_flops_per_row`).
   - "flops": what the kernel computes. Splash works in blocks of keys: a query block of a sliding-window
     layer computes every key block its window reaches (3 for a window inside one block's width, 2 at the
-    sequence's two ends; not 129 keys); its backward kernels recompute the scores: dq takes 3 matmuls, dk and dv 4, against the
-    forward's 2. Flash (`flash_dropout`) computes every key: 2 matmuls forward, 5 backward (the scores
-    again, then the values', probabilities', keys' and queries').
+    sequence's two ends; not 129 keys); its backward kernels recompute the scores: dq takes 3 matmuls,
+    dk and dv 4, against the forward's 2. Flash (`flash_dropout`) computes every key: 2 matmuls forward, 5
+    backward (the scores again, then the values', probabilities', keys' and queries').
   - "bytes": what the kernels read beyond one read of each operand (`hlo_bytes` counts each kernel's
     operands and results once, as stored; XLA's cost analysis counts a kernel that declares no cost as
     moving nothing, and `aot` adds that count). Splash's, an estimate from that blocking: the forward pass
     reads k and v once per query block that reaches them, and its backward passes read about twice as
-    much again (the dkv pass takes q and the output's gradient once per key block). Flash
-    reads the queries' segment ids once per head in each pass (int32 [1, length] rows, 2 sublanes a tile,
-    `T(2,128)`, as compiled for v3); its other operands once.
+    much again (the dkv pass takes q and the output's gradient once per key block). Flash reads the
+    queries' segment ids once per head in each pass (int32 [1, length] rows, 2 sublanes a tile, `T(2,128)`,
+    as compiled for v3); its other operands once.
   """
   from bert_jax.models import splash  # pylint: disable=g-import-not-at-top
   out = {"model_flops": 0.0, "flops": 0.0, "bytes": 0.0}

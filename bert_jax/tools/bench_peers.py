@@ -77,9 +77,8 @@ def hugging_face_flax(spec, batch, masked: bool = False):
                    optax.adamw(lambda s: _schedule_value(s, opt, jnp), opt["b1"], opt["b2"], opt["eps"],
                                weight_decay=opt["weight_decay"],
                                mask=lambda p: jax.tree_util.tree_map_with_path(decays, p)))
-  labels, weights = _mlm_labels(batch)
-  if masked:   # the masked positions' labels and weights, [rows, masked]
-    labels, weights = batch["masked_lm_ids"], batch["masked_lm_weights"]
+  # A label and a weight at every position, or at the masked ones alone ([rows, masked]).
+  labels, weights = (batch["masked_lm_ids"], batch["masked_lm_weights"]) if masked else _mlm_labels(batch)
   inputs = jax.device_put((batch["input_ids"], batch["input_mask"], batch["segment_ids"], labels, weights,
                            batch["next_sentence_labels"], batch["masked_lm_positions"]))
 

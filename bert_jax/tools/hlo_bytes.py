@@ -435,7 +435,8 @@ def _passed_through(op: Op, fused: list[Op], reads: list[float]) -> dict[int, fl
 def undeclared_kernel(op: Op) -> bool:
   """A Pallas TPU kernel whose backend config declares no cost estimate: XLA's cost analysis counts it as
   moving nothing and computing nothing."""
-  return op.opcode == "custom-call" and '"tpu_custom_call"' in op.attrs and "cost_estimate" not in op.attrs
+  target = _TARGET.search(op.attrs) if op.opcode == "custom-call" else None
+  return bool(target) and target.group(1) == "tpu_custom_call" and "cost_estimate" not in op.attrs
 
 
 def category(op: Op, computations: dict[str, list[Op]] | None = None) -> str:
