@@ -58,8 +58,9 @@ from configs import bert_base
 # without it (4 layers: 9.3 -> 7.4 GB, MFU bound 33% -> 41%; v6e's phase 2 the other way, 9.5 against
 # 10.4 GB; phase 1 on v5e 3.66 -> 3.41 GB with it; docs/performance.md). phase1_tokens not compiled both ways.
 # fused_qkv: one query-key-value matmul on v3's phase 1, whose tensor split all-reduces x's gradient once
-# instead of three times (24 layers, the kernels stacked: 4.19 GB a core, MFU bound 84.0%). On v5e XLA
-# counts more bytes with it (4 layers: phase 1 2.995 -> 3.010 GB, phase 2 7.35 -> 8.86 GB); v3's phase 2
+# instead of three times (24 layers, the kernels stacked: 4.19 GB a core, MFU bound 84.0%), and on v5e's
+# phase 1 for the same reason since it splits over tensor too (below). Without a tensor split XLA counts more
+# bytes with it on v5e (4 layers: phase 1 2.995 -> 3.010 GB, phase 2 7.35 -> 8.86 GB); v3's phase 2
 # and phase1_tokens are compute-bound either way (96.1% and 100%, 13.68 -> 13.59 and 13.15 -> 13.06 GB),
 # and phase1_tokens compiled slower with it (23.1 against 32.5 s), so those leave it off (docs/performance.md).
 # dropout_bits "hash" on v3: a counter hash of each element's index for the dropout masks in place of
@@ -81,6 +82,11 @@ from configs import bert_base
 # (10.7 GB) unrolled, compiled in 18.6 s against 78.6 s on a 2-core CPU (docs/performance.md). Phase 1
 # and phase 2 are memory-bound scanned (65% and 85% against 80% and 96%), so they stay unrolled, as do
 # v5e's and v6e's memory-bound steps (bert_base.py scans its own phase1_tokens; here each entry says).
+# v5e's phase 1 at 2 x 16 x 2: a search of the tensor splits unrolled (4 layers: 2x16x2 2.79 GB, 4x8x2 2.89,
+# 2x32x1 2.97, 8x4x2 3.91), then the whole step (24 layers, XLA's count): 2 x 32 x 1 as shipped before 14.31
+# GB, MFU bound 27.96%; 2 x 16 x 2 14.54 GB, 27.52%; with fused_qkv 13.98 GB, 28.63%. The tensor split lost
+# with 4 times the tokens (v5e's phase1_tokens 45% -> 35%, phase 2 43% -> 36%, 4 layers) and on v6e's phase 1
+# (10% -> 9%), which keep theirs (docs/performance.md).
 # decoder_on_shards on v3's phase 1: the MLM decoder and its cross-entropy on each core's slice of the
 # vocabulary, no gathered table (models/vocab_split.py; 24 layers: 4.394 -> 4.282 GB a core, MFU bound
 # 80.2% -> 82.2%), on v5e's (14.58 -> 14.41 GB, 27.5% -> 27.8%) and on v6e's (15.59 -> 15.16 GB, 11.0% ->
@@ -98,8 +104,8 @@ MESHES = {
                                                  "layer_norm_kernel": "pallas"}),
     ("v3:8x8", "phase1_tokens"): ((-1, 64, 1), _V3 | {"scan_layers": True}),
     ("v3:8x8", "phase2"): ((-1, 64, 1), _V3),
-    ("v5e:8x8", "phase1"): ((-1, 32, 1), _LITE | {"remat_policy": "minimal", "embedding_lookup_on_shards": True,
-                                                   "decoder_on_shards": True}),
+    ("v5e:8x8", "phase1"): ((-1, 16, 2), _LITE | {"remat_policy": "minimal", "embedding_lookup_on_shards": True,
+                                                   "decoder_on_shards": True, "fused_qkv": True}),
     ("v5e:8x8", "phase1_tokens"): ((-1, 32, 1), _LITE | {"remat_policy": "minimal", "decoder_on_shards": True,
                                                           "embedding_lookup_on_shards": True}),
     ("v5e:8x8", "phase2"): ((-1, 32, 1), _LITE | {"remat_policy": "none", "embedding_lookup_on_shards": True,
