@@ -489,3 +489,40 @@ def test_the_masked_positions_stay_on_their_batch_shards(tmp_path):
                                                       "model.hidden_size"))
   assert not re.search(rf"\[{batch},{positions},{hidden}\]", text), \
       re.findall(rf".*\[{batch},{positions},{hidden}\].*", text)[:2]
+
+
+def test_a_step_whose_hlo_cannot_be_read_back_keeps_xlas_count_and_says_what_it_lacks():
+  """libtpu compiles some steps whose optimized HLO it then fails to print (`hlo_text`): the report keeps
+  XLA's count, has no bound with on-chip traffic free, and says why in its text and in a search's line."""
+  from bert_jax.tools import aot   # pylint: disable=g-import-not-at-top
+
+  class Compiled:
+    def __init__(self, fails):
+      self.fails = fails
+
+    def cost_analysis(self):
+      return {"flops": 1e12, "bytes accessed": 16e9}
+
+    def as_text(self):
+      if self.fails:
+        raise RuntimeError("INTERNAL: RET_CHECK failure (hlo_instruction.cc:390) async-update\nmore lines")
+      return "HloModule m"
+
+  assert aot.hlo_text(Compiled(False)) == ("HloModule m", None)
+  assert aot.hlo_text(Compiled(True)) == ("", "INTERNAL: RET_CHECK failure (hlo_instruction.cc:390) async-update")
+  chip = aot.CHIPS["v5e"]
+  known = aot.time_report(Compiled(True), chip, model_flops_per_device=1e12, on_chip_share=0.5)
+  unknown = aot.time_report(Compiled(True), chip, model_flops_per_device=1e12, on_chip_share=None)
+  assert unknown["step_seconds"] == known["step_seconds"] and unknown["mfu_bound"] == known["mfu_bound"]
+  assert unknown["hbm_mfu_bound"] is unknown["on_chip_bytes"] is unknown["hbm_bytes"] is None
+  report = {"topology": "v5e:8x8", "chips": 64, "devices_per_chip": 1, "devices": 64, "device_kind": "TPU v5 lite",
+            "mesh": {"data": 2, "fsdp": 32, "tensor": 1}, "global_batch_size": 256, "seq_length": 128,
+            "micro_batches": 1, "compile_seconds": 90.0, "tokens_per_second": 1.0, "time_per_step": unknown,
+            "memory_per_device": {"argument_bytes": 0, "output_bytes": 0, "alias_bytes": 0, "temp_bytes": 0,
+                                  "generated_code_bytes": 0, "total_bytes": 2**30, "hbm_bytes": 16 * 2**30,
+                                  "hbm_fraction": 1 / 16, "fits": True},
+            "hlo_text_error": aot.hlo_text(Compiled(True))[1]}
+  text = aot.format_report(report)
+  assert "HLO could not be read back (INTERNAL: RET_CHECK" in text and "XLA's count alone" in text
+  assert "on-chip" not in text and "HBM alone" not in aot.summary_line(report)
+  assert "HBM alone" in aot.summary_line({**report, "time_per_step": known})

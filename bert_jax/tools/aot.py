@@ -125,7 +125,7 @@ def memory_report(compiled, hbm_per_device: float) -> dict[str, float]:
 
 def time_report(compiled, chip: Chip, model_flops_per_device: float, loop_trips: int = 1,
                 kernel: dict | None = None, loop_bytes: float | None = None,
-                on_chip_share: float = 0.0, loop_flops: float | None = None,
+                on_chip_share: float | None = 0.0, loop_flops: float | None = None,
                 kernel_operand_bytes: float = 0.0) -> dict[str, Any]:
   """Estimated step time per device: max(FLOPs / peak, bytes accessed / HBM bandwidth).
 
@@ -142,7 +142,8 @@ def time_report(compiled, chip: Chip, model_flops_per_device: float, loop_trips:
   factor (up to the model's FLOPs in a scanned stack, which leaves out a remat policy's recomputed matmuls).
   `on_chip_share`: the fraction of the step's bytes in on-chip memory spaces, by `hlo_bytes`' count (the
   same share of XLA's count is taken as on chip); the "hbm_" fields
-  are the step without them (on-chip traffic free), the others charge them at HBM bandwidth.
+  are the step without them (on-chip traffic free), the others charge them at HBM bandwidth. None when
+  the compiled step's HLO could not be read: the "hbm_" fields are None too.
   """
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost   # older jax returned a list
@@ -159,10 +160,7 @@ def time_report(compiled, chip: Chip, model_flops_per_device: float, loop_trips:
   step_bytes = (xla_bytes + kernel_operand_bytes) * loop_factor if loop_bytes is None else loop_bytes
   memory_s = (step_bytes + kernel_bytes) / bandwidth
   step_s = max(compute_s, memory_s)
-  on_chip_bytes = step_bytes * on_chip_share
-  hbm_bytes = step_bytes - on_chip_bytes + kernel_bytes
-  hbm_step_s = max(compute_s, hbm_bytes / bandwidth)
-  return {
+  report = {
       "xla_flops": xla_flops, "xla_bytes_accessed": xla_bytes, "step_bytes": step_bytes,
       "bytes_source": "xla" if loop_bytes is None else "hlo_bytes",
       # XLA's own estimate, when it has one (negative values, seen for v5e, mean none).
@@ -174,6 +172,15 @@ def time_report(compiled, chip: Chip, model_flops_per_device: float, loop_trips:
       "compute_seconds": compute_s, "memory_seconds": memory_s, "step_seconds": step_s,
       "bound": "compute" if compute_s >= memory_s else "memory",
       "mfu_bound": model_flops_per_device / peak / step_s if step_s else 0.0,
+  }
+  if on_chip_share is None:   # not known: no bound with on-chip traffic free
+    return {**report, **dict.fromkeys(("on_chip_share", "on_chip_bytes", "hbm_bytes", "hbm_memory_seconds",
+                                       "hbm_step_seconds", "hbm_bound", "hbm_mfu_bound"))}
+  on_chip_bytes = step_bytes * on_chip_share
+  hbm_bytes = step_bytes - on_chip_bytes + kernel_bytes
+  hbm_step_s = max(compute_s, hbm_bytes / bandwidth)
+  return {
+      **report,
       "on_chip_share": on_chip_share, "on_chip_bytes": on_chip_bytes, "hbm_bytes": hbm_bytes, "hbm_memory_seconds": hbm_bytes / bandwidth,
       "hbm_step_seconds": hbm_step_s, "hbm_bound": "compute" if compute_s >= hbm_bytes / bandwidth else "memory",
       "hbm_mfu_bound": model_flops_per_device / peak / hbm_step_s if hbm_step_s else 0.0,
@@ -191,6 +198,17 @@ def loop_bytes(hlo_text: str, summary: dict | None = None) -> float | None:
 
 
 _WHILE = re.compile(r"\swhile\(%")
+
+
+def hlo_text(compiled) -> tuple[str, str | None]:
+  """(the compiled step's optimized HLO text, None), or ("", the error's first line) where it cannot be
+  read back: libtpu compiles some steps whose HLO it then fails to print (v6e:8x8 BERT-large phase 1 with
+  the word-embedding lookup on shards: "INTERNAL: RET_CHECK failure ... async-update instruction should
+  have 1 operands but sees 3"). The step compiled; its report keeps XLA's count and says what it lacks."""
+  try:
+    return compiled.as_text(), None
+  except Exception as e:  # pylint: disable=broad-except
+    return "", (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
 
 
 def run(config, topology: str, report_top: int = 0, hlo_path: str = "", compile_passes: bool = False
@@ -235,24 +253,29 @@ def run(config, topology: str, report_top: int = 0, hlo_path: str = "", compile_
         passes = {"error": str(e)}
   tokens = config.global_batch_size * config.data.seq_length
   per_row = flops.kernel_attention_per_row(objectives.encoder_config(config), config.data.seq_length)
-  text = compiled.as_text()
-  traffic = hlo_bytes.summarize(hlo_bytes.traffic(text), report_top)
-  on_chip_share = traffic["on_chip_bytes"] / traffic["total_bytes"] if traffic["total_bytes"] else 0.0
+  text, hlo_error = hlo_text(compiled)
+  traffic = hlo_bytes.summarize(hlo_bytes.traffic(text), report_top) if text else None
+  on_chip_share = None
+  if traffic:
+    on_chip_share = traffic["on_chip_bytes"] / traffic["total_bytes"] if traffic["total_bytes"] else 0.0
   timing = time_report(compiled, chip, objectives.train_flops_per_step(config) / n, int(config.micro_batches),
                        kernel={k: v * config.global_batch_size / n for k, v in per_row.items()},
-                       loop_bytes=loop_bytes(text, traffic),
+                       loop_bytes=loop_bytes(text, traffic) if text else None,
                        loop_flops=hlo_bytes.matmul_flops(text) if _WHILE.search(text) else None,
-                       on_chip_share=on_chip_share, kernel_operand_bytes=traffic["undeclared_kernel_bytes"])
+                       on_chip_share=on_chip_share,
+                       kernel_operand_bytes=traffic["undeclared_kernel_bytes"] if traffic else 0.0)
   report = {
       **report, "compile_seconds": compile_s, "lower_seconds": lower_s,
       "memory_per_device": memory_report(compiled, hbm),
       "time_per_step": timing,
       "tokens_per_second": tokens / timing["step_seconds"] if timing["step_seconds"] else 0.0,
   }
-  if hlo_path:
+  if hlo_error:
+    report["hlo_text_error"] = hlo_error
+  if hlo_path and text:
     with open(hlo_path, "w") as f:
       f.write(text)
-  if report_top > 0:
+  if report_top > 0 and traffic:
     report["traffic"] = traffic
   if passes is not None:
     report["compile_passes"] = passes
@@ -408,6 +431,10 @@ def format_report(r: dict[str, Any]) -> str:
         f"({t['hbm_bound']}-bound), MFU bound {100 * t['hbm_mfu_bound']:.0f}% if on-chip traffic were free "
         "(no faster than this)",
     ]
+  if r.get("hlo_text_error"):
+    lines.append(f"  the compiled step's HLO could not be read back ({r['hlo_text_error']}): XLA's count "
+                 "alone (a loop body once, Pallas kernels that declare no cost as nothing), no bytes by "
+                 "memory space, no --report or --hlo")
   if "traffic" in r:
     lines.append(hlo_bytes.format_summary(r["traffic"], t["xla_bytes_accessed"]))
   if "compile_passes" in r:
