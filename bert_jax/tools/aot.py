@@ -200,6 +200,11 @@ def loop_bytes(hlo_text: str, summary: dict | None = None) -> float | None:
 _WHILE = re.compile(r"\swhile\(%")
 
 
+def first_line(error: Exception) -> str:
+  """An error's first line (its type's name when it has no message): what a report or a search's log shows."""
+  return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
 def hlo_text(compiled) -> tuple[str, str | None]:
   """(the compiled step's optimized HLO text, None), or ("", the error's first line) where it cannot be
   read back: libtpu compiles some steps whose HLO it then fails to print (v6e:8x8 BERT-large phase 1 with
@@ -208,7 +213,7 @@ def hlo_text(compiled) -> tuple[str, str | None]:
   try:
     return compiled.as_text(), None
   except Exception as e:  # pylint: disable=broad-except
-    return "", (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+    return "", first_line(e)[:300]
 
 
 def run(config, topology: str, report_top: int = 0, hlo_path: str = "", compile_passes: bool = False
@@ -260,7 +265,7 @@ def run(config, topology: str, report_top: int = 0, hlo_path: str = "", compile_
     on_chip_share = traffic["on_chip_bytes"] / traffic["total_bytes"] if traffic["total_bytes"] else 0.0
   timing = time_report(compiled, chip, objectives.train_flops_per_step(config) / n, int(config.micro_batches),
                        kernel={k: v * config.global_batch_size / n for k, v in per_row.items()},
-                       loop_bytes=loop_bytes(text, traffic) if text else None,
+                       loop_bytes=loop_bytes(text, traffic),
                        loop_flops=hlo_bytes.matmul_flops(text) if _WHILE.search(text) else None,
                        on_chip_share=on_chip_share,
                        kernel_operand_bytes=traffic["undeclared_kernel_bytes"] if traffic else 0.0)
@@ -329,8 +334,7 @@ def search_mesh(config, topology: str, candidates=None, log=print) -> list[dict[
     try:
       r = run(c, topology)
     except Exception as e:  # pylint: disable=broad-except
-      first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-      log(f"  {data}x{fsdp}x{tensor}: refused: {first[:200]}")
+      log(f"  {data}x{fsdp}x{tensor}: refused: {first_line(e)[:200]}")
       continue
     finally:
       _release_memory()
