@@ -5,6 +5,8 @@ import re
 import pytest
 
 from bert_jax.tools import hlo_bytes
+from bert_jax.tools import hlo_flops
+from bert_jax.tools import hlo_module
 
 # A module in the printed form of an optimized TPU step: a while loop of 3 trips around a fusion, an
 # asynchronous all-gather, and a fusion that updates a buffer in place.
@@ -62,12 +64,12 @@ def _rows():
 
 
 def test_shape_bytes():
-  assert hlo_bytes.shape_bytes("f32[4,8]{1,0:T(4,8)S(1)}") == 128
-  assert hlo_bytes.shape_bytes("(s32[], bf16[2,3]{1,0}, pred[5])") == 4 + 12 + 5
-  assert hlo_bytes.shape_bytes("f8e4m3fn[16]") == 16 and hlo_bytes.shape_bytes("s4[16]") == 8
-  assert hlo_bytes.shape_bytes("token[]") == 0
+  assert hlo_module.shape_bytes("f32[4,8]{1,0:T(4,8)S(1)}") == 128
+  assert hlo_module.shape_bytes("(s32[], bf16[2,3]{1,0}, pred[5])") == 4 + 12 + 5
+  assert hlo_module.shape_bytes("f8e4m3fn[16]") == 16 and hlo_module.shape_bytes("s4[16]") == 8
+  assert hlo_module.shape_bytes("token[]") == 0
   with pytest.raises(ValueError, match="unknown HLO element type"):
-    hlo_bytes.shape_bytes("q7[3]")
+    hlo_module.shape_bytes("q7[3]")
 
 
 # A fusion updating one row of a [2, 1024] buffer in place (tiles substituted by the test).
@@ -92,17 +94,17 @@ ENTRY %main (b: f32[2,1024], u: f32[1,1024], i: s32[]) -> f32[2,1024] {
 
 def test_a_tiled_layout_counts_its_padding():
   # The first tile rounds up the most minor dims in the layout's order, as a TPU stores them.
-  assert hlo_bytes.shape_bytes("f32[4,8]{1,0:T(8,128)}") == 8 * 128 * 4
-  assert hlo_bytes.shape_bytes("f32[4,8]{1,0}") == hlo_bytes.shape_bytes("f32[4,8]") == 4 * 8 * 4
+  assert hlo_module.shape_bytes("f32[4,8]{1,0:T(8,128)}") == 8 * 128 * 4
+  assert hlo_module.shape_bytes("f32[4,8]{1,0}") == hlo_module.shape_bytes("f32[4,8]") == 4 * 8 * 4
   # A transposed layout: [4, 16, 8, 64] stored as [4, 16, 64, 8] (dim 2 minor): 8 -> 128, 64 stays.
-  assert hlo_bytes.padded_dims([4, 16, 8, 64], "{2,3,1,0:T(8,128)}") == [4, 16, 64, 128]
-  assert hlo_bytes.shape_bytes("bf16[4,16,8,64]{2,3,1,0:T(8,128)(2,1)}") == 4 * 16 * 64 * 128 * 2
+  assert hlo_module.padded_dims([4, 16, 8, 64], "{2,3,1,0:T(8,128)}") == [4, 16, 64, 128]
+  assert hlo_module.shape_bytes("bf16[4,16,8,64]{2,3,1,0:T(8,128)(2,1)}") == 4 * 16 * 64 * 128 * 2
   # Sizes that fill their tiles move no more than their elements; sub-tiles do not pad again.
-  assert hlo_bytes.shape_bytes("bf16[4,128,8,64]{1,3,2,0:T(8,128)(2,1)}") == 4 * 128 * 8 * 64 * 2
+  assert hlo_module.shape_bytes("bf16[4,128,8,64]{1,3,2,0:T(8,128)(2,1)}") == 4 * 128 * 8 * 64 * 2
   # One-dimensional tiles, a tile of more dims than the array, and a tuple's elements each padded.
-  assert hlo_bytes.shape_bytes("f32[16]{0:T(256)}") == 256 * 4
-  assert hlo_bytes.padded_dims([16], "{0:T(2,128)}") == [2, 128]
-  assert hlo_bytes.shape_bytes("(f32[1,16]{1,0:T(2,128)}, s32[])") == 2 * 128 * 4 + 4
+  assert hlo_module.shape_bytes("f32[16]{0:T(256)}") == 256 * 4
+  assert hlo_module.padded_dims([16], "{0:T(2,128)}") == [2, 128]
+  assert hlo_module.shape_bytes("(f32[1,16]{1,0:T(2,128)}, s32[])") == 2 * 128 * 4 + 4
   # An in-place update at a fusion's root writes its update as stored, and never more than the buffer.
   def updated(buffer_layout, update_layout):
     text = UPDATE.replace("BUFFER_LAYOUT", buffer_layout).replace("UPDATE_LAYOUT", update_layout)
@@ -165,7 +167,7 @@ def test_an_attribute_over_several_lines_keeps_the_ops_after_it():
           "}\n"
           "}}, metadata={op_name=\"pallas_call\"}\n"
           "  ROOT %negate.1 = f32[8,128]{1,0} negate(%k)\n}\n")
-  entry, computations = hlo_bytes.parse_module(text)
+  entry, computations = hlo_module.parse_module(text)
   assert [op.name for op in computations[entry]] == ["p", "k", "negate.1"]
   assert 'op_name="pallas_call"' in computations[entry][1].attrs
   rows = {r["name"]: r["bytes"] for r in hlo_bytes.traffic(text)}
@@ -175,7 +177,7 @@ def test_an_attribute_over_several_lines_keeps_the_ops_after_it():
   declared = text.replace("custom_call_target=", 'backend_config="{\\"cost_estimate\\":{}}", custom_call_target=')
   assert hlo_bytes.summarize(hlo_bytes.traffic(declared))["undeclared_kernel_bytes"] == 0
   with pytest.raises(ValueError, match="does not end"):
-    hlo_bytes.parse_module(text.rstrip().rstrip("}"))
+    hlo_module.parse_module(text.rstrip().rstrip("}"))
 
 
 def test_a_module_without_entry_is_refused():
@@ -397,12 +399,12 @@ ENTRY %main (a: f32[4,8]) -> f32[4,8] {
 
 
 def test_memory_spaces_from_layouts():
-  assert hlo_bytes.memory_space("{1,0:T(8,128)(2,1)S(1)}") == 1
-  assert hlo_bytes.memory_space("{1,0:T(8,128)}") == hlo_bytes.memory_space("") == 0
-  assert hlo_bytes.on_chip_share("f32[4,8]{1,0:S(1)}") == 1.0 and hlo_bytes.on_chip_share("f32[4,8]{1,0}") == 0.0
-  assert hlo_bytes.on_chip_share("f32[4,8]{1,0:S(5)}") == 0.0   # the host's memory is not on chip
-  assert hlo_bytes.on_chip_share("(f32[4]{0:S(1)}, f32[12]{0})") == 0.25
-  assert hlo_bytes.on_chip_share("((f32[4]{0}), f32[4]{0:S(1)})", first_only=True) == 0.0
+  assert hlo_module.memory_space("{1,0:T(8,128)(2,1)S(1)}") == 1
+  assert hlo_module.memory_space("{1,0:T(8,128)}") == hlo_module.memory_space("") == 0
+  assert hlo_module.on_chip_share("f32[4,8]{1,0:S(1)}") == 1.0 and hlo_module.on_chip_share("f32[4,8]{1,0}") == 0.0
+  assert hlo_module.on_chip_share("f32[4,8]{1,0:S(5)}") == 0.0   # the host's memory is not on chip
+  assert hlo_module.on_chip_share("(f32[4]{0:S(1)}, f32[12]{0})") == 0.25
+  assert hlo_module.on_chip_share("((f32[4]{0}), f32[4]{0:S(1)})", first_only=True) == 0.0
 
 
 def test_bytes_in_on_chip_memory_are_told_apart_from_those_in_hbm():
@@ -519,4 +521,4 @@ def test_matmul_flops_count_each_product_per_trip_and_only_the_taps_that_meet_th
   # meets one of the 8 taps (the other 7 fall on padding) and contracts 16 features. Both 3 times.
   # The batched one: 3 batches of [2, 6] x [6, 5], each output one tap of its window over the dilated input.
   loop = 2 * 4 * 16 * 8 + 2 * (2 * 3 * 8 * 4) * 16
-  assert hlo_bytes.matmul_flops(MATMULS) == 3 * loop + 2 * 3 * 2 * 5 * 6
+  assert hlo_flops.matmul_flops(MATMULS) == 3 * loop + 2 * 3 * 2 * 5 * 6

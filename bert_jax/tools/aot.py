@@ -47,6 +47,7 @@ from bert_jax import config_path
 from bert_jax.tpu_chips import CHIPS, GiB, Chip, parse_topology  # noqa: F401 (aot.CHIPS, aot.parse_topology)
 from bert_jax.tools import compile_passes as compile_passes_lib
 from bert_jax.tools import hlo_bytes
+from bert_jax.tools import hlo_flops
 
 config_path.put_config_root_on_path(sys.argv)   # config files do `from configs import common`
 
@@ -138,7 +139,7 @@ def time_report(compiled, chip: Chip, model_flops_per_device: float, loop_trips:
   `loop_bytes`: for a step with loops, the bytes its ops move with each loop body counted per trip
   (`loop_bytes()`); it replaces XLA's count, which counts them once (and is otherwise scaled as the FLOPs).
   `loop_flops`: for a step with loops, the FLOPs of its matmuls with each loop body counted per trip
-  (`hlo_bytes.matmul_flops`): the compute is charged these where they exceed XLA's count scaled by the loop
+  (`hlo_flops.matmul_flops`): the compute is charged these where they exceed XLA's count scaled by the loop
   factor (up to the model's FLOPs in a scanned stack, which leaves out a remat policy's recomputed matmuls).
   `on_chip_share`: the fraction of the step's bytes in on-chip memory spaces, by `hlo_bytes`' count (the
   same share of XLA's count is taken as on chip); the "hbm_" fields
@@ -266,7 +267,7 @@ def run(config, topology: str, report_top: int = 0, hlo_path: str = "", compile_
   timing = time_report(compiled, chip, objectives.train_flops_per_step(config) / n, int(config.micro_batches),
                        kernel={k: v * config.global_batch_size / n for k, v in per_row.items()},
                        loop_bytes=loop_bytes(text, traffic),
-                       loop_flops=hlo_bytes.matmul_flops(text) if _WHILE.search(text) else None,
+                       loop_flops=hlo_flops.matmul_flops(text) if _WHILE.search(text) else None,
                        on_chip_share=on_chip_share,
                        kernel_operand_bytes=traffic["undeclared_kernel_bytes"] if traffic else 0.0)
   report = {
