@@ -287,40 +287,40 @@ def test_time_before_xla_leaves_out_the_compiler(monkeypatch):
 
 
 def test_mesh_candidates_divide_the_batch_the_hidden_size_and_the_heads():
-  from bert_jax.tools import aot   # pylint: disable=g-import-not-at-top
+  from bert_jax.tools import mesh_search   # pylint: disable=g-import-not-at-top
   from configs import bert_large   # pylint: disable=g-import-not-at-top
   c = bert_large.get_config("phase1")   # 256 rows, hidden 1024, 16 heads, vocabulary 30522 = 2 x 15261
-  found = aot.mesh_candidates(c, 64)
+  found = mesh_search.mesh_candidates(c, 64)
   assert all(d * f * t == 64 for d, f, t in found) and len(set(found)) == len(found)
   assert {(64, 1, 1), (16, 4, 1), (1, 64, 1), (8, 4, 2), (1, 32, 2)} <= set(found)
   assert {t for _, _, t in found} == {1, 2}   # the vocabulary splits in two only
   # With the vocabulary off the tensor axis (its rules), tensor is bounded by the heads and the FFN alone.
   c.logical_axis_rules = tuple((name, None if name in ("vocab", "activation_vocab") else axes)
                                for name, axes in c.logical_axis_rules)
-  assert {t for _, _, t in aot.mesh_candidates(c, 64)} == {1, 2, 4, 8}
+  assert {t for _, _, t in mesh_search.mesh_candidates(c, 64)} == {1, 2, 4, 8}
   c = bert_large.get_config("phase1")
   c.model.vocab_size = 32768
-  found = aot.mesh_candidates(c, 64)
+  found = mesh_search.mesh_candidates(c, 64)
   assert (1, 8, 8) in found and not [m for m in found if m[2] > 8]   # tensor at most 8
   c.global_batch_size, c.micro_batches = 32, 2   # 16 rows a micro-batch: data x fsdp divides 16
-  assert all(16 % (d * f) == 0 for d, f, _ in aot.mesh_candidates(c, 64))
-  assert (8, 2, 4) in aot.mesh_candidates(c, 64) and (16, 4, 1) not in aot.mesh_candidates(c, 64)
+  assert all(16 % (d * f) == 0 for d, f, _ in mesh_search.mesh_candidates(c, 64))
+  assert (8, 2, 4) in mesh_search.mesh_candidates(c, 64) and (16, 4, 1) not in mesh_search.mesh_candidates(c, 64)
   c.global_batch_size, c.micro_batches = 256, 1
   c.model.hidden_size, c.model.num_heads = 768, 12   # tensor divides the heads: 1, 2 or 4 of 64
-  assert {t for _, _, t in aot.mesh_candidates(c, 64)} == {1, 2, 4}
+  assert {t for _, _, t in mesh_search.mesh_candidates(c, 64)} == {1, 2, 4}
   # The meshes bert_large.py ships for each topology (v3:8x8's 128 cores, v5e's and v6e's 64) are
   # candidates there.
   for topology, phase in bert_large.MESHES:
     c = bert_large.get_config(f"{phase},{topology}")
     n = tpu_chips.device_count(topology)
-    assert sharding.mesh_shape(c.mesh, n) in aot.mesh_candidates(c, n), (topology, phase)
+    assert sharding.mesh_shape(c.mesh, n) in mesh_search.mesh_candidates(c, n), (topology, phase)
   # And bert_base.py's, on its v3:4x4 (32 cores).
   from configs import bert_base   # pylint: disable=g-import-not-at-top
   for phase, mesh in bert_base.MESHES.items():
     c = bert_base.get_config(phase)
     n = tpu_chips.device_count(c.topology)
     assert n == 32 and sharding.mesh_shape(c.mesh, n)[1:] == mesh[1:]
-    assert sharding.mesh_shape(c.mesh, n) in aot.mesh_candidates(c, n), phase
+    assert sharding.mesh_shape(c.mesh, n) in mesh_search.mesh_candidates(c, n), phase
 
 
 @pytest.mark.slow
@@ -340,7 +340,7 @@ def test_aot_search_mesh_ranks_the_splits_of_a_small_topology(tmp_path):
 
 
 def test_search_mesh_refuses_malformed_meshes_and_says_when_none_is_left(monkeypatch):
-  from bert_jax.tools import aot   # pylint: disable=g-import-not-at-top
+  from bert_jax.tools import aot, mesh_search   # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(aot, "topology_devices", lambda topology: list(range(4)))
 
   def refuse(config, topology):
@@ -348,12 +348,12 @@ def test_search_mesh_refuses_malformed_meshes_and_says_when_none_is_left(monkeyp
 
   monkeypatch.setattr(aot, "run", refuse)
   with pytest.raises(ValueError, match="not data x fsdp x tensor"):
-    aot.search_mesh(_config(), "v4:2x2x1", [(4, 1)])
+    mesh_search.search_mesh(_config(), "v4:2x2x1", [(4, 1)])
   with pytest.raises(ValueError, match="not data x fsdp x tensor"):
-    aot.search_mesh(_config(), "v4:2x2x1", [(2, 1, 1)])
+    mesh_search.search_mesh(_config(), "v4:2x2x1", [(2, 1, 1)])
   logs = []
   with pytest.raises(ValueError, match="every mesh"):
-    aot.search_mesh(_config(), "v4:2x2x1", [(4, 1, 1)], log=logs.append)
+    mesh_search.search_mesh(_config(), "v4:2x2x1", [(4, 1, 1)], log=logs.append)
   assert logs == ["  4x1x1: refused: RuntimeError"]
 
 
@@ -361,7 +361,7 @@ def test_search_mesh_breaks_ties_by_memory_time_and_clears_jax_caches_between_sp
   """Splits with equal step times: the one with the shorter memory time ranks first; a split that does
   not fit ranks last. Each split's compile is followed by jax.clear_caches and the heap handed back (a
   search of four BERT-base phase 2 splits grew to 15.9 GB with the caches cleared alone, one compile 7.5 GB)."""
-  from bert_jax.tools import aot   # pylint: disable=g-import-not-at-top
+  from bert_jax.tools import aot, mesh_search   # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(aot, "topology_devices", lambda topology: list(range(4)))
   times = {(4, 1, 1): (0.010, 0.009, True), (2, 2, 1): (0.010, 0.007, True), (1, 4, 1): (0.008, 0.008, False)}
   cleared = []
@@ -376,7 +376,7 @@ def test_search_mesh_breaks_ties_by_memory_time_and_clears_jax_caches_between_sp
                               "bound": "compute", "mfu_bound": 0.5}}
 
   monkeypatch.setattr(aot, "run", run)
-  ranked = aot.search_mesh(_config(), "v4:2x2x1", list(times), log=lambda line: None)
+  ranked = mesh_search.search_mesh(_config(), "v4:2x2x1", list(times), log=lambda line: None)
   assert [tuple(r["mesh"].values()) for r in ranked] == [(2, 2, 1), (4, 1, 1), (1, 4, 1)]
   assert len(cleared) == 3
 
@@ -494,7 +494,7 @@ def test_the_masked_positions_stay_on_their_batch_shards(tmp_path):
 def test_a_step_whose_hlo_cannot_be_read_back_keeps_xlas_count_and_says_what_it_lacks():
   """libtpu compiles some steps whose optimized HLO it then fails to print (`hlo_text`): the report keeps
   XLA's count, has no bound with on-chip traffic free, and says why in its text and in a search's line."""
-  from bert_jax.tools import aot   # pylint: disable=g-import-not-at-top
+  from bert_jax.tools import aot, mesh_search   # pylint: disable=g-import-not-at-top
 
   class Compiled:
     def __init__(self, fails):
@@ -524,5 +524,5 @@ def test_a_step_whose_hlo_cannot_be_read_back_keeps_xlas_count_and_says_what_it_
             "hlo_text_error": aot.hlo_text(Compiled(True))[1]}
   text = aot.format_report(report)
   assert "HLO could not be read back (INTERNAL: RET_CHECK" in text and "XLA's count alone" in text
-  assert "on-chip" not in text and "HBM alone" not in aot.summary_line(report)
-  assert "HBM alone" in aot.summary_line({**report, "time_per_step": known})
+  assert "on-chip" not in text and "HBM alone" not in mesh_search.summary_line(report)
+  assert "HBM alone" in mesh_search.summary_line({**report, "time_per_step": known})
