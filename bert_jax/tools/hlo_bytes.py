@@ -253,7 +253,7 @@ def traffic(text: str) -> list[dict]:
   """Per executed op: name, category, source, shape, trips (per step), bytes (per step: per run x trips),
   on_chip_bytes (those of them in on-chip memory spaces) and undeclared_kernel (`undeclared_kernel`)."""
   entry, computations = hlo_module.parse_module(text)
-  shapes = {op.name: op.shape for ops in computations.values() for op in ops}
+  shapes = hlo_module.shapes_by_name(computations)
   rows = []
   order, runs = hlo_module.run_counts(entry, computations)
   for comp in order:

@@ -7,13 +7,14 @@ import re
 from bert_jax.tools import hlo_module
 from bert_jax.tools.hlo_module import Op
 
+
 def matmul_flops(text: str) -> float:
   """The FLOPs of a compiled step's matrix products, each loop body counted per trip (XLA's cost analysis
   counts it once): every `dot` and `convolution` (TPU's compiler writes matmuls as convolutions), inside
   fusions too, at 2 x its result's elements x the size it contracts. No elementwise work: for a step with
   loops, a count of the matmuls it runs, recomputed ones (a remat policy's) included."""
   entry, computations = hlo_module.parse_module(text)
-  shapes = {op.name: op.shape for ops in computations.values() for op in ops}
+  shapes = hlo_module.shapes_by_name(computations)
   order, runs = hlo_module.run_counts(entry, computations)
   return sum(runs[comp] * _flops(op, computations, shapes) for comp in order for op in computations.get(comp, []))
 

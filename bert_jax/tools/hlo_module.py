@@ -232,6 +232,11 @@ def root_op(ops: list[Op]) -> Op | None:
   return next((o for o in ops if o.root), None)
 
 
+def shapes_by_name(computations: dict[str, list[Op]]) -> dict[str, str]:
+  """Every op's result shape, as printed, by its name (names are unique in a module)."""
+  return {op.name: op.shape for ops in computations.values() for op in ops}
+
+
 def run_counts(entry: str, computations: dict[str, list[Op]]) -> tuple[list[str], collections.Counter]:
   """Every computation that runs ops of its own, breadth-first from the entry, and how often it runs a step
   (a loop body per trip)."""
