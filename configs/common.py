@@ -100,6 +100,9 @@ def model_config(preset: str = "base") -> ml_collections.ConfigDict:
   m.attention_kernel = "xla"
   # "pallas": LayerNorm's backward pass as one TPU kernel (models/layer_norm_kernel.py); "xla": two fusions
   m.layer_norm_kernel = "xla"
+  # "library": the projections' and the tied decoder's matmuls in the forms XLA:CPU runs on its matrix library
+  # (bfloat16 on a CPU's AMX units; models/library_matmul.py); "xla": as XLA lays them out (every TPU step)
+  m.matmuls = "xla"
   m.flash_bits = "hash"
   m.dropout_bits = "threefry"  # the other dropouts' bits (models/dropout.py): "threefry" or "hash" (cheaper on a CPU)
   # With attention dropout, what the backward pass keeps (models/softmax_dropout.py): "compute" probabilities

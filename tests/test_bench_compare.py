@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 
@@ -79,8 +80,15 @@ def test_compare_refuses_what_the_peers_cannot_run():
 def test_the_comparison_model_computes_in_the_peers_dtype(tmp_path):
   config = bench_train.comparison_config(packing=False)
   spec = bench_compare.peer_spec(config, str(tmp_path / "batch.npz"), warmup=1)
-  assert spec["dtype"] == "float32"
-  assert bench_peers._float32(spec) == []   # no "float32 compute" difference left to report
+  assert spec["dtype"] == "float32" and not bench_peers._bfloat16(spec)
+  assert bench_peers._precision(spec) == []   # no precision difference left to report
+  assert config.model.matmuls == "xla"
+  # bfloat16: the peers in their own mixed precision; on a CPU our matmuls in the library's forms.
+  config = bench_train.comparison_config(packing=False, dtype="bfloat16")
+  spec = bench_compare.peer_spec(config, str(tmp_path / "batch.npz"), warmup=1)
+  assert spec["dtype"] == "bfloat16" and bench_peers._bfloat16(spec) and bench_peers._precision(spec) == []
+  assert config.model.matmuls == ("library" if jax.default_backend() == "cpu" else "xla")
+  assert bench_peers._precision(spec | {"dtype": "float16"}) == ["float32 compute (bert_jax: float16)"]
   # BERT's tanh GELU, which KerasHub's BertBackbone has and the spec hands to Hugging Face's BertConfig.
   assert spec["model"]["hidden_act"] == "gelu_new" and "gelu_new" in bench_peers._TANH_GELUS
 

@@ -72,11 +72,16 @@ ATTENTION_RESIDUALS = ("float32", "bfloat16", "compute", "autodiff")
 # its other matmuls write theirs); the softmax is computed in float32 either way.
 ATTENTION_SCORES = ("float32", "compute")
 LAYER_NORM_KERNELS = ("xla", "pallas", "interpret")
+# How the projections' and the tied decoder's matmuls are written (models/library_matmul.py): "xla" (einsums and
+# autodiff's backward pass, laid out by XLA: every TPU step) or "library" (each product, forward and backward,
+# in the form XLA:CPU hands to its matrix library, bfloat16 products on a CPU's AMX units).
+MATMULS = ("xla", "library")
 # The fields that choose how the model computes, not what: a checkpoint's config gives the architecture and
 # the run's config these (`finetune.init.load_encoder`), with its dtype and dropout rates.
 COMPUTE_FIELDS = ("remat_policy", "reshard_after_forward", "constrain_attention_matrices", "fused_qkv",
                   "recompute_gelu", "embedding_lookup_on_shards", "decoder_on_shards", "attention_kernel", "flash_bits",
-                  "dropout_bits", "attention_residuals", "attention_scores", "layer_norm_kernel")
+                  "dropout_bits", "attention_residuals", "attention_scores", "layer_norm_kernel",
+                  "matmuls")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,6 +183,9 @@ class BertConfig:
   # LayerNorm's backward pass (LAYER_NORM_KERNELS; models/layer_norm_kernel.py): "xla" (two fusions), "pallas"
   # (one Pallas kernel on TPU, XLA's ops elsewhere) or "interpret" (the kernel interpreted, any backend: tests).
   layer_norm_kernel: str = "xla"
+  # The projections' and the tied decoder's matmuls (MATMULS; models/library_matmul.py): "xla" or "library"
+  # (the forms XLA:CPU runs on its matrix library: a CPU's; no TPU step takes it).
+  matmuls: str = "xla"
 
   def __post_init__(self):
     # Accept dtype names ("bfloat16") as they come from ConfigDicts and command lines.
@@ -201,6 +209,8 @@ class BertConfig:
                        "and causal masks are the 'splash' kernel's")
     if self.layer_norm_kernel not in LAYER_NORM_KERNELS:
       raise ValueError(f"layer_norm_kernel {self.layer_norm_kernel!r}; one of {LAYER_NORM_KERNELS}")
+    if self.matmuls not in MATMULS:
+      raise ValueError(f"matmuls {self.matmuls!r}; one of {MATMULS}")
     if self.flash_bits not in FLASH_BITS:
       raise ValueError(f"flash_bits {self.flash_bits!r}; one of {FLASH_BITS}")
     if self.dropout_bits not in dropout.DROPOUT_BITS:

@@ -45,7 +45,7 @@ class MaskedLMHead(nn.Module):
       if sums is not None:
         return {"mlm_nll": sums[0], "mlm_correct": sums[1]}
     # Logits in float32: the vocabulary softmax is taken by the loss.
-    logits = tied_logits(x.astype(cfg.dtype), word_embeddings_VE.astype(cfg.dtype), bias)
+    logits = tied_logits(x.astype(cfg.dtype), word_embeddings_VE.astype(cfg.dtype), bias, cfg.matmuls == "library")
     return nn.with_logical_constraint(logits, ("activation_batch", "activation_length", "activation_vocab"))
 
 

@@ -51,9 +51,18 @@ def _mlm_labels(batch):
   return labels, weights
 
 
-def _float32(spec) -> list[str]:
-  """The peers compute in float32 (as their users train on a CPU)."""
-  return [] if spec["dtype"] == "float32" else [f"float32 compute (bert_jax: {spec['dtype']})"]
+def _bfloat16(spec) -> bool:
+  """Whether the peer computes in bfloat16 (mixed precision, float32 parameters, as bert_jax's `dtype`
+  "bfloat16"); else it computes in float32."""
+  return spec["dtype"] == "bfloat16"
+
+
+def _precision(spec) -> list[str]:
+  """The peers compute in bert_jax's dtype where it is float32 or bfloat16 (each in its own mixed precision),
+  else in float32."""
+  if spec["dtype"] in ("float32", "bfloat16"):
+    return []
+  return [f"float32 compute (bert_jax: {spec['dtype']})"]
 
 
 def hugging_face_flax(spec, batch, masked: bool = False):
@@ -70,7 +79,9 @@ def hugging_face_flax(spec, batch, masked: bool = False):
     raise NotInstalled(f"transformers {transformers.__version__} has no Flax models (transformers<5 has)")
   m, opt = spec["model"], spec["optimizer"]
   config = _hugging_face_config(transformers, m)
-  model = transformers.FlaxBertForPreTraining(config, seed=spec["seed"], dtype=jnp.float32)
+  # `dtype`: the computation's (Hugging Face's Flax mixed precision); the parameters stay float32.
+  model = transformers.FlaxBertForPreTraining(config, seed=spec["seed"],
+                                              dtype=jnp.bfloat16 if _bfloat16(spec) else jnp.float32)
   # No decay on biases and LayerNorm parameters, as run_mlm_flax.py and bert_jax.
   decays = lambda path, _: not any("bias" in str(k) or "LayerNorm" in str(k) for k in path)  # noqa: E731
   tx = optax.chain(optax.clip_by_global_norm(opt["clip_norm"]),
@@ -123,7 +134,7 @@ def hugging_face_flax(spec, batch, masked: bool = False):
   versions = {"transformers": transformers.__version__, "jax": jax.__version__, "optax": optax.__version__}
   logits = (["MLM logits at the masked positions (the model's encoder and heads applied as bert_jax does)"]
             if masked else ["MLM logits at every position (the model's own head), loss read at the masked ones"])
-  differences = _float32(spec) + logits + [
+  differences = _precision(spec) + logits + [
       "optax.adamw: Adam with bias correction whatever bert_jax's optimizer.bias_correction"]
   return run, versions, differences
 
@@ -144,6 +155,8 @@ def keras_hub(spec, batch):
     raise NotInstalled(str(e)) from e
   m, opt = spec["model"], spec["optimizer"]
   keras.utils.set_random_seed(spec["seed"])
+  # Keras' mixed precision: float32 variables, bfloat16 compute.
+  keras.config.set_dtype_policy("mixed_bfloat16" if _bfloat16(spec) else "float32")
   backbone = kh.models.BertBackbone(
       vocabulary_size=m["vocab_size"], num_layers=m["num_layers"], num_heads=m["num_heads"],
       hidden_dim=m["hidden_size"], intermediate_dim=m["intermediate_size"], dropout=m["hidden_dropout"],
@@ -170,7 +183,7 @@ def keras_hub(spec, batch):
   # BertBackbone's layers take the tanh GELU; BertMaskedLM's head transform Keras' exact "gelu".
   gelu = (f"the MLM head's transform with the exact GELU (bert_jax: {m['hidden_act']})"
           if m["hidden_act"] in _TANH_GELUS else f"tanh-approximated GELU in the layers (bert_jax: {m['hidden_act']})")
-  differences = _float32(spec) + ["no NSP head or loss (BertMaskedLM is MLM only)", gelu,
+  differences = _precision(spec) + ["no NSP head or loss (BertMaskedLM is MLM only)", gelu,
                  "one dropout rate for hidden and attention",
                  "Keras AdamW: epsilon added to sqrt(v) before bias correction; bias correction always on"]
   return run, versions, differences
@@ -211,7 +224,8 @@ def hugging_face_torch(spec, batch):
   inputs = {k: torch.as_tensor(np.asarray(v, np.int64), device=device) for k, v in inputs.items()}
 
   def run():
-    loss = model(**inputs).loss
+    with torch.autocast(device, dtype=torch.bfloat16, enabled=_bfloat16(spec)):   # PyTorch's mixed precision
+      loss = model(**inputs).loss
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), opt["clip_norm"])
@@ -220,7 +234,7 @@ def hugging_face_torch(spec, batch):
     return loss.item()   # waits for the device
 
   versions = {"transformers": transformers.__version__, "torch": torch.__version__, "device": device}
-  differences = _float32(spec) + ["MLM logits at every position (the model's own head), eager PyTorch"]
+  differences = _precision(spec) + ["MLM logits at every position (the model's own head), eager PyTorch"]
   return run, versions, differences
 
 

@@ -6,8 +6,9 @@
     bert-jax bench train --compare --dropout_bits=hash    # our dropouts with the counter hash (models/dropout.py)
 
 Without `--config` the model is the one of a common CPU comparison: L=4 H=256 A=4 I=1024, vocab
-30522, seq 128 (20 predictions), batch 16, AdamW, BERT's tanh GELU, computing in float32 as the peers do (on a CPU
-bfloat16 has no native matmul and is slower, docs/performance.md). `--compare` times Hugging Face's `BertForPreTraining`
+30522, seq 128 (20 predictions), batch 16, AdamW, BERT's tanh GELU, computing in float32, or with `--dtype=bfloat16`
+in bfloat16 (on a CPU with AMX, XLA:CPU's bfloat16 matmuls run at about five times its float32 ones; the peers
+compute in the same dtype, docs/performance.md). `--compare` times Hugging Face's `BertForPreTraining`
 (Flax and PyTorch) and KerasHub's `BertMaskedLM` on that model and batch in the same run, alternating
 steps with ours, and prints the ratios of the medians; a peer that is not installed is reported so.
 No figure here comes from another machine.
@@ -19,6 +20,7 @@ Batches are synthetic (random ids, 15% masked, packed rows when `data.packing`),
 input pipeline is not measured (`bert-jax bench data`).
 """
 
+import functools
 import json
 import statistics
 import sys
@@ -43,10 +45,11 @@ from bert_jax import config_path
 config_path.put_config_root_on_path(sys.argv)   # config files do `from configs import common`
 
 
-def comparison_config(packing: bool = True) -> ml_collections.ConfigDict:
+def comparison_config(packing: bool = True, dtype: str = "float32") -> ml_collections.ConfigDict:
   """L=4 H=256 A=4 I=1024 ("mini"), vocab 30522, seq 128 (20 predictions), batch 16, AdamW, float32
-  compute (the peers'), BERT's tanh GELU; packed rows unless `packing=False` (`--compare`: the peers take one
-  example per row)."""
+  compute (or `dtype`: the peers take the same), BERT's tanh GELU; packed rows unless `packing=False`
+  (`--compare`: the peers take one example per row). In bfloat16 on a CPU the matmuls take the forms of
+  XLA:CPU's matrix library (`model.matmuls` "library", models/library_matmul.py)."""
   from configs import common  # pylint: disable=g-import-not-at-top
   c = common.pretrain_config()
   c.model.preset = "mini"
@@ -56,7 +59,9 @@ def comparison_config(packing: bool = True) -> ml_collections.ConfigDict:
   c.data.packing = packing
   c.global_batch_size = 16
   c.optimizer.name = "adamw"
-  c.dtype = "float32"
+  c.dtype = dtype
+  if dtype == "bfloat16" and jax.default_backend() == "cpu":
+    c.model.matmuls = "library"
   # BERT's own GELU, google-research/bert's tanh approximation (the paper configs'): KerasHub's `BertBackbone`
   # has it too, and the peers' spec hands it to Hugging Face's models ("gelu_new").
   c.model.hidden_act = "gelu_new"
@@ -66,12 +71,15 @@ def comparison_config(packing: bool = True) -> ml_collections.ConfigDict:
 class MatmulPeak:
   """This machine's practical peak: [n, n] x [n, n] matmuls, compiled once; a call gives the FLOP/s of the
   best of `repeats` of them. `benchmark` takes them in the step's compute dtype, 2048 wide on a CPU and 8192
-  on an accelerator, whose matrix units a 2048-wide product leaves partly idle."""
+  on an accelerator, whose matrix units a 2048-wide product leaves partly idle. The product is accumulated
+  and written in float32, the form every backend's matrix units run fastest: XLA:CPU runs a bfloat16
+  product with a bfloat16 result on float32 kernels, with a float32 one on its AMX units at about five times
+  that (models/library_matmul.py)."""
 
   def __init__(self, n: int = 2048, dtype=jnp.float32, repeats: int = 3):
     self._a = jax.random.normal(jax.random.key(0), (n, n), dtype)
     self._b = jax.random.normal(jax.random.key(1), (n, n), dtype)
-    self._matmul = jax.jit(jnp.matmul)
+    self._matmul = jax.jit(functools.partial(jnp.matmul, preferred_element_type=jnp.float32))
     self._matmul(self._a, self._b).block_until_ready()
     self._flops, self._repeats = 2 * n**3, repeats
 
@@ -198,7 +206,7 @@ def benchmark(config: ml_collections.ConfigDict, steps: int, peer_python: str | 
       "model": {"num_layers": cfg.num_layers, "hidden_size": cfg.hidden_size, "num_heads": cfg.num_heads,
                 "intermediate_size": cfg.intermediate_size, "vocab_size": cfg.vocab_size,
                 "dtype": str(cfg.dtype), "scan_layers": cfg.scan_layers, "remat_policy": cfg.remat_policy,
-                "dropout_bits": cfg.dropout_bits},
+                "dropout_bits": cfg.dropout_bits, "matmuls": cfg.matmuls},
       "global_batch_size": config.global_batch_size, "seq_length": config.data.seq_length,
       "max_predictions_per_seq": config.data.max_predictions_per_seq, "packing": config.data.packing,
       "mlm_all_positions": config.mlm_all_positions, "optimizer": config.optimizer.name,
@@ -223,6 +231,8 @@ def define_flags() -> None:
                     "comparison model, alternating steps with ours; prints the ratios of medians.")
   flags.DEFINE_enum("dropout_bits", None, list(dropout.DROPOUT_BITS), "Our dropouts' bits (`model.dropout_bits`, "
                     "models/dropout.py); default: the config's. The peers draw theirs with threefry.")
+  flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "The comparison model's compute dtype (the "
+                    "peers compute in it too, each in its own mixed precision); with --config, the config's.")
   flags.DEFINE_string("peer_python", sys.executable, "The Python that runs the peers (a virtual environment "
                       "with transformers<5, keras-hub, torch); default: this one.")
 
@@ -231,7 +241,8 @@ def main(argv) -> None:
   if len(argv) > 1:
     raise ValueError(f"unexpected arguments: {argv[1:]}")
   # The peers take one example per row: so does our step when compared.
-  config = FLAGS.config if FLAGS.config is not None else comparison_config(packing=not FLAGS.compare)
+  config = (FLAGS.config if FLAGS.config is not None
+            else comparison_config(packing=not FLAGS.compare, dtype=FLAGS.dtype))
   if FLAGS.dropout_bits is not None:
     config.model.dropout_bits = FLAGS.dropout_bits
   result = benchmark(config, FLAGS.steps, FLAGS.peer_python if FLAGS.compare else None)

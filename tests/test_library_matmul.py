@@ -1,0 +1,130 @@
+"""`model.matmuls` "library": the products autodiff's, every dot of the compiled step in XLA:CPU's library form."""
+
+import dataclasses
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bert_jax.models import encoder as model
+from bert_jax.models import heads
+from bert_jax.models import library_matmul
+
+
+def _plain(x, w, b):
+  return jnp.einsum("...k,kn->...n", x, w) + b
+
+
+def _operands(dtype, rows=(4, 6)):
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.normal(size=(*rows, 16)), dtype)
+  w = jnp.asarray(rng.normal(size=(16, 24)), dtype)
+  b = jnp.asarray(rng.normal(size=(24,)), dtype)
+  g = jnp.asarray(rng.normal(size=(*rows, 24)), jnp.float32)
+  return x, w, b, g
+
+
+def _grads(fn, x, w, b, g, value=False):
+  loss = lambda x, w, b: jnp.sum(fn(x, w, b).astype(jnp.float32) * g)  # noqa: E731
+  return (jax.value_and_grad if value else jax.grad)(loss, argnums=(0, 1, 2))(x, w, b)
+
+
+@pytest.mark.parametrize("rows", [(4, 6), (2, 3, 5), (7,)])   # 7 rows do not factor: the plain weight gradient
+def test_affine_is_autodiffs_product_in_float32(rows):
+  x, w, b, g = _operands(jnp.float32, rows)
+  np.testing.assert_allclose(library_matmul.affine(x, w, b), _plain(x, w, b), rtol=1e-6, atol=1e-6)
+  for ours, theirs in zip(_grads(library_matmul.affine, x, w, b, g), _grads(_plain, x, w, b, g)):
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
+
+
+def test_weight_gradient_transposes_the_smaller_operand():
+  rng = np.random.default_rng(1)
+  for k, n in ((8, 32), (32, 8)):   # x the smaller, then g
+    x, g = rng.normal(size=(12, k)).astype(np.float32), rng.normal(size=(12, n)).astype(np.float32)
+    got = library_matmul.rows_transposed_product(jnp.asarray(x), jnp.asarray(g), jnp.float32)
+    np.testing.assert_allclose(got, x.T @ g, rtol=1e-5, atol=1e-5)
+
+
+def test_bfloat16_gradients_are_the_float32_ones_rounded():
+  x, w, b, g = _operands(jnp.bfloat16)
+  grads = _grads(library_matmul.affine, x, w, b, g)
+  assert [a.dtype for a in grads] == [jnp.bfloat16] * 3
+  f32 = [a.astype(jnp.float32) for a in (x, w, b)]
+  reference = _grads(_plain, *f32, g.astype(jnp.bfloat16).astype(jnp.float32))
+  for ours, theirs in zip(grads, reference):
+    np.testing.assert_allclose(np.asarray(ours, np.float32), theirs, rtol=2e-2, atol=5e-2)
+
+
+def _dot_types(fn, *args) -> list[tuple[str, str, str]]:
+  """(result, lhs, rhs) element types of every dot in `fn`'s optimized HLO on this backend, and whether the
+  module has a YNNPACK fusion per dot."""
+  hlo = jax.jit(fn).lower(*args).compile().as_text()
+  types = dict(re.findall(r"^\s*(?:ROOT )?(%\S+) = (\w+)\[", hlo, re.M))
+  dots = re.findall(r"= (\w+)\[[^\]]*\]\S* dot\((%[^,\s]+), (%[^,\s)]+)\)", hlo)
+  assert len(re.findall(r"= \S+ fusion\(.*kind=kCustom", hlo)) >= len(dots) or not dots
+  return [(out, types[lhs], types[rhs]) for out, lhs, rhs in dots]
+
+
+def test_every_bfloat16_product_is_in_the_library_form():
+  """The forward product, x's gradient and w's gradient each a bfloat16 x bfloat16 -> float32 dot, the
+  form XLA:CPU runs on its matrix library (AMX; `xla/backends/cpu/ynn_support.cc`). Autodiff's products of
+  the plain einsum are converted to float32 first (the next test): this check tells them apart."""
+  x, w, b, g = _operands(jnp.bfloat16, rows=(16, 64))
+  types = _dot_types(lambda x, w, b: _grads(library_matmul.affine, x, w, b, g, value=True), x, w, b)
+  assert types == [("f32", "bf16", "bf16")] * 3, types
+
+
+def test_plain_bfloat16_products_are_not_in_the_library_form():
+  x, w, b, g = _operands(jnp.bfloat16, rows=(16, 64))
+  types = _dot_types(lambda x, w, b: _grads(_plain, x, w, b, g, value=True), x, w, b)
+  assert len(types) == 3 and any(t != ("f32", "bf16", "bf16") for t in types), types
+
+
+def test_tied_decoder_gradients_in_the_library_form():
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.normal(size=(2, 10, 16)), jnp.bfloat16)
+  table = jnp.asarray(rng.normal(size=(96, 16)), jnp.bfloat16)
+  bias = jnp.zeros((96,), jnp.float32)
+  w = jnp.asarray(rng.normal(size=(2, 10, 96)), jnp.float32)
+
+  def grads(library):
+    return jax.value_and_grad(lambda x, t, b: jnp.sum(heads.tied_logits(x, t, b, library) * w), argnums=(0, 1, 2))
+
+  types = _dot_types(grads(True), x, table, bias)
+  matmuls = [t for t in types if t[1] == t[2] == "bf16"]
+  assert matmuls == [("f32", "bf16", "bf16")] * 3, types   # the bias's gradient is the float32 dot
+  for ours, theirs in zip(grads(True)(x, table, bias)[1], grads(False)(x, table, bias)[1]):
+    np.testing.assert_allclose(np.asarray(ours, np.float32), np.asarray(theirs, np.float32), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_pretraining_model_with_library_matmuls_is_the_plain_one(dtype):
+  """The same parameter tree; losses and gradients the plain model's (float32 to 1e-5; bfloat16 to its
+  rounding)."""
+  cfg = model.BertConfig.from_preset("tiny", vocab_size=64, max_position_embeddings=32, hidden_dropout=0.0,
+                                     attention_dropout=0.0, dtype=dtype)
+  rng = np.random.default_rng(0)
+  ids = jnp.asarray(rng.integers(0, 64, (2, 8)), jnp.int32)
+  mask, seg = jnp.ones_like(ids), jnp.zeros_like(ids)
+  positions = jnp.asarray([[1, 3], [2, 5]], jnp.int32)
+  labels = jnp.asarray(rng.integers(0, 64, (2, 2)), jnp.int32)
+  plain = heads.BertForPreTraining(cfg)
+  library = heads.BertForPreTraining(dataclasses.replace(cfg, matmuls="library"))
+  batch = {"input_ids": ids, "input_mask": mask, "segment_ids": seg, "masked_lm_positions": positions}
+  params = plain.init(jax.random.key(0), batch)["params"]
+  assert jax.tree.structure(params) == jax.tree.structure(library.init(jax.random.key(0), batch)["params"])
+
+  def loss(module, params):
+    out = module.apply({"params": params}, batch)
+    mlm, nsp = out["mlm_logits"], out["nsp_logits"]
+    logp = jax.nn.log_softmax(mlm.astype(jnp.float32))
+    return -jnp.take_along_axis(logp, labels[..., None], -1).mean() + nsp.astype(jnp.float32).sum()
+
+  (l_plain, g_plain), (l_lib, g_lib) = (jax.jit(jax.value_and_grad(lambda p, m=m: loss(m, p)))(params)
+                                        for m in (plain, library))
+  tol = 1e-5 if dtype == jnp.float32 else 3e-2
+  np.testing.assert_allclose(l_lib, l_plain, rtol=tol)
+  for a, b in zip(jax.tree.leaves(g_lib), jax.tree.leaves(g_plain)):
+    np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=tol, atol=tol)
