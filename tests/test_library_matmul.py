@@ -11,6 +11,7 @@ import pytest
 from bert_jax.models import encoder as model
 from bert_jax.models import heads
 from bert_jax.models import library_matmul
+from bert_jax.models import softmax_dropout
 
 
 def _plain(x, w, b):
@@ -128,3 +129,29 @@ def test_pretraining_model_with_library_matmuls_is_the_plain_one(dtype):
   np.testing.assert_allclose(l_lib, l_plain, rtol=tol)
   for a, b in zip(jax.tree.leaves(g_lib), jax.tree.leaves(g_plain)):
     np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_attention_products_in_the_library_form_give_the_same_values(dtype):
+  """`softmax_dropout.attend` with `library`: its six products bfloat16 x bfloat16 -> float32 (in bfloat16),
+  the context and gradients those of the plain products (XLA:CPU computes a bfloat16 product in float32
+  either way, so to the last bit here)."""
+  rng = np.random.default_rng(0)
+  q, k, v = (jnp.asarray(rng.normal(size=(2, 16, 4, 8)), dtype) for _ in range(3))
+  mask = jnp.ones((2, 1, 1, 16), bool)
+  d_context = jnp.asarray(rng.normal(size=(2, 16, 4, 8)), jnp.float32)
+
+  def run(library):
+    def loss(q, k, v):
+      out = softmax_dropout.attend(q, k, v, mask, jax.random.key(1), 0.1, dtype, dtype, "hash", library)
+      return jnp.sum(out.astype(jnp.float32) * d_context)
+    return jax.value_and_grad(loss, argnums=(0, 1, 2))
+
+  (l_lib, g_lib), (l_plain, g_plain) = jax.jit(run(True))(q, k, v), jax.jit(run(False))(q, k, v)
+  np.testing.assert_allclose(l_lib, l_plain, rtol=1e-6)
+  for a, b in zip(g_lib, g_plain):
+    np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=1e-6, atol=1e-6)
+  if dtype == jnp.bfloat16:
+    types = _dot_types(run(True), q, k, v)
+    assert types == [("f32", "bf16", "bf16")] * 6, types
+    assert any(t != ("f32", "bf16", "bf16") for t in _dot_types(run(False), q, k, v))

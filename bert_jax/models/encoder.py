@@ -239,8 +239,8 @@ class SelfAttention(nn.Module):
       # The ops below as one function whose backward pass keeps fewer bytes, with nn.Dropout's key (the
       # same module path, so the same bits).
       key = _DropoutKey(name="Dropout_0")()
-      return softmax_dropout.attend(q_BLNK, k_BLNK, v_BLNK, mask, key, cfg.attention_dropout,
-                                    cfg.residuals_dtype, cfg.scores_dtype, cfg.dropout_bits), None
+      return softmax_dropout.attend(q_BLNK, k_BLNK, v_BLNK, mask, key, cfg.attention_dropout, cfg.residuals_dtype,
+                                    cfg.scores_dtype, cfg.dropout_bits, cfg.matmuls == "library"), None
     probs = softmax_dropout.probabilities(q_BLNK, k_BLNK, mask, cfg.scores_dtype)
     dropped = dropout.Dropout(cfg.attention_dropout, bits=cfg.dropout_bits)(probs, deterministic=deterministic)
     return jnp.einsum("bnqs,bsnk->bqnk", dropped.astype(cfg.dtype), v_BLNK), probs

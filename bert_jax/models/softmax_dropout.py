@@ -43,36 +43,45 @@ def _dropped(probs, keep, rate: float, dtype):
   return jnp.where(keep, probs / (1.0 - rate), 0.0).astype(dtype)
 
 
-def probabilities(q, k, mask, scores_dtype=jnp.float32):
+def _product(equation: str, a, b, dtype, library: bool):
+  """einsum(equation, a, b) in `dtype`; with `library` (`model.matmuls` "library") the product written in
+  float32 and then rounded to `dtype`, the form XLA:CPU runs on its matrix library (models/library_matmul.py;
+  the same values: XLA:CPU computes a bfloat16 product in float32 either way)."""
+  if library:
+    return jnp.einsum(equation, a, b, preferred_element_type=jnp.float32).astype(dtype)
+  return jnp.einsum(equation, a, b, preferred_element_type=dtype)
+
+
+def probabilities(q, k, mask, scores_dtype=jnp.float32, library: bool = False):
   """The encoder's attention probabilities [B, N, L, L], float32: scores (written in `scores_dtype`),
   scaled, masked softmax in float32, 0 where masked."""
-  scores = jnp.einsum("bqnk,bsnk->bnqs", q, k, preferred_element_type=scores_dtype).astype(jnp.float32)
+  scores = _product("bqnk,bsnk->bnqs", q, k, scores_dtype, library).astype(jnp.float32)
   scores = jnp.where(mask, scores / np.sqrt(q.shape[-1]), jnp.finfo(jnp.float32).min)
   return jnp.where(mask, jax.nn.softmax(scores, axis=-1), 0.0)   # float32 on purpose
 
 
-def _forward(q, k, v, mask, key, rate, residual_dtype, scores_dtype, bits):
-  probs = probabilities(q, k, mask, scores_dtype)
+def _forward(q, k, v, mask, key, rate, residual_dtype, scores_dtype, bits, library):
+  probs = probabilities(q, k, mask, scores_dtype, library)
   keep = dropout.keep_mask(key, rate, probs.shape, bits)
-  context = jnp.einsum("bnqs,bsnk->bqnk", _dropped(probs, keep, rate, v.dtype), v)
+  context = _product("bnqs,bsnk->bqnk", _dropped(probs, keep, rate, v.dtype), v, v.dtype, library)
   return context, (q, k, v, probs.astype(residual_dtype), keep)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8, 9))
 def attend(q, k, v, mask, key, rate: float, residual_dtype=jnp.float32, scores_dtype=jnp.float32,
-           bits: str = "threefry"):
+           bits: str = "threefry", library: bool = False):
   """Queries, keys, values [B, L, N, K] (one dtype), `mask` broadcasting to [B, N, L, L], dropout at
   `rate` with `key` and `bits` (`dropout.keep_mask`) -> context [B, L, N, K] in the values' dtype (module
-  docstring)."""
-  return _forward(q, k, v, mask, key, rate, residual_dtype, scores_dtype, bits)[0]
+  docstring). `library`: the products in XLA:CPU's library form (`_product`)."""
+  return _forward(q, k, v, mask, key, rate, residual_dtype, scores_dtype, bits, library)[0]
 
 
-def _backward(rate, residual_dtype, scores_dtype, bits, residuals, d_context):
+def _backward(rate, residual_dtype, scores_dtype, bits, library, residuals, d_context):
   q, k, v, probs, keep = residuals
   probs = probs.astype(jnp.float32)
-  d_v = jnp.einsum("bnqs,bqnk->bsnk", _dropped(probs, keep, rate, v.dtype), d_context)
+  d_v = _product("bnqs,bqnk->bsnk", _dropped(probs, keep, rate, v.dtype), d_context, v.dtype, library)
   # In the values' dtype, as the matmul's transpose hands it to the cast before it.
-  d_dropped = jnp.einsum("bqnk,bsnk->bnqs", d_context, v).astype(jnp.float32)
+  d_dropped = _product("bqnk,bsnk->bnqs", d_context, v, v.dtype, library).astype(jnp.float32)
   d_probs = jnp.where(keep, d_dropped / (1.0 - rate), 0.0)
   # softmax's backward pass: probs (d - <d, probs>); masked entries have probability 0 and get none.
   d_scores = probs * (d_probs - jnp.sum(d_probs * probs, axis=-1, keepdims=True)) / np.sqrt(q.shape[-1])
