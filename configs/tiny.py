@@ -38,7 +38,7 @@ def get_config(arg: str = ""):
   # No dropout: a few epochs of a small corpus do not overfit a 0.7M-parameter model, and it learns faster.
   c.model.hidden_dropout = 0.0
   c.model.attention_dropout = 0.0
-  c.dtype = "float32"          # bf16 matmuls are emulated (slow) on most CPUs
+  c.dtype = "float32"          # bf16 matmuls are slow on CPUs without AMX (with it: model.matmuls "library", README)
   c.data.train_files = "embedded:shakespeare"
   c.data.eval_fraction = 0.02
   c.data.seq_length = 32

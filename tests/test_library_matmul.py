@@ -100,12 +100,12 @@ def test_tied_decoder_gradients_in_the_library_form():
     np.testing.assert_allclose(np.asarray(ours, np.float32), np.asarray(theirs, np.float32), rtol=2e-2, atol=2e-2)
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_pretraining_model_with_library_matmuls_is_the_plain_one(dtype):
+@pytest.mark.parametrize("dtype,scan", [(jnp.float32, False), (jnp.bfloat16, False), (jnp.float32, True)])
+def test_pretraining_model_with_library_matmuls_is_the_plain_one(dtype, scan):
   """The same parameter tree; losses and gradients the plain model's (float32 to 1e-5; bfloat16 to its
-  rounding)."""
-  cfg = model.BertConfig.from_preset("tiny", vocab_size=64, max_position_embeddings=32, hidden_dropout=0.0,
-                                     attention_dropout=0.0, dtype=dtype)
+  rounding), with dropout (the attention through `softmax_dropout.attend`) and scanned layers too."""
+  cfg = model.BertConfig.from_preset("tiny", vocab_size=64, max_position_embeddings=32, hidden_dropout=0.1,
+                                     attention_dropout=0.1, dtype=dtype, scan_layers=scan, dropout_bits="hash")
   rng = np.random.default_rng(0)
   ids = jnp.asarray(rng.integers(0, 64, (2, 8)), jnp.int32)
   mask, seg = jnp.ones_like(ids), jnp.zeros_like(ids)
@@ -118,7 +118,7 @@ def test_pretraining_model_with_library_matmuls_is_the_plain_one(dtype):
   assert jax.tree.structure(params) == jax.tree.structure(library.init(jax.random.key(0), batch)["params"])
 
   def loss(module, params):
-    out = module.apply({"params": params}, batch)
+    out = module.apply({"params": params}, batch, deterministic=False, rngs={"dropout": jax.random.key(3)})
     mlm, nsp = out["mlm_logits"], out["nsp_logits"]
     logp = jax.nn.log_softmax(mlm.astype(jnp.float32))
     return -jnp.take_along_axis(logp, labels[..., None], -1).mean() + nsp.astype(jnp.float32).sum()
