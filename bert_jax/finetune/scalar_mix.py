@@ -13,6 +13,7 @@ import jax.numpy as jnp
 
 from bert_jax.models import dropout
 from bert_jax.models import encoder as model
+from bert_jax.models import projections
 
 
 class ScalarMix(nn.Module):
@@ -55,8 +56,8 @@ class ScalarMixModel(nn.Module):
     x = dropout.Dropout(cfg.hidden_dropout, bits=cfg.dropout_bits)(x, deterministic=deterministic)
     features = 2 if self.kind == "span" else self.num_labels
     name = "qa_outputs" if self.kind == "span" else "classifier"
-    logits = nn.Dense(features, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name=name,
-                      kernel_init=model.dense_init(cfg, ("embed", None)), bias_init=model.zeros((None,)))(x)
+    logits = projections.linear(cfg, features, model.dense_init(cfg, ("embed", None)), model.zeros((None,)),
+                                name=name)(x)
     logits = logits.astype(jnp.float32)
     if self.kind == "span":
       return {"start_logits": logits[..., 0], "end_logits": logits[..., 1]}

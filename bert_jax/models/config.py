@@ -187,6 +187,12 @@ class BertConfig:
   # (the forms XLA:CPU runs on its matrix library: a CPU's; no TPU step takes it).
   matmuls: str = "xla"
 
+  @property
+  def library_matmuls(self) -> bool:
+    """Whether the projections, the attention and the tied decoder take XLA:CPU's library forms
+    (`matmuls` "library"; models/library_matmul.py)."""
+    return self.matmuls == "library"
+
   def __post_init__(self):
     # Accept dtype names ("bfloat16") as they come from ConfigDicts and command lines.
     object.__setattr__(self, "dtype", jnp.dtype(self.dtype))

@@ -138,8 +138,7 @@ class BertEmbeddings(nn.Module):
     self.dropout = dropout.Dropout(cfg.hidden_dropout, bits=cfg.dropout_bits)
     if cfg.embedding_size is not None:
       # ALBERT's `embedding_hidden_mapping_in`; the small embedding width stays unsharded.
-      self.projection = nn.Dense(cfg.hidden_size, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-                                 kernel_init=dense_init(cfg, (None, "embed")), bias_init=zeros(("embed",)))
+      self.projection = projections.linear(cfg, cfg.hidden_size, dense_init(cfg, (None, "embed")), zeros(("embed",)))
 
   def __call__(self, input_ids, segment_ids, position_ids, deterministic: bool):
     x = self.embed(input_ids, segment_ids, position_ids, deterministic)
@@ -240,7 +239,7 @@ class SelfAttention(nn.Module):
       # same module path, so the same bits).
       key = _DropoutKey(name="Dropout_0")()
       return softmax_dropout.attend(q_BLNK, k_BLNK, v_BLNK, mask, key, cfg.attention_dropout, cfg.residuals_dtype,
-                                    cfg.scores_dtype, cfg.dropout_bits, cfg.matmuls == "library"), None
+                                    cfg.scores_dtype, cfg.dropout_bits, cfg.library_matmuls), None
     probs = softmax_dropout.probabilities(q_BLNK, k_BLNK, mask, cfg.scores_dtype)
     dropped = dropout.Dropout(cfg.attention_dropout, bits=cfg.dropout_bits)(probs, deterministic=deterministic)
     return jnp.einsum("bnqs,bsnk->bqnk", dropped.astype(cfg.dtype), v_BLNK), probs
@@ -432,8 +431,7 @@ class BertEncoder(nn.Module):
     self.encoder = BertLayerStack(cfg)
     if cfg.final_norm:
       self.final_layer_norm = layer_norm(cfg, "final_layer_norm")
-    self.pooler = nn.Dense(cfg.hidden_size, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-                           kernel_init=dense_init(cfg, ("embed", "mlp")), bias_init=zeros(("mlp",)))
+    self.pooler = projections.linear(cfg, cfg.hidden_size, dense_init(cfg, ("embed", "mlp")), zeros(("mlp",)))
 
   def __call__(self, input_ids, input_mask=None, segment_ids=None, *, position_ids=None, example_ids=None,
                pooled_positions=None, deterministic: bool = True, output_hidden_states: bool = False,

@@ -41,11 +41,12 @@ class MaskedLMHead(nn.Module):
     x = model.layer_norm(cfg, "layer_norm")(x)
     bias = self.param("output_bias", model.zeros(("vocab",)), (cfg.vocab_size,), cfg.param_dtype)
     if cfg.decoder_on_shards and labels is not None:
-      sums = vocab_split.masked_lm_sums(x.astype(cfg.dtype), word_embeddings_VE.astype(cfg.dtype), bias, labels)
+      sums = vocab_split.masked_lm_sums(x.astype(cfg.dtype), word_embeddings_VE.astype(cfg.dtype), bias, labels,
+                                        cfg.library_matmuls)
       if sums is not None:
         return {"mlm_nll": sums[0], "mlm_correct": sums[1]}
     # Logits in float32: the vocabulary softmax is taken by the loss.
-    logits = tied_logits(x.astype(cfg.dtype), word_embeddings_VE.astype(cfg.dtype), bias, cfg.matmuls == "library")
+    logits = tied_logits(x.astype(cfg.dtype), word_embeddings_VE.astype(cfg.dtype), bias, cfg.library_matmuls)
     return nn.with_logical_constraint(logits, ("activation_batch", "activation_length", "activation_vocab"))
 
 

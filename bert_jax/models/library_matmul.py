@@ -34,6 +34,13 @@ def _product(lhs, rhs, contract_rhs: int):
   return jax.lax.dot_general(lhs, rhs, (((1,), (contract_rhs,)), ((), ())), preferred_element_type=_F32)
 
 
+def einsum(equation: str, a, b, dtype):
+  """`jnp.einsum(equation, a, b)` written in float32 and rounded to `dtype`: for bfloat16 operands the library's
+  form, where a bfloat16 result is not (the same values: XLA:CPU computes a bfloat16 product in float32 either
+  way). The attention's batched products take it (`softmax_dropout`)."""
+  return jnp.einsum(equation, a, b, preferred_element_type=_F32).astype(dtype)
+
+
 def _split(n: int) -> tuple[int, int] | None:
   """n = a * b with a the smallest factor above 1 (None for n < 4 or prime): the 3-D shape whose transpose
   XLA writes as a copy."""
@@ -44,27 +51,24 @@ def _split(n: int) -> tuple[int, int] | None:
 
 
 def transposed(a_MK):
-  """a [M, K] -> [K, M] written out row-major (a 2-D transpose XLA would fold into its consumer's layout), or
-  None where M does not factor."""
+  """a [M, K] -> [K, M], written out row-major through a 3-D transpose where M factors (a 2-D transpose XLA
+  folds into its consumer's layout, column-major); else the 2-D transpose."""
   split = _split(a_MK.shape[0])
   if split is None:
-    return None
+    return a_MK.T
   return jnp.transpose(a_MK.reshape(*split, a_MK.shape[1]), (2, 0, 1)).reshape(a_MK.shape[1], a_MK.shape[0])
 
 
 def rows_transposed_product(x_MK, g_MN, dtype):
-  """x^T g [K, N] for x [M, K] and g [M, N], the sum over the rows M, in `dtype`. The smaller of the two is
-  written out transposed and multiplies the other (g^T x, then its [N, K] result transposed, where g is the
-  smaller: the feed-forward output's weight gradient, whose x is four times g)."""
+  """x^T g [K, N] for x [M, K] and g [M, N], the sum over the rows M, in `dtype`. Where M factors, the smaller
+  of the two is written out transposed and multiplies the other (g^T x, then its [N, K] result transposed,
+  where g is the smaller: the feed-forward output's weight gradient, whose x is four times g); else autodiff's
+  product, which XLA:CPU runs on its own kernels."""
+  if _split(x_MK.shape[0]) is None:
+    return jax.lax.dot_general(x_MK, g_MN, (((0,), (0,)), ((), ())), preferred_element_type=_F32).astype(dtype)
   if x_MK.size <= g_MN.size:
-    x_KM = transposed(x_MK)
-    if x_KM is not None:
-      return _product(x_KM, g_MN, 0).astype(dtype)
-  else:
-    g_NM = transposed(g_MN)
-    if g_NM is not None:
-      return transposed(_product(g_NM, x_MK, 0).astype(dtype))
-  return jax.lax.dot_general(x_MK, g_MN, (((0,), (0,)), ((), ())), preferred_element_type=_F32).astype(dtype)
+    return _product(transposed(x_MK), g_MN, 0).astype(dtype)
+  return transposed(_product(transposed(g_MN), x_MK, 0).astype(dtype))
 
 
 @jax.custom_vjp

@@ -63,7 +63,7 @@ class Einsum(nn.Module):
       x = x.reshape(*x.shape[:-2], heads * size)
     else:
       raise ValueError(f"an attention projection is 'blh,hnk->blnk' or 'blnk,nkh->blh', not {self.equation!r}")
-    if cfg.matmuls == "library":
+    if cfg.library_matmuls:
       y = library_matmul.matmul(x, _gathered_matrix(cfg, matrix, names),
                                 None if bias is None else bias.reshape(-1).astype(cfg.dtype))
       return y.reshape(*y.shape[:-1], heads, size) if self.equation == "blh,hnk->blnk" else y
@@ -128,6 +128,11 @@ def fused_qkv(cfg: BertConfig, x_BLH, shape: tuple) -> list:
   """
   hidden, heads, size = shape
   weights = [_Weights(cfg, shape, name=n)() for n in ("query", "key", "value")]
+  if cfg.library_matmuls:   # the library's form has no stacked product: the three apart, the same values
+    return [library_matmul.matmul(x_BLH.astype(cfg.dtype), _gathered_matrix(
+                cfg, kernel.astype(cfg.dtype).reshape(hidden, heads * size), ("embed", "heads")),
+                None if bias is None else bias.reshape(-1).astype(cfg.dtype)).reshape(*x_BLH.shape[:-1], heads, size)
+            for kernel, bias in weights]
   matrix = jnp.stack([k.astype(cfg.dtype).reshape(hidden, heads * size) for k, _ in weights])
   y = jnp.einsum("bli,cio->cblo", x_BLH.astype(cfg.dtype), _gathered_matrix(cfg, matrix, (None, "embed", "heads")))
   out = []
@@ -137,8 +142,20 @@ def fused_qkv(cfg: BertConfig, x_BLH, shape: tuple) -> list:
   return out
 
 
+def linear(cfg: BertConfig, features: int, kernel_init, bias_init, use_bias: bool = True, prepare_kernel=None,
+           **kwargs) -> nn.Module:
+  """`nn.Dense(features)` in the config's dtypes, or under `matmuls` "library" its form through
+  `library_matmul.Dense` (the same parameters; `prepare_kernel`, the kernel's gather, its only extra). Every
+  projection of the encoder and the heads is made here or in `dense`."""
+  if cfg.library_matmuls:
+    return library_matmul.Dense(features, use_bias, kernel_init, bias_init, cfg.dtype, cfg.param_dtype,
+                                prepare_kernel=prepare_kernel, **kwargs)
+  return nn.Dense(features, use_bias=use_bias, dtype=cfg.dtype, param_dtype=cfg.param_dtype, kernel_init=kernel_init,
+                  bias_init=bias_init, **kwargs)
+
+
 def dense(cfg: BertConfig, features: int, names: tuple, name: str, use_bias: bool | None = None,
-          in_layer: bool = False) -> nn.Dense:
+          in_layer: bool = False) -> nn.Module:
   """A projection to `features` with logical axis names `names`; bias as `use_bias`, by default `dense_bias`.
 
   Without `reshard_after_forward` its kernel is gathered once a step (`fsdp_gather`), except in a layer
@@ -152,10 +169,9 @@ def dense(cfg: BertConfig, features: int, names: tuple, name: str, use_bias: boo
   """
   scanned = in_layer and cfg.scan_layers
   gather = not cfg.reshard_after_forward and not scanned
-  if cfg.matmuls == "library":
-    return library_matmul.Dense(features, cfg.dense_bias if use_bias is None else use_bias, dense_init(cfg, names),
-                                zeros(names[-1:]), cfg.dtype, cfg.param_dtype, name=name,
-                                prepare_kernel=(lambda w: fsdp_gather.gathered(w, names)) if gather else None)
+  if cfg.library_matmuls:
+    return linear(cfg, features, dense_init(cfg, names), zeros(names[-1:]), cfg.dense_bias if use_bias is None else use_bias,
+                  (lambda w: fsdp_gather.gathered(w, names)) if gather else None, name=name)
   dot_general = fsdp_gather.dot_general(names) if gather else jax.lax.dot_general
   return nn.Dense(features, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name=name,
                   use_bias=cfg.dense_bias if use_bias is None else use_bias,

@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bert_jax.models import dropout
+from bert_jax.models import library_matmul
 
 
 def _dropped(probs, keep, rate: float, dtype):
@@ -44,11 +45,10 @@ def _dropped(probs, keep, rate: float, dtype):
 
 
 def _product(equation: str, a, b, dtype, library: bool):
-  """einsum(equation, a, b) in `dtype`; with `library` (`model.matmuls` "library") the product written in
-  float32 and then rounded to `dtype`, the form XLA:CPU runs on its matrix library (models/library_matmul.py;
-  the same values: XLA:CPU computes a bfloat16 product in float32 either way)."""
+  """einsum(equation, a, b) in `dtype`; with `library` (`model.matmuls` "library") in XLA:CPU's library form
+  (`library_matmul.einsum`)."""
   if library:
-    return jnp.einsum(equation, a, b, preferred_element_type=jnp.float32).astype(dtype)
+    return library_matmul.einsum(equation, a, b, dtype)
   return jnp.einsum(equation, a, b, preferred_element_type=dtype)
 
 

@@ -48,9 +48,9 @@ def _tied_logits_backward(library, residuals, d_logits):
                       precision=jax.lax.Precision.HIGHEST).astype(bias_V.dtype)
   d_logits = d_logits.astype(x_PE.dtype)
   if library:
-    d_x = jax.lax.dot_general(d_logits, table_VE, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+    d_x = library_matmul.einsum("pv,ve->pe", d_logits, table_VE, x_PE.dtype).reshape(x_PE.shape)
     d_table = library_matmul.rows_transposed_product(d_logits, _rows(x_PE), table_VE.dtype)
-    return d_x.astype(x_PE.dtype).reshape(x_PE.shape), d_table, d_bias
+    return d_x, d_table, d_bias
   d_x = jnp.einsum("pv,ve->pe", d_logits, table_VE).reshape(x_PE.shape)
   d_table = jnp.einsum("pv,pe->ve", d_logits, _rows(x_PE))   # summed over x's leading dims
   return d_x, d_table, d_bias

@@ -67,7 +67,7 @@ def _plan(table_shape, rows_shape, mesh, rules):
   return vocab_axis, embed_axis, batch, (table_spec, spec(table_spec[0]), spec(batch, None, None), spec(batch, None))
 
 
-def masked_lm_sums(x_BPE, table_VE, bias_V, labels_BP):
+def masked_lm_sums(x_BPE, table_VE, bias_V, labels_BP, library: bool = False):
   """(-log p(label), 1.0 where argmax == label else 0.0), each [B, P] float32, of the logits x @ table^T + bias;
   None where the layout is not covered (module docstring). x and the table in the compute dtype."""
   rules, mesh = nn.get_logical_axis_rules(), jax.sharding.get_abstract_mesh()
@@ -122,7 +122,7 @@ def masked_lm_sums(x_BPE, table_VE, bias_V, labels_BP):
     labels_N = jax.lax.all_gather(labels_M, embed_axis, axis=0, tiled=True, to="invarying")
     if others:   # the rows differ over the other batch axes: the slice's gradients are summed over them
       rows_VE, bias_V = (jax.lax.pcast(a, others, to="varying") for a in (rows_VE, bias_V))
-    logits = tied_logits(x_NE, rows_VE, bias_V)                     # [N, slices * V / devices] float32
+    logits = tied_logits(x_NE, rows_VE, bias_V, library)            # [N, slices * V / devices] float32
     # Column j holds vocabulary row (chunk + j // per_device) * per_tensor + slot * per_device + j % per_device;
     # a label past a tensor slice's real rows belongs to the next slice, not to this one's padding.
     labels_N = labels_N.astype(jnp.int32)

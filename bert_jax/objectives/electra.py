@@ -27,6 +27,7 @@ import ml_collections
 from bert_jax import flops
 from bert_jax.models import encoder
 from bert_jax.models import heads
+from bert_jax.models import projections
 from bert_jax.objectives import base
 from bert_jax.objectives import bert
 
@@ -79,8 +80,8 @@ class Generator(nn.Module):
   def __call__(self, x_BLE, mask, positions_BP, word_embeddings_VE, deterministic: bool):
     cfg = self.config
     if cfg.embedding_dim != cfg.hidden_size:
-      x_BLE = nn.Dense(cfg.hidden_size, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name="projection",
-                       kernel_init=encoder.dense_init(cfg, (None, "embed")), bias_init=encoder.zeros(("embed",)))(x_BLE)
+      x_BLE = projections.linear(cfg, cfg.hidden_size, encoder.dense_init(cfg, (None, "embed")),
+                                 encoder.zeros(("embed",)), name="projection")(x_BLE)
     x, _, _ = encoder.BertLayerStack(cfg, name="encoder")(x_BLE, mask, deterministic, False)
     return heads.MaskedLMHead(cfg, name="mlm")(heads.gather_positions(x, positions_BP), word_embeddings_VE)
 
@@ -92,9 +93,8 @@ class DiscriminatorHead(nn.Module):
   @nn.compact
   def __call__(self, x_BLH):
     cfg = self.config
-    dense = lambda n, names, name: nn.Dense(n, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name=name,
-                                            kernel_init=encoder.dense_init(cfg, names),
-                                            bias_init=encoder.zeros(names[-1:]))
+    dense = lambda n, names, name: projections.linear(cfg, n, encoder.dense_init(cfg, names),  # noqa: E731
+                                                      encoder.zeros(names[-1:]), name=name)
     x = encoder.gelu(cfg, dense(cfg.hidden_size, ("embed", "mlp"), "dense")(x_BLH))
     return dense(1, ("mlp", None), "prediction")(x)[..., 0].astype(jnp.float32)
 

@@ -18,6 +18,7 @@ import numpy as np
 from bert_jax import flops
 from bert_jax.models import encoder
 from bert_jax.models import heads
+from bert_jax.models import projections
 from bert_jax.objectives import base
 from bert_jax.objectives import bert
 
@@ -59,8 +60,8 @@ class SpanBoundaryHead(nn.Module):
                         embedding_init=encoder.dense_init(cfg, (None, "embed")), name="position_embeddings")
     x = jnp.concatenate([heads.gather_positions(x_BLH, left_BP), heads.gather_positions(x_BLH, right_BP),
                          position(offset_BP)], axis=-1)
-    dense = nn.Dense(h, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name="dense",
-                     kernel_init=encoder.dense_init(cfg, ("mlp", "embed")), bias_init=encoder.zeros(("embed",)))
+    dense = projections.linear(cfg, h, encoder.dense_init(cfg, ("mlp", "embed")), encoder.zeros(("embed",)),
+                               name="dense")
     x = encoder.layer_norm(cfg, "layer_norm")(encoder.gelu(cfg, dense(x)))
     return heads.MaskedLMHead(cfg, name="output")(x, word_embeddings_VH)
 
