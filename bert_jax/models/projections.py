@@ -170,7 +170,8 @@ def dense(cfg: BertConfig, features: int, names: tuple, name: str, use_bias: boo
   scanned = in_layer and cfg.scan_layers
   gather = not cfg.reshard_after_forward and not scanned
   if cfg.library_matmuls:
-    return linear(cfg, features, dense_init(cfg, names), zeros(names[-1:]), cfg.dense_bias if use_bias is None else use_bias,
+    return linear(cfg, features, dense_init(cfg, names), zeros(names[-1:]),
+                  cfg.dense_bias if use_bias is None else use_bias,
                   (lambda w: fsdp_gather.gathered(w, names)) if gather else None, name=name)
   dot_general = fsdp_gather.dot_general(names) if gather else jax.lax.dot_general
   return nn.Dense(features, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name=name,
