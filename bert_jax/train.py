@@ -541,6 +541,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   step = int(state.step)   # the one host sync before the loop: a host-side step counter from here on
   _say(f"mesh {dict(mesh.shape)} over {jax.device_count()} devices; {origin} at step {step}; "
        f"training to step {config.train_steps}")
+  if (hint := matmuls_hint(bert_config(config), mesh)) is not None:
+    _say(hint)
   writer, preemption = metrics_writer.MetricWriter(workdir), checkpointing.PreemptionWatcher()
   flops = objectives.train_flops_per_step(config)
   interval, interval_steps, mark = None, 0, time.time()
@@ -621,6 +623,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   _say(f"done at step {step}: {shown}; checkpoint {checkpointer.directory}/{checkpointer.latest_step()}, "
        f"metrics {workdir}/metrics.jsonl, TensorBoard {workdir}/tensorboard, curves {plot}")
   return results
+
+
+def matmuls_hint(cfg, mesh) -> str | None:
+  """A line for a bfloat16 run on CPUs whose matmuls keep XLA's layout, which XLA:CPU computes in float32
+  (`model.matmuls`, models/library_matmul.py); None otherwise."""
+  if cfg.dtype != jnp.bfloat16 or cfg.library_matmuls or mesh.devices.flat[0].platform != "cpu":
+    return None
+  return ("bfloat16 on CPUs: XLA:CPU computes these matmuls in float32; --config.model.matmuls=library writes "
+          "them in the form its matrix library runs in bfloat16 (AMX; README, 'Training in bfloat16 on a CPU')")
 
 
 def _say(message: str) -> None:
