@@ -152,8 +152,9 @@ def test_every_param_has_logical_axis_names():
       assert (leaf.names[0] == "layers") == in_stack, (path, leaf.names)
 
 
-def _plain(x, t, b):
-  """Autodiff's tied decoder: float32 logits plus the bias."""
+def _plain(x, t, b, library=False):
+  """Autodiff's tied decoder: float32 logits plus the bias (`library`, `tied_logits`' switch, unused)."""
+  del library
   return jnp.einsum("...e,ve->...v", x, t, preferred_element_type=jnp.float32) + b
 
 
