@@ -7,11 +7,12 @@ Any other dot is first converted to float32 operands and runs on XLA's own kerne
 bfloat16 -> bfloat16 product (what `jnp.einsum` writes in bfloat16 compute), and a weight gradient x^T g,
 which contracts the rows, the leading axis of both operands. Autodiff writes both.
 
-`matmul(x, w)` is x @ w with its own backward pass, each of its three products in that form: results in
-float32, cast to the operands' dtype after; x's gradient g @ w^T (the right operand's contraction on its
-last axis is in the form too); w's gradient from x transposed to [K, rows] in memory through a 3-D
+`affine(x, w, b)` is x @ w + b with its own backward pass, each of its three products in that form: results
+in float32, cast to the operands' dtype after; x's gradient g @ w^T (the right operand's contraction on its
+last axis is in the form too); w's gradient from the smaller of x and g transposed in memory through a 3-D
 transpose, which XLA makes a copy (a 2-D one it folds into the dot as a column-major operand, out of the
-form). The products are autodiff's; in float32 the sums are float32's either way.
+form; `rows_transposed_product`). `matmul` is it without a bias, `Dense` the layer, `einsum` the batched
+products' form. The products are autodiff's; in float32 the sums are float32's either way.
 """
 
 import math

@@ -64,8 +64,7 @@ class Einsum(nn.Module):
     else:
       raise ValueError(f"an attention projection is 'blh,hnk->blnk' or 'blnk,nkh->blh', not {self.equation!r}")
     if cfg.library_matmuls:
-      y = library_matmul.matmul(x, _gathered_matrix(cfg, matrix, names),
-                                None if bias is None else bias.reshape(-1).astype(cfg.dtype))
+      y = _library_product(cfg, x, matrix, bias, names)
       return y.reshape(*y.shape[:-1], heads, size) if self.equation == "blh,hnk->blnk" else y
     y = jnp.einsum("bli,io->blo", x, _gathered_matrix(cfg, matrix, names))
     if self.equation == "blh,hnk->blnk":
@@ -91,6 +90,13 @@ def _gathered_matrix(cfg: BertConfig, matrix, names: tuple):
   if not cfg.reshard_after_forward:
     return fsdp_gather.gathered(matrix, names)
   return constrain(matrix, *names) if cfg.constrain_attention_matrices else matrix
+
+
+def _library_product(cfg: BertConfig, x, matrix, bias, names: tuple):
+  """x @ matrix (+ bias, flattened to the matrix's columns) through `library_matmul.matmul`, the matrix
+  gathered as `_gathered_matrix` does: an attention projection under `matmuls` "library"."""
+  return library_matmul.matmul(x, _gathered_matrix(cfg, matrix, names),
+                               None if bias is None else bias.reshape(-1).astype(cfg.dtype))
 
 
 def mesh_shards(logical_name: str) -> int:
@@ -129,9 +135,8 @@ def fused_qkv(cfg: BertConfig, x_BLH, shape: tuple) -> list:
   hidden, heads, size = shape
   weights = [_Weights(cfg, shape, name=n)() for n in ("query", "key", "value")]
   if cfg.library_matmuls:   # the library's form has no stacked product: the three apart, the same values
-    return [library_matmul.matmul(x_BLH.astype(cfg.dtype), _gathered_matrix(
-                cfg, kernel.astype(cfg.dtype).reshape(hidden, heads * size), ("embed", "heads")),
-                None if bias is None else bias.reshape(-1).astype(cfg.dtype)).reshape(*x_BLH.shape[:-1], heads, size)
+    return [_library_product(cfg, x_BLH.astype(cfg.dtype), kernel.astype(cfg.dtype).reshape(hidden, heads * size),
+                             bias, ("embed", "heads")).reshape(*x_BLH.shape[:-1], heads, size)
             for kernel, bias in weights]
   matrix = jnp.stack([k.astype(cfg.dtype).reshape(hidden, heads * size) for k, _ in weights])
   y = jnp.einsum("bli,cio->cblo", x_BLH.astype(cfg.dtype), _gathered_matrix(cfg, matrix, (None, "embed", "heads")))
