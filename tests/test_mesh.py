@@ -194,3 +194,18 @@ def test_each_shipped_bert_large_step_keeps_the_plain_losses(model, split_tensor
   reference = _losses(plain_config, plain, state=plain_state)
   np.testing.assert_allclose(_losses(plain_config, shipped, state=state), reference, rtol=2e-5)
   assert reference[1][0] != reference[0][0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("extra", [{}, {"fused_qkv": True, "decoder_on_shards": True, "reshard_after_forward": False}],
+                         ids=["plain", "fused_qkv_decoder_on_shards"])
+def test_library_matmuls_keep_the_losses_over_fsdp_and_tensor(extra):
+  """`model.matmuls` "library" (models/library_matmul.py: the products' transposes and 3-D relayouts of
+  the rows) on data 1 x fsdp 4 x tensor 2, the heads and the vocabulary split over tensor: the losses and
+  gradient norms of XLA's products on the same mesh, dropout on, the second step after an update."""
+  mesh = dict(data=1, fsdp=4, tensor=2)
+  plain_config, plain = _mesh_setup(**mesh, **extra)
+  _, library = _mesh_setup(**mesh, **extra, matmuls="library")
+  reference = _losses(plain_config, plain)
+  np.testing.assert_allclose(_losses(plain_config, library), reference, rtol=2e-5)
+  assert reference[1][0] != reference[0][0]
