@@ -26,8 +26,8 @@ _F32 = jnp.float32
 
 
 def _rows(a):
-  """[..., D] -> [N, D]."""
-  return a.reshape(-1, a.shape[-1])
+  """[..., D] -> [N, D]; also for D = 0 (a layer with every head pruned), where -1 would not resolve."""
+  return a.reshape(math.prod(a.shape[:-1]), a.shape[-1])
 
 
 def _product(lhs, rhs, contract_rhs: int):
