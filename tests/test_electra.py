@@ -300,3 +300,35 @@ def test_trains_and_its_loss_falls(data_dir):  # noqa: F811
   scalars = electra.summarize("train", jax.tree.map(lambda *x: sum(x), *metrics))
   for name in ("disc_accuracy", "disc_precision", "disc_recall", "disc_f1", "mlm_accuracy"):
     assert math.isfinite(scalars[f"train/{name}"]), scalars
+
+
+def test_generator_attends_as_the_discriminator_does():
+  """The generator's layers take the discriminator's attention context. With RoPE (and no position table)
+  it sees the tokens' order; with a bare mask, as before, it gave the same logits for permuted tokens. And
+  sliding windows (`local_attention`) change what it attends to, where before they were ignored."""
+  rope = dict(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
+              max_position_embeddings=64, hidden_dropout=0.0, attention_dropout=0.0, rope_theta=1e4)
+  b, length = 1, 16
+  rng = np.random.default_rng(0)
+  ids = jnp.asarray(rng.integers(5, 64, (b, length)), jnp.int32)
+  positions = jnp.asarray([[1, 5, 9, 13]])
+
+  def batch(ids, positions):
+    return {"input_ids": ids, "input_mask": jnp.ones((b, length), jnp.int32),
+            "segment_ids": jnp.zeros((b, length), jnp.int32), "masked_lm_positions": positions,
+            "masked_lm_weights": jnp.ones(positions.shape, jnp.float32), "masked_lm_ids": jnp.zeros_like(positions)}
+
+  def generator_logits(cfg, ids, positions, params=None):
+    module = electra.ElectraForPreTraining(cfg)
+    if params is None:
+      params = jax.tree.map(lambda p: p * 30.0, module.init(jax.random.key(0), batch(ids, positions)))
+    return module.apply(params, batch(ids, positions))["mlm_logits"], params
+
+  logits, params = generator_logits(model.BertConfig(**rope), ids, positions)
+  perm = rng.permutation(length)
+  permuted, _ = generator_logits(model.BertConfig(**rope), ids[:, perm], jnp.asarray(np.argsort(perm))[positions],
+                                 params)
+  assert float(jnp.abs(logits - permuted).max()) > 1.0
+  windowed = model.BertConfig(**rope, local_attention=4, global_attn_every_n_layers=2)   # layer 1 is local
+  local_logits, _ = generator_logits(windowed, ids, positions, params)
+  assert float(jnp.abs(logits - local_logits).max()) > 1.0

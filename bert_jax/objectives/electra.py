@@ -77,12 +77,13 @@ class Generator(nn.Module):
   config: encoder.BertConfig
 
   @nn.compact
-  def __call__(self, x_BLE, mask, positions_BP, word_embeddings_VE, deterministic: bool):
+  def __call__(self, x_BLE, context, positions_BP, word_embeddings_VE, deterministic: bool):
+    """`context`: `encoder.layer_context` of this generator's config (its RoPE tables are of its head size)."""
     cfg = self.config
     if cfg.embedding_dim != cfg.hidden_size:
       x_BLE = projections.linear(cfg, cfg.hidden_size, encoder.dense_init(cfg, (None, "embed")),
                                  encoder.zeros(("embed",)), name="projection")(x_BLE)
-    x, _, _ = encoder.BertLayerStack(cfg, name="encoder")(x_BLE, mask, deterministic, False)
+    x, _, _ = encoder.BertLayerStack(cfg, name="encoder")(x_BLE, context, deterministic, False)
     return heads.MaskedLMHead(cfg, name="mlm")(heads.gather_positions(x, positions_BP), word_embeddings_VE)
 
 
@@ -120,10 +121,14 @@ class ElectraForPreTraining(nn.Module):
     optional = {k: batch[k] for k in ("position_ids", "example_ids") if k in batch}
     bert_encoder = encoder.BertEncoder(cfg, name="bert")
     x = bert_encoder.embeddings.embed(ids, batch["segment_ids"], optional.get("position_ids"), deterministic)
-    mask = encoder.attention_mask(batch["input_mask"], optional.get("example_ids"), cfg.causal)
     table = bert_encoder.word_embeddings()
     gen_cfg = generator_config(cfg, self.generator_hidden_fraction)
-    mlm_logits = Generator(gen_cfg, name="generator")(x, mask, positions, table, deterministic)
+    # The discriminator's attention as its layers see it: the mask, RoPE and sliding windows (a bare mask
+    # would leave a RoPE generator without any positions).
+    position_ids = optional.get("position_ids")
+    context = encoder.layer_context(gen_cfg, batch["input_mask"], optional.get("example_ids"),
+                                    encoder.default_position_ids(cfg, ids) if position_ids is None else position_ids)
+    mlm_logits = Generator(gen_cfg, name="generator")(x, context, positions, table, deterministic)
     key = jax.random.key(_EVAL_SAMPLING_SEED) if deterministic else self.make_rng("dropout")
     sampled = jax.random.categorical(key, jax.lax.stop_gradient(mlm_logits))  # [B, P]
     original = replace_masked(ids, positions, weights, batch["masked_lm_ids"])
