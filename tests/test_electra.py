@@ -332,3 +332,16 @@ def test_generator_attends_as_the_discriminator_does():
   windowed = model.BertConfig(**rope, local_attention=4, global_attn_every_n_layers=2)   # layer 1 is local
   local_logits, _ = generator_logits(windowed, ids, positions, params)
   assert float(jnp.abs(logits - local_logits).max()) > 1.0
+
+
+def test_a_pre_norm_generator_normalizes_its_output_as_the_discriminator():
+  """With pre-norm layers and `final_norm`, the generator's stack output goes through its own final
+  LayerNorm before the MLM head, as the discriminator's does before its head."""
+  cfg = model.BertConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
+                         max_position_embeddings=64, pre_norm=True, final_norm=True)
+  ids = jnp.ones((1, 8), jnp.int32)
+  batch = {"input_ids": ids, "input_mask": ids, "segment_ids": jnp.zeros_like(ids),
+           "masked_lm_positions": jnp.asarray([[1, 2]]), "masked_lm_weights": jnp.ones((1, 2), jnp.float32),
+           "masked_lm_ids": jnp.ones((1, 2), jnp.int32)}
+  params = electra.ElectraForPreTraining(cfg).init(jax.random.key(0), batch)["params"]
+  assert "final_layer_norm" in params["generator"] and "final_layer_norm" in params["bert"]

@@ -73,7 +73,8 @@ def generator_config(cfg: encoder.BertConfig, fraction: float) -> encoder.BertCo
 
 class Generator(nn.Module):
   """Shared embeddings (given) -> projection to the generator width -> layers -> MLM head at the masked
-  positions. Params {"projection" (when E != its hidden size), "encoder", "mlm"}."""
+  positions. Params {"projection" (when E != its hidden size), "encoder", "final_layer_norm" (with
+  `final_norm`), "mlm"}."""
   config: encoder.BertConfig
 
   @nn.compact
@@ -84,6 +85,8 @@ class Generator(nn.Module):
       x_BLE = projections.linear(cfg, cfg.hidden_size, encoder.dense_init(cfg, (None, "embed")),
                                  encoder.zeros(("embed",)), name="projection")(x_BLE)
     x, _, _ = encoder.BertLayerStack(cfg, name="encoder")(x_BLE, context, deterministic, False)
+    if cfg.final_norm:   # pre-norm layers: the stack's output normalized, as the discriminator's
+      x = encoder.layer_norm(cfg, "final_layer_norm")(x)
     return heads.MaskedLMHead(cfg, name="mlm")(heads.gather_positions(x, positions_BP), word_embeddings_VE)
 
 
