@@ -71,6 +71,19 @@ def logical_rules(config) -> tuple[tuple[str, Any], ...]:
                for name, axes in config.logical_axis_rules)
 
 
+def uneven_axes(config, sizes: Mapping[str, Sequence[int]], shape: Mapping[str, int]) -> list[str]:
+  """Of `sizes` ({logical axis: its sizes}), those that `config.logical_axis_rules` split over mesh axes
+  whose product (their sizes in `shape`, slices included) does not divide them, as "vocab 257 over tensor
+  (2)": jit refuses such an uneven sharding, and only once the first step compiles."""
+  rules, problems = dict(logical_rules(config)), []
+  for name, ns in sizes.items():
+    axes = rules.get(name)
+    axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+    ways = math.prod(shape[a] for a in axes)
+    problems += [f"{name} {n} over {' x '.join(axes)} ({ways})" for n in ns if n % ways]
+  return problems
+
+
 def data_parallel_size(mesh: Mesh) -> int:
   """How many ways a batch's leading dimension is split."""
   return math.prod(mesh.shape[a] for a in BATCH_AXES)

@@ -102,6 +102,11 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
     if config.global_batch_size % rows:
       problems.append(f"global_batch_size {config.global_batch_size} is not divisible by data-parallel size "
                       f"{dp} (mesh data x fsdp) x micro_batches {config.micro_batches}")
+    ways = {a: shape[a] * dcn[a] for a in sharding.MESH_AXES}
+    models = [cfg] if problems else objectives.encoder_configs(config)   # ELECTRA's generator too
+    for uneven in dict.fromkeys(u for m in models for u in sharding.uneven_axes(config, m.split_axis_sizes, ways)):
+      problems.append(f"the mesh splits {uneven} unevenly, which jit refuses: choose mesh sizes that divide it, "
+                      "or leave that axis unsplit in logical_axis_rules")
   except ValueError as e:
     problems.append(f"mesh: {e}")
   if config.global_batch_size % jax.process_count():

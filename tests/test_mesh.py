@@ -209,3 +209,27 @@ def test_library_matmuls_keep_the_losses_over_fsdp_and_tensor(extra):
   reference = _losses(plain_config, plain)
   np.testing.assert_allclose(_losses(plain_config, library), reference, rtol=2e-5)
   assert reference[1][0] != reference[0][0]
+
+
+def test_a_mesh_that_splits_the_model_unevenly_stops_before_anything_compiles():
+  """jit refuses an uneven sharding only when the first step compiles: `train.validate` names the size and
+  the mesh axis first (a vocabulary of 257 over tensor 2, ELECTRA's one-head generator over tensor 2), and
+  `aot --search_mesh` leaves such meshes out."""
+  from bert_jax import failures  # pylint: disable=g-import-not-at-top
+  from bert_jax.tools import mesh_search  # pylint: disable=g-import-not-at-top
+  c = _config(data=1, fsdp=4, tensor=2)
+  train.validate(c)
+  c.model.vocab_size = 257
+  with pytest.raises(failures.UserError, match=r"vocab 257 over tensor \(2\) unevenly"):
+    train.validate(c)
+  assert {t for _, _, t in mesh_search.mesh_candidates(c, 8)} == {1}
+  c.logical_axis_rules = tuple((name, None if name in ("vocab", "activation_vocab") else axes)
+                               for name, axes in c.logical_axis_rules)
+  train.validate(c)   # the vocabulary whole on each tensor shard
+  e = _config(data=1, fsdp=4, tensor=2)
+  e.objective, e.data.format = "electra", "full_sentences"
+  with e.unlocked():
+    e.generator_hidden_fraction = 0.25   # 1 head of 4
+  with pytest.raises(failures.UserError, match=r"heads 1 over tensor \(2\) unevenly"):
+    train.validate(e)
+  assert {t for _, _, t in mesh_search.mesh_candidates(e, 8)} == {1}

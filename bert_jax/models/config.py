@@ -281,6 +281,15 @@ class BertConfig:
     return self.hidden_size if self.embedding_size is None else self.embedding_size
 
   @property
+  def split_axis_sizes(self) -> dict[str, tuple[int, ...]]:
+    """The parameters' sizes along the logical axes a mesh may split (`config.logical_axis_rules`): each
+    layer's heads, the feed-forward width, the vocabulary and the widths of `embed`. The mesh axes a rule
+    puts one on must divide them all (`sharding.uneven_axes`)."""
+    heads = sorted({self.layer_num_heads(i) for i in range(self.num_layers)} - {0})
+    return {"heads": tuple(heads), "mlp": (self.intermediate_size,), "vocab": (self.vocab_size,),
+            "embed": tuple(sorted({self.hidden_size, self.embedding_dim}))}
+
+  @property
   def model_type(self) -> str:
     """The Hugging Face family this config is written as (config.json `model_type`, tensor names)."""
     if (self.rope_theta is not None or self.geglu or self.pre_norm or self.final_norm or not self.norm_bias

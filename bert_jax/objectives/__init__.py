@@ -33,6 +33,12 @@ def get(config_or_name) -> ModuleType:
   return importlib.import_module(f"bert_jax.objectives.{name}")
 
 
+def encoder_configs(config) -> list:
+  """The encoders a pretraining config trains, each a `BertConfig`: its encoder, and the objective's others
+  (`other_encoders`, ELECTRA's generator), which the mesh splits by the same rules."""
+  return [encoder_config(config)] + list(getattr(get(config), "other_encoders", lambda _: [])(config))
+
+
 def train_flops_per_step(config) -> float:
   """Model FLOPs of one optimizer step of a train config (all devices, all micro-batches): 3x forward."""
   per_row = get(config).forward_flops_per_row(config)

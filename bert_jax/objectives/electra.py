@@ -62,6 +62,12 @@ def validate(config: ml_collections.ConfigDict) -> list[str]:
   return problems
 
 
+def other_encoders(config: ml_collections.ConfigDict) -> list[encoder.BertConfig]:
+  """The generator's config, beside the discriminator's (`train.validate` checks the mesh against both)."""
+  return [generator_config(base.encoder_config(config),
+                           config.get("generator_hidden_fraction", DEFAULT_GENERATOR_FRACTION))]
+
+
 def generator_config(cfg: encoder.BertConfig, fraction: float) -> encoder.BertConfig:
   """The generator: width, heads and intermediate size scaled by `fraction` (as the ELECTRA release's
   `generator_hidden_size`), reading embeddings of the discriminator's width E."""

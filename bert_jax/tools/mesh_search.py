@@ -17,28 +17,25 @@ from bert_jax.tpu_chips import GiB
 
 def mesh_candidates(config, num_devices: int, max_tensor: int = 8) -> list[tuple[int, int, int]]:
   """The (data, fsdp, tensor) splits of one slice's devices that `config` can run on: the batch rows of a
-  micro-batch divide over data x fsdp, fsdp divides the hidden size (parameters' `embed` axis), tensor
-  divides those of the heads, the feed-forward width and the vocabulary that the logical rules
-  (`config.logical_axis_rules`) put on `tensor` (jit refuses uneven shardings) and is at most
-  `max_tensor`. Slices (`mesh.dcn_*`) are kept as the config has them and multiply each axis."""
+  micro-batch divide over data x fsdp, and the mesh axes divide every size of the encoders that the logical
+  rules (`config.logical_axis_rules`) split over them (`sharding.uneven_axes`: the hidden size over fsdp;
+  the heads, the feed-forward width and the vocabulary over tensor; jit refuses uneven shardings); tensor is
+  at most `max_tensor`. Slices (`mesh.dcn_*`) are kept as the config has them and multiply each axis."""
   from bert_jax import objectives, sharding  # pylint: disable=g-import-not-at-top
-  model = objectives.encoder_config(config)   # presets resolved
-  rules = dict(sharding.logical_rules(config))
-  on_tensor = lambda axes: axes == "tensor" or (isinstance(axes, tuple) and "tensor" in axes)   # noqa: E731
-  tensor_dims = [n for name, n in (("heads", model.num_heads), ("mlp", model.intermediate_size),
-                                   ("vocab", model.vocab_size)) if on_tensor(rules.get(name))]
+  models = objectives.encoder_configs(config)   # presets resolved; ELECTRA's generator too
   dcn = sharding.dcn_mesh_shape(config.mesh)
   per_slice = num_devices // math.prod(dcn)
   rows = config.global_batch_size // int(config.micro_batches)
   divisors = lambda n: [d for d in range(1, n + 1) if n % d == 0]   # noqa: E731
   out = []
   for tensor in divisors(per_slice):
-    split = tensor * dcn[2]
-    if tensor > max_tensor or any(n % split for n in tensor_dims):
+    if tensor > max_tensor:
       continue
     for fsdp in divisors(per_slice // tensor):
       data = per_slice // tensor // fsdp
-      if rows % (data * dcn[0] * fsdp * dcn[1]) == 0 and model.hidden_size % (fsdp * dcn[1]) == 0:
+      ways = dict(zip(sharding.MESH_AXES, (data * dcn[0], fsdp * dcn[1], tensor * dcn[2])))
+      if rows % (ways["data"] * ways["fsdp"]) == 0 and not any(
+          sharding.uneven_axes(config, m.split_axis_sizes, ways) for m in models):
         out.append((data, fsdp, tensor))
   return out
 
