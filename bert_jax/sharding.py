@@ -71,11 +71,11 @@ def logical_rules(config) -> tuple[tuple[str, Any], ...]:
                for name, axes in config.logical_axis_rules)
 
 
-def uneven_axes(config, sizes: Mapping[str, Sequence[int]], shape: Mapping[str, int]) -> list[str]:
-  """Of `sizes` ({logical axis: its sizes}), those that `config.logical_axis_rules` split over mesh axes
-  whose product (their sizes in `shape`, slices included) does not divide them, as "vocab 257 over tensor
-  (2)": jit refuses such an uneven sharding, and only once the first step compiles."""
-  rules, problems = dict(logical_rules(config)), []
+def uneven_axes(rules, sizes: Mapping[str, Sequence[int]], shape: Mapping[str, int]) -> list[str]:
+  """Of `sizes` ({logical axis: its sizes}), those that `rules` (`logical_rules`) split over mesh axes whose
+  product (their sizes in `shape`, slices included) does not divide them, as "vocab 257 over tensor (2)":
+  jit refuses such an uneven sharding, and only once the first step compiles."""
+  rules, problems = dict(rules), []
   for name, ns in sizes.items():
     axes = rules.get(name)
     axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)

@@ -104,7 +104,8 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
                       f"{dp} (mesh data x fsdp) x micro_batches {config.micro_batches}")
     ways = {a: shape[a] * dcn[a] for a in sharding.MESH_AXES}
     models = [cfg] if problems else objectives.encoder_configs(config)   # ELECTRA's generator too
-    for uneven in dict.fromkeys(u for m in models for u in sharding.uneven_axes(config, m.split_axis_sizes, ways)):
+    rules = sharding.logical_rules(config)
+    for uneven in dict.fromkeys(u for m in models for u in sharding.uneven_axes(rules, m.split_axis_sizes, ways)):
       problems.append(f"the mesh splits {uneven} unevenly, which jit refuses: choose mesh sizes that divide it, "
                       "or leave that axis unsplit in logical_axis_rules")
   except ValueError as e:

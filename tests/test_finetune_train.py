@@ -121,6 +121,14 @@ def test_finetune_learns_then_two_stage_feature_based(data_dir, tmp_path):
   assert results["best"] >= 0.8, results
 
 
+def test_a_mesh_that_splits_the_encoder_unevenly_stops_before_training(data_dir, tmp_path):
+  config = tiny_config(data_dir)
+  config.model.vocab_size = 33
+  config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 1, 4, 2
+  with pytest.raises(ValueError, match=r"vocab 33 over tensor \(2\) unevenly"):
+    trainer.finetune(config, str(tmp_path / "run"))
+
+
 @pytest.mark.slow
 def test_stacked_trials_one_per_device_group_match_separate_runs(data_dir, tmp_path):
   a, b = tiny_config(data_dir), tiny_config(data_dir)

@@ -449,6 +449,9 @@ def finetune_trials(configs: list, workdirs: list, *, max_epochs: int | None = N
                                               "classifier_pooling": init.classifier_pooling(config, bert_cfg)})
   mesh = sharding.create_mesh(config.mesh)
   rules, trial_axis, batch_axes = _layout(config, mesh, len(configs))
+  if uneven := sharding.uneven_axes(rules, bert_cfg.split_axis_sizes, mesh.shape):
+    raise ValueError(f"the mesh {dict(mesh.shape)} splits the encoder's {', '.join(uneven)} unevenly, which jit "
+                     "refuses: choose mesh sizes that divide it")
   if config.batch_size % math.prod(mesh.shape[a] for a in batch_axes):
     raise ValueError(f"batch_size {config.batch_size} does not split over the mesh axes {batch_axes}")
   steps_per_epoch = len(train_features["input_ids"]) // config.batch_size

@@ -35,7 +35,7 @@ def mesh_candidates(config, num_devices: int, max_tensor: int = 8) -> list[tuple
       data = per_slice // tensor // fsdp
       ways = dict(zip(sharding.MESH_AXES, (data * dcn[0], fsdp * dcn[1], tensor * dcn[2])))
       if rows % (ways["data"] * ways["fsdp"]) == 0 and not any(
-          sharding.uneven_axes(config, m.split_axis_sizes, ways) for m in models):
+          sharding.uneven_axes(sharding.logical_rules(config), m.split_axis_sizes, ways) for m in models):
         out.append((data, fsdp, tensor))
   return out
 
