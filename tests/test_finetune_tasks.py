@@ -1,5 +1,6 @@
 """Classification/regression tasks: readers of every GLUE format, generic files, TFDS, features, scores."""
 
+import json
 from unittest import mock
 
 import numpy as np
@@ -252,3 +253,26 @@ def test_test_split_cannot_be_evaluated_but_can_be_written(tokenizer, tmp_path):
       task.evaluate(np.array(logits), examples, meta)
     task.write_predictions(str(tmp_path / f"{name}.tsv"), np.array(logits), examples, meta)
     assert (tmp_path / f"{name}.tsv").read_text().splitlines() == ["index\tprediction"] + expected
+
+
+def test_a_row_with_more_fields_than_its_header_is_an_error(tmp_path):
+  """A CSV field holding an unquoted comma (or a tab in a TSV text) would shift the label or be cut off:
+  the line is named. Trailing empty fields are harmless."""
+  from bert_jax.finetune import readers  # pylint: disable=g-import-not-at-top
+  (tmp_path / "a.csv").write_text('label,sentence\npos,"great fun, really"\npos,fine,\n')
+  assert [r["sentence"] for r in readers.read_rows(str(tmp_path / "a.csv"))] == ["great fun, really", "fine"]
+  (tmp_path / "b.csv").write_text("label,sentence\npos,great fun, really\n")
+  with pytest.raises(DataError, match=r"b.csv, line 2: 3 fields under a header of 2 \(quote"):
+    readers.read_rows(str(tmp_path / "b.csv"))
+  (tmp_path / "c.tsv").write_text("sentence\tlabel\ngreat\tfun\tpositive\n")
+  with pytest.raises(DataError, match="line 2: 3 fields under a header of 2 .a text field may not hold a tab"):
+    readers.read_rows(str(tmp_path / "c.tsv"))
+
+
+def test_json_lines_split_at_newlines_only(tmp_path):
+  """A JSON string may hold U+2028, U+2029 or U+0085 raw, which str.splitlines would split a line at."""
+  from bert_jax.finetune import readers  # pylint: disable=g-import-not-at-top
+  text = "first line\u2028second\u0085third"
+  (tmp_path / "a.jsonl").write_text(json.dumps({"sentence": text, "label": "pos"}, ensure_ascii=False) + "\r\n",
+                                    encoding="utf-8")
+  assert readers.read_rows(str(tmp_path / "a.jsonl")) == [{"sentence": text, "label": "pos"}]

@@ -75,14 +75,16 @@ def read_rows(path: str, delimiter: str | None = None) -> list[dict]:
   TSVs are read without quote handling, as google-research/bert `run_classifier.py` does for GLUE
   (sentences there contain unbalanced quotes). A UTF-8 byte-order mark (Windows and spreadsheet
   exports) is dropped, so that it does not become part of the first column's name. An empty file, a
-  line that is not JSON and a file that is not UTF-8 are DataErrors naming the file.
+  line that is not JSON, a row with more (non-empty) fields than the header and a file that is not UTF-8
+  are DataErrors naming the file.
   """
   text = read_text(path)
   if not text.strip():
     raise DataError(f"{path} is empty: it needs a header line naming the columns, then one example a "
                     "line (JSON lines: one object a line).")
   if path.endswith((".jsonl", ".json")):
-    return [_json_row(path, n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+    # Lines end at "\n" only: str.splitlines also splits at U+2028 and U+0085, which JSON strings may hold.
+    return [_json_row(path, n, line) for n, line in enumerate(text.split("\n"), 1) if line.strip()]
   if delimiter is None:
     delimiter = "," if path.endswith(".csv") else "\t"
   f = io.StringIO(text, newline="")
@@ -96,6 +98,10 @@ def read_rows(path: str, delimiter: str | None = None) -> list[dict]:
     if len(row) < len(header):
       malformed += 1
       continue
+    if any(field.strip() for field in row[len(header):]):   # trailing empty fields are harmless
+      hint = "a text field may not hold a tab" if delimiter == "\t" else "quote a field that holds the delimiter"
+      raise DataError(f"{path}, line {reader.line_num}: {len(row)} fields under a header of {len(header)} "
+                      f"({hint}); the extra ones would be dropped or shift the label")
     rows.append(dict(zip(header, row)))
   if malformed:
     logging.warning("%s: skipped %d rows with fewer than %d fields", path, malformed, len(header))
