@@ -89,3 +89,52 @@ def test_a_pretraining_checkpoint_is_not_a_finetuned_workdir(tmp_path):
   (tmp_path / "config.json").write_text("{}")
   with pytest.raises(FileNotFoundError, match="not a finetuned workdir.*task.json"):
     predict.task_record(str(tmp_path))
+
+
+def test_tagging_inputs_in_tsv_and_csv_cells_are_words(tmp_path):
+  """A `tokens` or `tags` cell of a TSV / CSV is words split on whitespace (a JSON list as it is); the
+  words and tags must pair up."""
+  (tmp_path / "in.tsv").write_text("tokens\ttags\nJohn lives in Paris\tB-PER O O B-LOC\n")
+  (tmp_path / "in.csv").write_text("id,tokens\n7,John lives\n")
+  (tmp_path / "in.jsonl").write_text('{"tokens": ["New York"], "tags": ["B-LOC"]}\n')
+  (ex,) = predict.read_words(str(tmp_path / "in.tsv"))
+  assert ex.words == ("John", "lives", "in", "Paris") and ex.tags == ("B-PER", "O", "O", "B-LOC")
+  (ex,) = predict.read_words(str(tmp_path / "in.csv"))
+  assert ex.guid == "7" and ex.words == ("John", "lives") and ex.tags is None
+  (ex,) = predict.read_words(str(tmp_path / "in.jsonl"))
+  assert ex.words == ("New York",) and ex.tags == ("B-LOC",)
+  (tmp_path / "bad.tsv").write_text("tokens\ttags\nJohn lives\tB-PER\n")
+  with pytest.raises(readers.DataError, match="2 words and 1 tags"):
+    predict.read_words(str(tmp_path / "bad.tsv"))
+
+
+def _predictor(task):
+  """A Predictor with no model: what `read` does with an input file."""
+  return predict.Predictor(task, None, None, None, 16, False)
+
+
+def test_conll_input_is_scored_against_the_tags_finetuning_read(tmp_path):
+  """CoNLL-2003's files are IOB1: finetuning reads them as BIO (`tag_scheme`), and so does predict."""
+  from bert_jax.finetune import tasks  # pylint: disable=g-import-not-at-top
+  (tmp_path / "dev.txt").write_text("-DOCSTART- -X- -X- O\n\nEU NNP B-NP I-ORG\nrejects VBZ B-VP O\n"
+                                    "German JJ B-NP I-MISC\ncall NN I-NP O\n")
+  (ex,) = _predictor(tasks.get_task("conll2003")).read(str(tmp_path / "dev.txt"))
+  assert ex.tags == ("B-ORG", "O", "B-MISC", "O")
+  (ex,) = _predictor(tasks.get_task("conll2003", tag_scheme="iob1")).read(str(tmp_path / "dev.txt"))
+  assert ex.tags == ("I-ORG", "O", "I-MISC", "O")
+
+
+def test_labels_the_model_does_not_know_are_predicted_not_scored(tmp_path, capsys):
+  """An input's label column with a label outside the model's set (or empty) is not an error: the
+  examples are predicted, `score` gives None, and a warning names the labels."""
+  from bert_jax.finetune import tasks  # pylint: disable=g-import-not-at-top
+  task = tasks.get_task("csv", text_a="sentence").with_label_names(["neg", "pos"])
+  (tmp_path / "known.csv").write_text("sentence,label\ngood,pos\nbad,neg\n")
+  assert [e.label for e in _predictor(task).read(str(tmp_path / "known.csv"))] == ["pos", "neg"]
+  (tmp_path / "new.csv").write_text("sentence,label\ngood,pos\nso so,neutral\nbad,\n")
+  assert [e.label for e in _predictor(task).read(str(tmp_path / "new.csv"))] == [None, None, None]
+  assert "'neutral'" in capsys.readouterr().err
+  tagging = tasks.get_task("tagging").with_label_names(["O", "B-LOC", "I-LOC"])
+  (tmp_path / "tags.conll").write_text("Paris B-CITY\nis O\n")
+  (ex,) = _predictor(tagging).read(str(tmp_path / "tags.conll"))
+  assert ex.tags is None and "'B-CITY'" in capsys.readouterr().err

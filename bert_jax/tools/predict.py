@@ -86,11 +86,32 @@ class Predictor:
     if not os.path.isfile(path):
       raise FileNotFoundError(f"input {path} does not exist")
     if self.task.kind == "tagging":
-      return read_words(path, self.task.options.get("tag_column", -1))
+      # The gold tags as finetuning read them: CoNLL-2003's IOB1 as BIO (its `tag_scheme`).
+      scheme = self.task.options.get("tag_scheme", "bio") if self.task.name == "conll2003" else ""
+      examples = read_words(path, self.task.options.get("tag_column", -1), scheme)
+      unknown = sorted({t for e in examples for t in e.tags or ()} - set(self.task.label_names))
+      if unknown:
+        print(f"warning: {path} has tags the model does not know ({', '.join(map(repr, unknown[:5]))}): "
+              "predicting without scoring", file=sys.stderr)
+        examples = [dataclasses.replace(e, tags=None) for e in examples]
+      return examples
     if self.task.kind == "span" and path.endswith((".jsonl", ".tsv", ".csv")):
       return [squad.make_example(r.get("id", str(i)), r["question"], r["context"], [], [])
               for i, r in enumerate(_rows_with(path, ("question", "context")))]
-    return self.task.read("predict", path)
+    return self._scoreable(self.task.read("predict", path), path)
+
+  def _scoreable(self, examples: list, path: str) -> list:
+    """`examples` as read, or without their labels where some are empty or not the model's: those are
+    predicted and not scored (`score` gives None), with a warning naming them."""
+    if self.task.kind != "classification":
+      return examples
+    labels = {e.label for e in examples if e.label is not None}
+    unknown = sorted(str(label) for label in labels - set(self.task.label_names))
+    if not unknown:
+      return examples
+    print(f"warning: {path} has labels the model does not know ({', '.join(map(repr, unknown[:5]))}; it knows "
+          f"{list(self.task.label_names)}): predicting without scoring", file=sys.stderr)
+    return [dataclasses.replace(e, label=None) for e in examples]
 
   def predict(self, examples, batch_size: int = 64, progress: bool = False) -> list[dict]:
     """One record per example (see the module docstring), in input order."""
@@ -148,24 +169,35 @@ def _rows_with(path: str, columns) -> list[dict]:
   return rows
 
 
-def read_words(path: str, tag_column: int = -1) -> list[ner.NerExample]:
+def read_words(path: str, tag_column: int = -1, scheme: str = "") -> list[ner.NerExample]:
   """Sentences to tag: CoNLL-style lines (a word per line, or the training files' columns), or JSON lines /
-  TSV / CSV rows with `tokens` (a list of words) or `text` (split on whitespace), and optional `tags`."""
+  TSV / CSV rows with `tokens` (a list of words; in a TSV / CSV cell, words split on whitespace) or `text`
+  (split on whitespace), and optional `tags` (a list, or a cell of tags split on whitespace). `scheme`
+  "bio" reads IOB1 tags as BIO (`ner.parse_conll`), "" as written."""
   if not path.endswith((".jsonl", ".json", ".tsv", ".csv")):
     lines = readers.read_text(path).splitlines()
     if all(len(line.split()) <= 1 for line in lines):   # words only: no gold tags
       lines = [f"{line.strip()} _" if line.strip() else "" for line in lines]
       return [dataclasses.replace(e, tags=None) for e in ner.parse_conll(lines, scheme="", path=path)]
-    return ner.parse_conll(lines, scheme="", tag_column=tag_column, path=path)
+    return ner.parse_conll(lines, scheme=scheme, tag_column=tag_column, path=path)
   rows = readers.read_rows(path)
   if not rows or not all("tokens" in r or "text" in r for r in rows):
     raise readers.DataError(f"{path}: every example needs `tokens` (a list of words) or `text` to tag.")
   examples = []
   for i, r in enumerate(rows):
-    words = r["tokens"] if "tokens" in r else str(r["text"]).split()
-    tags = r.get("tags")
+    words = _as_list(r["tokens"]) if "tokens" in r else str(r["text"]).split()
+    tags = _as_list(r.get("tags"))
+    if tags and len(tags) != len(words):
+      raise readers.DataError(f"{path}: example {r.get('id', i)!r} has {len(words)} words and {len(tags)} tags.")
+    if tags and scheme == "bio":
+      tags = ner.iob1_to_bio(tags)
     examples.append(ner.NerExample(str(r.get("id", i)), tuple(words), tuple(tags) if tags else None))
   return examples
+
+
+def _as_list(value):
+  """A JSON list as it is; a TSV / CSV cell (a string) split on whitespace; None (no column) as None."""
+  return value.split() if isinstance(value, str) else value
 
 
 def _forward(module):
