@@ -176,3 +176,25 @@ def test_reads_v2_json_with_unanswerable_questions(tmp_path):
   answerable, impossible = tasks.get_task("squad_v2").read("dev", str(tmp_path))
   assert (answerable.doc_tokens[answerable.start_position], answerable.answers) == ("Normandy", ("Normandy",))
   assert impossible.is_impossible and impossible.answers == () and impossible.start_position == -1
+
+
+def test_finetuning_drops_training_questions_whose_answer_is_not_in_their_context(tmp_path):
+  """`trainer._read_data` featurizes the training split with `is_training`, as run_squad.py trains: a
+  question whose answer text is not at its offset is not trained on as "no answer"; dev keeps it."""
+  from bert_jax.finetune import trainer  # pylint: disable=g-import-not-at-top
+  from configs.finetune import squad_v1  # pylint: disable=g-import-not-at-top
+  from test_finetune_train import write_vocab  # pylint: disable=g-import-not-at-top
+  context = "the movie was good and the plot was great"
+  qas = [{"id": "ok", "question": "what was good?", "answers": [{"text": "movie", "answer_start": 4}]},
+         {"id": "bad", "question": "what was bad?", "answers": [{"text": "the acting", "answer_start": 0}]}]
+  for split in ("train", "dev"):
+    (tmp_path / f"{split}.json").write_text(json.dumps(
+        {"data": [{"title": "t", "paragraphs": [{"context": context, "qas": qas}]}]}))
+  write_vocab(tmp_path)
+  c = squad_v1.get_config()
+  c.data_dir, c.vocab_file, c.max_seq_length = str(tmp_path), str(tmp_path / "vocab.txt"), 32
+  from bert_jax.finetune import init  # pylint: disable=g-import-not-at-top
+  task = tasks.get_task(c.task, **c.task_opts)
+  _, train, dev, _ = trainer._read_data(task, c, init.load_tokenizer(c))
+  assert [train.examples[i].qas_id for i in train.meta["example_index"]] == ["ok"]
+  assert [dev.examples[i].qas_id for i in dev.meta["example_index"]] == ["ok", "bad"]

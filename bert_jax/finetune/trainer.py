@@ -297,8 +297,11 @@ def _read_data(task, config: Config, tokenizer):
   def read(split, limit=0):
     return task.read(split, config.data_dir)[:limit or None], task.file(split, config.data_dir)
 
-  def featurize(split, examples):
-    return _Split(split, examples, *task.featurize(examples, tokenizer, config.max_seq_length))
+  def featurize(split, examples, training=False):
+    # A span task's training questions whose answer is not in their context are dropped, as run_squad.py
+    # does: their target would read "no answer".
+    opts = {"is_training": True} if training and task.kind == "span" else {}
+    return _Split(split, examples, *task.featurize(examples, tokenizer, config.max_seq_length, **opts))
 
   train_examples, train_file = read(config.train_split, config.max_train_examples)
   task = task.with_labels_from(train_examples, train_file)
@@ -308,7 +311,8 @@ def _read_data(task, config: Config, tokenizer):
   to_predict = None
   if config.predict_split and config.keep_best_checkpoint:
     to_predict = featurize(config.predict_split, read(config.predict_split)[0])
-  return task, featurize(config.train_split, train_examples), featurize(dev_split, dev_examples), to_predict
+  return (task, featurize(config.train_split, train_examples, training=True), featurize(dev_split, dev_examples),
+          to_predict)
 
 
 def write_task_record(workdir: str, task, config: Config) -> None:
