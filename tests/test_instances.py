@@ -85,6 +85,17 @@ def test_sentence_pairs_are_single_sentences_next_or_from_another_document():
     _plan("sentence_pair", docs=_documents(n_docs=1))
 
 
+def test_sentence_pair_labels_are_balanced_with_short_documents():
+  """A document's last sentence starts no pair: drawn there, a random B alone (a real next cannot be)
+  made 60% of the labels 1 with two sentences a document."""
+  n = 5000
+  docs = instances.Documents(tokens=np.arange(2 * n * 8, dtype=np.int32) % 1000 + 5,
+                             sentence_starts=np.arange(2 * n + 1, dtype=np.int64) * 8,
+                             doc_starts=np.arange(n + 1, dtype=np.int64) * 2)
+  inst = instances.plan(docs, "sentence_pair", 64, 0.1, np.random.default_rng(0))
+  assert len(inst) == n and abs(inst.label.mean() - 0.5) < 0.025
+
+
 def test_doc_sentences_stay_in_one_document():
   docs, inst = _plan("doc_sentences")
   assert (inst.b_len == 0).all()

@@ -12,8 +12,8 @@ A host's documents live in three flat arrays (`Documents`). Planning walks sente
     document; with 50% they are swapped (label 1). A one-sentence chunk is split inside it too.
   * "sentence_pair": RoBERTa's SENTENCE-PAIR (Liu et al. 2019, 4.2): A is one natural sentence, B the
     sentence after it in its document or, with 50% (label 1), a sentence of another document; the
-    sentence B did not use starts the next pair. A document's last sentence drawn to be followed has
-    no instance, so the labels stay balanced. Rows are short: no target length applies.
+    sentence B did not use starts the next pair. A document's last sentence starts no pair (it has no
+    next to draw against), so the labels stay balanced. Rows are short: no target length applies.
   * "full_sentences" / "doc_sentences": RoBERTa (Liu et al. 2019, 4.2): whole sentences up to the
     target length, one segment, no sentence objective; FULL crosses documents with a [SEP] between.
 Everything else (building rows, packing) is vectorised numpy over whole batches.
@@ -183,10 +183,10 @@ def _plan_sentence_pairs(docs, max_tokens, rng):
   k = 0
   for d in range(n_docs):
     i, stop = doc_starts[d], doc_starts[d + 1]
-    while i < stop:
+    while i + 1 < stop:   # a document's last sentence starts no pair: it has no real next, and a random
+      # B there alone would tip the labels towards 1 (60% with two sentences a document)
       random_next, k = random_u[k] < 0.5, k + 1
-      if random_next or i + 1 < stop:
-        first.append(i), label.append(int(random_next)), doc.append(d)
+      first.append(i), label.append(int(random_next)), doc.append(d)
       i += 1 if random_next else 2   # the sentence a random B did not use starts the next pair
   first, label, doc = np.array(first, np.int64), np.array(label, np.int64), np.array(doc, np.int64)
   n = len(first)
