@@ -188,6 +188,20 @@ def test_an_unreadable_teacher_or_another_vocabulary_stops_before_compiling(data
     train.check_inputs(config)
 
 
+def test_student_layers_the_teacher_does_not_have_stop_before_compiling(data_dir):  # noqa: F811
+  """Scanned, the teacher's stacked layers indexed past the last would start a student layer from the last
+  one; unrolled, a KeyError: both the teacher checkpoint and a preset teacher name them first."""
+  config = distill_config(data_dir, **{"distill.teacher": tiny_teacher(data_dir), "distill.student_layers": (7,)})
+  with pytest.raises(failures.UserError, match=rf"teacher layers \[7\] of a teacher of {TEACHER_LAYERS} layers"):
+    train.check_inputs(config)
+  preset = distill_config(data_dir, **{"distill.teacher": "", "distill.teacher_preset": "L-5_H-128_A-2",
+                                       "distill.student_layers": (5,)})
+  assert distilbert.validate(preset) == ["distill.student_layers names teacher layers [5] of a teacher of 5 layers "
+                                         "(0 to 4)"]
+  preset.distill.student_layers = (-1,)
+  assert distilbert.validate(preset) == ["distill.student_layers (-1,): teacher layers are numbered from 0"]
+
+
 @pytest.mark.slow
 def test_pretraining_starts_from_a_hugging_face_checkpoint(data_dir):  # noqa: F811
   """A teacher without an MLM head is first given one by MLM training from its weights: `init_from` reads

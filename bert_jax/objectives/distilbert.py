@@ -75,7 +75,20 @@ def validate(config: ml_collections.ConfigDict) -> list[str]:
   if layers and len(layers) != cfg.num_layers:
     problems.append(f"distill.student_layers {tuple(layers)} names {len(layers)} teacher layers for a student "
                     f"of {cfg.num_layers} layers")
+  if layers and any(not isinstance(i, int) or i < 0 for i in layers):
+    problems.append(f"distill.student_layers {tuple(layers)}: teacher layers are numbered from 0")
+  if layers and not _distill(config).get("teacher") and _distill(config).get("teacher_preset"):
+    problems += _layers_past(layers, teacher_config(config).num_layers)
   return problems
+
+
+def _layers_past(layers, depth: int) -> list[str]:
+  """The problem of `student_layers` naming layers a teacher of `depth` layers does not have: scanned,
+  indexing its stacked layers would clamp them to the last one; unrolled, a KeyError."""
+  if missing := [i for i in layers or () if i >= depth]:
+    return [f"distill.student_layers names teacher layers {missing} of a teacher of {depth} layers "
+            f"(0 to {depth - 1})"]
+  return []
 
 
 # -- The teacher ---------------------------------------------------------------------------------
@@ -126,6 +139,7 @@ def teacher_problems(config: ml_collections.ConfigDict, tokenizer=None) -> list[
     problems += _tokenizer_problems(d.teacher, tokenizer)
   if not d.get("student_layers") and student.num_layers > cfg.num_layers:
     problems.append(f"a student of {student.num_layers} layers is deeper than its teacher ({cfg.num_layers})")
+  problems += _layers_past(d.get("student_layers"), cfg.num_layers)
   if not problems:
     for field in ("num_heads", "intermediate_size", "embedding_size", "position_pad_id", "hidden_act"):
       if getattr(cfg, field) != getattr(student, field):
