@@ -275,11 +275,17 @@ def write_run_record(workdir: str, model_config: model.BertConfig, vocab_path: s
     # The tokenizer's `save` writes all it reloads from (vocab.txt; spm.model; vocab.json, merges.txt and
     # its tokenizer_config.json settings); then on to a possibly remote workdir.
     tokenizer.save(local)
-    settings = {**tokenizer_lib.read_tokenizer_config(local), **_reload_settings(tokenizer, do_lower_case)}
+    settings = tokenizer_settings(tokenizer, local, do_lower_case)
     for saved in epath.Path(local).iterdir():
       if saved.name != TOKENIZER_CONFIG:
         saved.copy(root / saved.name, overwrite=True)
   (root / TOKENIZER_CONFIG).write_text(json.dumps(settings, indent=2) + "\n")
+
+
+def tokenizer_settings(tokenizer, directory: str, do_lower_case: bool) -> dict:
+  """The tokenizer_config.json for `tokenizer` as its `save` wrote it into `directory`: the settings save
+  wrote there, and those `load_tokenizer` reads back that save does not write."""
+  return {**tokenizer_lib.read_tokenizer_config(directory), **_reload_settings(tokenizer, do_lower_case)}
 
 
 def _reload_settings(tokenizer, do_lower_case: bool) -> dict:

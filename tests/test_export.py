@@ -160,3 +160,28 @@ def test_distilbert_shaped_run_exports_as_distilbert_for_masked_lm(tmp_path):
   assert cfg2 == cfg
   jax.tree.map(np.testing.assert_array_equal, {**back, "bert": {k: v for k, v in back["bert"].items()
                                                                 if k != "pooler"}}, params)
+
+
+def test_exported_tokenizers_keep_their_settings_and_transformers_names(tmp_path):
+  """ALBERT's SentencePiece model as spiece.model (the name AlbertTokenizer reads) with its accent and space
+  settings; RoBERTa's prefix space and its 256-token limit (its positions start after the pad id)."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  from conftest import shared_path  # pylint: disable=g-import-not-at-top
+  albert = tmp_path / "albert"
+  shutil.copytree(shared_path("families", "albert"), albert)
+  settings = json.loads((albert / "tokenizer_config.json").read_text())
+  (albert / "tokenizer_config.json").write_text(json.dumps(dict(settings, keep_accents=True, do_lower_case=False)))
+  export.export(str(albert), str(tmp_path / "albert_out"))
+  assert (tmp_path / "albert_out" / "spiece.model").is_file()
+  source, exported = (checkpoint_loader.load_tokenizer(str(d)) for d in (albert, tmp_path / "albert_out"))
+  assert exported.keep_accents and not exported.do_lower_case
+  assert exported.encode("Café Ünïcödé") == source.encode("Café Ünïcödé")
+  roberta = tmp_path / "roberta"
+  shutil.copytree(shared_path("families", "roberta"), roberta)
+  settings = json.loads((roberta / "tokenizer_config.json").read_text())
+  (roberta / "tokenizer_config.json").write_text(json.dumps(dict(settings, add_prefix_space=True)))
+  export.export(str(roberta), str(tmp_path / "roberta_out"))
+  source, exported = (checkpoint_loader.load_tokenizer(str(d)) for d in (roberta, tmp_path / "roberta_out"))
+  assert exported.add_prefix_space and exported.encode("Hello world") == source.encode("Hello world")
+  written = json.loads((tmp_path / "roberta_out" / "tokenizer_config.json").read_text())
+  assert written["model_max_length"] == checkpoint_loader.load(str(roberta))[0].max_position_embeddings - 2

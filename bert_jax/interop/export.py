@@ -17,8 +17,9 @@ token types), or BertModel (...) when it has no MLM head. An ELECTRA pretraining
 "discriminator") becomes two directories: the discriminator, `ElectraForPreTraining`, in OUTPUT and the
 generator, `ElectraForMaskedLM`, in OUTPUT/generator; neither has a pooler.
 
-Each directory also gets the vocabulary and a tokenizer_config.json (lower-casing, maximum length), so
-`AutoTokenizer` loads it. A scalar-mix head has no `transformers` class: an error; so has a RoBERTa or
+Each directory also gets the vocabulary (a SentencePiece model as spiece.model) and a tokenizer_config.json
+(lower-casing, the tokenizer's own settings, the longest input the positions hold), so `AutoTokenizer` loads
+it and tokenizes as we do. A scalar-mix head has no `transformers` class: an error; so has a RoBERTa or
 DistilBERT sequence classifier (their heads are two layers on the first token, ours the pooler and one).
 """
 
@@ -29,6 +30,7 @@ from absl import app
 from absl import flags
 
 from bert_jax import checkpoint_loader
+from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.interop import checkpoints_hf
 from bert_jax.finetune import trainer
 from bert_jax.objectives import electra
@@ -36,6 +38,7 @@ from bert_jax.objectives import electra
 FLAGS = flags.FLAGS
 # Where an ELECTRA run's generator is written, inside the discriminator's directory.
 ELECTRA_GENERATOR = "generator"
+HF_SENTENCEPIECE_FILE = "spiece.model"   # the name transformers' AlbertTokenizer reads
 # The class of a finetuned BERT head; other families change the stem (`checkpoints_hf.Family.classes`).
 ARCHITECTURES = {"classification": "BertForSequenceClassification", "regression": "BertForSequenceClassification",
                  "tagging": "BertForTokenClassification", "span": "BertForQuestionAnswering"}
@@ -68,7 +71,7 @@ def export(checkpoint, output) -> str:
   its class name."""
   cfg, params, tokenizer = checkpoint_loader.load(checkpoint)
   record = trainer.read_task_record(checkpoint)
-  max_length = cfg.max_position_embeddings
+  max_length = cfg.max_input_length
   if record is None and is_electra(checkpoint, params):
     return _export_electra(cfg, params, tokenizer, output, max_length)
   if record is None:
@@ -96,10 +99,15 @@ def export(checkpoint, output) -> str:
 
 
 def _save_tokenizer(tokenizer, output, max_length: int, classes: str) -> None:
+  """The tokenizer's files and its settings (SentencePiece's accents and spaces, the BPE's prefix space and
+  special tokens, a tokenizer.json's own config) as transformers reads them, with `model_max_length`."""
   tokenizer.save(str(output))
-  (pathlib.Path(output) / checkpoint_loader.TOKENIZER_CONFIG).write_text(json.dumps(
-      {"do_lower_case": tokenizer.do_lower_case, "model_max_length": max_length,
-       "tokenizer_class": classes + "Tokenizer"}, indent=1) + "\n")
+  settings = checkpoint_loader.tokenizer_settings(tokenizer, str(output), tokenizer.do_lower_case)
+  settings["model_max_length"] = max_length
+  settings.setdefault("tokenizer_class", classes + "Tokenizer")   # a tokenizer.json's config names its own
+  (pathlib.Path(output) / checkpoint_loader.TOKENIZER_CONFIG).write_text(json.dumps(settings, indent=1) + "\n")
+  if tokenizer.kind == "sentencepiece":   # transformers' AlbertTokenizer reads spiece.model
+    (pathlib.Path(output) / tokenizer_lib.SPM_FILE).rename(pathlib.Path(output) / HF_SENTENCEPIECE_FILE)
 
 
 def is_electra(checkpoint, params: dict) -> bool:

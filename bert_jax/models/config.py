@@ -281,6 +281,12 @@ class BertConfig:
     return self.hidden_size if self.embedding_size is None else self.embedding_size
 
   @property
+  def max_input_length(self) -> int:
+    """The longest input the position table holds: RoBERTa's positions start after its pad id."""
+    offset = 0 if self.position_pad_id is None else self.position_pad_id + 1
+    return self.max_position_embeddings - offset
+
+  @property
   def split_axis_sizes(self) -> dict[str, tuple[int, ...]]:
     """The parameters' sizes along the logical axes a mesh may split (`config.logical_axis_rules`): each
     layer's heads, the feed-forward width, the vocabulary and the widths of `embed`. The mesh axes a rule

@@ -58,9 +58,8 @@ class Example(NamedTuple):
 
 
 def longest_input(cfg: model.BertConfig) -> int:
-  """The longest input the position table holds: RoBERTa's positions start after its pad id."""
-  offset = 0 if cfg.position_pad_id is None else cfg.position_pad_id + 1
-  return cfg.max_position_embeddings - offset
+  """The longest input the position table holds (`BertConfig.max_input_length`)."""
+  return cfg.max_input_length
 
 
 def read_examples(lines, tokenizer=None, max_length: int = 512) -> list[Example]:
