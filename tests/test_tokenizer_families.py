@@ -170,3 +170,14 @@ def test_prepare_trains_a_byte_level_bpe(tmp_path):
   assert isinstance(tok, bpe.ByteLevelBPETokenizer) and stats["tokenizer"] == "byte_bpe"
   assert stats["tokenizer_file"] == "vocab.json" and stats["vocab_size"] == tok.vocab_size <= 400
   assert stats["documents"] > 700 and stats["tokens"] > 500_000
+
+
+def test_the_space_before_a_fill_mask_mask_is_the_masks():
+  """Hugging Face's RoBERTa `<mask>` takes the spaces before it (lstrip): `fill_mask.encode` spells no lone
+  space token before it, which changed every prediction."""
+  from bert_jax.tools import fill_mask  # pylint: disable=g-import-not-at-top
+  tokenizer = T.load_tokenizer(str(shared_path("families", "roberta")))
+  ids, positions = fill_mask.encode(tokenizer, "Hello <mask>, world", 64)
+  assert ids == [tokenizer.cls_id, *tokenizer.encode("Hello"), tokenizer.mask_id, *tokenizer.encode(", world"),
+                 tokenizer.sep_id]
+  assert positions == [ids.index(tokenizer.mask_id)]

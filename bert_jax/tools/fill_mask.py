@@ -44,7 +44,8 @@ def encode(tokenizer, text: str, max_length: int) -> tuple[list[int], list[int]]
   """(`[CLS] text [SEP]` ids with the mask id where `[MASK]` is typed, the mask positions).
 
   The tokenizer's own spelling of the mask token (`<mask>` in some SentencePiece models: what its
-  `decode` writes) is a mask too.
+  `decode` writes) is a mask too. The spaces before a mask are the mask's, as Hugging Face's `<mask>`
+  (lstrip) takes them: a byte-level BPE would otherwise spell a lone space token before it.
   """
   spellings = {tokenizer_lib.MASK, *tokenizer.convert_ids_to_tokens([tokenizer.mask_id])}
   pieces = re.split("|".join(re.escape(s) for s in sorted(spellings)), text)
@@ -55,7 +56,7 @@ def encode(tokenizer, text: str, max_length: int) -> tuple[list[int], list[int]]
     if i:
       positions.append(len(ids))
       ids.append(tokenizer.mask_id)
-    ids += tokenizer.encode(piece)
+    ids += tokenizer.encode(piece.rstrip() if i + 1 < len(pieces) else piece)
   ids.append(tokenizer.sep_id)
   if len(ids) > max_length:
     raise ValueError(f"{len(ids)} tokens, more than the model's {max_length} positions: {text!r}")
