@@ -163,3 +163,34 @@ def test_cross_entropy_sums_are_log_softmaxs_and_argmaxs():
   assert float(correct) == np.sum((np.argmax(logits, -1) == labels) * weights) == 2.0
   grad = jax.grad(lambda x: base.cross_entropy_sums(x, labels, weights)[0])(jnp.asarray(logits))
   np.testing.assert_allclose(grad, jax.grad(reference)(jnp.asarray(logits)), rtol=1e-5, atol=1e-7)
+
+
+def _matmul_flops(jaxpr, trips=1) -> int:
+  """2 x output elements x contracted size of every dot_general in `jaxpr`, scans' bodies per trip."""
+  import math  # pylint: disable=g-import-not-at-top
+  from jax.extend import core  # pylint: disable=g-import-not-at-top
+  total = 0
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "dot_general":
+      (contracted, _), _ = eqn.params["dimension_numbers"]
+      lhs = eqn.invars[0].aval.shape
+      total += trips * 2 * math.prod(eqn.outvars[0].aval.shape) * math.prod(lhs[i] for i in contracted)
+    inner = trips * (eqn.params["length"] if eqn.primitive.name == "scan" else 1)
+    for value in eqn.params.values():
+      for sub in value if isinstance(value, (list, tuple)) else [value]:
+        if isinstance(sub, (core.ClosedJaxpr, core.Jaxpr)):
+          total += _matmul_flops(getattr(sub, "jaxpr", sub), inner)
+  return total
+
+
+def test_spanbert_flops_are_its_matmuls_with_factorized_embeddings(data_dir):  # noqa: F811
+  """The SBO head's second layer projects to the embedding width E, and its decoder is E x V (tied to the
+  E-wide table): the count is the model's traced matmuls, also where E is not the hidden size."""
+  from bert_jax.tools import bench_train  # pylint: disable=g-import-not-at-top
+  config = objective_config(data_dir, "spanbert", **{"model.embedding_size": 16, "model.vocab_size": 1536})
+  objective = objectives.get(config)
+  batch = bench_train.synthetic_batch(config)
+  model = objective.build_model(config)
+  params = jax.eval_shape(lambda: model.init(jax.random.key(0), batch))
+  traced = _matmul_flops(jax.make_jaxpr(lambda p: model.apply(p, batch))(params).jaxpr)
+  assert sum(objective.forward_flops_per_row(config).values()) * config.global_batch_size == traced

@@ -117,7 +117,9 @@ def forward_flops_per_row(config: ml_collections.ConfigDict) -> dict[str, float]
   d = config.data
   cfg = base.encoder_config(config)
   counts = flops.forward_flops_per_row(cfg, flops.Shapes(d.seq_length, d.max_predictions_per_seq, use_nsp=False))
-  h, p = cfg.hidden_size, d.max_predictions_per_seq
-  counts["sbo_mlp"] = float(p * (2 * 3 * h * h + 2 * h * h))
-  counts["sbo_decoder"] = float(p * 2 * h * cfg.vocab_size)
+  h, e, p = cfg.hidden_size, cfg.embedding_dim, d.max_predictions_per_seq
+  # [x_{s-1}; x_{e+1}; p] (3H) -> H, then an MLM head of its own: H -> E, and the decoder tied to the E-wide
+  # word embeddings.
+  counts["sbo_mlp"] = float(p * (2 * 3 * h * h + 2 * h * e))
+  counts["sbo_decoder"] = float(p * 2 * e * cfg.vocab_size)
   return counts
