@@ -94,6 +94,12 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
     problems.append(f"optimizer.name {config.optimizer.name!r} is not one of {optimizer_lib.NAMES}")
   if config.train_steps <= 0 or config.optimizer.total_steps <= 0:
     problems.append("train_steps and optimizer.total_steps must be positive")
+  if config.get("loss_spike_factor", 0.0) > 0 and config.checkpoint_every % config.log_every:
+    # A checkpoint inside a log interval holds steps the guard has not checked: a spike undone later
+    # would leave it behind (a restart from it replays the skipped batches), and with keep_checkpoints 1
+    # it pushes out the checkpoint the guard goes back to.
+    problems.append(f"loss_spike_factor is on: checkpoint_every {config.checkpoint_every} must be a multiple of "
+                    f"log_every {config.log_every}, so that checkpoints are written where the loss was checked")
   try:
     shape = dict(zip(sharding.MESH_AXES, sharding.mesh_shape(config.mesh, num_devices)))
     dcn = dict(zip(sharding.MESH_AXES, sharding.dcn_mesh_shape(config.mesh)))
@@ -587,15 +593,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         writer.write(step, scalars)
         results.update(scalars)
       _check_finite(scalars, config, step, checkpointer)
+      rolled_back = False
       if spiked:   # back to the last checkpoint before this interval, whose batches are then skipped
         undone, message = spikes.undo(checkpointer, s.abstract_state, train_iter, step, scalars["train/loss"])
         _say(message)
         writer.write(step, spikes.scalars())
+        rolled_back = undone is not None
         state, step = undone or (state, step)
 
       # -- Checkpoint: periodically, at the end, and at the step all hosts agree on after SIGTERM.
       preempted = preemption.reached(step)
-      saved = not spiked and (step % config.checkpoint_every == 0 or last_step or preempted) and _save(
+      # A spike that found no checkpoint to go back to goes on: its state is saved as any other.
+      saved = not rolled_back and (step % config.checkpoint_every == 0 or last_step or preempted) and _save(
           checkpointer, step, state, train_iter)
       if preempted:
         _say(f"preempted: saved checkpoint at step {step}, exiting" if saved else

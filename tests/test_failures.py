@@ -196,6 +196,33 @@ def test_loss_spike_goes_back_to_the_last_checkpoint_and_skips_its_batches(data_
   assert _checkpoints(workdir) == ["10", "12", "2", "4", "6", "8"]
 
 
+@pytest.mark.slow
+def test_a_spike_with_no_checkpoint_to_go_back_to_still_saves(data_dir, tmp_path, monkeypatch, capsys):  # noqa: F811
+  """The guard goes on where no checkpoint precedes the spiked interval: that step is then saved as any
+  other (the last step's checkpoint was skipped)."""
+  create_iterator = train.create_iterator
+
+  def poisoned(data_config, config, split, tokenizer=None):
+    it = create_iterator(data_config, config, split, tokenizer)
+    return _PoisonsOneBatch(it, nth=8) if split == "train" else it
+
+  monkeypatch.setattr(train, "create_iterator", poisoned)
+  config = tiny_config(data_dir, **dict(RUN, train_steps=8, checkpoint_every=8, loss_spike_factor=1.1))
+  train.train_and_evaluate(config, str(tmp_path / "run"))
+  assert "no checkpoint precedes step 8: going on" in capsys.readouterr().out
+  assert _checkpoints(str(tmp_path / "run")) == ["8"]
+
+
+def test_the_spike_guard_needs_checkpoints_where_the_loss_is_checked(data_dir):  # noqa: F811
+  """A checkpoint inside a log interval would hold unchecked steps: an undone spike left it behind, and
+  with keep_checkpoints 1 it pushed out the checkpoint to go back to."""
+  config = tiny_config(data_dir, **dict(RUN, checkpoint_every=2, log_every=4, loss_spike_factor=1.1))
+  with pytest.raises(failures.UserError, match="checkpoint_every 2 must be a multiple of log_every 4"):
+    train.validate(config)
+  config.loss_spike_factor = 0.0
+  train.validate(config)
+
+
 # ---------------------------------------------------------------------------------------------
 # A failed save (a full disk): the run stops at once, earlier checkpoints and no temporary files stay.
 
