@@ -169,8 +169,10 @@ def test_tracker_keeps_the_best_and_stops_after_patience(tmp_path):
   assert saved == [0, 1] and tracker.best == 0.7 and tracker.best_step == 1
   assert tracker.stopped and step == 4  # 0.6 and 0.7 (not better than 0.7) used up the patience
   tracker.save()
+  assert trainer._Tracker(str(tmp_path), "accuracy", patience=2).best is None   # a new run: nothing kept
+  (tmp_path / "last").mkdir()   # a run continued from its last/ state keeps its tracker
   resumed = trainer._Tracker(str(tmp_path), "accuracy", patience=2)
-  assert (resumed.best, resumed.best_step, resumed.stopped) == (0.7, 1, True)
+  assert (resumed.best, resumed.best_step, resumed.stopped, resumed.stopped_step) == (0.7, 1, True, 3)
   assert len(_read_jsonl(tmp_path / "metrics.jsonl")) == 4
 
 
@@ -276,3 +278,34 @@ def test_finetuning_from_a_left_to_right_run_keeps_the_causal_mask(tmp_path):
   encode = lambda x: model_lib.BertEncoder(loaded_cfg).apply({"params": loaded}, x)["sequence_output"]
   np.testing.assert_allclose(encode(ids)[0, :4], encode(later)[0, :4], atol=1e-6)
   assert not np.allclose(encode(ids)[0, 4:], encode(later)[0, 4:])
+
+
+@pytest.mark.slow
+def test_a_continued_run_and_its_trials_report_their_own_numbers(data_dir, tmp_path):
+  """A run continued from last/ (successive halving's budgets) logs the mean loss of the steps it ran
+  since its last log; an early-stopped trial of a group reports its own step; a new run in a finished
+  run's workdir keeps none of its best."""
+  every_step = tiny_config(data_dir)
+  every_step.log_every_steps, every_step.num_epochs, every_step.write_predictions = 1, 2, False
+  trainer.finetune(every_step, str(tmp_path / "ref"))
+  losses = {r["step"]: r["train/loss"] for r in _read_jsonl(tmp_path / "ref" / "metrics.jsonl") if "train/loss" in r}
+  c = tiny_config(data_dir)
+  c.log_every_steps, c.num_epochs, c.write_predictions = 5, 2, False
+  trainer.finetune(c, str(tmp_path / "cont"), max_epochs=1)   # 16 steps, then on to 32
+  trainer.finetune(c, str(tmp_path / "cont"))
+  logged = {r["step"]: r["train/loss"] for r in _read_jsonl(tmp_path / "cont" / "metrics.jsonl") if "train/loss" in r}
+  assert logged[20] == pytest.approx(np.mean([losses[s] for s in range(17, 21)]), rel=1e-5)
+
+  fast, frozen = tiny_config(data_dir), tiny_config(data_dir)
+  frozen.learning_rate = 1e-7
+  for t in (fast, frozen):
+    t.num_epochs, t.early_stopping_patience, t.write_predictions = 4, 1, False
+  results = trainer.finetune_trials([fast, frozen], [str(tmp_path / "fast"), str(tmp_path / "frozen")])
+  assert results[1]["stopped_early"] and results[1]["step"] < results[0]["step"]
+  assert results[1]["epochs"] == results[1]["step"] / 16
+
+  frozen.early_stopping_patience = 0
+  trainer.finetune(frozen, str(tmp_path / "fast"))   # the same workdir, another learning rate
+  again = json.loads((tmp_path / "fast" / trainer.RESULTS_FILE).read_text())
+  assert again["best"] < results[0]["best"] and again["learning_rate"] == 1e-7
+  assert os.listdir(tmp_path / "fast" / "best") == [str(again["best_step"])]

@@ -379,11 +379,13 @@ class _Tracker:
     self.workdir, self.primary, self.patience = workdir, primary_metric, patience
     self.writer = metrics_writer.MetricWriter(workdir, echo=echo)
     self.best, self.best_step, self.best_metrics, self.last_metrics = None, -1, {}, {}
-    self.since_best, self.stopped = 0, False
+    self.since_best, self.stopped, self.stopped_step = 0, False, None
     path = os.path.join(workdir, "tracker.json")
-    if os.path.isfile(path):
+    if os.path.isdir(os.path.join(workdir, "last")) and os.path.isfile(path):   # a continued run
       with open(path) as f:
         self.__dict__.update(json.load(f))
+    else:   # a new run in this workdir: a finished run's best/ would stand for it (a save at its step is skipped)
+      shutil.rmtree(os.path.join(workdir, "best"), ignore_errors=True)
 
   def log(self, step: int, scalars: dict) -> None:
     self.writer.write(step, scalars)
@@ -398,10 +400,11 @@ class _Tracker:
     else:
       self.since_best += 1
       self.stopped = bool(self.patience) and self.since_best >= self.patience
+      self.stopped_step = step if self.stopped else None
 
   def save(self) -> None:
     self.writer.close()
-    keys = ("best", "best_step", "best_metrics", "last_metrics", "since_best", "stopped")
+    keys = ("best", "best_step", "best_metrics", "last_metrics", "since_best", "stopped", "stopped_step")
     with open(os.path.join(self.workdir, "tracker.json"), "w") as f:
       json.dump({k: getattr(self, k) for k in keys}, f)
 
@@ -489,19 +492,19 @@ def finetune_trials(configs: list, workdirs: list, *, max_epochs: int | None = N
                       out_shardings=(shardings, NamedSharding(mesh, PartitionSpec())))
     pred_fn = jax.jit(jax.vmap(functools.partial(predict_step, model=model), in_axes=(0, None)))
     step = int(jax.device_get(state["step"])[0])
-    loss_sum = jnp.zeros(len(configs))
+    loss_sum, summed = jnp.zeros(len(configs)), 0   # the steps summed since the last log, in this call
     while step < budget and not all(t.stopped for t in trackers):
       epoch, skip = divmod(step, steps_per_epoch)
       for host_batch in _train_batches(train_features, [c.seed for c in configs], epoch, config.batch_size, skip):
         state, sums = step_fn(state, _global(host_batch, batch_sharding, batch_axis=1))
-        loss_sum = loss_sum + sums["loss_sum"] / jnp.maximum(sums["weight"], 1.0)
+        loss_sum, summed = loss_sum + sums["loss_sum"] / jnp.maximum(sums["weight"], 1.0), summed + 1
         step += 1
         if step % config.log_every_steps == 0:
-          losses = np.asarray(loss_sum) / config.log_every_steps  # the only host sync between evals
+          losses = np.asarray(loss_sum) / summed  # the only host sync between evals
           for t, tracker in enumerate(trackers):
             tracker.log(step, {"epoch": step / steps_per_epoch, "train/loss": float(losses[t]),
                                "time_s": round(time.time() - t0, 1)})
-          loss_sum = jnp.zeros(len(configs))
+          loss_sum, summed = jnp.zeros(len(configs)), 0
         if step % eval_every == 0 or step == budget:
           _evaluate(pred_fn, state, step, task, trackers, dev, eval_batch_size, eval_sharding, config)
         if step >= budget or all(t.stopped for t in trackers):
@@ -546,6 +549,7 @@ def _predict_with_best(pred_fn, task, split: _Split, trackers, batch_size, shard
 
 def _results(tracker, config, task, step, steps_per_epoch, total_steps, finished, seconds) -> dict:
   tracker.save()
+  step = step if tracker.stopped_step is None else tracker.stopped_step   # stopped early: its own last step
   results = {"task": task.name, "primary_metric": tracker.primary, "best": tracker.best,
              "best_step": tracker.best_step, "best_metrics": tracker.best_metrics,
              "last_metrics": tracker.last_metrics, "step": step, "epochs": step / steps_per_epoch,
