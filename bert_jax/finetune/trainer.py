@@ -298,10 +298,9 @@ def _read_data(task, config: Config, tokenizer):
     return task.read(split, config.data_dir)[:limit or None], task.file(split, config.data_dir)
 
   def featurize(split, examples, training=False):
-    # A span task's training questions whose answer is not in their context are dropped, as run_squad.py
-    # does: their target would read "no answer".
-    opts = {"is_training": True} if training and task.kind == "span" else {}
-    return _Split(split, examples, *task.featurize(examples, tokenizer, config.max_seq_length, **opts))
+    # Training, a span task drops the questions whose answer is not in their context, as run_squad.py
+    # does: their target would read "no answer". The other kinds take no such option.
+    return _Split(split, examples, *task.featurize(examples, tokenizer, config.max_seq_length, is_training=training))
 
   train_examples, train_file = read(config.train_split, config.max_train_examples)
   task = task.with_labels_from(train_examples, train_file)

@@ -23,6 +23,7 @@ def mesh_candidates(config, num_devices: int, max_tensor: int = 8) -> list[tuple
   at most `max_tensor`. Slices (`mesh.dcn_*`) are kept as the config has them and multiply each axis."""
   from bert_jax import objectives, sharding  # pylint: disable=g-import-not-at-top
   models = objectives.encoder_configs(config)   # presets resolved; ELECTRA's generator too
+  rules = sharding.logical_rules(config)
   dcn = sharding.dcn_mesh_shape(config.mesh)
   per_slice = num_devices // math.prod(dcn)
   rows = config.global_batch_size // int(config.micro_batches)
@@ -35,7 +36,7 @@ def mesh_candidates(config, num_devices: int, max_tensor: int = 8) -> list[tuple
       data = per_slice // tensor // fsdp
       ways = dict(zip(sharding.MESH_AXES, (data * dcn[0], fsdp * dcn[1], tensor * dcn[2])))
       if rows % (ways["data"] * ways["fsdp"]) == 0 and not any(
-          sharding.uneven_axes(sharding.logical_rules(config), m.split_axis_sizes, ways) for m in models):
+          sharding.uneven_axes(rules, m.split_axis_sizes, ways) for m in models):
         out.append((data, fsdp, tensor))
   return out
 

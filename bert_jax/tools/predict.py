@@ -88,30 +88,26 @@ class Predictor:
     if self.task.kind == "tagging":
       # The gold tags as finetuning read them: CoNLL-2003's IOB1 as BIO (its `tag_scheme`).
       scheme = self.task.options.get("tag_scheme", "bio") if self.task.name == "conll2003" else ""
-      examples = read_words(path, self.task.options.get("tag_column", -1), scheme)
-      unknown = sorted({t for e in examples for t in e.tags or ()} - set(self.task.label_names))
-      if unknown:
-        print(f"warning: {path} has tags the model does not know ({', '.join(map(repr, unknown[:5]))}): "
-              "predicting without scoring", file=sys.stderr)
-        examples = [dataclasses.replace(e, tags=None) for e in examples]
-      return examples
+      return self._scoreable(read_words(path, self.task.options.get("tag_column", -1), scheme), path)
     if self.task.kind == "span" and path.endswith((".jsonl", ".tsv", ".csv")):
       return [squad.make_example(r.get("id", str(i)), r["question"], r["context"], [], [])
               for i, r in enumerate(_rows_with(path, ("question", "context")))]
     return self._scoreable(self.task.read("predict", path), path)
 
   def _scoreable(self, examples: list, path: str) -> list:
-    """`examples` as read, or without their labels where some are empty or not the model's: those are
-    predicted and not scored (`score` gives None), with a warning naming them."""
-    if self.task.kind != "classification":
+    """`examples` as read, or without their labels (a tagger's: tags) where some are empty or not the
+    model's: those are predicted and not scored (`score` gives None), with a warning naming them."""
+    field = {"classification": "label", "tagging": "tags"}.get(self.task.kind)
+    if field is None:
       return examples
-    labels = {e.label for e in examples if e.label is not None}
-    unknown = sorted(str(label) for label in labels - set(self.task.label_names))
+    gold = [getattr(e, field) for e in examples]
+    found = {g for g in gold if g is not None} if field == "label" else {t for tags in gold for t in tags or ()}
+    unknown = sorted(str(g) for g in found - set(self.task.label_names))
     if not unknown:
       return examples
-    print(f"warning: {path} has labels the model does not know ({', '.join(map(repr, unknown[:5]))}; it knows "
+    print(f"warning: {path} has {'labels' if field == 'label' else 'tags'} the model does not know ({', '.join(map(repr, unknown[:5]))}; it knows "
           f"{list(self.task.label_names)}): predicting without scoring", file=sys.stderr)
-    return [dataclasses.replace(e, label=None) for e in examples]
+    return [dataclasses.replace(e, **{field: None}) for e in examples]
 
   def predict(self, examples, batch_size: int = 64, progress: bool = False) -> list[dict]:
     """One record per example (see the module docstring), in input order."""
