@@ -138,3 +138,22 @@ def test_labels_the_model_does_not_know_are_predicted_not_scored(tmp_path, capsy
   (tmp_path / "tags.conll").write_text("Paris B-CITY\nis O\n")
   (ex,) = _predictor(tagging).read(str(tmp_path / "tags.conll"))
   assert ex.tags is None and "'B-CITY'" in capsys.readouterr().err
+
+
+def test_a_squad_v2_file_with_unanswerable_questions_is_scored(tmp_path):
+  """An is_impossible question is labelled ("no answer"): a v2.0 file is scored as finetuning scores it,
+  and a question with neither answers nor is_impossible leaves the file unscored."""
+  from bert_jax.finetune import tasks  # pylint: disable=g-import-not-at-top
+  context = "The Eiffel Tower is in Paris."
+  qas = [{"id": "a", "question": "Where is the tower?", "answers": [{"text": "Paris", "answer_start": 22}]},
+         {"id": "b", "question": "Where is the moon?", "answers": [], "is_impossible": True}]
+  squad = {"version": "v2.0", "data": [{"title": "t", "paragraphs": [{"context": context, "qas": qas}]}]}
+  (tmp_path / "dev.json").write_text(json.dumps(squad), encoding="utf-8")
+  predictor = _predictor(tasks.get_task("squad_v2"))
+  examples = predictor.read(str(tmp_path / "dev.json"))
+  scores = predictor.score(examples, [{"answer": "Paris"}, {"answer": ""}])
+  assert scores["exact_match"] == 1.0 and scores["NoAns_total"] == 1 and scores["HasAns_total"] == 1
+  assert predictor.score(examples, [{"answer": "Paris"}, {"answer": "Paris"}])["exact_match"] == 0.5
+  del qas[1]["is_impossible"]
+  (tmp_path / "dev.json").write_text(json.dumps(squad), encoding="utf-8")
+  assert predictor.score(predictor.read(str(tmp_path / "dev.json")), [{"answer": "Paris"}, {"answer": ""}]) is None

@@ -129,9 +129,10 @@ class Predictor:
     """The task's metrics of `results` when every example has its label, else None."""
     kind = self.task.kind
     if kind == "span":
-      gold = {e.qas_id: list(e.answers) for e in examples}
-      if not all(gold.values()):
+      # An unanswerable question (SQuAD v2.0's is_impossible) is labelled: its gold answer is "no answer".
+      if any(not e.answers and not e.is_impossible for e in examples):
         return None
+      gold = {e.qas_id: list(e.answers) for e in examples}
       answers = {e.qas_id: r["answer"] for e, r in zip(examples, results)}
       return metrics.squad_scores(answers, gold, self.task.option("version", {}, "v1.1"))
     if kind == "tagging":
