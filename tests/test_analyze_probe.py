@@ -17,6 +17,7 @@ from bert_jax.analysis import probe
 from bert_jax.analysis import senteval
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.finetune import ner
+from bert_jax.finetune import readers
 from bert_jax.interop import checkpoints_hf
 from bert_jax.models import encoder as model
 from tests.conftest import REPO_ROOT
@@ -197,3 +198,15 @@ def test_tsv_and_conll_sources_split_what_they_lack(tmp_path):
   (tmp_path / "two.txt").write_text("a X\n\nb Y\n")
   with pytest.raises(ValueError, match="too few examples"):
     probe.load_task(f"conll:{tmp_path / 'two.txt'}", 100, 0, opts={"tag_column": -1})
+
+
+def test_inputs_longer_than_the_position_table_are_cut_to_it(tmp_path):
+  """`--max_length` above the positions the model holds (64 here) cuts sentences and tagged words to them."""
+  cfg, params, tok = tiny_checkpoint(str(tmp_path / "ckpt"))
+  words = tuple(WORDS[i % len(WORDS)] for i in range(100))
+  sentence = [readers.PairExample(guid="0", text_a=" ".join(words), label="1")]
+  inputs, _ = probe.task_inputs(cfg, tok, "sentence", sentence, 128)
+  assert len(inputs[0][0]) == 64
+  assert probe.encode(cfg, params, inputs, batch_size=2).shape == (3, 1, 16)
+  inputs, labels = probe.task_inputs(cfg, tok, "token", [ner.NerExample("0", words, ("N",) * 100)], 128)
+  assert len(inputs[0][0]) == 64 and len(labels) == 62

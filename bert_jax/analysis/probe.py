@@ -174,6 +174,14 @@ def token_inputs(tokenizer, examples, max_length: int):
   return inputs, labels
 
 
+def task_inputs(cfg: model.BertConfig, tokenizer, kind: str, examples, max_length: int, pool: str = "mean"):
+  """`token_inputs` or `sentence_inputs` of a task's examples, no longer than `cfg`'s position table holds."""
+  max_length = min(max_length, embed.longest_input(cfg))
+  if kind == "token":
+    return token_inputs(tokenizer, examples, max_length)
+  return sentence_inputs(tokenizer, examples, max_length, pool)
+
+
 def encode(cfg: model.BertConfig, params, inputs, batch_size: int = 64) -> np.ndarray:
   """Read-outs of every representation: [num_layers + 1, sum of read-out rows, hidden] float32.
 
@@ -422,10 +430,7 @@ def probe_tasks(names) -> dict:
   for task in tasks:
     x, labels = {}, {}
     for split, examples in task["splits"].items():
-      if task["kind"] == "token":
-        inputs, labels[split] = token_inputs(tokenizer, examples, FLAGS.max_length)
-      else:
-        inputs, labels[split] = sentence_inputs(tokenizer, examples, FLAGS.max_length, FLAGS.pool)
+      inputs, labels[split] = task_inputs(cfg, tokenizer, task["kind"], examples, FLAGS.max_length, FLAGS.pool)
       x[split] = encode(cfg, params["bert"], inputs, FLAGS.batch_size)
     r = probe_task(x, labels, hidden=FLAGS.hidden_size if FLAGS.probe == "mlp" else 0, **train_opts)
     results[task["name"]] = dict(r, examples={s: len(v) for s, v in labels.items()})
