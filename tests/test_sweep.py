@@ -36,6 +36,43 @@ def test_random_search_samples_inside_the_grid_ranges():
   assert trials == sweep.make_trials(config)  # reproducible from sweep.random_seed
 
 
+def test_random_search_draws_distinct_configurations():
+  """Seed 100 drew one configuration twice among 20: both copies trained into one workdir."""
+  config = sst2.get_config()
+  config.sweep.mode, config.sweep.num_random_trials, config.sweep.seeds = "random", 20, (0,)
+  config.sweep.random_seed = 100
+  names = [sweep.trial_name(t) for t in sweep.make_trials(config)]
+  assert len(names) == 20 and len(set(names)) == 20
+  config.sweep.grid.batch_size, config.sweep.grid.num_epochs, config.sweep.grid.learning_rate = (16,), (2,), (2e-5,)
+  config.sweep.num_random_trials = 2
+  with pytest.raises(ValueError, match="fewer distinct"):
+    sweep.make_trials(config)
+
+
+def test_successive_halving_ranks_configurations_by_their_mean_over_seeds(tmp_path, monkeypatch):
+  """Configuration A (0.80, 0.80, 0.95) has a lucky seed; B (0.90 each) is better on average: B goes on,
+  with all its seeds, and A stops, all of its seeds."""
+  score = {(3e-5, 0): 0.80, (3e-5, 1): 0.80, (3e-5, 2): 0.95, (2e-5, 0): 0.90, (2e-5, 1): 0.90, (2e-5, 2): 0.90}
+
+  def finetune_trials(configs, workdirs, max_epochs=None):
+    for w in workdirs:
+      os.makedirs(w, exist_ok=True)
+    return [{"primary_metric": "accuracy", "best": score[(c.learning_rate, c.seed)], "seconds": 0.0,
+             "epochs": min(max_epochs or c.num_epochs, c.num_epochs),
+             "finished": max_epochs is None or max_epochs >= c.num_epochs} for c in configs]
+
+  monkeypatch.setattr(sweep.trainer, "finetune_trials", finetune_trials)
+  c = sst2.get_config()
+  c.sweep.grid.batch_size, c.sweep.grid.num_epochs, c.sweep.grid.learning_rate = (16,), (3,), (3e-5, 2e-5)
+  c.sweep.seeds = (0, 1, 2)
+  c.sweep.successive_halving, c.sweep.halving_eta, c.sweep.halving_min_epochs = True, 2, 1
+  rows = sweep.run_sweep(c, str(tmp_path))
+  assert {(r["learning_rate"], r["seed"]): r["status"] for r in rows} == {
+      (2e-5, s): "done" for s in (0, 1, 2)} | {(3e-5, s): "pruned" for s in (0, 1, 2)}
+  [best] = sweep.aggregate(rows)
+  assert best["learning_rate"] == 2e-5 and best["n"] == 3
+
+
 def test_aggregate_mean_and_std_over_seeds():
   rows = [{"batch_size": 16, "learning_rate": 1e-3, "num_epochs": 2, "seed": s, "status": "done", "best": b}
           for s, b in ((0, 0.8), (1, 0.9))]

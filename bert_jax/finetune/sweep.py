@@ -12,8 +12,9 @@ rate {5e-5, 3e-5, 2e-5}, epochs {2, 3, 4}, each with every seed of `config.sweep
   (`trainer.finetune_trials`), up to `sweep.max_trials_per_group` at once: each data parallel over all
   devices, or with `--config.trials_over_devices` one trial per group of devices.
 * Successive halving (`sweep.successive_halving`; Jamieson and Talwalkar 2016): every trial first runs
-  `halving_min_epochs` epochs, the best 1/eta by dev metric continue from their checkpoints for eta
-  times as many, and so on until their full `num_epochs`; each rung leaves `rung_<r>.json`.
+  `halving_min_epochs` epochs; the best 1/eta configurations by dev metric (the mean over their seeds)
+  continue, all their seeds, from their checkpoints for eta times as many, and so on until their full
+  `num_epochs`; each rung leaves `rung_<r>.json`.
 * Results: `results.md` and `results.csv` (mean +- std over seeds per configuration, the best one
   marked), `trials.csv` (one row per trial) and `lr.png` (dev metric against learning rate).
 """
@@ -64,9 +65,17 @@ def make_trials(config) -> list[dict]:
   elif s.mode == "random":
     rng = np.random.default_rng(s.random_seed)
     lo, hi = np.log(min(grid["learning_rate"])), np.log(max(grid["learning_rate"]))
-    configs = [{"batch_size": int(rng.choice(grid["batch_size"])),
-                "learning_rate": float(f"{np.exp(rng.uniform(lo, hi)):.3g}"),
-                "num_epochs": int(rng.choice(grid["num_epochs"]))} for _ in range(s.num_random_trials)]
+    configs = []
+    for _ in range(1000 * s.num_random_trials):  # distinct draws: a repeat would train into the same workdir
+      c = {"batch_size": int(rng.choice(grid["batch_size"])),
+           "learning_rate": float(f"{np.exp(rng.uniform(lo, hi)):.3g}"),
+           "num_epochs": int(rng.choice(grid["num_epochs"]))}
+      configs += [c] if c not in configs else []
+      if len(configs) == s.num_random_trials:
+        break
+    else:
+      raise ValueError(f"sweep.num_random_trials {s.num_random_trials}: the grid's ranges hold fewer distinct "
+                       f"configurations (learning rates are drawn to 3 significant digits)")
   else:
     raise ValueError(f"sweep.mode must be grid or random, got {s.mode!r}")
   return [{**c, "seed": int(seed)} for c in configs for seed in s.seeds]
@@ -140,31 +149,35 @@ def run_sweep(config, workdir: str) -> list[dict]:
 
 
 def _successive_halving(config, trials, trial_dir, is_done, log) -> None:
-  """Rung r trains the survivors to min_epochs * eta**r epochs; the best 1/eta go on."""
+  """Rung r trains the surviving configurations (each with all its seeds) to min_epochs * eta**r epochs;
+  the best 1/eta by the mean over their seeds go on. Halving single trials would let one configuration's
+  lucky seed outrank a configuration that is better on average."""
   s = config.sweep
   if s.halving_eta < 2 or s.halving_min_epochs < 1:
     raise ValueError(f"successive halving needs halving_eta >= 2 and halving_min_epochs >= 1, got "
                      f"{s.halving_eta} and {s.halving_min_epochs}")
-  alive = list(trials)
+  configurations = {}
+  for t in trials:
+    configurations.setdefault(tuple(t[k] for k in HPARAMS), []).append(t)
+  alive = list(configurations)
   for rung in itertools.count():
     budget = s.halving_min_epochs * s.halving_eta ** rung
     marker = lambda t, r=rung: os.path.join(trial_dir(t), f"rung_{r}.json")
-    pending = [t for t in alive if not is_done(t) and not os.path.isfile(marker(t))]
+    members = [t for c in alive for t in configurations[c]]
+    pending = [t for t in members if not is_done(t) and not os.path.isfile(marker(t))]
     for group in _groups(pending, s.vmap_trials, s.max_trials_per_group):
       for t, r in zip(group, _run_group(config, group, trial_dir, budget, log, fresh=rung == 0)):
         _write_json(marker(t), r)
         if r["finished"]:
           _write_json(os.path.join(trial_dir(t), DONE), r)
-    unfinished = [t for t in alive if not is_done(t)]
-    if not unfinished:
+    if all(is_done(t) for t in members):
       return
     score = lambda t: _read_json(marker(t))["best"] if os.path.isfile(marker(t)) else -math.inf
-    keep = max(1, len(alive) // s.halving_eta)
-    alive = sorted(alive, key=score, reverse=True)[:keep]
-    for t in unfinished:
-      if t not in alive:
-        log({"event": "pruned", "trial": trial_name(t), "rung": rung})
-    if not any(not is_done(t) for t in alive):
+    ranked = sorted(alive, key=lambda c: float(np.mean([score(t) for t in configurations[c]])), reverse=True)
+    pruned, alive = ranked[max(1, len(alive) // s.halving_eta):], ranked[:max(1, len(alive) // s.halving_eta)]
+    for t in (t for c in pruned for t in configurations[c] if not is_done(t)):
+      log({"event": "pruned", "trial": trial_name(t), "rung": rung})
+    if all(is_done(t) for c in alive for t in configurations[c]):
       return
 
 
