@@ -145,6 +145,33 @@ def scale_by_stable_adamw(b1: float, b2: float, eps: float, weight_decay: float 
   return optax.GradientTransformation(adam.init, update_fn)
 
 
+def scale_by_layer_trust_ratio(mask) -> optax.GradientTransformation:
+  """LAMB's trust ratio (You et al. 2019), as google-research/albert's lamb_optimizer.py applies it: each
+  update scaled by ||param|| / ||update|| (1 where either is 0), except where `mask(params)` is False:
+  ALBERT excludes from the layer adaptation what it excludes from weight decay (LayerNorm, biases).
+
+  The norms are per layer: a leaf of scanned layers (`layers` [N, ...], models/layouts.py) takes one ratio
+  per layer along its leading axis, as the same layers unrolled would, not one over the whole stack."""
+
+  def update_fn(updates, state, params=None):
+    if params is None:
+      raise ValueError("the trust ratio needs the params")
+    adapted = mask(params)
+
+    def leaf(path, u, p, adapt):
+      if not adapt:
+        return u
+      axes = tuple(range(1, p.ndim)) if "layers" in path_names(path) and p.ndim > 1 else None
+      p_norm = jnp.sqrt(jnp.sum(jnp.square(p.astype(jnp.float32)), axis=axes, keepdims=True))
+      u_norm = jnp.sqrt(jnp.sum(jnp.square(u.astype(jnp.float32)), axis=axes, keepdims=True))
+      ratio = jnp.where((p_norm > 0) & (u_norm > 0), p_norm / jnp.where(u_norm > 0, u_norm, 1.0), 1.0)
+      return (u * ratio).astype(u.dtype)
+
+    return jax.tree_util.tree_map_with_path(leaf, updates, params, adapted), state
+
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
+
+
 def path_names(path) -> list[str]:
   """The dict keys and attribute names along a tree path, less the `.value` of boxed (partitioned)
   params; a dict key "value" (the attention's value projection) stays."""
@@ -193,7 +220,7 @@ def create_optimizer(opt_config) -> optax.GradientTransformation:
   if opt_config.weight_decay:
     parts.append(optax.add_decayed_weights(opt_config.weight_decay, mask=decay_mask))
   if opt_config.name == "lamb":
-    parts.append(optax.scale_by_trust_ratio())   # You et al. 2019, Algorithm 2
+    parts.append(scale_by_layer_trust_ratio(decay_mask))   # You et al. 2019, Algorithm 2
   elif opt_config.name != "adamw":
     raise ValueError(f"optimizer.name must be 'adamw', 'lamb' or 'stable_adamw', got {opt_config.name!r}")
   parts.append(optax.scale_by_learning_rate(learning_rate_schedule(opt_config)))

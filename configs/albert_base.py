@@ -9,7 +9,9 @@ Recipe (4.1): "All the model updates use a batch size of 4096 and a LAMB optimiz
 prediction. Table 1 sizes (embedding size E = 128 for all): base 12 x 768 (12 heads), large 24 x 1024
 (16), xlarge 24 x 2048 (16), xxlarge 12 x 4096 (64), feed-forward 4H, all layers sharing one set of
 parameters (3). Dropout 0 and gelu_new as the released v2 `albert_config.json` files; 3,125 warmup steps
-and 20 predictions per sequence as google-research/albert's run_pretraining README. "The number of TPUs
+and 20 predictions per sequence as google-research/albert's run_pretraining README. Its LAMB
+(`lamb_optimizer.py`) has no Adam bias correction and leaves LayerNorm and biases out of both the weight
+decay and the trust ratio, as `optimizer.py` does for every LAMB. "The number of TPUs
 used for training ranged from 64 to 512" (4.1): v3:8x8 (64 chips) here, larger sizes on more.
 """
 
@@ -48,6 +50,7 @@ def get_config(arg: str = "", size: str = "base"):
   c.optimizer.warmup_steps = WARMUP
   c.optimizer.total_steps = STEPS
   c.optimizer.eps = 1e-6
+  c.optimizer.bias_correction = False   # google-research/albert's lamb_optimizer.py
   c.topology = "v3:8x8"
   c.peak_flops_per_device = tpu_chips.peak_flops_per_device(c.topology)   # for MFU
   c.mesh.data, c.mesh.fsdp = -1, 1

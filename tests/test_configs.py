@@ -174,6 +174,7 @@ def test_albert_paper_recipe(module):
   shared layers, SOP, n-gram masking, a 30k vocabulary."""
   c = module.get_config()
   assert (c.objective, c.optimizer.name, c.optimizer.learning_rate) == ("albert", "lamb", 0.00176)
+  assert not c.optimizer.bias_correction   # google-research/albert's lamb_optimizer.py
   assert c.global_batch_size == 4096 and c.train_steps == c.optimizer.total_steps == 125_000
   assert (c.data.seq_length, c.data.format, c.data.ngram_masking, c.data.short_seq_prob) == (512, "sop", True, 0.1)
   cfg = train.bert_config(c)
@@ -228,8 +229,8 @@ def test_distilbert_paper_recipe():
   assert (c.objective, cfg.num_layers, cfg.hidden_size, cfg.type_vocab_size, c.data.format) == (
       "distilbert", 6, 768, 0, "full_sentences")
   assert (c.global_batch_size, c.micro_batches, c.data.seq_length) == (4096, 8, 512)
-  assert (o.learning_rate, o.warmup_steps, o.eps, o.weight_decay, o.clip_norm) == (
-      5e-4, int(0.05 * c.train_steps), 1e-6, 0.0, 5.0)
+  assert (o.learning_rate, o.warmup_steps, o.b1, o.b2, o.eps, o.weight_decay, o.clip_norm) == (
+      5e-4, int(0.05 * c.train_steps), 0.9, 0.98, 1e-6, 0.0, 5.0)   # distiller.py: betas=(0.9, 0.98)
   assert (c.distill.temperature, c.distill.soft_positions, distilbert.LOSS_TERMS) == (
       2.0, "all", {"soft": 5.0, "mlm": 2.0, "cos": 1.0})
   assert distilbert.teacher_config(c).num_layers == 12 and "next_sentence_labels" not in train.abstract_batch(c)

@@ -164,6 +164,33 @@ def test_lamb_scales_each_layer_by_its_trust_ratio():
     np.testing.assert_allclose(jnp.linalg.norm(updates[k]), 0.1 * jnp.linalg.norm(params[k]), rtol=1e-5)
 
 
+def test_lamb_leaves_layer_norms_and_biases_out_of_the_trust_ratio():
+  """google-research/albert's LAMB excludes LayerNorm and biases from the layer adaptation, as from weight
+  decay: a small bias moves by the Adam step (lr at the first step), not by lr * ||bias||."""
+  c = _config(name="lamb", weight_decay=0.0, warmup_steps=0, learning_rate=0.1, total_steps=10**9)
+  tx = optimizer.create_optimizer(c)
+  params = {"dense": {"kernel": jnp.full(4, 3.0), "bias": jnp.full(4, 1e-3)}, "LayerNorm": {"scale": jnp.full(4, 2.0)}}
+  grads = jax.tree.map(lambda p: jnp.array([1.0, -1.0, 2.0, 0.5]), params)
+  updates, _ = tx.update(grads, tx.init(params), params)
+  np.testing.assert_allclose(jnp.abs(updates["dense"]["bias"]), 0.1, rtol=1e-5)   # Adam's first step: sign(g)
+  np.testing.assert_allclose(jnp.abs(updates["LayerNorm"]["scale"]), 0.1, rtol=1e-5)
+  np.testing.assert_allclose(jnp.linalg.norm(updates["dense"]["kernel"]), 0.1 * 6.0, rtol=1e-5)
+
+
+def test_lamb_takes_a_trust_ratio_per_layer_of_scanned_layers():
+  """Scanned layers' leaves are stacked [N, ...]: each layer keeps the ratio it has unrolled."""
+  c = _config(name="lamb", weight_decay=0.0, warmup_steps=0, learning_rate=0.1, total_steps=10**9)
+  tx = optimizer.create_optimizer(c)
+  w0, w1, g = jnp.full((4, 4), 1.0), jnp.full((4, 4), 0.1), jnp.full((4, 4), 0.01)
+  unrolled = {"layer_0": {"kernel": w0}, "layer_1": {"kernel": w1}}
+  u, _ = tx.update(jax.tree.map(lambda _: g, unrolled), tx.init(unrolled), unrolled)
+  scanned = {"layers": {"kernel": jnp.stack([w0, w1])}}
+  us, _ = tx.update({"layers": {"kernel": jnp.stack([g, g])}}, tx.init(scanned), scanned)
+  np.testing.assert_allclose(us["layers"]["kernel"], jnp.stack([u["layer_0"]["kernel"], u["layer_1"]["kernel"]]),
+                             rtol=1e-6)
+  np.testing.assert_allclose(jnp.linalg.norm(u["layer_1"]["kernel"]), 0.1 * 0.4, rtol=1e-5)
+
+
 def test_unknown_optimizer_name_is_rejected():
   with pytest.raises(ValueError, match="adamw"):
     optimizer.create_optimizer(_config(name="sgd"))
