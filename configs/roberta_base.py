@@ -6,7 +6,8 @@
 
 Table 9 (base): peak lr 6e-4, 24k warmup steps, batch 8k sequences of 512 tokens, 500k steps, Adam
 b1 0.9, b2 0.98, eps 1e-6, weight decay 0.01, dropout 0.1, no gradient clipping, linear decay. No NSP,
-FULL-SENTENCES inputs (4.2), dynamic masking (4.1, which our input pipeline always does). A 50k byte-level
+FULL-SENTENCES inputs (4.2), full-length sequences only (3.1: "we do not randomly inject short
+sequences"), dynamic masking (4.1, which our input pipeline always does). A 50k byte-level
 BPE vocabulary (4.4), one token type, and fairseq's positions: 514 of them, counted from pad id 1 + 1.
 """
 
@@ -29,6 +30,7 @@ def get_config(arg: str = "", preset: str = "base"):
   c.model.position_pad_id = 1
   c.model.layer_norm_eps = 1e-5
   c.data.format = "full_sentences"
+  c.data.short_seq_prob = 0.0   # 3.1: no short sequences injected
   c.data.seq_length, c.data.max_predictions_per_seq = 512, 80
   c.global_batch_size = BATCH
   c.train_steps = STEPS

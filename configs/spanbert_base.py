@@ -8,7 +8,7 @@ tokens, 80/10/10 per span) with the span boundary objective (3.2), single contig
 512 tokens and no NSP (3.3); BERT's model sizes and cased WordPiece vocabulary. 4.2 ("Implementation"):
 AdamW with lr 1e-4, b1 0.9, b2 0.999, "a decoupled weight decay of 0.1" and "an epsilon of 1e-8", 10,000
 warmup steps then linear decay, dropout 0.1, batch 256 sequences of up to 512 tokens, 2.4M steps (unlike
-BERT no 128-token phase). Checked against arXiv:1907.10529, 4.2 (a text transcription of its ar5iv HTML).
+BERT no 128-token phase), no short sequences (4.2). Checked against arXiv:1907.10529, 4.2 (a text transcription of its ar5iv HTML).
 """
 
 from bert_jax import tpu_chips
@@ -26,6 +26,7 @@ def get_config(arg: str = "", preset: str = "base"):
   c.model.vocab_size = 28_996     # BERT's cased vocabulary
   c.data.do_lower_case = False
   c.data.format = "doc_sentences"
+  c.data.short_seq_prob = 0.0   # 4.2: "We remove all the short-sequence strategies used before"
   c.data.span_masking = True
   c.data.seq_length, c.data.max_predictions_per_seq = 512, 80
   c.global_batch_size = BATCH

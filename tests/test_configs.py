@@ -164,7 +164,7 @@ def test_roberta_paper_schedule(module, lr, warmup):
   c = module.get_config()
   assert c.global_batch_size == 8192 and c.train_steps == c.optimizer.total_steps == 500_000
   assert (c.optimizer.learning_rate, c.optimizer.warmup_steps, c.optimizer.b2) == (lr, warmup, 0.98)
-  assert c.data.format == "full_sentences" and c.data.seq_length == 512
+  assert c.data.format == "full_sentences" and c.data.seq_length == 512 and c.data.short_seq_prob == 0
   assert c.global_batch_size * c.data.seq_length == 8192 * 512
 
 
@@ -194,7 +194,7 @@ def test_spanbert_paper_recipe(module):
       "spanbert", "doc_sentences", True, 0.2, 10)
   assert (c.data.seq_length, c.global_batch_size, c.train_steps, c.optimizer.learning_rate) == (
       512, 256, 2_400_000, 1e-4)
-  assert (c.optimizer.weight_decay, c.optimizer.eps) == (0.1, 1e-8)
+  assert (c.optimizer.weight_decay, c.optimizer.eps, c.data.short_seq_prob) == (0.1, 1e-8, 0.0)
   assert "next_sentence_labels" not in train.abstract_batch(c)
 
 
