@@ -3,12 +3,12 @@
     bert-jax pretrain --config=configs/spanbert_base.py --workdir=gs://bucket/spanbert_base \
         --config.data.train_files=gs://bucket/prepared/train --config.data.vocab_file=gs://bucket/vocab.txt
 
-Recipe: span masking (3.1: whole-word spans, lengths ~ Geometric(p = 0.2) clipped at 10, 15% of the
-tokens, 80/10/10 per span) with the span boundary objective (3.2), single contiguous segments of up to
-512 tokens and no NSP (3.3); BERT's model sizes and cased WordPiece vocabulary. 4.2 ("Implementation"):
-AdamW with lr 1e-4, b1 0.9, b2 0.999, "a decoupled weight decay of 0.1" and "an epsilon of 1e-8", 10,000
-warmup steps then linear decay, dropout 0.1, batch 256 sequences of up to 512 tokens, 2.4M steps (unlike
-BERT no 128-token phase), no short sequences (4.2). Checked against arXiv:1907.10529, 4.2 (a text transcription of its ar5iv HTML).
+Recipe: span masking (3.1: whole-word spans, lengths ~ Geometric(p = 0.2) clipped at 10, 15% of the tokens,
+80/10/10 per span) with the span boundary objective (3.2), single contiguous segments of up to 512 tokens and
+no NSP (3.3); BERT's model sizes and cased WordPiece vocabulary. 4.2 ("Implementation"): AdamW with lr 1e-4,
+b1 0.9, b2 0.999, "a decoupled weight decay of 0.1" and "an epsilon of 1e-8", 10,000 warmup steps then linear
+decay, dropout 0.1, batch 256 sequences of up to 512 tokens, 2.4M steps (unlike BERT no 128-token phase), no
+short sequences (4.2). Checked against arXiv:1907.10529, 4.2 (a text transcription of its ar5iv HTML).
 """
 
 from bert_jax import tpu_chips
