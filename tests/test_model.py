@@ -132,8 +132,10 @@ def test_padding_does_not_change_real_positions():
   np.testing.assert_allclose(padded["pooled_output"], ref["pooled_output"], atol=1e-5)
 
 
-def test_packed_examples_are_independent():
-  cfg = tiny()
+@pytest.mark.parametrize("position_pad_id", [None, 1])
+def test_packed_examples_are_independent(position_pad_id):
+  """Also with RoBERTa's positions (counted from pad id 1 + 1), to which a packed batch's offsets map."""
+  cfg = tiny(position_pad_id=position_pad_id)
   enc = model.BertEncoder(cfg)
   # Two examples with disjoint token ids packed in one row, then padding.
   a, b = np.arange(10, 16, dtype=np.int32), np.arange(30, 35, dtype=np.int32)

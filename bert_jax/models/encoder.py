@@ -121,6 +121,15 @@ def default_position_ids(cfg: BertConfig, input_ids):
   return jnp.cumsum(real, axis=-1) * real + cfg.position_pad_id
 
 
+def packed_position_ids(cfg: BertConfig, position_ids, example_ids):
+  """A packed batch's position ids, each token's offset in its example (data/instances.py), as the rows of
+  the position table: as they are, or RoBERTa's (`position_pad_id`): pad + 1 + offset, pad at padding, so
+  that a packed example computes what it computes alone. Unpacked (no example ids): as they are."""
+  if cfg.position_pad_id is None or position_ids is None or example_ids is None:
+    return position_ids
+  return jnp.where(example_ids > 0, position_ids + cfg.position_pad_id + 1, cfg.position_pad_id)
+
+
 class BertEmbeddings(nn.Module):
   """Word + position + token-type embeddings, LayerNorm, dropout (then ALBERT's projection to hidden_size)."""
   config: BertConfig
@@ -440,7 +449,8 @@ class BertEncoder(nn.Module):
 
     `hidden_states` is [num_layers + 1, B, L, H] (embeddings first, after any projection to H; the last
     layer's output before any `final_norm`, as Hugging Face's ModernBERT) when output_hidden_states, else
-    None. Given position_ids are used as they are (no RoBERTa offset added).
+    None. Given position_ids are used as they are (no RoBERTa offset added), but with `example_ids` (packing)
+    they are each example's offsets (`packed_position_ids`).
     `pool=False`: no pooler (its params are then never created; ELECTRA, DistilBERT), "pooled_output" None.
     `output_attentions`: "attentions" is float32 [num_layers, B, num_heads, L, L], each real query's
     probabilities over the keys (0 on keys it may not attend to), all 0 on padded queries; pruned heads
@@ -455,6 +465,7 @@ class BertEncoder(nn.Module):
       input_mask = jnp.ones_like(input_ids)
     if segment_ids is None:
       segment_ids = jnp.zeros_like(input_ids)
+    position_ids = packed_position_ids(cfg, position_ids, example_ids)
     x = self.embeddings(input_ids, segment_ids, position_ids, deterministic)
     if position_ids is None:
       position_ids = default_position_ids(self.config, input_ids)

@@ -128,13 +128,14 @@ class ElectraForPreTraining(nn.Module):
     ids, positions = batch["input_ids"], batch["masked_lm_positions"]
     weights = batch["masked_lm_weights"]
     optional = {k: batch[k] for k in ("position_ids", "example_ids") if k in batch}
+    # The table's rows, as the encoder takes them from the same batch (`BertEncoder.__call__`).
+    position_ids = encoder.packed_position_ids(cfg, optional.get("position_ids"), optional.get("example_ids"))
     bert_encoder = encoder.BertEncoder(cfg, name="bert")
-    x = bert_encoder.embeddings.embed(ids, batch["segment_ids"], optional.get("position_ids"), deterministic)
+    x = bert_encoder.embeddings.embed(ids, batch["segment_ids"], position_ids, deterministic)
     table = bert_encoder.word_embeddings()
     gen_cfg = generator_config(cfg, self.generator_hidden_fraction)
     # The discriminator's attention as its layers see it: the mask, RoPE and sliding windows (a bare mask
     # would leave a RoPE generator without any positions).
-    position_ids = optional.get("position_ids")
     context = encoder.layer_context(gen_cfg, batch["input_mask"], optional.get("example_ids"),
                                     encoder.default_position_ids(cfg, ids) if position_ids is None else position_ids)
     mlm_logits = Generator(gen_cfg, name="generator")(x, context, positions, table, deterministic)
