@@ -112,6 +112,18 @@ def test_sentencepiece_accents_follow_the_config(tmp_path):
     assert tok.keep_accents is keep and ("é" in "".join(tok.tokenize("café"))) is keep
 
 
+def test_a_saved_sentencepiece_tokenizer_tokenizes_as_its_original(tmp_path):
+  """`save` writes keep_accents and remove_space beside the model (`prepare`'s workers load the copy): an
+  ALBERT model's copy drops accents as the original does."""
+  tok = T.load_tokenizer(shared_path("families", "albert"))
+  (tmp_path / T.TOKENIZER_CONFIG).write_text(json.dumps({"model_max_length": 512}))
+  tok.save(str(tmp_path))
+  copy = T.load_tokenizer(tmp_path)
+  assert (copy.keep_accents, copy.remove_space) == (False, True)
+  assert copy.tokenize("Café naïve") == tok.tokenize("Café naïve") == ["▁ca", "fe", "▁", "na", "ive"]
+  assert json.loads((tmp_path / T.TOKENIZER_CONFIG).read_text())["model_max_length"] == 512
+
+
 @pytest.fixture(scope="module")
 def play_sentences():
   return [s for d in itertools.islice(corpus.read_documents(corpus.SHAKESPEARE), 40) for s in d]

@@ -46,6 +46,32 @@ def test_roberta_tokenizer_json_gives_hugging_face_ids(roberta_json):
   assert T.load_tokenizer(path).encode("Pence read the tally 51-50") == bpe.encode("Pence read the tally 51-50")
 
 
+def test_padding_and_truncation_stored_in_the_file_are_not_applied(roberta_json, tmp_path):
+  """A published tokenizer.json may pad and truncate (all-MiniLM-L6-v2's pads to 128): Hugging Face applies
+  that only when a call asks, and so never do we."""
+  path, _ = roberta_json
+  tk = Tokenizer.from_file(str(path))
+  tk.enable_padding(length=32, pad_id=1, pad_token="<pad>")
+  tk.enable_truncation(max_length=4)
+  tk.save(str(tmp_path / "tokenizer.json"))
+  text = "Pence read the tally 51-50 to the chamber"
+  tok = T.load_tokenizer(tmp_path / "tokenizer.json")
+  assert tok.encode(text) == T.load_tokenizer(path).encode(text) and len(tok.encode(text)) > 4
+  flat, lengths = tok.encode_batch([text, "hi"])
+  assert lengths.tolist() == [len(tok.encode(text)), len(tok.encode("hi"))]
+
+
+def test_byte_level_word_starts_are_those_of_the_vocab_json_tokenizer(roberta_json):
+  """Word starts (whole-word and span masking) judged on the decoded text: a newline starts a word, the
+  bytes of one character ("ï" is "Ã" + "¯") do not."""
+  path, _ = roberta_json
+  ours, bpe = T.load_tokenizer(path), T.load_tokenizer(shared_path("families", "roberta"))
+  tokens = bpe.convert_ids_to_tokens(range(bpe.vocab_size))
+  starts = lambda tok: [tok._starts_word(t) for t in tokens]  # pylint: disable=protected-access
+  assert starts(ours) == starts(bpe)
+  assert not ours._starts_word("\u00af") and ours._starts_word("\u010a")  # pylint: disable=protected-access
+
+
 MODERN_VOCAB = ["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"]
 
 

@@ -421,6 +421,14 @@ class SentencePieceTokenizer(_Tokenizer):
     return self.model_file
 
   def save(self, directory: str) -> str:
+    """Copies the model into `directory` and writes `keep_accents` and `remove_space` into its
+    tokenizer_config.json (kept with what else it holds), which `load_tokenizer` reads back: without them
+    an ALBERT model's copy would keep the accents its original drops."""
+    config = read_tokenizer_config(directory)
+    config.update(keep_accents=self.keep_accents, remove_space=self.remove_space)
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, TOKENIZER_CONFIG), "w", encoding="utf-8") as f:
+      json.dump(config, f, indent=2)
     return copy_into(directory, self.model_file, SPM_FILE)
 
 

@@ -41,6 +41,10 @@ class TokenizerJson(bpe.TokenizersPipeline):
 
     self.path = str(path)
     self._tk = Tokenizer.from_file(self.path)
+    # A published file may carry padding and truncation (e.g. Fixed(128)); Hugging Face's tokenizer applies
+    # them only when a call asks. Ours never pads or cuts: the callers lay out and truncate the ids.
+    self._tk.no_padding()
+    self._tk.no_truncation()
     # Special tokens spelled in a text are not matched (as the other tokenizers here): a corpus that
     # writes "[MASK]" gets its pieces, never a mask or a separator.
     self._tk.encode_special_tokens = True
@@ -52,6 +56,7 @@ class TokenizerJson(bpe.TokenizersPipeline):
     self._token_types = "token_type_ids" in config.get("model_input_names", ["token_type_ids"])
     model = spec.get("model") or {}
     self._continuing_prefix = model.get("continuing_subword_prefix") if model.get("type") == "WordPiece" else None
+    self._byte_level = "ByteLevel" in json.dumps(spec.get("decoder"))
 
   def build_inputs(self, a: list[int], b: list[int] | None = None) -> tuple[list[int], list[int]]:
     """The post-processor's layout around `a` (and `b`): ids and token types (all 0 without token types)."""
@@ -70,8 +75,10 @@ class TokenizerJson(bpe.TokenizersPipeline):
       return not token.startswith(self._continuing_prefix)
     if token[:1] in ("\u0120", "\u2581"):      # byte-level "Ġthe", SentencePiece-style "▁the"
       return True
-    # Other tokens start a word when they are punctuation or space, as `bpe.ByteLevelBPETokenizer`.
-    first = token[:1]
+    # Other tokens start a word when they are punctuation or space, as `bpe.ByteLevelBPETokenizer`: for a
+    # byte-level vocabulary, judged on the decoded text ("Ċ" is a newline; "Ã", a character's first byte,
+    # decodes to U+FFFD and "¯", a later byte, too: neither starts a word).
+    first = self._tk.decoder.decode([token])[:1] if self._byte_level else token[:1]
     return first.isspace() or not (first.isalnum() or first in ("\ufffd", ""))
 
   @property
