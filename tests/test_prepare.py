@@ -175,3 +175,14 @@ def test_tfds_input_with_explicit_data_dir(tmp_path, vocab_file):
   with pytest.raises(FileNotFoundError, match="not prepared"):
     prepare.prepare_corpus(spec, str(tmp_path / "out2"), vocab_file=vocab_file,
                            data_dir=str(tmp_path / "empty"), num_workers=1)
+
+
+@pytest.mark.parametrize("family", ["roberta", "albert"])
+def test_sentences_are_spelled_as_in_the_running_text(family):
+  """A document's sentences are encoded one by one; byte-level BPE spells a sentence after the first with
+  its space ("ĠThe", not "The"), as the running text, which finetuning and fill-mask encode."""
+  tok = tokenization.load_tokenizer(shared_path("families", family))
+  document = ["The market fell.", "The bank said it would act.", "Prices rose."]
+  counters = collections.Counter()
+  [(ids, lengths)] = list(prepare._encode_documents(tok, [document], counters))  # pylint: disable=protected-access
+  assert ids.tolist() == tok.encode(" ".join(document)) and len(lengths) == 3 and lengths.sum() == len(ids)

@@ -68,6 +68,7 @@ class ByteLevelBPETokenizer(TokenizersPipeline):
   """
 
   kind = "byte_bpe"
+  sentence_separator = " "
   do_lower_case = False
 
   def __init__(self, vocab_file: str, merges_file: str | None = None, add_prefix_space: bool = False,
