@@ -102,6 +102,18 @@ def test_albert_preprocessing_as_albert_tokenizer():
   assert tok.encode("In 2016, the") == tok.convert_tokens_to_ids(tok.tokenize("In 2016, the"))
 
 
+def test_sentencepiece_word_starts_are_albert_s():
+  """google-research/albert's `_is_start_piece_sp`: punctuation, digits and other scripts start a word of
+  their own (n-gram and whole-word masking take them alone), as "▁" pieces do."""
+  tok = T.load_tokenizer(shared_path("families", "albert"))
+  tokens = tok.tokenize("in 1990, the U.S. (mostly). naïve <b>")
+  assert tokens == ["▁in", "▁1990", ",", "▁the", "▁", "u", ".", "s", ".", "▁(", "most", "ly", ")", ".", "▁", "na",
+                    "ive", "▁", "<", "b", ">"]
+  table = tok.word_start_table()
+  assert [t for t, i in zip(tokens, tok.convert_tokens_to_ids(tokens)) if not table[i]] == [
+      "u", "s", "most", "ly", "na", "ive", "b"]
+
+
 def test_sentencepiece_accents_follow_the_config(tmp_path):
   model = shared_path("families", "albert", "spiece.model")
   shutil.copy(model, tmp_path / "spiece.model")

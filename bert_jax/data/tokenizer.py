@@ -339,6 +339,10 @@ class WordPieceTokenizer(_Tokenizer):
 # SentencePiece.
 
 
+_ALBERT_PUNCTUATION = frozenset('!"#$%&"()*+,-./:;?@[\\]^_`{|}~')
+_ALBERT_PIECE_CHARS = _ALBERT_PUNCTUATION | frozenset("abcdefghijklmnopqrstuvwxyz")
+
+
 class SentencePieceTokenizer(_Tokenizer):
   """A SentencePiece model (unigram or BPE), with Hugging Face `AlbertTokenizer`'s preprocessing.
 
@@ -418,7 +422,11 @@ class SentencePieceTokenizer(_Tokenizer):
 
   @staticmethod
   def _starts_word(token: str) -> bool:
-    return token.startswith("\u2581")
+    """google-research/albert's `_is_start_piece_sp` (create_pretraining_data.py): a piece starts a word if
+    it begins with "▁" or "<", is a punctuation piece, or holds any character but a-z and punctuation
+    (digits, other scripts: "a whole piece")."""
+    return (token.startswith(("\u2581", "<")) or token in _ALBERT_PUNCTUATION
+            or not all(c.lower() in _ALBERT_PIECE_CHARS for c in token))
 
   @property
   def source_file(self) -> str:
