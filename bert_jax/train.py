@@ -383,24 +383,24 @@ def _foreign(path: str) -> bool:
 
 def _params_from(config, fresh: dict, s: Setup) -> dict:
   """`fresh` with every part a Hugging Face or TF checkpoint holds ("bert", "mlm", "nsp", ...) read from it;
-  the parts it lacks (a pooler, an MLM head saved without) stay freshly initialised. Shapes must match."""
+  the parts it lacks (a pooler, an MLM head saved without) stay freshly initialised. Shapes must match.
+  The fresh params stay where they are (on several hosts no process can fetch them all); each loaded leaf
+  is put on the mesh from the host."""
   path = config.init_from
   _, loaded = checkpoint_loader.load_model(path, scan_layers=bert_config(config).scan_layers)
-  host = jax.device_get(fresh)
 
-  def merge(ours, theirs, where):
+  def merge(ours, theirs, shardings, where):
     if isinstance(ours, dict):
-      return {k: merge(v, theirs[k], f"{where}/{k}") if isinstance(theirs, dict) and k in theirs else v
-              for k, v in ours.items()}
-    if np.shape(theirs) != np.shape(ours):
-      raise ValueError(f"init_from {path!r}: {where} has shape {np.shape(theirs)}, the model {np.shape(ours)}")
-    return np.asarray(theirs).astype(ours.dtype)
+      return {k: merge(v, theirs[k], shardings[k], f"{where}/{k}") if isinstance(theirs, dict) and k in theirs
+              else v for k, v in ours.items()}
+    if np.shape(theirs) != tuple(ours.shape):
+      raise ValueError(f"init_from {path!r}: {where} has shape {np.shape(theirs)}, the model {tuple(ours.shape)}")
+    return _put_sharded(np.asarray(theirs).astype(ours.dtype), shardings)
 
-  kept = sorted(k for k in host if k not in loaded)
+  kept = sorted(k for k in fresh if k not in loaded)
   if kept:
     _say(f"init_from {path}: {', '.join(kept)} newly initialised (not in the checkpoint)")
-  params = merge(host, loaded, "params")
-  return _put_sharded(params, s.state_shardings.params)
+  return merge(fresh, loaded, s.state_shardings.params, "params")
 
 
 def evaluate(s: Setup, eval_iter, eval_start: dict, params) -> dict[str, float]:

@@ -23,13 +23,14 @@ from test_train import data_dir  # noqa: F401  (the prepared-corpus fixture)
 
 WORKER = textwrap.dedent("""
     import json, sys
-    process_id, port, data_dir, workdir, steps, scan = sys.argv[1:]
+    process_id, port, data_dir, workdir, steps, scan, init_from = sys.argv[1:]
     import jax
     jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2,
                                process_id=int(process_id), initialization_timeout=120)
     from bert_jax import train
     from test_train import tiny_config
     config = tiny_config(data_dir, train_steps=int(steps), checkpoint_every=1000, eval_steps=0,
+                         init_from=init_from, init_from_params_only=bool(init_from),
                          **{"optimizer.total_steps": 20, "model.scan_layers": scan == "scan"})
     results = train.train_and_evaluate(config, workdir)
     print("RESULT " + json.dumps({"processes": jax.process_count(), "devices": jax.device_count(),
@@ -44,14 +45,14 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _launch_pair(data_dir, workdir, steps, scan=False) -> list[dict]:
+def _launch_pair(data_dir, workdir, steps, scan=False, init_from="") -> list[dict]:
   """Runs both processes to completion (or kills both); returns each one's RESULT line. `scan`: the
-  model's layers scanned."""
+  model's layers scanned; `init_from`: a checkpoint to take the params from."""
   env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2",
              PYTHONPATH=os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "tests")]))
   port = _free_port()
   procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(i), str(port), data_dir, workdir, str(steps),
-                             "scan" if scan else "unrolled"],
+                             "scan" if scan else "unrolled", init_from],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
            for i in range(2)]
   outputs = []
@@ -104,6 +105,24 @@ def test_two_processes_resume_a_scanned_run_unrolled(data_dir, tmp_path):  # noq
   second = _launch_pair(data_dir, workdir, steps=6)
   assert second[0]["loss"] == second[1]["loss"]
   assert _logged_steps(workdir) == [1, 2, 3, 4, 5, 6]
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_two_processes_start_from_a_hugging_face_directory(data_dir, tmp_path):  # noqa: F811
+  """`init_from` a Hugging Face directory with the params sharded over both processes: the parts it lacks
+  (the MLM and NSP heads) stay as initialised on the mesh, where no process can fetch them whole."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from bert_jax import train  # pylint: disable=g-import-not-at-top
+  from bert_jax.interop import checkpoints_hf  # pylint: disable=g-import-not-at-top
+  from bert_jax.models import encoder  # pylint: disable=g-import-not-at-top
+  from test_train import tiny_config  # pylint: disable=g-import-not-at-top
+  cfg = train.bert_config(tiny_config(data_dir))
+  ids = jax.numpy.zeros([1, 8], jax.numpy.int32)
+  params = jax.jit(encoder.BertEncoder(cfg).init)(jax.random.key(7), ids)["params"]
+  checkpoints_hf.save_hf(str(tmp_path / "hf"), cfg, {"bert": jax.device_get(params)})
+  results = _launch_pair(data_dir, str(tmp_path / "run"), steps=2, init_from=str(tmp_path / "hf"))
+  assert results[0]["loss"] == results[1]["loss"]
 
 
 def _cli(process_id: int, port: int, data_dir, workdir, heartbeat_s: int) -> list[str]:  # noqa: F811
