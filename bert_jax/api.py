@@ -40,16 +40,21 @@ class Model:
   params: dict
   tokenizer: Any
   predictor: predict_lib.Predictor | None = None
+  # Whether the checkpoint saved its pooler: a Hugging Face directory of a MaskedLM class (or ELECTRA,
+  # DistilBERT) has none, and `load` gives it a newly initialised one, whose output means nothing.
+  saved_pooler: bool = True
 
   def encode(self, texts, texts_b=None, batch_size: int = 32) -> dict:
-    """The encoder's outputs for `texts` (and second segments `texts_b`), padded to the longest.
+    """The encoder's outputs for `texts` (and second segments `texts_b`), padded to the longest and cut
+    to the longest input the position table holds.
 
     Returns:
-      {"input_ids", "input_mask": int32 [N, L], "sequence_output": [N, L, H], "pooled_output": [N, H]}.
+      {"input_ids", "input_mask": int32 [N, L], "sequence_output": [N, L, H], "pooled_output": [N, H], or
+      None where the checkpoint has no pooler of its own}.
     """
     texts = [texts] if isinstance(texts, str) else list(texts)
     texts_b = [None] * len(texts) if texts_b is None else list(texts_b)
-    encoded = [self.tokenizer.encode_pair(a, b, max_length=self.config.max_position_embeddings)
+    encoded = [self.tokenizer.encode_pair(a, b, max_length=self.config.max_input_length)
                for a, b in zip(texts, texts_b)]
     length = max(len(ids) for ids, _ in encoded)
     features = {k: np.zeros((len(texts), length), np.int32) for k in ("input_ids", "input_mask", "segment_ids")}
@@ -57,10 +62,12 @@ class Model:
       features["input_ids"][i, :len(ids)], features["segment_ids"][i, :len(ids)] = ids, segments
       features["input_mask"][i, :len(ids)] = 1
     encoder = model_lib.BertEncoder(self.config)
-    run = jax.jit(lambda p, b: encoder.apply({"params": p}, b["input_ids"], b["input_mask"], b["segment_ids"]))
+    pool = self.saved_pooler and "pooler" in self.params["bert"]
+    run = jax.jit(lambda p, b: {k: v for k, v in encoder.apply(
+        {"params": p}, b["input_ids"], b["input_mask"], b["segment_ids"], pool=pool).items() if v is not None})
     out = predict_lib.run_batches(run, self.params["bert"], features, batch_size)
     return {"input_ids": features["input_ids"], "input_mask": features["input_mask"],
-            "sequence_output": out["sequence_output"], "pooled_output": out["pooled_output"]}
+            "sequence_output": out["sequence_output"], "pooled_output": out.get("pooled_output")}
 
   def fill_mask(self, text, top_k: int = 5):
     """The `top_k` (token, probability) pairs at each [MASK] of `text` (a list of texts: one list each)."""
@@ -87,7 +94,7 @@ def load(path, **kwargs) -> Model:
   loaded = checkpoint_loader.load(path, **kwargs)
   record = trainer.read_task_record(path)
   predictor = predict_lib.Predictor.from_loaded(loaded, record) if record else None
-  return Model(loaded.config, loaded.params, loaded.tokenizer, predictor)
+  return Model(loaded.config, loaded.params, loaded.tokenizer, predictor, checkpoint_loader.saved_pooler(path))
 
 
 def fit(checkpoint, train, dev=None, *, workdir, task: str | None = None, labels=None, **overrides) -> Finetuned:

@@ -72,3 +72,17 @@ def test_fit_tagging_from_python_lists_then_predict(tiny, tmp_path):
   assert first["words"] == ["bob", "visits", "rome"] and len(second["tags"]) == 3
   assert set(first["tags"] + second["tags"]) <= {"B-LOC", "B-PER", "O"}
   assert (tmp_path / "run" / "data" / "train.txt").read_text().startswith("bob B-PER\nlives O\n")
+
+
+def test_long_texts_are_cut_to_the_longest_input_and_no_pooler_is_made_up():
+  """RoBERTa's table holds 2 positions more than its longest input (they start after the pad id): a long
+  text is cut to that input, not to the table. Its MaskedLM directory saved no pooler: no pooled output."""
+  from conftest import shared_path  # pylint: disable=g-import-not-at-top
+  model = bert_jax.load(shared_path("families", "roberta"))
+  assert not model.saved_pooler and model.config.max_input_length == model.config.max_position_embeddings - 2
+  out = model.encode(["word " * 400, "a short one"], batch_size=2)
+  assert out["input_ids"].shape == (2, model.config.max_input_length) and out["pooled_output"] is None
+  assert np.isfinite(out["sequence_output"]).all()
+  with pytest.raises(ValueError, match=f"more than the model's {model.config.max_input_length} positions"):
+    model.fill_mask("<mask> " + "word " * 400)
+  assert bert_jax.load(shared_path("minilm")).saved_pooler

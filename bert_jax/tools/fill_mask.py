@@ -96,7 +96,7 @@ def predict(model_config: model.BertConfig, params: dict, tokenizer, texts, top_
     raise ValueError(f"the checkpoint has no MLM head (its params hold {sorted(params)}, no 'mlm'): fill-mask "
                      "needs one saved with its pretraining heads (HF BertForPreTraining / BertForMaskedLM)")
   texts = list(texts)
-  encoded = [encode(tokenizer, t, model_config.max_position_embeddings) for t in texts]
+  encoded = [encode(tokenizer, t, model_config.max_input_length) for t in texts]
   run = _top_k_fn(model_config, top_k, min(tokenizer.vocab_size, model_config.vocab_size))
   mlm_params = {"bert": params["bert"], "mlm": params["mlm"]}
   num_masks = max((len(p) for _, p in encoded), default=0)   # one shape of positions per call
@@ -105,7 +105,7 @@ def predict(model_config: model.BertConfig, params: dict, tokenizer, texts, top_
   for start in range(0, len(order), batch_size):
     chunk = order[start:start + batch_size]
     length = -(-max(len(encoded[i][0]) for i in chunk) // _LENGTH_BUCKET) * _LENGTH_BUCKET
-    length = min(length, model_config.max_position_embeddings)   # never past the position table
+    length = min(length, model_config.max_input_length)   # never past the position table
     ids, mask = np.zeros((batch_size, length), np.int32), np.zeros((batch_size, length), np.int32)
     positions = np.zeros((batch_size, num_masks), np.int32)
     for row, i in enumerate(chunk):
