@@ -282,16 +282,7 @@ def write_run_record(workdir: str, model_config: model.BertConfig, vocab_path: s
   (root / TOKENIZER_CONFIG).write_text(json.dumps(settings, indent=2) + "\n")
 
 
-def tokenizer_settings(tokenizer, directory: str, do_lower_case: bool) -> dict:
-  """The tokenizer_config.json for `tokenizer` as its `save` wrote it into `directory`: the settings save
-  wrote there, and those `load_tokenizer` reads back that save does not write."""
-  return {**tokenizer_lib.read_tokenizer_config(directory), **_reload_settings(tokenizer, do_lower_case)}
-
-
-def _reload_settings(tokenizer, do_lower_case: bool) -> dict:
-  """tokenizer_config.json keys that `load_tokenizer` reads back and `save` does not write: SentencePiece
-  saves its model only, and without `keep_accents` an ALBERT model would come back keeping accents."""
-  settings = {"do_lower_case": do_lower_case}
-  if tokenizer.kind == "sentencepiece":
-    settings.update(keep_accents=tokenizer.keep_accents, remove_space=tokenizer.remove_space)
-  return settings
+def tokenizer_settings(tokenizer, directory: str, do_lower_case: bool) -> dict:  # pylint: disable=unused-argument
+  """The tokenizer_config.json for `tokenizer` as its `save` wrote it into `directory` (SentencePiece's
+  accents and spaces, the BPE's settings), with the casing, which the loader takes from the checkpoint."""
+  return {**tokenizer_lib.read_tokenizer_config(directory), "do_lower_case": do_lower_case}

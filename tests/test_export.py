@@ -185,3 +185,29 @@ def test_exported_tokenizers_keep_their_settings_and_transformers_names(tmp_path
   assert exported.add_prefix_space and exported.encode("Hello world") == source.encode("Hello world")
   written = json.loads((tmp_path / "roberta_out" / "tokenizer_config.json").read_text())
   assert written["model_max_length"] == checkpoint_loader.load(str(roberta))[0].max_position_embeddings - 2
+
+
+def test_tokenizer_class_is_the_one_that_reads_the_tokenizer():
+  """A family's own class where it reads that kind of tokenizer, else the class that does."""
+  assert export.tokenizer_class("wordpiece", "Albert") == "BertTokenizer"   # an ELECTRA with E != H
+  assert export.tokenizer_class("wordpiece", "Electra") == "ElectraTokenizer"
+  assert export.tokenizer_class("sentencepiece", "Albert") == "AlbertTokenizer"
+  assert export.tokenizer_class("sentencepiece", "Bert") == "AlbertTokenizer"
+  assert export.tokenizer_class("byte_bpe", "Roberta") == "RobertaTokenizer"
+  assert export.tokenizer_class("tokenizer_json", "ModernBert") == "PreTrainedTokenizerFast"
+
+
+def test_a_checkpoint_without_a_pooler_exports_without_one(tmp_path):
+  """A BertForMaskedLM directory saved no pooler: the one `load` makes up is not written as if trained."""
+  from conftest import shared_path  # pylint: disable=g-import-not-at-top
+  cfg = model.BertConfig.from_preset("tiny", vocab_size=30522, max_position_embeddings=64)
+  params = nn.unbox(jax.jit(model.BertEncoder(cfg).init)(jax.random.key(0), np.zeros([1, 8], np.int32)))["params"]
+  h, v = cfg.hidden_size, cfg.vocab_size
+  mlm = {"transform": {"kernel": np.full((h, h), 0.01, np.float32), "bias": np.zeros(h, np.float32)},
+         "layer_norm": {"scale": np.ones(h, np.float32), "bias": np.zeros(h, np.float32)},
+         "output_bias": np.zeros(v, np.float32)}
+  checkpoints_hf.save_hf(tmp_path / "source", cfg, {"bert": jax.device_get(params), "mlm": mlm}, pooler=False)
+  (tmp_path / "source" / "vocab.txt").write_text((shared_path("minilm") / "vocab.txt").read_text())
+  assert not checkpoint_loader.saved_pooler(str(tmp_path / "source"))
+  export.export(str(tmp_path / "source"), str(tmp_path / "out"))
+  assert not checkpoint_loader.saved_pooler(str(tmp_path / "out"))

@@ -76,7 +76,9 @@ def export(checkpoint, output) -> str:
     return _export_electra(cfg, params, tokenizer, output, max_length)
   if record is None:
     params = {k: v for k, v in params.items() if k in ("bert", "mlm", "nsp")}
-    fields, pooler = {}, None   # as the class written has one
+    # As the class written has one, unless the checkpoint saved none: a pooler `load` made up is not written
+    # as if trained (transformers then initialises it anew and says so).
+    fields, pooler = {}, None if checkpoint_loader.saved_pooler(checkpoint) else False
   else:
     if record.get("scalar_mix"):
       raise ValueError(f"{checkpoint}: a scalar-mix model (finetuned with scalar_mix) has no transformers class; "
@@ -98,13 +100,27 @@ def export(checkpoint, output) -> str:
   return json.loads((pathlib.Path(output) / "config.json").read_text())["architectures"][0]
 
 
+# The tokenizer kind each family's own transformers tokenizer reads, and the class that reads each kind.
+_FAMILY_TOKENIZER_KIND = {"Bert": "wordpiece", "Electra": "wordpiece", "DistilBert": "wordpiece",
+                          "Albert": "sentencepiece", "Roberta": "byte_bpe"}
+_KIND_TOKENIZER_CLASS = {"wordpiece": "BertTokenizer", "sentencepiece": "AlbertTokenizer",
+                         "byte_bpe": "RobertaTokenizer", "tokenizer_json": "PreTrainedTokenizerFast"}
+
+
+def tokenizer_class(kind: str, classes: str) -> str:
+  """The transformers tokenizer class for a tokenizer of `kind` beside a model of the family `classes`:
+  the family's own where it reads that kind, else the class that does (an ALBERT-shaped model, e.g. an
+  ELECTRA with E != H, may have a WordPiece vocabulary)."""
+  return classes + "Tokenizer" if _FAMILY_TOKENIZER_KIND.get(classes) == kind else _KIND_TOKENIZER_CLASS[kind]
+
+
 def _save_tokenizer(tokenizer, output, max_length: int, classes: str) -> None:
   """The tokenizer's files and its settings (SentencePiece's accents and spaces, the BPE's prefix space and
   special tokens, a tokenizer.json's own config) as transformers reads them, with `model_max_length`."""
   tokenizer.save(str(output))
   settings = checkpoint_loader.tokenizer_settings(tokenizer, str(output), tokenizer.do_lower_case)
   settings["model_max_length"] = max_length
-  settings.setdefault("tokenizer_class", classes + "Tokenizer")   # a tokenizer.json's config names its own
+  settings.setdefault("tokenizer_class", tokenizer_class(tokenizer.kind, classes))   # a tokenizer.json's names its own
   (pathlib.Path(output) / checkpoint_loader.TOKENIZER_CONFIG).write_text(json.dumps(settings, indent=1) + "\n")
   if tokenizer.kind == "sentencepiece":   # transformers' AlbertTokenizer reads spiece.model
     (pathlib.Path(output) / tokenizer_lib.SPM_FILE).rename(pathlib.Path(output) / HF_SENTENCEPIECE_FILE)
