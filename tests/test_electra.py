@@ -108,6 +108,8 @@ def test_electra_config_errors_name_what_transformers_lacks():
   assert checkpoints_hf.electra_config(checkpoints_hf.electra_hf_dict(cfg)) == cfg
   with pytest.raises(ValueError, match="ELECTRA shares no layers"):
     checkpoints_hf.electra_hf_dict(model.BertConfig(embedding_size=8, share_layers=True))
+  with pytest.raises(ValueError, match="embedding projection transformers' ElectraModel leaves out"):
+    checkpoints_hf.electra_hf_dict(model.BertConfig(hidden_size=16, num_heads=2, embedding_size=16))
   bad = {"electra.embeddings.word_embeddings.weight": np.zeros((3, 16), np.float32)}
   with pytest.raises(ValueError, match="does not match the electra config"):
     checkpoints_hf.from_state_dict(cfg, bad, model_type="electra")

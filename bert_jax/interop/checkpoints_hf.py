@@ -119,6 +119,12 @@ def electra_hf_dict(cfg: model.BertConfig) -> dict:
   """An ElectraConfig dict of `cfg` (BERT's keys, with `embedding_size`)."""
   if cfg.share_layers or cfg.position_pad_id is not None:
     raise ValueError("transformers' ELECTRA shares no layers and has BERT's position ids")
+  if cfg.embedding_size == cfg.hidden_size:
+    # Ours projects the embeddings even at E == H; transformers' ElectraModel then has no projection and
+    # would drop ours, whose output the residual stream carries: it cannot be folded away.
+    raise ValueError(f"an ELECTRA with embedding_size {cfg.embedding_size} == hidden_size has an embedding "
+                     "projection transformers' ElectraModel leaves out at that size; train with "
+                     "model.embedding_size unset (no projection) to export it")
   d = dataclasses.replace(cfg, embedding_size=None).to_hf_dict()
   d.update(model_type="electra", architectures=["ElectraForPreTraining"], embedding_size=cfg.embedding_dim)
   return d
