@@ -250,7 +250,7 @@ def split_path(path: str) -> tuple[str, int | None]:
   path = os.fspath(path).rstrip("/")
   base = os.path.basename(path)
   if base.isdigit():
-    return os.path.dirname(path), int(base)
+    return os.path.dirname(path) or ".", int(base)   # a bare "<step>": the current directory's
   return path, None
 
 

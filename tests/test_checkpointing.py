@@ -129,6 +129,7 @@ def test_sigterm_sets_the_preemption_flag():
 def test_split_path():
   assert checkpointing.split_path("/w/checkpoints/") == ("/w/checkpoints", None)
   assert checkpointing.split_path("/w/checkpoints/900000") == ("/w/checkpoints", 900000)
+  assert checkpointing.split_path("3") == (".", 3)   # typed inside the checkpoints directory
 
 
 def test_failed_save_raises_once_and_leaves_earlier_steps_and_no_temporary_files(tmp_path, monkeypatch):

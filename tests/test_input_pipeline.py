@@ -310,3 +310,10 @@ def test_other_formats_make_valid_batches(news_dir, tok, fmt, packing):
   if packing:
     assert batch["next_sentence_labels"].shape == (64, 2)
     assert set(np.unique(batch["next_sentence_labels"][batch["next_sentence_weights"] > 0])) == {0, 1}
+
+
+def test_the_tokenizer_beside_shards_named_in_the_current_directory(news_dir, monkeypatch):
+  """A glob typed inside the prepared directory (`train-*`) finds the tokenizer `prepare` saved there."""
+  monkeypatch.chdir(news_dir)
+  tok = input_pipeline.load_tokenizer(_config("train-*.tfrecord"))
+  assert tok.vocab_size == tokenizer.load_tokenizer(news_dir).vocab_size

@@ -398,7 +398,7 @@ def load_tokenizer(data_config):
   from bert_jax.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   where = data_config.vocab_file or data_config.train_files
   if not tf.io.gfile.isdir(where) and not data_config.vocab_file:
-    where = os.path.dirname(where)
+    where = os.path.dirname(where) or "."   # a glob or shard name in the current directory
   return tokenizer_lib.load_tokenizer(where, data_config.do_lower_case)
 
 
