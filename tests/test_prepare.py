@@ -124,6 +124,20 @@ def test_eval_fraction_holds_out_fixed_documents(tmp_path, small_corpus, vocab_f
   assert sorted(runs[0][0] + runs[0][1]) == sorted(_records(os.path.join(whole, "train-*")))
 
 
+def test_an_eval_input_beside_held_out_documents_keeps_both(tmp_path, small_corpus, vocab_file):
+  """With one train shard, its held-out documents and the eval input's first shard had one name: one run
+  overwrote the other's documents."""
+  spec, _, _ = small_corpus
+  (tmp_path / "eval.jsonl").write_text("".join(json.dumps({"text": f"Eval document {i}. It is held apart."}) + "\n"
+                                               for i in range(7)))
+  out = str(tmp_path / "out")
+  held_out = prepare.prepare_corpus(spec, str(tmp_path / "held"), vocab_file=vocab_file, num_shards=1, num_workers=1,
+                                    eval_fraction=0.25)["splits"]["eval"]["documents"]
+  stats = prepare.prepare_corpus(spec, out, vocab_file=vocab_file, num_shards=1, num_workers=1, eval_fraction=0.25,
+                                 eval_spec=str(tmp_path / "eval.jsonl"))
+  assert stats["splits"]["eval"]["documents"] == held_out + 7 == len(_records(os.path.join(out, "eval-*")))
+
+
 @pytest.mark.parametrize("vocab_model", ["wordpiece", "unigram"])
 def test_trains_a_vocabulary_when_none_is_given(tmp_path, vocab_model):
   out = str(tmp_path / "out")

@@ -7,7 +7,8 @@ Output (read by `input_pipeline.py`):
   DIR/train-00000-of-000NN.tfrecord   one `tf.train.Example` per document: int64 `token_ids` (its
                                       sentences' ids concatenated, no specials) and int64
                                       `sentence_lengths` (tokens per sentence)
-  DIR/eval-00000-of-000NN.tfrecord    same, when an eval split is asked for
+  DIR/eval-00000-of-000NN.tfrecord    same, when an eval split is asked for (eval-input-*: the
+                                      shards of `--eval_input`)
   DIR/vocab.txt or DIR/spm.model      the tokenizer, so `tokenizer.load_tokenizer(DIR)` works
     or DIR/vocab.json + merges.txt    (byte-level BPE)
   DIR/stats.json                      documents, sentences, tokens, per-shard counts and bytes (the
@@ -244,7 +245,9 @@ def _tasks(spec, output_dir, num_shards, eval_fraction, eval_spec, common, count
   for split, split_spec, n in splits:
     parts = corpus.plan(split_spec, n, data_dir=data_dir, text_key=text_key, counters=counters)
     for k, task_parts in enumerate(parts):
-      outputs = {split: os.path.join(output_dir, shard_name(split, k, n))}
+      # The eval input's shards have a name of their own: held-out train shards are eval-<k>-of-<N> too, and
+      # with N = 1 the two first shards would be one file. The reader's eval-* takes both.
+      outputs = {split: os.path.join(output_dir, shard_name("eval-input" if split == "eval" else split, k, n))}
       if split == "train" and eval_fraction > 0:
         outputs["eval"] = os.path.join(output_dir, shard_name("eval", k, n))
       tasks.append(dict(common, name=f"{split}-{k:05d}", index=k, parts=task_parts, outputs=outputs,
