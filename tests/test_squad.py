@@ -198,3 +198,25 @@ def test_finetuning_drops_training_questions_whose_answer_is_not_in_their_contex
   _, train, dev, _ = trainer._read_data(task, c, init.load_tokenizer(c))
   assert [train.examples[i].qas_id for i in train.meta["example_index"]] == ["ok"]
   assert [dev.examples[i].qas_id for i in dev.meta["example_index"]] == ["ok", "bad"]
+
+
+@pytest.mark.parametrize("family", ["albert", "roberta"])
+def test_other_tokenizers_label_and_decode_exact_spans(family):
+  """SentencePiece and byte-level BPE spell a piece by where it stands (the answer alone is "▁1632", in
+  "(1632-1675)" it is "16", "3", "2"): the training span is the answer's pieces, a perfect model's answer is
+  the answer's text, not its whole words; RoBERTa's context words keep their "Ġ" and its layout is its own."""
+  from bert_jax.data import tokenizer as tokenization  # pylint: disable=g-import-not-at-top
+  tok = tokenization.load_tokenizer(shared_path("families", family))
+  context = "The painter Jan Vermeer (1632-1675) lived in Delft, a city in the Netherlands."
+  examples = [squad.make_example("q1", "When was Vermeer born?", context, ["1632"], [context.index("1632")]),
+              squad.make_example("q2", "Where did he live?", context, ["Delft"], [context.index("Delft")])]
+  features, meta = tasks.get_task("squad_v1").featurize(examples, tok, 64, is_training=True)
+  start, end = features["start_positions"], features["end_positions"]
+  assert tok.decode(features["input_ids"][0, start[0]:end[0] + 1]).strip() == "1632"
+  answers, _, _ = squad.decode(_one_hot_logits(features), examples, meta)
+  assert answers == {"q1": "1632", "q2": "Delft"}
+  if family == "roberta":
+    ids = features["input_ids"][0][:int(features["input_mask"][0].sum())].tolist()
+    query = tok.encode("When was Vermeer born?")
+    assert ids == tok.build_inputs(query, tok.encode(" " + context))[0]   # <s> q </s></s> context </s>
+    assert not features["segment_ids"].any()

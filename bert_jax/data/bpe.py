@@ -68,7 +68,7 @@ class ByteLevelBPETokenizer(TokenizersPipeline):
   """
 
   kind = "byte_bpe"
-  sentence_separator = " "
+  space_prefix = " "
   do_lower_case = False
 
   def __init__(self, vocab_file: str, merges_file: str | None = None, add_prefix_space: bool = False,

@@ -129,7 +129,7 @@ def _tokenized_documents(task, counters):
 def _encode_documents(tok, documents, counters):
   if not documents:
     return
-  ids, lengths = tok.encode_batch([s if i == 0 else tok.sentence_separator + s for d in documents
+  ids, lengths = tok.encode_batch([s if i == 0 else tok.space_prefix + s for d in documents
                                    for i, s in enumerate(d)])
   starts = np.cumsum(lengths) - lengths
   first = 0

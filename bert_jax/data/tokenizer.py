@@ -57,11 +57,11 @@ class _Tokenizer:
   kind: str  # "wordpiece", "sentencepiece", "byte_bpe" or "tokenizer_json": what `prepare` records
   vocab_size: int
   do_lower_case: bool
-  # Put before each of a document's sentences but its first when they are encoded one by one (`prepare`),
-  # so that they are spelled as in the running text: nothing where a text is spelled alike wherever it
-  # starts (WordPiece; SentencePiece, which marks every text's start as a word's); a space for byte-level
-  # BPE, which spells a word after a space with "Ġ".
-  sentence_separator = ""
+  # Put before a piece of running text that follows a space when it is encoded alone (a document's later
+  # sentences in `prepare`, a SQuAD context's words), so that it is spelled as in the running text: nothing
+  # where a text is spelled alike wherever it starts (WordPiece; SentencePiece, which marks every text's
+  # start as a word's); a space for byte-level BPE, which spells a word after a space with "Ġ".
+  space_prefix = ""
 
   def _set_specials(self, lookup, aliases_of: dict = _SPECIAL_ALIASES):
     ids = _resolve_special_ids(lookup, aliases_of)

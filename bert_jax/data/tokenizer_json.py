@@ -57,7 +57,7 @@ class TokenizerJson(bpe.TokenizersPipeline):
     model = spec.get("model") or {}
     self._continuing_prefix = model.get("continuing_subword_prefix") if model.get("type") == "WordPiece" else None
     self._byte_level = "ByteLevel" in json.dumps(spec.get("decoder"))
-    self.sentence_separator = " " if self._byte_level else ""
+    self.space_prefix = " " if self._byte_level else ""
 
   def build_inputs(self, a: list[int], b: list[int] | None = None) -> tuple[list[int], list[int]]:
     """The post-processor's layout around `a` (and `b`): ids and token types (all 0 without token types)."""

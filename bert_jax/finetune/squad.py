@@ -115,13 +115,22 @@ def read(split: str, source: str, data_dir: str | None = None, version: str = "v
 
 
 def _improve_answer_span(doc_tokens, start, end, tokenizer, answer_text):
-  """The tightest sub-token span whose text equals the tokenized answer ("1895" in "(1895-1943).")."""
-  answer = " ".join(tokenizer.tokenize(answer_text))
+  """The tightest sub-token span whose text equals the tokenized answer ("1895" in "(1895-1943).").
+
+  WordPiece compares the pieces (run_squad); the other kinds spell a piece by where it stands (the answer's
+  "▁1632" is "16", "3", "2" after "▁(" in the context), so they compare the pieces' decoded text."""
+  same = (lambda pieces: " ".join(pieces)) if tokenizer.kind == "wordpiece" else (
+      lambda pieces: _decoded(tokenizer, pieces).strip())
+  answer = same(tokenizer.tokenize(answer_text))
   for new_start in range(start, end + 1):
     for new_end in range(end, new_start - 1, -1):
-      if " ".join(doc_tokens[new_start:new_end + 1]) == answer:
+      if same(doc_tokens[new_start:new_end + 1]) == answer:
         return new_start, new_end
   return start, end
+
+
+def _decoded(tokenizer, pieces) -> str:
+  return tokenizer.decode(tokenizer.convert_tokens_to_ids(pieces))
 
 
 def _doc_spans(num_tokens: int, max_tokens: int, doc_stride: int) -> list[tuple[int, int]]:
@@ -151,10 +160,11 @@ def _is_max_context(spans, span_index: int, position: int) -> bool:
 
 
 def _tokenize_words(words, tokenizer):
+  """Each whitespace word's pieces, spelled as in the running text (`space_prefix`: byte-level BPE's "Ġ")."""
   sub_tokens, tok_to_orig, orig_to_tok = [], [], []
   for i, word in enumerate(words):
     orig_to_tok.append(len(sub_tokens))
-    for piece in tokenizer.tokenize(word):
+    for piece in tokenizer.tokenize(tokenizer.space_prefix + word):
       tok_to_orig.append(i)
       sub_tokens.append(piece)
   return sub_tokens, tok_to_orig, orig_to_tok
@@ -173,7 +183,8 @@ def answer_token_span(example: SquadExample, sub_tokens, orig_to_tok, tokenizer)
 
 
 def featurize(task, examples, tokenizer, max_seq_length, **opts):
-  """Windows of `[CLS] question [SEP] context-window [SEP]`.
+  """Windows of `[CLS] question [SEP] context-window [SEP]`, in the tokenizer's layout (`build_inputs`:
+  RoBERTa's `<s> question </s></s> context </s>`, one token type).
 
   Options (task options as defaults): doc_stride=128, max_query_length=64, is_training=False (drop
   examples whose answer is not in their context: they cannot be trained on).
@@ -196,11 +207,15 @@ def featurize(task, examples, tokenizer, max_seq_length, **opts):
     sub_tokens, tok_to_orig, orig_to_tok = tokenized[ex.doc_tokens]
     answer = answer_token_span(ex, sub_tokens, orig_to_tok, tokenizer)
     query = tokenizer.tokenize(ex.question_text)[:max_query_length]
-    spans = _doc_spans(len(sub_tokens), max_seq_length - len(query) - 3, doc_stride)
+    query_ids = tokenizer.convert_tokens_to_ids(query)
+    layout, _ = tokenizer.build_inputs(query_ids, [])
+    offset = len(layout) - 1   # where the context starts: [CLS] q [SEP] (RoBERTa: <s> q </s></s>)
+    spans = _doc_spans(len(sub_tokens), max_seq_length - len(layout), doc_stride)
     for span_index, (start, length) in enumerate(spans):
-      tokens = [tokenization.CLS] + query + [tokenization.SEP] + sub_tokens[start:start + length]
-      tokens.append(tokenization.SEP)
-      offset = len(query) + 2
+      window = sub_tokens[start:start + length]
+      ids, segments = tokenizer.build_inputs(query_ids, tokenizer.convert_tokens_to_ids(window))
+      tokens = tokenizer.convert_ids_to_tokens(ids[:offset]) + window + tokenizer.convert_ids_to_tokens(
+          ids[offset + length:])
       to_orig = np.full([max_seq_length], -1, np.int32)
       to_orig[offset:offset + length] = tok_to_orig[start:start + length]
       max_context = np.zeros([max_seq_length], bool)
@@ -208,9 +223,8 @@ def featurize(task, examples, tokenizer, max_seq_length, **opts):
                                              for i in range(length)]
       inside = answer[0] >= start and answer[1] <= start + length - 1
       positions = (answer[0] - start + offset, answer[1] - start + offset) if inside else (0, 0)
-      ids = [tokenizer.cls_id] + tokenizer.convert_tokens_to_ids(tokens[1:-1]) + [tokenizer.sep_id]
       rows["input_ids"].append(ids + [tokenizer.pad_id] * (max_seq_length - len(ids)))
-      rows["segment_ids"].append([0] * offset + [1] * (length + 1) + [0] * (max_seq_length - len(ids)))
+      rows["segment_ids"].append(segments + [0] * (max_seq_length - len(ids)))
       rows["input_mask"].append([1] * len(ids) + [0] * (max_seq_length - len(ids)))
       rows["start_positions"].append(positions[0])
       rows["end_positions"].append(positions[1])
@@ -224,7 +238,8 @@ def featurize(task, examples, tokenizer, max_seq_length, **opts):
   meta = {"example_index": np.array(rows["example_index"], np.int64),
           "token_to_orig": np.array(rows["token_to_orig"], np.int32).reshape(-1, max_seq_length),
           "max_context": np.array(rows["max_context"], bool).reshape(-1, max_seq_length),
-          "tokens": rows["tokens"], "do_lower_case": getattr(tokenizer, "do_lower_case", True)}
+          "tokens": rows["tokens"], "do_lower_case": getattr(tokenizer, "do_lower_case", True),
+          "decode": None if tokenizer.kind == "wordpiece" else functools.partial(_decoded, tokenizer)}
   return features, meta
 
 
@@ -265,7 +280,10 @@ def get_final_text(pred_text: str, orig_text: str, do_lower_case: bool) -> str:
 def span_text(example: SquadExample, meta: dict, feature: int, start: int, end: int) -> str:
   """Original text of sub-tokens start..end (inclusive) of one feature."""
   pieces = meta["tokens"][feature][start:end + 1]
-  tok_text = " ".join(" ".join(pieces).replace(" ##", "").replace("##", "").split())
+  if meta.get("decode") is None:   # WordPiece, as run_squad
+    tok_text = " ".join(" ".join(pieces).replace(" ##", "").replace("##", "").split())
+  else:   # the pieces' text, split as get_final_text splits the original
+    tok_text = " ".join(tokenization.basic_tokenize(meta["decode"](pieces), meta["do_lower_case"]))
   to_orig = meta["token_to_orig"][feature]
   orig_text = " ".join(example.doc_tokens[to_orig[start]:to_orig[end] + 1])
   return get_final_text(tok_text, orig_text, meta["do_lower_case"])
