@@ -123,7 +123,7 @@ def _random_texts(n, seed):
     texts.append("".join(chars))
   thai = "\u0e20\u0e32\u0e29\u0e32\u0e44\u0e17\u0e22\u0e40\u0e1b\u0e47\u0e19\u0e20\u0e32\u0e29\u0e32"
   return texts + ["a" * 100, "a" * 101, "\u00e9" * 60, "\u00e9" * 101, "\uac00" * 30, "\uac00" * 40,
-                  "x" * 99 + "\u00e9", thai * 5, thai * 8]
+                  "x" * 99 + "\u00e9", thai * 5, thai * 8, "a\u1160b x\u115f"]   # Hangul fillers
 
 
 @pytest.mark.parametrize("do_lower_case", [True, False])

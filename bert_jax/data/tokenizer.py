@@ -208,7 +208,9 @@ def wordpiece_split(word: str, vocab: dict, unk: str = UNK) -> list[str]:
 #   `str.lower` ("ß" -> "ss", final sigma).
 # NFD (and lowercasing) turn a character into at most 4, so shorter runs stay within the limit.
 _LONG_RUN_RE = re.compile(r"\S{%d,}" % (MAX_CHARS_PER_WORD // 4))
-_FOLD_DIFFERS_RE = re.compile("[\u03a3" + re.escape(
+# Also the Hangul fillers U+115F and U+1160, which the fast path's normaliser deletes as default-ignorable
+# when it lowercases (the reference keeps them: one [UNK] with the letters around them).
+_FOLD_DIFFERS_RE = re.compile("[\u03a3\u115f\u1160" + re.escape(
     "".join(chr(c) for c in range(0x10000) if chr(c).casefold() != chr(c).lower())) + "]")
 
 
