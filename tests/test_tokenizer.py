@@ -3,7 +3,10 @@
 import functools
 import itertools
 import json
+import os
 import random
+import subprocess
+import sys
 
 import hypothesis
 from hypothesis import strategies as st
@@ -189,6 +192,21 @@ def test_train_sentencepiece(tmp_path, play_sentences, model_type):
   assert not any(table[i] for i, p in enumerate(pieces) if p.isascii() and p.isalpha() and p.islower())
   flat, lengths = tok.encode_batch([text, "To be."])
   assert flat.tolist() == tok.encode(text) + tok.encode("To be.") and lengths.sum() == len(flat)
+
+
+def test_train_sentencepiece_on_a_sample_is_the_same_in_every_process(tmp_path, play_sentences):
+  """Above `input_sentence_size` sentences the sample is drawn with a fixed seed: SentencePiece's own
+  sampling gave another vocabulary in every process."""
+  (tmp_path / "sentences.txt").write_text("\n".join(play_sentences) + "\n", encoding="utf-8")
+  code = ("import sys; from bert_jax.data import vocab_training as V; "
+          "V.train_sentencepiece([sys.argv[1]], sys.argv[2], 300, input_sentence_size=400)")
+  models = []
+  for run in range(2):
+    prefix = str(tmp_path / f"run{run}")
+    subprocess.run([sys.executable, "-c", code, str(tmp_path / "sentences.txt"), prefix], check=True,
+                   env={**os.environ, "PYTHONHASHSEED": str(run)})
+    models.append(T.load_tokenizer(prefix + ".model").convert_ids_to_tokens(range(300)))
+  assert len(play_sentences) > 400 and models[0] == models[1]
 
 
 def test_train_wordpiece(tmp_path, play_sentences):

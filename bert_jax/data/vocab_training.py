@@ -12,6 +12,7 @@ resolves them through the tokenizer. `train` is the one place a vocabulary kind 
 import collections
 import heapq
 import os
+import random
 import re
 import shutil
 import tempfile
@@ -64,18 +65,33 @@ def train_sentencepiece(files_or_iter, out_prefix: str, vocab_size: int, model_t
 
   kwargs = dict(
       model_prefix=out_prefix, vocab_size=vocab_size, model_type=model_type,
-      character_coverage=character_coverage, input_sentence_size=input_sentence_size,
-      shuffle_input_sentence=True, pad_id=0, unk_id=1, bos_id=-1, eos_id=-1,
+      character_coverage=character_coverage, input_sentence_size=0, shuffle_input_sentence=False,
+      pad_id=0, unk_id=1, bos_id=-1, eos_id=-1,
       pad_piece=PAD, unk_piece=UNK, control_symbols=[CLS, SEP, MASK],
       # Lowercasing happens in the tokenizer, so the model only sees what it will be given.
       normalization_rule_name="nmt_nfkc", hard_vocab_limit=False, minloglevel=2)
   if isinstance(files_or_iter, (list, tuple)) and files_or_iter and all(
       isinstance(f, (str, os.PathLike)) and os.path.isfile(f) for f in files_or_iter):
-    if do_lower_case:
-      files_or_iter = (line.rstrip("\n") for f in files_or_iter for line in open(f, encoding="utf-8"))
+    files_or_iter = (line.rstrip("\n") for f in files_or_iter for line in open(f, encoding="utf-8"))
+  lower = str.lower if do_lower_case else (lambda s: s)
+  # Above `input_sentence_size` sentences, a sample of them drawn here with a fixed seed: SentencePiece's own
+  # sampling draws another sample, and so another vocabulary, in every process.
+  sample = _reservoir((lower(s) for s in files_or_iter if s.strip()), input_sentence_size)
+  spm.SentencePieceTrainer.train(sentence_iterator=iter(sample), **kwargs)
+  return out_prefix + ".model"
+
+
+def _reservoir(items: Iterable[str], size: int, seed: int = 0) -> list[str]:
+  """A uniform sample of `size` of `items` (all of them when fewer), in their order, the same every run."""
+  rng, kept = random.Random(seed), []
+  for i, item in enumerate(items):
+    if len(kept) < size:
+      kept.append((i, item))
     else:
-      spm.SentencePieceTrainer.train(input=[str(f) for f in files_or_iter], **kwargs)
-      return out_prefix + ".model"
+      j = rng.randrange(i + 1)
+      if j < size:
+        kept[j] = (i, item)
+  return [item for _, item in sorted(kept)]
   lower = str.lower if do_lower_case else (lambda s: s)
   sentences = (lower(s) for s in files_or_iter if s.strip())
   spm.SentencePieceTrainer.train(sentence_iterator=sentences, **kwargs)
