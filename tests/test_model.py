@@ -83,6 +83,10 @@ def test_hf_dict_round_trip():
   assert model.BertConfig.from_hf_dict(d) == cfg
   with pytest.raises(ValueError, match="position_embedding_type"):
     model.BertConfig.from_hf_dict({**d, "position_embedding_type": "relative_key"})
+  # ALBERT's one group of one layer is shared or not alike: the dict says which params the layer has.
+  for shared in (False, True):
+    albert = tiny(num_layers=1, embedding_size=8, share_layers=shared)
+    assert model.BertConfig.from_hf_dict(albert.to_hf_dict()) == albert
 
 
 def test_output_shapes_and_pooled_positions():

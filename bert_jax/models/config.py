@@ -378,6 +378,8 @@ class BertConfig:
         raise ValueError("no Hugging Face family has both ALBERT's embeddings or sharing and RoBERTa's positions")
       d.update(model_type="albert", architectures=["AlbertForPreTraining"], embedding_size=self.embedding_size,
                num_hidden_groups=1 if self.share_layers else self.num_layers, inner_group_num=1)
+      if self.num_layers == 1:   # one group either way: our own key says which params the layer has
+        d["share_layers"] = self.share_layers
     elif self.model_type == "roberta":
       d.update(model_type="roberta", architectures=["RobertaForMaskedLM"], pad_token_id=self.position_pad_id)
     return d
@@ -424,5 +426,5 @@ def _albert_fields(d: dict) -> dict:
     raise ValueError(f"ALBERT with num_hidden_groups {groups} and inner_group_num {d.get('inner_group_num')} is "
                      "not supported: only one layer per group, in one group or one group per layer")
   # transformers' AlbertConfig defaults where a key is absent.
-  return {"embedding_size": d.get("embedding_size", 128), "share_layers": groups == 1,
+  return {"embedding_size": d.get("embedding_size", 128), "share_layers": d.get("share_layers", groups == 1),
           "hidden_act": d.get("hidden_act", "gelu_new")}
