@@ -28,8 +28,8 @@ cp:120-132 is commented out in the release, "see Table 6 in the paper"):
   (cp:44, optimization.py:36-42); global-norm clipping 1.0 (optimization.py:62).
 - Batch and length: 128 x 128 tokens for small (cp:82-83); 256 (cp:128) and 2048 (cp:132) sequences
   of 512 tokens (cp:123) for base and large; 5% of them with a random shorter target length
-  (build_pretraining_dataset.py, `ExampleBuilder._create_example`). Steps: 1M for small (cp:51); 766k and 400k for base and
-  large (Table 6; the release has no per-size value).
+  (build_pretraining_dataset.py, `ExampleBuilder._create_example`). Steps: 1M for small (cp:51); 766k
+  and 400k for base and large (Table 6; the release has no per-size value).
 
 Not reproduced: the release multiplies the decayed rate by min(1, step / warmup) (optimization.py:43-45)
 where we warm up to the full rate (at most 1% apart, during warmup); it draws the masked positions
