@@ -62,10 +62,11 @@ def _gather_from_hosts(item: dict) -> list[dict]:
 class Checkpointer:
   """`CheckpointManager` for items `state` (pytree) and `data` (JSON) under `directory`."""
 
-  def __init__(self, directory: str, *, keep: int | None = 3, async_save: bool = True):
-    # Temporary directories of saves cut short by a killed process are removed on creation.
-    options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save, create=True,
-                                           cleanup_tmp_directories=True)
+  def __init__(self, directory: str, *, keep: int | None = 3, async_save: bool = True, read_only: bool = False):
+    # Temporary directories of saves cut short by a killed process are removed on creation; `read_only`
+    # (another run's directory) creates, removes and saves nothing: that run may be saving right now.
+    options = ocp.CheckpointManagerOptions(read_only=True) if read_only else ocp.CheckpointManagerOptions(
+        max_to_keep=keep, enable_async_checkpointing=async_save, create=True, cleanup_tmp_directories=True)
     self.directory = epath.Path(paths.absolute(str(directory)))   # orbax refuses relative paths
     self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "data"))
     self._in_flight = None    # the step of a save still being written in the background
@@ -258,7 +259,7 @@ def restore_state(path: str, abstract_state: Any) -> Any:
   """A TrainState from another run's checkpoint (`<dir>` = its latest step, or `<dir>/<step>`), its encoder
   layers stacked or one by one as `abstract_state` has them, whichever way they were saved (`relayout`)."""
   directory, step = split_path(path)
-  checkpointer = Checkpointer(directory, keep=None, async_save=False)
+  checkpointer = Checkpointer(directory, read_only=True)
   try:
     if step is None:   # the newest readable step; another run's directory is left as it is
       state, _, step = checkpointer.restore_latest(abstract_state, move_aside=False)

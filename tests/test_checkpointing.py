@@ -68,6 +68,20 @@ def test_relative_paths_save_and_restore(tmp_path, monkeypatch):
   np.testing.assert_array_equal(params["w"], np.arange(32.0).reshape(8, 4))
 
 
+def test_restoring_from_another_run_leaves_its_directory_as_it_is(tmp_path):
+  """That run may be writing a checkpoint right now: its temporary directory stays, nothing is created."""
+  mesh = sharding.create_mesh(common.mesh_config())
+  ckpt = checkpointing.Checkpointer(str(tmp_path / "run"), async_save=False)
+  assert ckpt.save(1, _state(mesh, 1))
+  ckpt.close()
+  in_flight = tmp_path / "run" / "2.orbax-checkpoint-tmp-1234567"
+  in_flight.mkdir()
+  before = sorted(os.listdir(tmp_path / "run"))
+  state = checkpointing.restore_state(str(tmp_path / "run"), _abstract(_state(mesh)))
+  np.testing.assert_array_equal(state["params"]["b"], np.ones(4))
+  assert sorted(os.listdir(tmp_path / "run")) == before and in_flight.is_dir()
+
+
 def test_bytes_iterator_state_round_trips(tmp_path):
   ckpt = checkpointing.Checkpointer(str(tmp_path), keep=1, async_save=False)
   ckpt.save(5, {"x": jnp.zeros(2)}, b"\x00\xffserialized")
