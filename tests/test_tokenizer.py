@@ -221,6 +221,8 @@ def test_train_wordpiece(tmp_path, play_sentences):
   characters = sum(len(w) for s in sample for w in T.basic_tokenize(s, True))
   assert len(ids) < 0.6 * characters  # learned word pieces, not single characters
   assert {"the", "and", "you", "##ing"} <= set(lines)
+  with pytest.raises(ValueError, match="vocab_size 60 is below the"):   # fewer than the alphabet needs
+    V.train_wordpiece(sample, 60, str(tmp_path / "small.txt"))
 
 
 def test_wordpiece_learner_merges_most_frequent_pairs():

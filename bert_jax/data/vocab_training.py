@@ -121,6 +121,9 @@ def _learn_wordpiece(counts: dict, vocab_size: int, min_count: int, max_alphabet
   chars = {c for c, _ in alphabet.most_common(max_alphabet)}
   words = [([w[0]] + ["##" + c for c in w[1:]], n) for w, n in counts.items() if set(w) <= chars]
   vocab = list(SPECIAL_TOKENS) + sorted({p for pieces, _ in words for p in pieces} - set(SPECIAL_TOKENS))
+  if len(vocab) > vocab_size:
+    raise ValueError(f"vocab_size {vocab_size} is below the {len(vocab)} special tokens and characters (each also "
+                     f"as a ## continuation) the corpus needs: raise it, or lower max_alphabet ({max_alphabet})")
   pair_counts, where = collections.Counter(), collections.defaultdict(set)
   for i, (pieces, n) in enumerate(words):
     for pair in zip(pieces, pieces[1:]):
