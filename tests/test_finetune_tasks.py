@@ -110,6 +110,12 @@ def test_reads_quora_release_format():
   assert examples[2].text_b == "How do I root an Android device ?" and examples[2].guid == "391187"
 
 
+def test_quora_release_rows_with_a_missing_field_are_skipped(tmp_path):
+  """As the GLUE header's rows with a missing field (Hugging Face's QqpProcessor skips them too)."""
+  _write(tmp_path / "dev.tsv", ["1\tWhat is it ?\tWhat is this ?\t5", "0\tA question alone", "0\tA ?\tB ?\t7"])
+  assert [e.guid for e in tasks.get_task("qqp").read("dev", str(tmp_path / "dev.tsv"))] == ["5", "7"]
+
+
 @pytest.mark.parametrize("name", ["snli", "mnli"])
 def test_reads_nli_json_lines(name):
   path = shared_path("tasks", "format_samples", "snli.jsonl")

@@ -53,6 +53,17 @@ def test_labels_sit_on_first_sub_tokens(sample, tokenizer):
     assert features["input_mask"][row].sum() == len(expected_ids)
 
 
+def test_byte_level_words_are_spelled_as_in_the_running_text(sample):
+  """RoBERTa's words after the first carry their space ("Ġofficial"), as in the sentence encoded whole."""
+  from bert_jax.data.tokenizer import load_tokenizer  # pylint: disable=g-import-not-at-top
+  roberta = load_tokenizer(shared_path("families", "roberta"))
+  task = tasks.get_task("conll2003")
+  (example, _) = task.read("dev", sample)
+  features, _ = task.featurize([example], roberta, max_seq_length=48)
+  ids = features["input_ids"][0, 1:int(features["input_mask"][0].sum()) - 1].tolist()
+  assert ids == roberta.encode(" " + " ".join(example.words))
+
+
 def _logits_for(task, features, tags_per_row, meta):
   logits = np.zeros(features["label_ids"].shape + (task.num_labels,), np.float32)
   for row, tags in enumerate(tags_per_row):

@@ -135,7 +135,8 @@ def featurize(task, examples, tokenizer, max_seq_length, **opts):
   for row, ex in enumerate(examples):
     ids, positions = [tokenizer.cls_id], np.full([len(ex.words)], -1, np.int64)
     for w, (word, tag) in enumerate(zip(ex.words, ex.tags or [None] * len(ex.words))):
-      pieces = tokenizer.encode(word) or [tokenizer.unk_id]  # every word needs a first sub-token
+      # Spelled as in the running text (byte-level BPE's "Ġ"); every word needs a first sub-token.
+      pieces = tokenizer.encode(tokenizer.space_prefix + word) or [tokenizer.unk_id]
       if len(ids) + len(pieces) > max_seq_length - 1:
         break
       positions[w] = len(ids)

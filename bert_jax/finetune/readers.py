@@ -190,8 +190,11 @@ def read_quora(path: str) -> list[PairExample]:
     label = "is_duplicate" if "is_duplicate" in first else None
     return examples_from_rows(read_rows(path), "question1", "question2", label, guid="id", path=path)
   rows = [r for r in csv.reader(io.StringIO(text, newline=""), delimiter="\t", quoting=csv.QUOTE_NONE) if r]
+  short = sum(len(r) < 3 for r in rows)
+  if short:   # as the GLUE header's rows with a missing field (`read_rows`), and Hugging Face's QqpProcessor
+    logging.warning("%s: skipped %d rows with fewer than 3 fields", path, short)
   return [PairExample(guid=r[3] if len(r) > 3 else str(i), text_a=r[1], text_b=r[2], label=r[0])
-          for i, r in enumerate(rows)]
+          for i, r in enumerate(rows) if len(r) >= 3]
 
 
 # ---------------------------------------------------------------------------------------------
