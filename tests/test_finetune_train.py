@@ -89,6 +89,17 @@ def test_layerwise_decay_factors_agree_for_scanned_and_unscanned():
   np.testing.assert_allclose(out_s["bert"]["encoder"]["layers"]["k"][:, 0, 0], [0.125, 0.25, 0.5])
 
 
+def test_stable_adamw_with_weight_decay_is_refused_in_finetuning():
+  """Its decay is divided by the peak rate, which finetuning sets to 1 and multiplies by each trial's."""
+  from configs.finetune import sst2  # pylint: disable=g-import-not-at-top
+  config = sst2.get_config()
+  config.optimizer.name, config.optimizer.weight_decay = "stable_adamw", 0.01
+  with pytest.raises(ValueError, match="StableAdamW's fully decoupled weight decay"):
+    trainer.build_optimizer(config, 100, num_layers=2)
+  config.optimizer.weight_decay = 0.0
+  trainer.build_optimizer(config, 100, num_layers=2)
+
+
 @pytest.mark.slow
 def test_finetune_learns_then_two_stage_feature_based(data_dir, tmp_path):
   config = tiny_config(data_dir)

@@ -118,6 +118,11 @@ def scale_by_layer(decay: float, num_layers: int) -> optax.GradientTransformatio
 def build_optimizer(config: Config, total_steps: int, num_layers: int) -> optax.GradientTransformation:
   """AdamW at peak rate 1 (the trial's learning rate multiplies the update), warmup + linear decay."""
   opt = Config(config.optimizer.to_dict())
+  if opt.name == "stable_adamw" and opt.weight_decay:
+    # Its decay is fully decoupled, divided by the peak rate (optimizer.scale_by_stable_adamw): at peak 1
+    # times the trial's rate it would shrink the weights by lr * wd a step, not by wd.
+    raise ValueError("finetuning scales each trial's update by its learning rate, and with it StableAdamW's "
+                     "fully decoupled weight decay: use optimizer.name='adamw', or optimizer.weight_decay=0")
   opt.learning_rate, opt.total_steps = 1.0, total_steps
   opt.warmup_steps = int(config.warmup_fraction * total_steps)
   tx = optimizer_lib.create_optimizer(opt)
