@@ -207,6 +207,7 @@ def test_train_sentencepiece_on_a_sample_is_the_same_in_every_process(tmp_path, 
                    env={**os.environ, "PYTHONHASHSEED": str(run)})
     models.append(T.load_tokenizer(prefix + ".model").convert_ids_to_tokens(range(300)))
   assert len(play_sentences) > 400 and models[0] == models[1]
+  assert V._reservoir(iter("abcdef"), 0) == list("abcdef") and V._reservoir(iter("ab"), 3) == ["a", "b"]  # pylint: disable=protected-access
 
 
 def test_train_wordpiece(tmp_path, play_sentences):

@@ -82,20 +82,17 @@ def train_sentencepiece(files_or_iter, out_prefix: str, vocab_size: int, model_t
 
 
 def _reservoir(items: Iterable[str], size: int, seed: int = 0) -> list[str]:
-  """A uniform sample of `size` of `items` (all of them when fewer), in their order, the same every run."""
+  """A uniform sample of `size` of `items` (all of them when fewer, or when `size` <= 0, as SentencePiece's
+  input_sentence_size 0), in their order, the same every run."""
   rng, kept = random.Random(seed), []
   for i, item in enumerate(items):
-    if len(kept) < size:
+    if len(kept) < size or size <= 0:
       kept.append((i, item))
     else:
       j = rng.randrange(i + 1)
       if j < size:
         kept[j] = (i, item)
   return [item for _, item in sorted(kept)]
-  lower = str.lower if do_lower_case else (lambda s: s)
-  sentences = (lower(s) for s in files_or_iter if s.strip())
-  spm.SentencePieceTrainer.train(sentence_iterator=sentences, **kwargs)
-  return out_prefix + ".model"
 
 
 _ASCII_WORD_RE = re.compile(r"[A-Za-z0-9]+|[!-/:-@\[-`{-~]")  # BERT's words, for printable ASCII
