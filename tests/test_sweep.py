@@ -49,28 +49,47 @@ def test_random_search_draws_distinct_configurations():
     sweep.make_trials(config)
 
 
-def test_successive_halving_ranks_configurations_by_their_mean_over_seeds(tmp_path, monkeypatch):
-  """Configuration A (0.80, 0.80, 0.95) has a lucky seed; B (0.90 each) is better on average: B goes on,
-  with all its seeds, and A stops, all of its seeds."""
-  score = {(3e-5, 0): 0.80, (3e-5, 1): 0.80, (3e-5, 2): 0.95, (2e-5, 0): 0.90, (2e-5, 1): 0.90, (2e-5, 2): 0.90}
-
+def _fake_trials(score, stops=()):
+  """`trainer.finetune_trials` without training: dev score `score[(lr, seed)]`; a trial in `stops` stops
+  early (done) in its first call."""
   def finetune_trials(configs, workdirs, max_epochs=None):
     for w in workdirs:
       os.makedirs(w, exist_ok=True)
     return [{"primary_metric": "accuracy", "best": score[(c.learning_rate, c.seed)], "seconds": 0.0,
              "epochs": min(max_epochs or c.num_epochs, c.num_epochs),
-             "finished": max_epochs is None or max_epochs >= c.num_epochs} for c in configs]
+             "finished": (c.learning_rate, c.seed) in stops or max_epochs is None or max_epochs >= c.num_epochs}
+            for c in configs]
+  return finetune_trials
 
-  monkeypatch.setattr(sweep.trainer, "finetune_trials", finetune_trials)
+
+def _halving_config(learning_rates, seeds, epochs):
   c = sst2.get_config()
-  c.sweep.grid.batch_size, c.sweep.grid.num_epochs, c.sweep.grid.learning_rate = (16,), (3,), (3e-5, 2e-5)
-  c.sweep.seeds = (0, 1, 2)
+  c.sweep.grid.batch_size, c.sweep.grid.num_epochs, c.sweep.grid.learning_rate = (16,), (epochs,), learning_rates
+  c.sweep.seeds = seeds
   c.sweep.successive_halving, c.sweep.halving_eta, c.sweep.halving_min_epochs = True, 2, 1
-  rows = sweep.run_sweep(c, str(tmp_path))
+  return c
+
+
+def test_successive_halving_ranks_configurations_by_their_mean_over_seeds(tmp_path, monkeypatch):
+  """Configuration A (0.80, 0.80, 0.95) has a lucky seed; B (0.90 each) is better on average: B goes on,
+  with all its seeds, and A stops, all of its seeds."""
+  score = {(3e-5, 0): 0.80, (3e-5, 1): 0.80, (3e-5, 2): 0.95, (2e-5, 0): 0.90, (2e-5, 1): 0.90, (2e-5, 2): 0.90}
+  monkeypatch.setattr(sweep.trainer, "finetune_trials", _fake_trials(score))
+  rows = sweep.run_sweep(_halving_config((3e-5, 2e-5), (0, 1, 2), 3), str(tmp_path))
   assert {(r["learning_rate"], r["seed"]): r["status"] for r in rows} == {
       (2e-5, s): "done" for s in (0, 1, 2)} | {(3e-5, s): "pruned" for s in (0, 1, 2)}
   [best] = sweep.aggregate(rows)
   assert best["learning_rate"] == 2e-5 and best["n"] == 3
+
+
+def test_a_seed_that_stopped_early_keeps_its_configuration_s_score(tmp_path, monkeypatch):
+  """The best configuration's seed 1 stops early in the first rung: its final score stands for it later."""
+  lrs = (4e-5, 3e-5, 2e-5, 1e-5)
+  score = {(lr, seed): {4e-5: 0.6, 3e-5: 0.8, 2e-5: 0.9, 1e-5: 0.7}[lr] for lr in lrs for seed in (0, 1)}
+  monkeypatch.setattr(sweep.trainer, "finetune_trials", _fake_trials(score, stops={(2e-5, 1)}))
+  rows = sweep.run_sweep(_halving_config(lrs, (0, 1), 4), str(tmp_path))
+  assert {r["seed"]: r["epochs_run"] for r in rows if r["learning_rate"] == 2e-5} == {0: 4, 1: 1}
+  assert all(r["status"] == "done" for r in rows if r["learning_rate"] == 2e-5)
 
 
 def test_aggregate_mean_and_std_over_seeds():

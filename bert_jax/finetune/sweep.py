@@ -172,13 +172,22 @@ def _successive_halving(config, trials, trial_dir, is_done, log) -> None:
           _write_json(os.path.join(trial_dir(t), DONE), r)
     if all(is_done(t) for t in members):
       return
-    score = lambda t: _read_json(marker(t))["best"] if os.path.isfile(marker(t)) else -math.inf
+    score = lambda t: _trial_score(marker(t), os.path.join(trial_dir(t), DONE))
     ranked = sorted(alive, key=lambda c: float(np.mean([score(t) for t in configurations[c]])), reverse=True)
     pruned, alive = ranked[max(1, len(alive) // s.halving_eta):], ranked[:max(1, len(alive) // s.halving_eta)]
     for t in (t for c in pruned for t in configurations[c] if not is_done(t)):
       log({"event": "pruned", "trial": trial_name(t), "rung": rung})
     if all(is_done(t) for c in alive for t in configurations[c]):
       return
+
+
+def _trial_score(marker: str, done: str) -> float:
+  """A trial's dev score at a rung: this rung's, else its final one (it finished or stopped early at an
+  earlier rung: a seed that stopped does not sink its configuration), else -inf (it never ran)."""
+  for path in (marker, done):
+    if os.path.isfile(path) and _read_json(path)["best"] is not None:
+      return _read_json(path)["best"]
+  return -math.inf
 
 
 def _row(t: dict, d: str) -> dict:
