@@ -4,6 +4,7 @@ import collections
 import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -136,6 +137,12 @@ def test_an_eval_input_beside_held_out_documents_keeps_both(tmp_path, small_corp
   stats = prepare.prepare_corpus(spec, out, vocab_file=vocab_file, num_shards=1, num_workers=1, eval_fraction=0.25,
                                  eval_spec=str(tmp_path / "eval.jsonl"))
   assert stats["splits"]["eval"]["documents"] == held_out + 7 == len(_records(os.path.join(out, "eval-*")))
+  # A directory prepared before the eval input's shards had their own name keeps its old shard: the reader
+  # takes only the shards stats.json lists.
+  from bert_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
+  listed = input_pipeline.shard_files(out, "eval")
+  shutil.copy(listed[-1], os.path.join(out, "eval-00000-of-00007.tfrecord"))
+  assert input_pipeline.shard_files(out, "eval") == listed
 
 
 @pytest.mark.parametrize("vocab_model", ["wordpiece", "unigram"])

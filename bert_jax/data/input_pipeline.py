@@ -14,6 +14,7 @@ replays the stream exactly.
 """
 
 import json
+import logging
 import os
 import threading
 
@@ -40,12 +41,11 @@ _REPAIR = ("Delete the shard and run the same `bert-jax prepare` command again: 
 def shard_files(pattern: str, split: str) -> list[str]:
   """A glob, a prepared directory's `<split>-*.tfrecord` or a prefix's `-*.tfrecord`, sorted.
 
-  A directory must hold every shard of the split that its stats.json lists (DataError otherwise).
+  A directory must hold every shard of the split that its stats.json lists (DataError otherwise), and only
+  those are read: a shard it does not list is not the last `prepare` run's (left by an older one).
   """
   if tf.io.gfile.isdir(pattern):
-    files = sorted(tf.io.gfile.glob(os.path.join(pattern, f"{split}-*.tfrecord")))
-    _check_complete(pattern, split, files)
-    return files
+    return _listed_shards(pattern, split, sorted(tf.io.gfile.glob(os.path.join(pattern, f"{split}-*.tfrecord"))))
   return sorted(tf.io.gfile.glob(pattern)) or sorted(tf.io.gfile.glob(pattern + "-*.tfrecord"))
 
 
@@ -139,11 +139,12 @@ def _check_counts(path: str, expected: tuple[str, dict] | None, found: dict[str,
                                f"{expected[1][key]}: it was cut short or replaced. {_REPAIR}")
 
 
-def _check_complete(directory: str, split: str, files: list[str]) -> None:
-  """Every `split` shard that stats.json lists in a prepared directory is there."""
+def _listed_shards(directory: str, split: str, files: list[str]) -> list[str]:
+  """`files` that a prepared directory's stats.json lists (all of them without one); every `split` shard it
+  lists must be there."""
   stats_path = os.path.join(directory, _STATS_FILE)
   if not tf.io.gfile.exists(stats_path):
-    return
+    return files
   with tf.io.gfile.GFile(stats_path) as f:
     listed = [name for name in json.load(f).get("shards", {}) if name.startswith(f"{split}-")]
   missing = sorted(set(listed) - {os.path.basename(p) for p in files})
@@ -151,6 +152,11 @@ def _check_complete(directory: str, split: str, files: list[str]) -> None:
     raise failures.DataError(f"{directory} lacks {len(missing)} of the {len(listed)} {split} shards listed in "
                              f"{stats_path}: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}. "
                              f"{_REPAIR}")
+  unlisted = [p for p in files if os.path.basename(p) not in listed]
+  if unlisted:
+    logging.warning("%s: %d %s shards are not in %s (an older prepare run's): not read, e.g. %s", directory,
+                    len(unlisted), split, _STATS_FILE, os.path.basename(unlisted[0]))
+  return [p for p in files if os.path.basename(p) in listed]
 
 
 def _as_documents(tokens, sentence_lengths, sentences_per_doc) -> instances.Documents:
