@@ -44,7 +44,8 @@ def forward_flops_per_row(cfg: model.BertConfig, shapes: Shapes) -> dict[str, fl
   flops["attention_scores"] = float(s * keys * 2 * h)   # q . k, summed over heads: H = heads x head_dim
   flops["attention_values"] = float(s * keys * 2 * h)   # probs x v
   e = getattr(cfg, "embedding_size", None) or h
-  flops["embeddings"] = float(s * 2 * e * h) if e != h else 0.0  # gathers and adds; ALBERT projects E -> H
+  # Gathers and adds; a projection E -> H wherever an embedding size is set (ALBERT, ELECTRA-small), E = H too.
+  flops["embeddings"] = float(s * 2 * e * h) if getattr(cfg, "embedding_size", None) is not None else 0.0
   flops["pooler"] = float(shapes.pooled_positions * 2 * h * h)
   flops["nsp"] = float(shapes.pooled_positions * 2 * h * 2) if shapes.use_nsp else 0.0
   flops["mlm_transform"] = float(shapes.mlm_positions * 2 * h * e)   # H -> E (E = H but for ALBERT)

@@ -68,6 +68,19 @@ def test_close_to_xla_cost_analysis(mlm_all_positions, geglu):
   assert 1.0 <= xla / analytic <= 1.12
 
 
+def test_an_embedding_size_equal_to_the_hidden_size_still_counts_the_projection():
+  """The model projects E -> H wherever an embedding size is set, E = H too: XLA's count grows by it."""
+  batch_size, seq = 4, 64
+  batch = {"input_ids": jnp.ones((batch_size, seq), jnp.int32), "input_mask": jnp.ones((batch_size, seq), jnp.int32),
+           "segment_ids": jnp.zeros((batch_size, seq), jnp.int32),
+           "masked_lm_positions": jnp.zeros((batch_size, 10), jnp.int32)}
+  projected = dataclasses.replace(TINY, embedding_size=TINY.hidden_size)
+  shapes = flops.Shapes(seq_length=seq, mlm_positions=10)
+  analytic = batch_size * (flops.train_flops_per_row(projected, shapes) - flops.train_flops_per_row(TINY, shapes))
+  xla = _xla_train_flops(projected, batch, False) - _xla_train_flops(TINY, batch, False)
+  assert analytic == batch_size * 3 * seq * 2 * 128 * 128 and 0.98 <= xla / analytic <= 1.05   # 0.999
+
+
 def test_splash_kernel_counts_the_window_only():
   """With the splash kernel a sliding-window layer is counted over window+1 keys (the kernel skips the
   blocks outside it); the dense path still counts every key; `kernel_attention_per_row` is the share XLA

@@ -223,6 +223,8 @@ def forward_flops_per_row(config: ml_collections.ConfigDict) -> dict[str, float]
   cfg, d = base.encoder_config(config), config.data
   gen_cfg = generator_config(cfg, config.get("generator_hidden_fraction", DEFAULT_GENERATOR_FRACTION))
   disc = flops.forward_flops_per_row(cfg, flops.Shapes(d.seq_length, 0, 0, False))
+  if gen_cfg.embedding_dim == gen_cfg.hidden_size:   # the generator projects only where the widths differ
+    gen_cfg = dataclasses.replace(gen_cfg, embedding_size=None)
   gen = flops.forward_flops_per_row(gen_cfg, flops.Shapes(d.seq_length, d.max_predictions_per_seq, 0, False))
   disc["discriminator_head"] = float(d.seq_length * 2 * cfg.hidden_size * (cfg.hidden_size + 1))
   return {**disc, **{f"generator_{k}": v for k, v in gen.items()}}
