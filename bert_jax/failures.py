@@ -71,6 +71,19 @@ class PeerLost(RunError):
   exit_code = RESTART
 
 
+def load_config(flag, prog: str):
+  """The config of an ml_collections `--config` flag (None when not given). A file it could not load (a
+  mistyped path, one on another machine, a syntax error) stands as a proxy that raises on first use: here
+  that is a UserError, one line and exit 2, which a supervisor does not restart."""
+  config = flag.value
+  try:
+    if config is not None:
+      config.keys()
+  except (OSError, SyntaxError, ImportError) as e:
+    say_and_exit(UserError(f"cannot load --config: {e}"), prefix=prog)
+  return config
+
+
 def say_and_exit(error: RunError, prefix: str = "bert-jax") -> None:
   """Prints `error` as one paragraph and ends the process with its exit code.
 

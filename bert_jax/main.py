@@ -129,7 +129,7 @@ def main(argv) -> None:
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)   # libraries' INFO lines would bury the progress lines
     logging.get_absl_handler().addFilter(_NoLibraryTracebacks())
-  config = _CONFIG.value
+  config = failures.load_config(_CONFIG, _PROG)
   stop_watching = threading.Event()
   try:
     if _needs_distributed(config.distributed):   # a lost coordinator aborts JAX's client: watch from outside

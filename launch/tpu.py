@@ -128,9 +128,11 @@ def _hardware(a) -> gcloud.Hardware:
                          extra_flags=tuple(a.create_arg))
 
 
-def _source(a) -> actions.Source:
+def _source(a, dry_run: bool = False) -> actions.Source:
   if a.git_ref and not a.git_url:
     raise ValueError("--git-ref needs --git-url")
+  if a.source and not dry_run and not os.path.isdir(a.source):   # before any slice: its tar would fail for hours
+    raise ValueError(f"--source {a.source!r} is not a directory")
   local = os.path.abspath(a.source) if a.source else None
   return actions.Source(git_url=a.git_url, git_ref=a.git_ref, local_dir=local, tarball=a.tarball,
                         jax_version=a.jax_version, python_version=a.python)
@@ -150,6 +152,8 @@ def _job(a) -> actions.Job:
 
 
 def _logs(run: Runner, tpu: gcloud.Slice, a) -> bool:
+  if not 0 <= a.node < tpu.node_count:
+    raise ValueError(f"--node {a.node}: the slice has nodes 0 to {tpu.node_count - 1}")
   if not a.collect:
     return run(gcloud.ssh_one(tpu, remote.tail(a.job, a.lines, a.follow), worker=a.worker, node=a.node)).ok
   workers = a.workers or (gcloud.chips_and_hosts(a.accelerator_type)[1] if a.accelerator_type else None)
@@ -179,7 +183,7 @@ def execute(a, run: Runner) -> int:
   if a.subcommand == "create":
     ok = run(gcloud.create(tpu, _hardware(a))).ok
   elif a.subcommand == "setup":
-    ok = actions.setup(run, tpu, _source(a))
+    ok = actions.setup(run, tpu, _source(a, isinstance(run, DryRun)))
   elif a.subcommand == "run":
     ok = actions.start(run, tpu, _job(a))
   elif a.subcommand == "logs":
@@ -192,7 +196,9 @@ def execute(a, run: Runner) -> int:
     ok = run(gcloud.delete(tpu)).ok
   else:
     policy = supervisor.Policy(a.poll_seconds, a.max_restarts, a.backoff_seconds, a.max_backoff_seconds)
-    sup = supervisor.Supervisor(run, tpu, _hardware(a), _source(a), _job(a), policy)
+    hardware = _hardware(a)
+    gcloud.create(tpu, hardware)   # its flags checked now: on an existing slice it runs after a deletion
+    sup = supervisor.Supervisor(run, tpu, hardware, _source(a, isinstance(run, DryRun)), _job(a), policy)
     if isinstance(run, DryRun):
       sup.print_plan(run)
       return 0
@@ -219,6 +225,11 @@ def main(argv: list[str] | None = None) -> int:
     return execute(a, DryRun() if a.dry_run else Subprocess())
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
+    return 2
+  except FileNotFoundError as e:
+    if e.filename != "gcloud":
+      raise
+    print("error: gcloud not found on PATH: install the Google Cloud CLI (cloud.google.com/sdk)", file=sys.stderr)
     return 2
   except KeyboardInterrupt:  # e.g. the end of `logs --follow`; the slice and the job keep running
     return 130

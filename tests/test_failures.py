@@ -338,6 +338,17 @@ def test_config_errors_are_one_line_before_compiling(data_dir, trained, tmp_path
   assert _checkpoints(workdir) == before
 
 
+def test_a_config_file_that_is_not_there_is_a_user_error(tmp_path):
+  """ml_collections loads --config when main first reads it: a mistyped path, or one on another machine, is a
+  one-line exit 2 (a supervisor does not restart it), not two tracebacks and exit 1."""
+  for command in (["pretrain", "--config=configs/bert_lage.py:phase1"],
+                  ["finetune", "--config=configs/finetune/sst3.py"]):
+    proc = subprocess.run([sys.executable, "-m", "bert_jax.cli", *command, f"--workdir={tmp_path}/run"], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == failures.USER_ERROR, proc.stderr
+    assert "cannot load --config" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_supervisor_restarts_after_a_lost_peer_and_not_after_a_user_error():
   from launch import supervisor  # pylint: disable=g-import-not-at-top
   from test_launch_supervisor import SINGLE, V3, FakeGcloud, make  # pylint: disable=g-import-not-at-top

@@ -190,6 +190,9 @@ def test_supervise_dry_run_prints_the_plan(capsys):
     (["create", *SINGLE, "--accelerator-type=v9-8"], "pass --version"),
     (["setup", *SINGLE, "--source=.", "--git-ref=main"], "--git-ref needs --git-url"),
     (["logs", *SINGLE, "--collect=out"], "--workers or --accelerator-type"),
+    (["logs", *SINGLE, "--node=2"], "the slice has nodes 0 to 0"),
+    (["supervise", *SINGLE, "--accelerator-type=v4-8", "--valid-until-duration=1h", "--source=.", *RUN_FLAGS, *PHASE1],
+     "queued resource"),   # checked before a supervisor on an existing slice could delete it
 ])
 def test_bad_flags_are_refused_before_any_command(capsys, argv, message):
   assert tpu.main(with_dry_run(argv)) == 2
@@ -210,3 +213,19 @@ def test_every_subcommand_has_help(capsys, subcommand):
     tpu.main([subcommand, "--help"] if subcommand else ["--help"])
   assert exit_.value.code == 0
   assert "--dry-run" in capsys.readouterr().out or not subcommand
+
+
+def test_a_missing_source_directory_stops_before_any_command(capsys, monkeypatch):
+  """Its tar would fail at every setup attempt, for hours, on a slice already made and billed."""
+  ran = []
+  monkeypatch.setattr(tpu, "Subprocess", lambda: ran.append)
+  assert tpu.main(["setup", *SINGLE, "--source=/no/such/dir"]) == 2
+  assert "--source '/no/such/dir' is not a directory" in capsys.readouterr().err and not ran
+
+
+def test_no_gcloud_on_the_path_is_a_message_not_a_traceback(capsys, monkeypatch):
+  def no_gcloud(argv, capture=False):
+    raise FileNotFoundError(2, "No such file or directory", argv[0])
+  monkeypatch.setattr(tpu, "Subprocess", lambda: no_gcloud)
+  assert tpu.main(["status", *SINGLE]) == 2
+  assert "gcloud not found on PATH" in capsys.readouterr().err

@@ -48,10 +48,11 @@ def run_and_report(ablation, workdir: str, train: bool = True, only=()) -> str:
 def main(argv) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  if finetune_main.CONFIG.value is None:
+  config = failures.load_config(finetune_main.CONFIG, "bert-jax ablate")
+  if config is None:
     raise app.UsageError("--config is required, e.g. --config=configs/ablations/devlin_table5.py:small")
   try:
-    print(run_and_report(finetune_main.CONFIG.value, finetune_main.WORKDIR.value, train=not _REPORT_ONLY.value,
+    print(run_and_report(config, finetune_main.WORKDIR.value, train=not _REPORT_ONLY.value,
                          only=_VARIANTS.value))
   except failures.RunError as e:
     failures.say_and_exit(e, prefix="bert-jax ablate")

@@ -33,10 +33,11 @@ flags.mark_flags_as_required(["workdir"])  # and --config, checked in main (`swe
 def main(argv) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  if CONFIG.value is None:
+  config = failures.load_config(CONFIG, "bert-jax finetune")
+  if config is None:
     raise app.UsageError("--config is required")
   try:
-    results = trainer.finetune(CONFIG.value, WORKDIR.value)
+    results = trainer.finetune(config, WORKDIR.value)
   except failures.UserError as e:   # the data or a task option (readers.DataError): no traceback
     failures.say_and_exit(e, prefix="bert-jax finetune")
   except FileNotFoundError as e:    # a data_dir or file that is not there

@@ -34,6 +34,7 @@ from absl import flags
 from absl import logging
 
 from bert_jax import atomic_write
+from bert_jax import failures
 # The --config and --workdir flags of `bert-jax finetune` (importing it also puts `configs/` on sys.path).
 from bert_jax.finetune import main as finetune_main
 from bert_jax.finetune import trainer
@@ -303,7 +304,7 @@ def plot_lr(rows: list[dict], path: str, task: str) -> bool:
 def main(argv) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  config, workdir = finetune_main.CONFIG.value, finetune_main.WORKDIR.value
+  config, workdir = failures.load_config(finetune_main.CONFIG, "bert-jax sweep"), finetune_main.WORKDIR.value
   if _SUMMARIZE.value:
     os.makedirs(workdir, exist_ok=True)
     print(summarize(_SUMMARIZE.value, os.path.join(workdir, "summary.md")))
