@@ -5,6 +5,7 @@ sleeps or loops.
 """
 
 import dataclasses
+import sys
 
 from launch import gcloud
 from launch import remote
@@ -81,11 +82,21 @@ def slice_state(run: Runner, tpu: gcloud.Slice) -> str:
   result = run(gcloud.state_query(tpu), capture=True)
   if result.ok:
     return result.stdout.strip() or UNKNOWN
-  return MISSING if "NOT_FOUND" in result.stderr or "not found" in result.stderr else UNKNOWN
+  if "NOT_FOUND" in result.stderr or "not found" in result.stderr:
+    return MISSING
+  return _unknown(result)
 
 
 def job_state(run: Runner, tpu: gcloud.Slice, job_name: str) -> str:
   """What worker 0 of slice 0 says of the job: "running", "exit N", "exit preempted", or "none"."""
   result = run(gcloud.ssh_one(tpu, remote.job_state(job_name)), capture=True)
   lines = result.stdout.strip().splitlines()
-  return lines[-1].strip() if result.ok and lines else UNKNOWN
+  return lines[-1].strip() if result.ok and lines else _unknown(result)
+
+
+def _unknown(result) -> str:
+  """UNKNOWN, with gcloud's reason on stderr: a lasting one (an expired login, a missing permission, another
+  project) would otherwise only show as a supervisor polling without end."""
+  reason = (result.stderr.strip().splitlines() or ["no output"])[-1]
+  print(f"gcloud failed (exit {result.returncode}): {reason}", file=sys.stderr, flush=True)
+  return UNKNOWN

@@ -13,14 +13,20 @@ logs="$HOME/bert_jax_logs"
 # crashed) holds the TPU: end it first. Its BERT_JAX_JOB variable proves the pid is still that job.
 old=$(cat "$logs/$name.pid" 2>/dev/null)
 if [ -n "$old" ] && grep -qsxz "BERT_JAX_JOB=$name" "/proc/$old/environ"; then
+  echo $$ > "$logs/$name.pid"   # no longer the old job's: its wrapper, woken by the kill, writes no NAME.exit
   echo "killing the previous $name (pid $old)"
   kill -KILL "$old"
   while kill -0 "$old" 2>/dev/null; do sleep 1; done
 fi
 
+# NAME.exit is written only by the wrapper of the job NAME.pid names: a previous wrapper, whose job was
+# killed above, must not write its 137 over the new job's state.
 export BERT_JAX_JOB=$name
-trap 'echo preempted > "$logs/$name.exit"; exit 143' TERM
+trap '[ "$(cat "$logs/$name.pid" 2>/dev/null)" = "$child" ] && echo preempted > "$logs/$name.exit"; exit 143' TERM
 "$@" &
-echo $! > "$logs/$name.pid"
-wait $!
-echo $? > "$logs/$name.exit"
+child=$!
+echo $child > "$logs/$name.pid"
+wait $child
+rc=$?
+[ "$(cat "$logs/$name.pid" 2>/dev/null)" = "$child" ] && echo $rc > "$logs/$name.exit"
+exit $rc

@@ -105,7 +105,7 @@ class Supervisor:
       if status == "running":
         self.log(f"job {self.job.name} is already running: watching it")
         self.launched = True
-      else:
+      elif status != actions.UNKNOWN:   # unknown (an ssh that failed): a launch would kill a live job
         self._launch()
       return None
     if status == "exit 0":

@@ -30,7 +30,8 @@ class FakeGcloud:
         return Result(1, "", f"ERROR: (gcloud) NOT_FOUND: Resource '{argv[5]}' was not found")
       return Result(0, state + "\n") if state != "UNREACHABLE" else Result(1, "", "ERROR: network")
     if JOB_PROBE in line:
-      return Result(0, self.jobs.pop(0) + "\n")
+      job = self.jobs.pop(0)
+      return Result(0, job + "\n") if job != "UNREACHABLE" else Result(255, "", "ssh: connect: timed out")
     if self.fail and self.fail[0] in line:
       self.fail.pop(0)
       return Result(1, "", "ERROR: no capacity")
@@ -140,6 +141,16 @@ def test_a_running_job_is_watched_not_relaunched():
   assert "setup" not in fake.kinds() and "start" not in fake.kinds()
   assert "job train is already running: watching it" in logs and "bert-large is UNKNOWN" in logs
   assert sleeps == [300, 300]
+
+
+def test_a_job_whose_state_cannot_be_read_on_attach_is_not_launched_over(capsys):
+  """A launch would kill the job that may well be running there; the next poll decides."""
+  fake = FakeGcloud(states=["READY"] * 3, jobs=["UNREACHABLE", "running", "exit 0"])
+  sup, _, logs = make(SINGLE, V3, fake)
+  assert sup.supervise() == 0
+  assert "setup" not in fake.kinds() and "start" not in fake.kinds()
+  assert "job train is already running: watching it" in logs
+  assert "gcloud failed (exit 255): ssh: connect: timed out" in capsys.readouterr().err
 
 
 def test_a_job_that_crashes_on_a_live_slice_is_restarted_in_place():

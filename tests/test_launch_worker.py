@@ -116,6 +116,21 @@ def test_a_new_run_ends_a_hung_previous_instance_first(worker):
   assert wait_for(remote.job_state(), "exit 0") == "exit 0"
 
 
+def test_a_new_run_over_a_live_job_reads_running_not_the_old_job_s_kill(worker):
+  """The wrapper of the job killed for the new one does not write its 137 over the new job's state."""
+  home, sh, wait_for = worker
+  sh(remote.run(JOB, env={}))
+  assert wait_for(remote.job_state(), "running") == "running"
+  first = int((home / "bert_jax_logs" / "train.pid").read_text())
+  sh(remote.run(JOB, env={}))
+  assert wait_for("grep -c 'step 1' $HOME/bert_jax_logs/train.log", "2") == "2"
+  assert int((home / "bert_jax_logs" / "train.pid").read_text()) != first
+  time.sleep(0.5)   # the killed job's wrapper has long returned from its wait
+  assert sh(remote.job_state()) == "running"
+  sh(remote.stop())
+  assert wait_for(remote.job_state(), "exit 0") == "exit 0"
+
+
 def test_a_reused_pid_is_neither_stopped_nor_taken_for_the_job(worker):
   home, sh, _ = worker
   stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
