@@ -314,6 +314,8 @@ def test_a_continued_run_and_its_trials_report_their_own_numbers(data_dir, tmp_p
   results = trainer.finetune_trials([fast, frozen], [str(tmp_path / "fast"), str(tmp_path / "frozen")])
   assert results[1]["stopped_early"] and results[1]["step"] < results[0]["step"]
   assert results[1]["epochs"] == results[1]["step"] / 16
+  frozen_log = _read_jsonl(tmp_path / "frozen" / "metrics.jsonl")   # its slot trained on: not its curve
+  assert max(r["step"] for r in frozen_log if "train/loss" in r) <= results[1]["step"]
 
   frozen.early_stopping_patience = 0
   trainer.finetune(frozen, str(tmp_path / "fast"))   # the same workdir, another learning rate

@@ -506,8 +506,9 @@ def finetune_trials(configs: list, workdirs: list, *, max_epochs: int | None = N
         if step % config.log_every_steps == 0:
           losses = np.asarray(loss_sum) / summed  # the only host sync between evals
           for t, tracker in enumerate(trackers):
-            tracker.log(step, {"epoch": step / steps_per_epoch, "train/loss": float(losses[t]),
-                               "time_s": round(time.time() - t0, 1)})
+            if not tracker.stopped:   # a stopped trial's slot trains on with its group: not its curve
+              tracker.log(step, {"epoch": step / steps_per_epoch, "train/loss": float(losses[t]),
+                                 "time_s": round(time.time() - t0, 1)})
           loss_sum, summed = jnp.zeros(len(configs)), 0
         if step % eval_every == 0 or step == budget:
           _evaluate(pred_fn, state, step, task, trackers, dev, eval_batch_size, eval_sharding, config)
