@@ -322,3 +322,25 @@ def test_a_continued_run_and_its_trials_report_their_own_numbers(data_dir, tmp_p
   again = json.loads((tmp_path / "fast" / trainer.RESULTS_FILE).read_text())
   assert again["best"] < results[0]["best"] and again["learning_rate"] == 1e-7
   assert os.listdir(tmp_path / "fast" / "best") == [str(again["best_step"])]
+
+
+@pytest.mark.slow
+def test_mnli_evaluates_dev_mismatched_beside_dev_matched(tmp_path):
+  """Both of MNLI's dev sets are evaluated (GLUE reports MNLI-m and -mm); matched picks the best checkpoint."""
+  from configs.finetune import mnli  # pylint: disable=g-import-not-at-top
+  make_sentiment_data(tmp_path)
+  header = ("index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\tsentence1_parse\t"
+            "sentence2_parse\tsentence1\tsentence2\tlabel1\tgold_label")
+  labels = ("entailment", "neutral", "contradiction")
+  for split, n in (("train", 96), ("dev_matched", 12), ("dev_mismatched", 9)):
+    rows = [f"{i}\t0\t0n\tfiction\tx\ty\tx\ty\tgreat movie\tawful plot\t{labels[i % 3]}\t{labels[i % 3]}"
+            for i in range(n)]
+    (tmp_path / f"{split}.tsv").write_text("\n".join([header] + rows) + "\n")
+  config = tiny_config(str(tmp_path), mnli.get_config())
+  config.num_epochs = 1
+  results = trainer.finetune(config, str(tmp_path / "run"))
+  assert set(results["best_metrics"]) == {"accuracy", "dev_mismatched/accuracy"}
+  assert results["best"] == results["best_metrics"]["accuracy"]
+  logged = [r for r in _read_jsonl(tmp_path / "run" / "metrics.jsonl") if "eval/dev_mismatched/accuracy" in r]
+  assert logged and all("eval/accuracy" in r for r in logged)
+  assert sum(1 for _ in open(tmp_path / "run" / "predictions_dev_mismatched.tsv")) == 9 + 1

@@ -295,9 +295,12 @@ class _Split:
 
 
 def _read_data(task, config: Config, tokenizer):
-  """(task with its label set, train, dev, and the `predict_split` or None), every file read and checked.
+  """(task with its label set, train, the dev splits, and the `predict_split` or None), every file read and
+  checked.
 
-  The label set of generic tasks is the training file's; dev labels must be among it.
+  The dev splits: `eval_split` (default the task's first), which picks the best checkpoint and stops early,
+  then the task's other dev splits (MNLI's mismatched beside its matched), evaluated beside it. The label
+  set of generic tasks is the training file's; dev labels must be among it.
   """
   def read(split, limit=0):
     return task.read(split, config.data_dir)[:limit or None], task.file(split, config.data_dir)
@@ -310,13 +313,15 @@ def _read_data(task, config: Config, tokenizer):
   train_examples, train_file = read(config.train_split, config.max_train_examples)
   task = task.with_labels_from(train_examples, train_file)
   dev_split = config.eval_split or task.dev_splits[0]
-  dev_examples, dev_file = read(dev_split, config.max_eval_examples)
-  task.check_labelled(dev_examples, dev_file)
+  devs = []
+  for split in [dev_split] + [s for s in task.dev_splits if s != dev_split and dev_split in task.dev_splits]:
+    examples, file = read(split, config.max_eval_examples)
+    task.check_labelled(examples, file)
+    devs.append(featurize(split, examples))
   to_predict = None
   if config.predict_split and config.keep_best_checkpoint:
     to_predict = featurize(config.predict_split, read(config.predict_split)[0])
-  return (task, featurize(config.train_split, train_examples, training=True), featurize(dev_split, dev_examples),
-          to_predict)
+  return task, featurize(config.train_split, train_examples, training=True), devs, to_predict
 
 
 def write_task_record(workdir: str, task, config: Config) -> None:
@@ -452,7 +457,7 @@ def finetune_trials(configs: list, workdirs: list, *, max_epochs: int | None = N
   config = configs[0]
   task = tasks_lib.get_task(config.task, **config.task_opts)
   tokenizer = init.load_tokenizer(config)
-  task, train, dev, to_predict = _read_data(task, config, tokenizer)  # data errors before the model is loaded
+  task, train, devs, to_predict = _read_data(task, config, tokenizer)  # data errors before the model is loaded
   train_features = train.features
   bert_cfg, encoder_params = init.load_encoder(config)
   if task.kind in ("classification", "regression"):   # the pooling goes into task.json with the task's options
@@ -511,7 +516,7 @@ def finetune_trials(configs: list, workdirs: list, *, max_epochs: int | None = N
                                  "time_s": round(time.time() - t0, 1)})
           loss_sum, summed = jnp.zeros(len(configs)), 0
         if step % eval_every == 0 or step == budget:
-          _evaluate(pred_fn, state, step, task, trackers, dev, eval_batch_size, eval_sharding, config)
+          _evaluate(pred_fn, state, step, task, trackers, devs, eval_batch_size, eval_sharding, config)
         if step >= budget or all(t.stopped for t in trackers):
           break
     finished = step >= total_steps or all(t.stopped for t in trackers)
@@ -525,8 +530,12 @@ def finetune_trials(configs: list, workdirs: list, *, max_epochs: int | None = N
           for tr, c in zip(trackers, configs)]
 
 
-def _evaluate(pred_fn, state, step, task, trackers, dev: _Split, batch_size, sharded, config) -> None:
+def _evaluate(pred_fn, state, step, task, trackers, devs: list, batch_size, sharded, config) -> None:
+  """Every dev split; the first's metrics decide the best checkpoint and early stopping, the others' are
+  logged and kept beside them as `<split>/<metric>`."""
+  dev, others = devs[0], devs[1:]
   outputs = _predict(pred_fn, state["params"], dev.features, batch_size, sharded)
+  other_outputs = [_predict(pred_fn, state["params"], o.features, batch_size, sharded) for o in others]
   for t, tracker in enumerate(trackers):
     if tracker.stopped:
       continue  # an early-stopped trial keeps its results; its slot still trains with the group
@@ -537,10 +546,14 @@ def _evaluate(pred_fn, state, step, task, trackers, dev: _Split, batch_size, sha
         ckpt.save(step, {"params": _trial(state["params"], t)})
         ckpt.close()
       if config.write_predictions:
-        task.write_predictions(os.path.join(tracker.workdir, _prediction_file(task, dev.name)), outputs[t],
-                               dev.examples, dev.meta)
+        for split, out in zip(devs, [outputs] + other_outputs):
+          task.write_predictions(os.path.join(tracker.workdir, _prediction_file(task, split.name)), out[t],
+                                 split.examples, split.meta)
 
-    tracker.evaluated(step, task.evaluate(outputs[t], dev.examples, dev.meta), on_best)
+    metrics = task.evaluate(outputs[t], dev.examples, dev.meta)
+    for split, out in zip(others, other_outputs):
+      metrics.update({f"{split.name}/{k}": v for k, v in task.evaluate(out[t], split.examples, split.meta).items()})
+    tracker.evaluated(step, metrics, on_best)
 
 
 def _predict_with_best(pred_fn, task, split: _Split, trackers, batch_size, sharded) -> None:
