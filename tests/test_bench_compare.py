@@ -155,7 +155,7 @@ assert not [m for m in sys.modules if m.startswith("tensorflow")]
 
 @pytest.mark.slow
 def test_bench_train_runs_without_tensorflow():
-  env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))   # this tree's bert_jax
+  env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), XLA_FLAGS="")   # this tree's bert_jax; one device
   proc = subprocess.run([sys.executable, "-c", _WITHOUT_TENSORFLOW], cwd=REPO_ROOT, env=env, capture_output=True,
                         text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]

@@ -113,6 +113,10 @@ def test_benchmark_samples_the_peak_after_each_timed_step(monkeypatch):
   monkeypatch.setattr(bench_train, "MatmulPeak", Peak)
   config = _config("bert", False)
   config.dtype = "bfloat16"
+  # The tests' 8 CPU devices: one device's peak against a step over 8 would read as 8 times the MFU.
+  with pytest.raises(ValueError, match="measures one device and 8 are visible"):
+    bench_train.benchmark(config, steps=3)
+  monkeypatch.setattr(bench_train.jax, "device_count", lambda: 1)
   result = bench_train.benchmark(config, steps=3)
   # The peak in the step's compute dtype, then one sample after each timed step.
   assert events == [("peak in", 2048, np.dtype(jnp.bfloat16))] + ["step", "peak"] * 3

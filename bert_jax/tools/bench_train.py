@@ -179,7 +179,14 @@ def time_train_steps(config: ml_collections.ConfigDict, steps: int, warmup: int 
 
 def benchmark(config: ml_collections.ConfigDict, steps: int, peer_python: str | None = None) -> dict:
   """Step time (best and median), tokens/s and MFU against this machine's measured matmul peak; with
-  `peer_python`, our steps alternate with the installed peers' (`bench_compare`) under "compare"."""
+  `peer_python`, our steps alternate with the installed peers' (`bench_compare`) under "compare".
+
+  One device: the peak is one device's and the peers run on one, so a step over several would read as N
+  times the MFU and an N-to-1 comparison."""
+  if jax.device_count() > 1:
+    raise ValueError(f"bench train measures one device and {jax.device_count()} are visible: make one visible "
+                     "(e.g. CUDA_VISIBLE_DEVICES=0, TPU_VISIBLE_CHIPS=0, or no "
+                     "--xla_force_host_platform_device_count)")
   peak = MatmulPeak(2048 if jax.default_backend() == "cpu" else 8192, jnp.dtype(config.dtype))
   peaks = []
   batch = synthetic_batch(config)
