@@ -344,3 +344,23 @@ def test_mnli_evaluates_dev_mismatched_beside_dev_matched(tmp_path):
   logged = [r for r in _read_jsonl(tmp_path / "run" / "metrics.jsonl") if "eval/dev_mismatched/accuracy" in r]
   assert logged and all("eval/accuracy" in r for r in logged)
   assert sum(1 for _ in open(tmp_path / "run" / "predictions_dev_mismatched.tsv")) == 9 + 1
+
+
+@pytest.mark.slow
+def test_a_run_stopped_at_an_epoch_budget_and_continued_evaluates_as_one_run(data_dir, tmp_path):
+  """At a budget between evaluations (successive halving's rung) the evaluation only scores the rung: it
+  neither uses up patience nor becomes the best checkpoint, so the continued run is the uninterrupted one."""
+  def config():
+    c = tiny_config(data_dir)
+    c.num_epochs, c.eval_every_steps, c.early_stopping_patience, c.write_predictions = 2, 5, 3, False
+    return c
+
+  evals = lambda name: [r["step"] for r in _read_jsonl(tmp_path / name / "metrics.jsonl") if "eval/accuracy" in r]
+  full = trainer.finetune(config(), str(tmp_path / "full"))
+  rung = trainer.finetune(config(), str(tmp_path / "cont"), max_epochs=1)   # 16 steps: between 15 and 20
+  assert rung["score"] is not None and rung["score"] >= (rung["best"] or 0.0)
+  assert any("budget_eval/accuracy" in r for r in _read_jsonl(tmp_path / "cont" / "metrics.jsonl"))
+  cont = trainer.finetune(config(), str(tmp_path / "cont"))
+  assert evals("cont") == evals("full")
+  for key in ("best", "best_step", "stopped_early", "step"):
+    assert cont[key] == full[key], key

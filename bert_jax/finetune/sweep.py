@@ -186,8 +186,9 @@ def _trial_score(marker: str, done: str) -> float:
   """A trial's dev score at a rung: this rung's, else its final one (it finished or stopped early at an
   earlier rung: a seed that stopped does not sink its configuration), else -inf (it never ran)."""
   for path in (marker, done):
-    if os.path.isfile(path) and _read_json(path)["best"] is not None:
-      return _read_json(path)["best"]
+    score = _read_json(path).get("score", _read_json(path)["best"]) if os.path.isfile(path) else None
+    if score is not None:   # the best dev score so far, an evaluation at the rung's budget included
+      return score
   return -math.inf
 
 

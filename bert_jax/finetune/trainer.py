@@ -389,6 +389,7 @@ class _Tracker:
     self.writer = metrics_writer.MetricWriter(workdir, echo=echo)
     self.best, self.best_step, self.best_metrics, self.last_metrics = None, -1, {}, {}
     self.since_best, self.stopped, self.stopped_step = 0, False, None
+    self.peek = None   # the primary metric at an epoch budget between evaluations (`peeked`)
     path = os.path.join(workdir, "tracker.json")
     if os.path.isdir(os.path.join(workdir, "last")) and os.path.isfile(path):   # a continued run
       with open(path) as f:
@@ -410,6 +411,17 @@ class _Tracker:
       self.since_best += 1
       self.stopped = bool(self.patience) and self.since_best >= self.patience
       self.stopped_step = step if self.stopped else None
+
+  def peeked(self, step: int, metrics: dict) -> None:
+    """An evaluation at an epoch budget between the regular ones: logged, and its primary metric kept as
+    `peek` (the trial's score there), with no say in the best checkpoint or early stopping."""
+    self.log(step, {f"budget_eval/{k}": v for k, v in metrics.items()})
+    self.peek = metrics[self.primary]
+
+  def score(self) -> float | None:
+    """The best of the evaluations so far, the budget's included (successive halving ranks by it)."""
+    scores = [x for x in (self.best, self.peek) if x is not None]
+    return max(scores) if scores else None
 
   def save(self) -> None:
     self.writer.close()
@@ -515,8 +527,10 @@ def finetune_trials(configs: list, workdirs: list, *, max_epochs: int | None = N
               tracker.log(step, {"epoch": step / steps_per_epoch, "train/loss": float(losses[t]),
                                  "time_s": round(time.time() - t0, 1)})
           loss_sum, summed = jnp.zeros(len(configs)), 0
-        if step % eval_every == 0 or step == budget:
+        if step % eval_every == 0 or step == total_steps:
           _evaluate(pred_fn, state, step, task, trackers, devs, eval_batch_size, eval_sharding, config)
+        elif step == budget:   # a rung's score; the run continued later evaluates as one that never stopped
+          _evaluate(pred_fn, state, step, task, trackers, devs, eval_batch_size, eval_sharding, config, peek=True)
         if step >= budget or all(t.stopped for t in trackers):
           break
     finished = step >= total_steps or all(t.stopped for t in trackers)
@@ -530,9 +544,11 @@ def finetune_trials(configs: list, workdirs: list, *, max_epochs: int | None = N
           for tr, c in zip(trackers, configs)]
 
 
-def _evaluate(pred_fn, state, step, task, trackers, devs: list, batch_size, sharded, config) -> None:
+def _evaluate(pred_fn, state, step, task, trackers, devs: list, batch_size, sharded, config,
+              peek: bool = False) -> None:
   """Every dev split; the first's metrics decide the best checkpoint and early stopping, the others' are
-  logged and kept beside them as `<split>/<metric>`."""
+  logged and kept beside them as `<split>/<metric>`. `peek`: at an epoch budget between evaluations, only
+  logged (`budget_eval/...`) and kept as the trial's score at the budget (`Tracker.peeked`)."""
   dev, others = devs[0], devs[1:]
   outputs = _predict(pred_fn, state["params"], dev.features, batch_size, sharded)
   other_outputs = [_predict(pred_fn, state["params"], o.features, batch_size, sharded) for o in others]
@@ -553,7 +569,10 @@ def _evaluate(pred_fn, state, step, task, trackers, devs: list, batch_size, shar
     metrics = task.evaluate(outputs[t], dev.examples, dev.meta)
     for split, out in zip(others, other_outputs):
       metrics.update({f"{split.name}/{k}": v for k, v in task.evaluate(out[t], split.examples, split.meta).items()})
-    tracker.evaluated(step, metrics, on_best)
+    if peek:
+      tracker.peeked(step, metrics)
+    else:
+      tracker.evaluated(step, metrics, on_best)
 
 
 def _predict_with_best(pred_fn, task, split: _Split, trackers, batch_size, sharded) -> None:
@@ -568,7 +587,7 @@ def _predict_with_best(pred_fn, task, split: _Split, trackers, batch_size, shard
 def _results(tracker, config, task, step, steps_per_epoch, total_steps, finished, seconds) -> dict:
   tracker.save()
   step = step if tracker.stopped_step is None else tracker.stopped_step   # stopped early: its own last step
-  results = {"task": task.name, "primary_metric": tracker.primary, "best": tracker.best,
+  results = {"task": task.name, "primary_metric": tracker.primary, "best": tracker.best, "score": tracker.score(),
              "best_step": tracker.best_step, "best_metrics": tracker.best_metrics,
              "last_metrics": tracker.last_metrics, "step": step, "epochs": step / steps_per_epoch,
              "total_steps": total_steps, "stopped_early": tracker.stopped, "finished": finished,
