@@ -195,7 +195,7 @@ def test_finetuning_drops_training_questions_whose_answer_is_not_in_their_contex
   c.data_dir, c.vocab_file, c.max_seq_length = str(tmp_path), str(tmp_path / "vocab.txt"), 32
   from bert_jax.finetune import init  # pylint: disable=g-import-not-at-top
   task = tasks.get_task(c.task, **c.task_opts)
-  _, train, dev, _ = trainer._read_data(task, c, init.load_tokenizer(c))
+  _, train, (dev,), _ = trainer._read_data(task, c, init.load_tokenizer(c))
   assert [train.examples[i].qas_id for i in train.meta["example_index"]] == ["ok"]
   assert [dev.examples[i].qas_id for i in dev.meta["example_index"]] == ["ok", "bad"]
 
@@ -220,3 +220,16 @@ def test_other_tokenizers_label_and_decode_exact_spans(family):
     query = tok.encode("When was Vermeer born?")
     assert ids == tok.build_inputs(query, tok.encode(" " + context))[0]   # <s> q </s></s> context </s>
     assert not features["segment_ids"].any()
+
+
+def test_an_uncased_tokenizer_json_cuts_an_answer_inside_a_word(tmp_path):
+  """Its normaliser lowercases (its do_lower_case is False: ours never lowercases again): the pieces'
+  text is aligned with the original lowercased, as for vocab.txt, not given up for whole words."""
+  from tokenizers import BertWordPieceTokenizer  # pylint: disable=g-import-not-at-top
+  from bert_jax.data import tokenizer as tokenization  # pylint: disable=g-import-not-at-top
+  BertWordPieceTokenizer(str(shared_path("minilm", "vocab.txt")), lowercase=True).save(str(tmp_path / "tokenizer.json"))
+  tok = tokenization.load_tokenizer(tmp_path / "tokenizer.json")
+  example = next(e for e, a in _every_answer() if a == "Father Julius Nieuwl")
+  features, meta = tasks.get_task("squad_v1").featurize([example], tok, 384, is_training=True)
+  start, end = int(features["start_positions"][0]), int(features["end_positions"][0])
+  assert squad.span_text(example, meta, 0, start, end) == "Father Julius Nieuwl"

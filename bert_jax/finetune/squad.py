@@ -129,6 +129,14 @@ def _improve_answer_span(doc_tokens, start, end, tokenizer, answer_text):
   return start, end
 
 
+def _lowercases(tokenizer) -> bool:
+  """Whether the tokenizer lowercases (`get_final_text` aligns its pieces with the original text so): its
+  `do_lower_case`, or for a tokenizer.json, whose normaliser does it, what it makes of "A"."""
+  if tokenizer.kind != "tokenizer_json":
+    return getattr(tokenizer, "do_lower_case", True)
+  return tokenizer.decode(tokenizer.encode("A")).strip() == "a"
+
+
 def _decoded(tokenizer, pieces) -> str:
   return tokenizer.decode(tokenizer.convert_tokens_to_ids(pieces))
 
@@ -238,7 +246,7 @@ def featurize(task, examples, tokenizer, max_seq_length, **opts):
   meta = {"example_index": np.array(rows["example_index"], np.int64),
           "token_to_orig": np.array(rows["token_to_orig"], np.int32).reshape(-1, max_seq_length),
           "max_context": np.array(rows["max_context"], bool).reshape(-1, max_seq_length),
-          "tokens": rows["tokens"], "do_lower_case": getattr(tokenizer, "do_lower_case", True),
+          "tokens": rows["tokens"], "do_lower_case": _lowercases(tokenizer),
           "decode": None if tokenizer.kind == "wordpiece" else functools.partial(_decoded, tokenizer)}
   return features, meta
 
