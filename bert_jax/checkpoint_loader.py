@@ -275,14 +275,14 @@ def write_run_record(workdir: str, model_config: model.BertConfig, vocab_path: s
     # The tokenizer's `save` writes all it reloads from (vocab.txt; spm.model; vocab.json, merges.txt and
     # its tokenizer_config.json settings); then on to a possibly remote workdir.
     tokenizer.save(local)
-    settings = tokenizer_settings(tokenizer, local, do_lower_case)
+    settings = tokenizer_settings(local, do_lower_case)
     for saved in epath.Path(local).iterdir():
       if saved.name != TOKENIZER_CONFIG:
         saved.copy(root / saved.name, overwrite=True)
   (root / TOKENIZER_CONFIG).write_text(json.dumps(settings, indent=2) + "\n")
 
 
-def tokenizer_settings(tokenizer, directory: str, do_lower_case: bool) -> dict:  # pylint: disable=unused-argument
-  """The tokenizer_config.json for `tokenizer` as its `save` wrote it into `directory` (SentencePiece's
+def tokenizer_settings(directory: str, do_lower_case: bool) -> dict:
+  """The tokenizer_config.json of a tokenizer as its `save` wrote it into `directory` (SentencePiece's
   accents and spaces, the BPE's settings), with the casing, which the loader takes from the checkpoint."""
   return {**tokenizer_lib.read_tokenizer_config(directory), "do_lower_case": do_lower_case}

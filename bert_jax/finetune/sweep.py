@@ -175,7 +175,8 @@ def _successive_halving(config, trials, trial_dir, is_done, log) -> None:
       return
     score = lambda t: _trial_score(marker(t), os.path.join(trial_dir(t), DONE))
     ranked = sorted(alive, key=lambda c: float(np.mean([score(t) for t in configurations[c]])), reverse=True)
-    pruned, alive = ranked[max(1, len(alive) // s.halving_eta):], ranked[:max(1, len(alive) // s.halving_eta)]
+    keep = max(1, len(alive) // s.halving_eta)
+    pruned, alive = ranked[keep:], ranked[:keep]
     for t in (t for c in pruned for t in configurations[c] if not is_done(t)):
       log({"event": "pruned", "trial": trial_name(t), "rung": rung})
     if all(is_done(t) for c in alive for t in configurations[c]):
@@ -186,8 +187,9 @@ def _trial_score(marker: str, done: str) -> float:
   """A trial's dev score at a rung: this rung's, else its final one (it finished or stopped early at an
   earlier rung: a seed that stopped does not sink its configuration), else -inf (it never ran)."""
   for path in (marker, done):
-    score = _read_json(path).get("score", _read_json(path)["best"]) if os.path.isfile(path) else None
-    if score is not None:   # the best dev score so far, an evaluation at the rung's budget included
+    result = _read_json(path) if os.path.isfile(path) else {}
+    score = result.get("score", result.get("best"))   # the best so far, an evaluation at the budget included
+    if score is not None:
       return score
   return -math.inf
 

@@ -118,7 +118,7 @@ def _save_tokenizer(tokenizer, output, max_length: int, classes: str) -> None:
   """The tokenizer's files and its settings (SentencePiece's accents and spaces, the BPE's prefix space and
   special tokens, a tokenizer.json's own config) as transformers reads them, with `model_max_length`."""
   tokenizer.save(str(output))
-  settings = checkpoint_loader.tokenizer_settings(tokenizer, str(output), tokenizer.do_lower_case)
+  settings = checkpoint_loader.tokenizer_settings(str(output), tokenizer.do_lower_case)
   settings["model_max_length"] = max_length
   settings.setdefault("tokenizer_class", tokenizer_class(tokenizer.kind, classes))   # a tokenizer.json's names its own
   (pathlib.Path(output) / checkpoint_loader.TOKENIZER_CONFIG).write_text(json.dumps(settings, indent=1) + "\n")
