@@ -441,11 +441,8 @@ def fill_mask_examples(config, params, tokenizer, eval_iter, eval_start, count: 
   texts, words = [], []
   for row, mask in zip(ids, batch["input_mask"]):
     line = [int(t) for t, m in zip(row, mask) if m and t not in (tokenizer.cls_id, tokenizer.sep_id)]
-    tokens = tokenizer.convert_ids_to_tokens(line)
-    single = [j for j, t in enumerate(tokens) if starts[line[j]] and t.isalpha() and len(t) > 2
-              and (j + 1 == len(line) or starts[line[j + 1]])]
-    if single and len(texts) < count:
-      j = single[len(single) // 2]
+    j = preview_word(tokenizer, line, starts)
+    if j is not None and len(texts) < count:
       lo, hi = max(0, j - 12), min(len(line), j + 13)   # a line's worth around it, in whole words
       while lo < j and not starts[line[lo]]:
         lo += 1
@@ -453,13 +450,24 @@ def fill_mask_examples(config, params, tokenizer, eval_iter, eval_start, count: 
         hi -= 1
       context = line[lo:j] + [tokenizer.mask_id] + line[j + 1:hi]
       texts.append(tokenizer.decode(context))
-      words.append(tokens[j])
+      words.append(tokenizer.decode([line[j]]).strip())
   predictions = fill_mask.predict(bert_config(config), jax.device_get(params), tokenizer, texts, top_k=5)
   lines = []
   for text, word, (candidates,) in zip(texts, words, predictions):
     shown = "  ".join(f"{token} {prob:.2f}" for token, prob in candidates)
     lines += [f"  {text}", f"    masked: {word!r}; top 5: {shown}"]
   return "\n".join(lines)
+
+
+def preview_word(tokenizer, line: list[int], starts: np.ndarray) -> int | None:
+  """The middle one-token word of `line` (three letters or more) to mask in a preview; None if it has none.
+
+  A token's word is its decoded text, without the tokenizer's word-start mark ("▁", "Ġ"), so that every
+  vocabulary family is judged alike.
+  """
+  single = [j for j, t in enumerate(line) if starts[t] and (j + 1 == len(line) or starts[line[j + 1]])]
+  single = [j for j in single if len(w := tokenizer.decode([line[j]]).strip()) > 2 and w.isalpha()]
+  return single[len(single) // 2] if single else None
 
 
 def _accumulate(interval: dict, metrics: dict) -> dict:

@@ -250,3 +250,15 @@ def test_load_tokenizer_from_a_remote_file_system(tmp_path):
     tok = tokenizer.load_tokenizer(path)
     assert tok.encode("Hello worlds") == [5, 6, 7]
     assert tok.mask_id == 4
+
+
+@pytest.mark.parametrize("vocab_model", ["wordpiece", "unigram", "byte_bpe"])
+def test_preview_word_is_found_in_every_vocabulary_family(tmp_path, play_sentences, vocab_model):
+  """The end-of-run fill-mask preview masks a one-token word of each held-out line: a SentencePiece
+  piece ("▁king") or a byte-level one ("Ġking") is such a word as WordPiece's "king" is."""
+  from bert_jax import train  # pylint: disable=g-import-not-at-top
+  tok = T.load_tokenizer(V.train(vocab_model, play_sentences, 600, str(tmp_path)))
+  line = tok.encode(tok.space_prefix + "the king and the queen")
+  j = train.preview_word(tok, line, tok.word_start_table())
+  assert j is not None and tok.decode([line[j]]).strip() in ("king", "and", "the", "queen")
+  assert train.preview_word(tok, tok.encode("to"), tok.word_start_table()) is None
