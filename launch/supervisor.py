@@ -6,7 +6,9 @@ it deletes and recreates it, sets the workers up again and restarts the same com
 resumes from the latest checkpoint in its GCS workdir by itself. A job that exits with an error (or
 "preempted", or RESTART_EXIT_CODE: a peer host died) on a slice that is still up is restarted in place.
 It stops when the job exits with status 0, with a code that a restart cannot fix (FINAL_EXIT_CODES: a
-user error, a diverged run), or after `max_restarts` restarts. Clock and sleep are injected, so tests never wait.
+user error, a diverged run), or after `max_restarts` restarts or more failed steps in a row (a create,
+setup or start that failed, or gcloud unable to read the slice's or the job's state: an expired login
+would otherwise be polled for ever), each failed step backed off. Clock and sleep are injected, so tests never wait.
 """
 
 import dataclasses
@@ -63,6 +65,7 @@ class Supervisor:
     self.restarts = 0
     self.failures = 0       # consecutive failed steps, for the backoff
     self.launched = False   # the job was started (or found running) on the current slice
+    self.job_unknown = False  # the last probe of the job's state failed (ssh): a failed step, backed off
 
   @property
   def dead_states(self) -> set[str]:
@@ -86,13 +89,16 @@ class Supervisor:
         outcome = self._check_job()
         if outcome is not None:
           return outcome
-        ok = self.launched
-      else:  # CREATING, WAITING_FOR_RESOURCES, PROVISIONING, SUSPENDING, REPAIRING, UNKNOWN...
-        ok = True
+        ok = self.launched and not self.job_unknown
+      else:  # CREATING, WAITING_FOR_RESOURCES, PROVISIONING, SUSPENDING, REPAIRING; UNKNOWN: gcloud failed
+        ok = state != actions.UNKNOWN
       first = False
       self.failures = 0 if ok else self.failures + 1
       if self.failures > self.policy.max_restarts:
-        self.log(f"giving up after {self.failures} failed steps in a row")
+        unseen = state == actions.UNKNOWN or (state in UP and self.job_unknown)
+        self.log(f"giving up after {self.failures} failed steps in a row" + (
+            ": gcloud could not read the slice's or the job's state (see its reason above); the job may "
+            "still be running" if unseen else ""))
         return 1
       if state in self.dead_states and ok:
         continue  # just recreated: look at the new slice at once
@@ -101,6 +107,7 @@ class Supervisor:
   def _check_job(self) -> int | None:
     """Launches the job on a fresh slice, or reads its state; returns an exit code when done."""
     status = actions.job_state(self.run, self.tpu, self.job.name)
+    self.job_unknown = status == actions.UNKNOWN
     if not self.launched:
       if status == "running":
         self.log(f"job {self.job.name} is already running: watching it")

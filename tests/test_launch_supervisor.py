@@ -140,7 +140,7 @@ def test_a_running_job_is_watched_not_relaunched():
   assert sup.supervise() == 0
   assert "setup" not in fake.kinds() and "start" not in fake.kinds()
   assert "job train is already running: watching it" in logs and "bert-large is UNKNOWN" in logs
-  assert sleeps == [300, 300]
+  assert sleeps == [300, 60]   # the state gcloud could not read is a failed step: backed off
 
 
 def test_a_job_whose_state_cannot_be_read_on_attach_is_not_launched_over(capsys):
@@ -201,6 +201,19 @@ def test_consecutive_failures_are_bounded():
   sup, sleeps, logs = make(SINGLE, V3, fake, max_restarts=2)
   assert sup.supervise() == 1
   assert logs[-1] == "giving up after 3 failed steps in a row"
+
+
+@pytest.mark.parametrize("slice_or_job", ["slice", "job"])
+def test_states_gcloud_cannot_read_back_off_and_are_bounded(slice_or_job):
+  """An expired login or a lost permission fails every gcloud call: the supervisor gives up on it."""
+  unreadable = ["UNREACHABLE"] * 4
+  fake = (FakeGcloud(states=unreadable, jobs=[]) if slice_or_job == "slice" else
+          FakeGcloud(states=["READY"] * 5, jobs=["running"] + unreadable))
+  sup, sleeps, logs = make(SINGLE, V3, fake, max_restarts=2, backoff_seconds=10)
+  assert sup.supervise() == 1
+  assert sleeps == ([10, 20] if slice_or_job == "slice" else [300, 10, 20])
+  assert logs[-1].startswith("giving up after 3 failed steps in a row: gcloud could not read")
+  assert "start" not in fake.kinds() and "create" not in fake.kinds()
 
 
 @pytest.mark.parametrize("state", ["CREATING", "REPAIRING", "SUSPENDING", "WAITING_FOR_RESOURCES"])
