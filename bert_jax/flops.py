@@ -68,7 +68,7 @@ def kernel_attention_per_row(cfg: model.BertConfig, seq_length: int) -> dict[str
   - "model_flops": the model count's share (3x the forward scores and values, `forward_flops_per_row`).
   - "flops": what the kernel computes. Splash works in blocks of keys: a query block of a sliding-window
     layer computes every key block its window reaches (3 for a window inside one block's width, 2 at the
-    sequence's two ends; not 129 keys); its backward kernels recompute the scores: dq takes 3 matmuls,
+    sequence's two ends; not 129 keys), a causal layer the blocks on and below the diagonal; its backward kernels recompute the scores: dq takes 3 matmuls,
     dk and dv 4, against the forward's 2. Flash (`flash_dropout`) computes every key: 2 matmuls forward, 5
     backward (the scores again, then the values', probabilities', keys' and queries').
   - "bytes": what the kernels read beyond one read of each operand (`hlo_bytes` counts each kernel's
@@ -93,10 +93,11 @@ def kernel_attention_per_row(cfg: model.BertConfig, seq_length: int) -> dict[str
       out["bytes"] += 2 * (cfg.num_heads - 1) * s * 4 * 2
     else:
       # (query block, key block) pairs computed: all of them, or each query block's own and those its
-      # half-window reaches on either side that exist (fewer at the sequence's ends).
+      # half-window reaches on either side that exist (fewer at the sequence's ends); a causal mask's
+      # blocks above the diagonal are skipped (one side only).
       n = s // block
       reach = n if keys >= s else -(-(keys // 2) // block)
-      pairs = n + 2 * sum(max(n - d, 0) for d in range(1, reach + 1))
+      pairs = n + (1 if cfg.causal else 2) * sum(max(n - d, 0) for d in range(1, reach + 1))
       out["flops"] += (2 + 3 + 4) * 2 * pairs * block * block * h
       out["bytes"] += 3 * itemsize * h * block * 2 * (pairs - n)
   return out

@@ -121,3 +121,29 @@ def test_flash_kernel_counts_the_queries_segment_ids_again_for_each_head():
   kernel = flops.kernel_attention_per_row(flash, 128)
   assert kernel["flops"] == 2 * (2 + 5) * 2 * 128 * 128 * flash.hidden_size
   assert kernel["bytes"] == 2 * 2 * (4 - 1) * 128 * 4 * 2
+
+
+def test_splash_kernel_skips_the_blocks_above_a_causal_diagonal():
+  """A causal layer's splash kernel computes the key blocks on and below the diagonal only: at 2048
+  tokens in 512-token blocks, 10 of the 16 pairs (each pair past the 4 diagonal ones reads k and v again)."""
+  cfg = dataclasses.replace(TINY, num_layers=1, attention_kernel="splash", attention_dropout=0.0)
+  full = flops.kernel_attention_per_row(cfg, 2048)
+  causal = flops.kernel_attention_per_row(dataclasses.replace(cfg, causal=True), 2048)
+  assert full["flops"] == 9 * 2 * 16 * 512 * 512 * cfg.hidden_size
+  assert causal["flops"] == 9 * 2 * 10 * 512 * 512 * cfg.hidden_size
+  assert causal["bytes"] / full["bytes"] == (10 - 4) / (16 - 4)
+  assert causal["model_flops"] == full["model_flops"]   # the model's count is the paper's, every key
+
+
+def test_the_step_kernel_share_counts_every_trained_encoder():
+  """ELECTRA's generator runs the discriminator's attention kernel: `aot` adds what XLA cannot see in both."""
+  from bert_jax import objectives  # pylint: disable=g-import-not-at-top
+  from configs import electra_small  # pylint: disable=g-import-not-at-top
+  config = electra_small.get_config()
+  config.model.attention_kernel, config.model.attention_dropout = "splash", 0.0
+  disc, gen = objectives.encoder_configs(config)
+  assert gen.attention_kernel == "splash" and gen.hidden_size < disc.hidden_size
+  per_encoder = [flops.kernel_attention_per_row(c, config.data.seq_length) for c in (disc, gen)]
+  total = objectives.kernel_attention_per_row(config)
+  assert per_encoder[1]["flops"] > 0
+  assert total == {k: per_encoder[0][k] + per_encoder[1][k] for k in total}

@@ -43,3 +43,14 @@ def train_flops_per_step(config) -> float:
   """Model FLOPs of one optimizer step of a train config (all devices, all micro-batches): 3x forward."""
   per_row = get(config).forward_flops_per_row(config)
   return config.global_batch_size * 3.0 * sum(per_row.values())
+
+
+def kernel_attention_per_row(config) -> dict[str, float]:
+  """`flops.kernel_attention_per_row` of one row over every encoder the step trains (ELECTRA's generator
+  runs the discriminator's attention kernel too). A frozen teacher is read with XLA's attention."""
+  from bert_jax import flops  # pylint: disable=g-import-not-at-top
+  total = {"model_flops": 0.0, "flops": 0.0, "bytes": 0.0}
+  for cfg in encoder_configs(config):
+    for k, v in flops.kernel_attention_per_row(cfg, config.data.seq_length).items():
+      total[k] += v
+  return total

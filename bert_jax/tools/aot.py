@@ -222,7 +222,7 @@ def run(config, topology: str, report_top: int = 0, hlo_path: str = "", compile_
   largest ops, sources and kinds. `hlo_path`: also write the optimized HLO text there. `compile_passes`
   adds "compile_passes": where XLA's compile time went (`compile_passes`), its HLO passes timed by XLA.
   """
-  from bert_jax import flops, objectives, sharding  # pylint: disable=g-import-not-at-top
+  from bert_jax import objectives, sharding  # pylint: disable=g-import-not-at-top
   generation, chip, _ = parse_topology(topology)
   devices = topology_devices(topology)
   n, hbm = len(devices), chip.hbm_bytes / chip.cores
@@ -255,7 +255,7 @@ def run(config, topology: str, report_top: int = 0, hlo_path: str = "", compile_
       except ValueError as e:   # e.g. a persistent compilation cache's hit: no pass ran
         passes = {"error": str(e)}
   tokens = config.global_batch_size * config.data.seq_length
-  per_row = flops.kernel_attention_per_row(objectives.encoder_config(config), config.data.seq_length)
+  per_row = objectives.kernel_attention_per_row(config)
   text, hlo_error = hlo_text(compiled)
   traffic = hlo_bytes.summarize(hlo_bytes.traffic(text), report_top) if text else None
   on_chip_share = None
