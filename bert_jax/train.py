@@ -9,7 +9,6 @@ names, the config's rules map those to the mesh, and `init` is jitted with those
 import collections
 import dataclasses
 import functools
-import math
 import os
 import time
 from typing import Any, Callable
@@ -31,13 +30,16 @@ from bert_jax import metrics_writer
 from bert_jax import objectives
 from bert_jax import optimizer as optimizer_lib
 from bert_jax import paths
+from bert_jax import run_checks
 from bert_jax import sharding
 from bert_jax import steps
 from bert_jax.models import flash_dropout
-from bert_jax.models import splash
 
 TrainState = steps.TrainState
 bert_config = objectives.encoder_config   # the encoder a pretraining config describes
+DROPOUT_RNGS = run_checks.DROPOUT_RNGS
+validate = run_checks.validate          # the config, before anything is compiled
+check_inputs = run_checks.check_inputs  # its data and init_from
 
 
 # ---------------------------------------------------------------------------------------------
@@ -57,9 +59,6 @@ def abstract_batch(config: ml_collections.ConfigDict, batch_size: int | None = N
   return {name: jax.ShapeDtypeStruct(f.shape, f.dtype) for name, f in schema.items()}
 
 
-DROPOUT_RNGS = ("threefry2x32", "rbg", "unsafe_rbg")
-
-
 def rngs(config: ml_collections.ConfigDict) -> tuple[jax.Array, jax.Array]:
   """(parameter init key, dropout key) from `config.seed`; the dropout key of `config.dropout_rng`'s
   implementation. The train step folds the step into the dropout key, so a resume replays it."""
@@ -68,93 +67,6 @@ def rngs(config: ml_collections.ConfigDict) -> tuple[jax.Array, jax.Array]:
   if impl != DROPOUT_RNGS[0]:
     dropout_rng = jax.random.fold_in(jax.random.key(config.seed, impl=impl), 1)
   return init_rng, dropout_rng
-
-
-def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) -> None:
-  """Stops a config that cannot work with a clear message, before anything is compiled."""
-  num_devices = jax.device_count() if num_devices is None else num_devices
-  d = config.data
-  objective = objectives.get(config)   # an unknown objective stops here
-  cfg = bert_config(config)   # also checks the model fields (e.g. hidden size vs heads)
-  problems = list(objective.validate(config))
-  if d.seq_length > cfg.max_position_embeddings:
-    problems.append(f"data.seq_length {d.seq_length} exceeds the model's {cfg.max_position_embeddings} "
-                    "position embeddings (model.max_position_embeddings)")
-  if d.max_predictions_per_seq > d.seq_length:
-    problems.append(f"data.max_predictions_per_seq {d.max_predictions_per_seq} > seq_length {d.seq_length}")
-  if cfg.attention_kernel.startswith("splash") and d.seq_length % splash.BLOCKS[-1]:
-    problems.append(f"model.attention_kernel {cfg.attention_kernel!r} tiles sequences in blocks of "
-                    f"{splash.BLOCKS[-1]} tokens: data.seq_length {d.seq_length} is no multiple (or set it to 'xla')")
-  if cfg.attention_kernel.startswith("flash") and (
-      problem := flash_dropout.check_length(d.seq_length, cfg.attention_dropout)):
-    problems.append(f"{problem} (data.seq_length; or set model.attention_kernel to 'xla')")
-  if config.get("dropout_rng", DROPOUT_RNGS[0]) not in DROPOUT_RNGS:
-    problems.append(f"dropout_rng {config.dropout_rng!r} is not one of {DROPOUT_RNGS}")
-  if config.optimizer.name not in optimizer_lib.NAMES:
-    problems.append(f"optimizer.name {config.optimizer.name!r} is not one of {optimizer_lib.NAMES}")
-  if config.train_steps <= 0 or config.optimizer.total_steps <= 0:
-    problems.append("train_steps and optimizer.total_steps must be positive")
-  if config.get("loss_spike_factor", 0.0) > 0 and config.checkpoint_every % config.log_every:
-    # A checkpoint inside a log interval holds steps the guard has not checked: a spike undone later
-    # would leave it behind (a restart from it replays the skipped batches), and with keep_checkpoints 1
-    # it pushes out the checkpoint the guard goes back to.
-    problems.append(f"loss_spike_factor is on: checkpoint_every {config.checkpoint_every} must be a multiple of "
-                    f"log_every {config.log_every}, so that checkpoints are written where the loss was checked")
-  try:
-    shape = dict(zip(sharding.MESH_AXES, sharding.mesh_shape(config.mesh, num_devices)))
-    dcn = dict(zip(sharding.MESH_AXES, sharding.dcn_mesh_shape(config.mesh)))
-    dp = math.prod(shape[a] * dcn[a] for a in sharding.BATCH_AXES)
-    rows = dp * config.micro_batches
-    if config.global_batch_size % rows:
-      problems.append(f"global_batch_size {config.global_batch_size} is not divisible by data-parallel size "
-                      f"{dp} (mesh data x fsdp) x micro_batches {config.micro_batches}")
-    ways = {a: shape[a] * dcn[a] for a in sharding.MESH_AXES}
-    models = [cfg] if problems else objectives.encoder_configs(config)   # ELECTRA's generator too
-    rules = sharding.logical_rules(config)
-    for uneven in dict.fromkeys(u for m in models for u in sharding.uneven_axes(rules, m.split_axis_sizes, ways)):
-      problems.append(f"the mesh splits {uneven} unevenly, which jit refuses: choose mesh sizes that divide it, "
-                      "or leave that axis unsplit in logical_axis_rules")
-  except ValueError as e:
-    problems.append(f"mesh: {e}")
-  if config.global_batch_size % jax.process_count():
-    problems.append(f"global_batch_size {config.global_batch_size} not divisible by {jax.process_count()} hosts")
-  if problems:
-    raise failures.UserError("invalid config:\n  " + "\n  ".join(problems))
-
-
-def check_inputs(config: ml_collections.ConfigDict) -> None:
-  """Stops a run whose data or `init_from` cannot be read, naming the field, before anything is compiled."""
-  from bert_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
-  d, problems = config.data, []
-  if not d.train_files:
-    problems.append("data.train_files is empty: set --config.data.train_files to a `bert-jax prepare` output "
-                    "directory (or a glob of its shards), or to embedded:shakespeare")
-  elif not d.train_files.startswith("embedded:") and not input_pipeline.shard_files(d.train_files, "train"):
-    problems.append(f"data.train_files {d.train_files!r} holds no prepared shards (train-*.tfrecord): give a "
-                    "`bert-jax prepare --output_dir` directory or a glob of its shards")
-  if d.eval_files and not input_pipeline.shard_files(d.eval_files, "eval"):
-    problems.append(f"data.eval_files {d.eval_files!r} holds no prepared shards (eval-*.tfrecord)")
-  if d.vocab_file and not input_pipeline.tf.io.gfile.exists(d.vocab_file):
-    problems.append(f"data.vocab_file {d.vocab_file!r} does not exist")
-  if config.init_from:
-    # Another family or size first: restoring it would fail late, on shapes, or succeed as another model
-    # (a causal mask changes no shape).
-    problem = checkpoint_loader.family_problem(config.init_from, bert_config(config))
-    if not problem and _foreign(config.init_from):
-      if not config.init_from_params_only:
-        problem = ("a Hugging Face or Google TF checkpoint holds no optimizer state or data position: set "
-                   "--config.init_from_params_only=True to start from its weights")
-    elif not problem:
-      problem = checkpointing.checkpoint_problem(
-          config.init_from, ("state",) if config.init_from_params_only else ("state", "data"))
-      problem = problem and f"{problem} (phase 2 starts from phase 1's <workdir>/checkpoints)"
-    if problem:
-      problems.append(f"init_from: {problem}")
-  objective = objectives.get(config)
-  if hasattr(objective, "input_problems"):   # what the objective itself reads (a teacher checkpoint)
-    problems += objective.input_problems(config)
-  if problems:
-    raise failures.UserError("invalid inputs:\n  " + "\n  ".join(problems))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -362,7 +274,7 @@ def restore_or_init(s: Setup, config, checkpointer: checkpointing.Checkpointer, 
   if s.init_params is not None and not config.init_from:
     return state.replace(params=s.init_params(state.params, s.frozen)), "initialized from the frozen variables"
   if config.init_from:
-    if _foreign(config.init_from):
+    if run_checks.foreign(config.init_from):
       state = state.replace(params=_params_from(config, state.params, s))
     elif config.init_from_params_only:
       params = checkpointing.restore_params(config.init_from, s.abstract_state.params)
@@ -371,14 +283,6 @@ def restore_or_init(s: Setup, config, checkpointer: checkpointing.Checkpointer, 
       state = checkpointing.restore_state(config.init_from, s.abstract_state)
     return state, f"initialized from {config.init_from} (params only: {config.init_from_params_only})"
   return state, "initialized from scratch"
-
-
-def _foreign(path: str) -> bool:
-  """Whether `init_from` is a Hugging Face or Google TF checkpoint (weights only) rather than a run's."""
-  try:
-    return checkpoint_loader.find(path).kind != "bert_jax"
-  except (OSError, ValueError):
-    return False
 
 
 def _params_from(config, fresh: dict, s: Setup) -> dict:
@@ -423,51 +327,6 @@ def evaluate(s: Setup, eval_iter, eval_start: dict, params) -> dict[str, float]:
   if counts:
     scalars["eval/unigram_accuracy"] = max(counts.values()) / sum(counts.values())
   return scalars
-
-
-def fill_mask_examples(config, params, tokenizer, eval_iter, eval_start, count: int) -> str:
-  """`count` held-out lines with one word masked: the word and the model's top 5 (bert_jax/tools/fill_mask.py).
-
-  The word is the middle single-piece word of each row of the first held-out batch, shown with 12
-  tokens of context either side (the model sees the same); the lines are the same at every call.
-  """
-  from bert_jax.tools import fill_mask  # pylint: disable=g-import-not-at-top
-  eval_iter.set_state(eval_start)
-  batch = next(iter(eval_iter))
-  ids = np.array(batch["input_ids"])
-  rows, slots = np.nonzero(batch["masked_lm_weights"])   # the masking of eval batches, undone
-  ids[rows, batch["masked_lm_positions"][rows, slots]] = batch["masked_lm_ids"][rows, slots]
-  starts = tokenizer.word_start_table()
-  texts, words = [], []
-  for row, mask in zip(ids, batch["input_mask"]):
-    line = [int(t) for t, m in zip(row, mask) if m and t not in (tokenizer.cls_id, tokenizer.sep_id)]
-    j = preview_word(tokenizer, line, starts)
-    if j is not None and len(texts) < count:
-      lo, hi = max(0, j - 12), min(len(line), j + 13)   # a line's worth around it, in whole words
-      while lo < j and not starts[line[lo]]:
-        lo += 1
-      while hi < len(line) and hi > j + 1 and not starts[line[hi]]:
-        hi -= 1
-      context = line[lo:j] + [tokenizer.mask_id] + line[j + 1:hi]
-      texts.append(tokenizer.decode(context))
-      words.append(tokenizer.decode([line[j]]).strip())
-  predictions = fill_mask.predict(bert_config(config), jax.device_get(params), tokenizer, texts, top_k=5)
-  lines = []
-  for text, word, (candidates,) in zip(texts, words, predictions):
-    shown = "  ".join(f"{token} {prob:.2f}" for token, prob in candidates)
-    lines += [f"  {text}", f"    masked: {word!r}; top 5: {shown}"]
-  return "\n".join(lines)
-
-
-def preview_word(tokenizer, line: list[int], starts: np.ndarray) -> int | None:
-  """The middle one-token word of `line` (three letters or more) to mask in a preview; None if it has none.
-
-  A token's word is its decoded text, without the tokenizer's word-start mark ("▁", "Ġ"), so that every
-  vocabulary family is judged alike.
-  """
-  single = [j for j, t in enumerate(line) if starts[t] and (j + 1 == len(line) or starts[line[j + 1]])]
-  single = [j for j in single if len(w := tokenizer.decode([line[j]]).strip()) > 2 and w.isalpha()]
-  return single[len(single) // 2] if single else None
 
 
 def _accumulate(interval: dict, metrics: dict) -> dict:
@@ -638,8 +497,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   plot = curves.plot_pretraining(workdir, term=next(iter(s.objective.LOSS_TERMS))) if jax.process_index() == 0 else None
   if (eval_iter is not None and config.fill_mask_examples > 0 and jax.process_count() == 1
       and s.objective.HAS_MLM_HEAD):
-    _say(f"fill-mask on held-out lines at step {step}:\n" + fill_mask_examples(
-        config, state.params, tokenizer, eval_iter, eval_start, config.fill_mask_examples))
+    from bert_jax.tools import fill_mask  # pylint: disable=g-import-not-at-top
+    _say(f"fill-mask on held-out lines at step {step}:\n" + fill_mask.held_out_examples(
+        bert_config(config), state.params, tokenizer, eval_iter, eval_start, config.fill_mask_examples))
   if "eval/mlm_accuracy" in results:
     _say(f"held-out MLM accuracy {results['eval/mlm_accuracy']:.3f}; always predicting the most frequent "
          f"held-out target: {results['eval/unigram_accuracy']:.3f}")

@@ -256,9 +256,9 @@ def test_load_tokenizer_from_a_remote_file_system(tmp_path):
 def test_preview_word_is_found_in_every_vocabulary_family(tmp_path, play_sentences, vocab_model):
   """The end-of-run fill-mask preview masks a one-token word of each held-out line: a SentencePiece
   piece ("▁king") or a byte-level one ("Ġking") is such a word as WordPiece's "king" is."""
-  from bert_jax import train  # pylint: disable=g-import-not-at-top
+  from bert_jax.tools import fill_mask  # pylint: disable=g-import-not-at-top
   tok = T.load_tokenizer(V.train(vocab_model, play_sentences, 600, str(tmp_path)))
   line = tok.encode(tok.space_prefix + "the king and the queen")
-  j = train.preview_word(tok, line, tok.word_start_table())
+  j = fill_mask.preview_word(tok, line, tok.word_start_table())
   assert j is not None and tok.decode([line[j]]).strip() in ("king", "and", "the", "queen")
-  assert train.preview_word(tok, tok.encode("to"), tok.word_start_table()) is None
+  assert fill_mask.preview_word(tok, tok.encode("to"), tok.word_start_table()) is None

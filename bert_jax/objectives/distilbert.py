@@ -149,7 +149,7 @@ def teacher_problems(config: ml_collections.ConfigDict, tokenizer=None) -> list[
 
 
 def input_problems(config: ml_collections.ConfigDict) -> list[str]:
-  """Before compiling (`train.check_inputs`): the teacher against the student and the data's tokenizer."""
+  """Before compiling (`run_checks.check_inputs`): the teacher against the student and the data's tokenizer."""
   d = config.data
   if d.train_files.startswith("embedded:"):
     return [f"data.train_files {d.train_files!r} is prepared with a newly trained vocabulary, not the teacher's: "

@@ -63,7 +63,7 @@ def validate(config: ml_collections.ConfigDict) -> list[str]:
 
 
 def other_encoders(config: ml_collections.ConfigDict) -> list[encoder.BertConfig]:
-  """The generator's config, beside the discriminator's (`train.validate` checks the mesh against both)."""
+  """The generator's config, beside the discriminator's (`run_checks.validate` checks the mesh against both)."""
   return [generator_config(base.encoder_config(config),
                            config.get("generator_hidden_fraction", DEFAULT_GENERATOR_FRACTION))]
 

@@ -143,6 +143,51 @@ def _read_texts(argv) -> list[str]:
     return [line.rstrip("\n") for line in f if line.strip()]
 
 
+def held_out_examples(cfg: model.BertConfig, params, tokenizer, eval_iter, eval_start, count: int) -> str:
+  """`count` held-out lines with one word masked: the word and the model's top 5 (the pretraining loop's
+  preview at its end).
+
+  The word is the middle single-piece word of each row of the first held-out batch, shown with 12
+  tokens of context either side (the model sees the same); the lines are the same at every call.
+  """
+  eval_iter.set_state(eval_start)
+  batch = next(iter(eval_iter))
+  ids = np.array(batch["input_ids"])
+  rows, slots = np.nonzero(batch["masked_lm_weights"])   # the masking of eval batches, undone
+  ids[rows, batch["masked_lm_positions"][rows, slots]] = batch["masked_lm_ids"][rows, slots]
+  starts = tokenizer.word_start_table()
+  texts, words = [], []
+  for row, mask in zip(ids, batch["input_mask"]):
+    line = [int(t) for t, m in zip(row, mask) if m and t not in (tokenizer.cls_id, tokenizer.sep_id)]
+    j = preview_word(tokenizer, line, starts)
+    if j is not None and len(texts) < count:
+      lo, hi = max(0, j - 12), min(len(line), j + 13)   # a line's worth around it, in whole words
+      while lo < j and not starts[line[lo]]:
+        lo += 1
+      while hi < len(line) and hi > j + 1 and not starts[line[hi]]:
+        hi -= 1
+      context = line[lo:j] + [tokenizer.mask_id] + line[j + 1:hi]
+      texts.append(tokenizer.decode(context))
+      words.append(tokenizer.decode([line[j]]).strip())
+  predictions = predict(cfg, jax.device_get(params), tokenizer, texts, top_k=5)
+  lines = []
+  for text, word, (candidates,) in zip(texts, words, predictions):
+    shown = "  ".join(f"{token} {prob:.2f}" for token, prob in candidates)
+    lines += [f"  {text}", f"    masked: {word!r}; top 5: {shown}"]
+  return "\n".join(lines)
+
+
+def preview_word(tokenizer, line: list[int], starts: np.ndarray) -> int | None:
+  """The middle one-token word of `line` (three letters or more) to mask in a preview; None if it has none.
+
+  A token's word is its decoded text, without the tokenizer's word-start mark ("▁", "Ġ"), so that every
+  vocabulary family is judged alike.
+  """
+  single = [j for j, t in enumerate(line) if starts[t] and (j + 1 == len(line) or starts[line[j + 1]])]
+  single = [j for j in single if len(w := tokenizer.decode([line[j]]).strip()) > 2 and w.isalpha()]
+  return single[len(single) // 2] if single else None
+
+
 def main(argv) -> None:
   """`bert-jax fill-mask`: prints the predictions (see the module docstring)."""
   if FLAGS.checkpoint is None:
