@@ -22,8 +22,8 @@ import os
 import jax
 import ml_collections
 
-from bert_jax import atomic_write
 from bert_jax import checkpointing
+from bert_jax import config_record
 from bert_jax import failures
 from bert_jax import objectives
 from bert_jax import paths
@@ -104,40 +104,9 @@ def task_config(ablation, task: str, checkpoint: str) -> ml_collections.ConfigDi
 # Markers.
 
 
-def write_marker(path: str, record: dict) -> None:
-  with atomic_write.replacing(path) as tmp, open(tmp, "w") as f:
-    json.dump(record, f, indent=1, sort_keys=True)
-
-
-def read_marker(path: str) -> dict | None:
-  if not os.path.isfile(path):
-    return None
-  with open(path) as f:
-    return json.load(f)
-
-
-def check_same_config(path: str, config: ml_collections.ConfigDict, fields, ignore=()) -> None:
-  """Records `config` (its path `fields` absolute, `ignore` left out) in `path` on the first run of a stage;
-  a later run of the stage with a different config is an error naming the fields, not a silent mix of two
-  experiments."""
-  ours = json.loads(paths.absolute_config(config.copy_and_resolve_references(), fields).to_json())
-  for name in ignore:
-    ours.pop(name, None)
-  theirs = read_marker(path)
-  if theirs is None:
-    write_marker(path, ours)
-    return
-  differ = sorted(k for k in set(_flat(ours)) | set(_flat(theirs)) if _flat(ours).get(k) != _flat(theirs).get(k))
-  if differ:
-    raise failures.UserError(f"{os.path.dirname(path)} holds a run of another config ({', '.join(differ[:5])} "
-                             "differ): give another --workdir, or remove that directory to run it again")
-
-
-def _flat(d: dict, prefix: str = "") -> dict:
-  out = {}
-  for k, v in d.items():
-    out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-  return out
+write_marker = config_record.write_marker
+read_marker = config_record.read_marker
+check_same_config = config_record.check_same_config
 
 
 def last_checkpoint_step(pretrain_dir: str) -> int | None:
