@@ -27,21 +27,34 @@ def read_marker(path: str) -> dict | None:
     return json.load(f)
 
 
-def check_same_config(path: str, config: ml_collections.ConfigDict, fields, ignore=()) -> None:
-  """Records `config` (its path `fields` absolute, `ignore` left out) in `path` on the first run of a stage;
-  a later run of the stage with a different config is an error naming the fields, not a silent mix of two
-  experiments."""
+def check_same_config(path: str, config: ml_collections.ConfigDict, fields, ignore=(), record: bool = True) -> None:
+  """Records `config` (its path `fields` absolute, `ignore`'s fields left out, dotted names for nested ones) in
+  `path` on the first run of a stage; a later run of the stage with a different config is an error naming
+  the fields, not a silent mix of two experiments. `record` False: only compares, where a record exists."""
   ours = json.loads(paths.absolute_config(config.copy_and_resolve_references(), fields).to_json())
-  for name in ignore:
-    ours.pop(name, None)
   theirs = read_marker(path)
   if theirs is None:
-    write_marker(path, ours)
+    if record:
+      write_marker(path, _without(ours, ignore))
     return
-  differ = sorted(k for k in set(_flat(ours)) | set(_flat(theirs)) if _flat(ours).get(k) != _flat(theirs).get(k))
+  ours, theirs = _flat(_without(ours, ignore)), _flat(_without(theirs, ignore))
+  differ = sorted(k for k in set(ours) | set(theirs) if ours.get(k) != theirs.get(k))
   if differ:
     raise failures.UserError(f"{os.path.dirname(path)} holds a run of another config ({', '.join(differ[:5])} "
                              "differ): give another --workdir, or remove that directory to run it again")
+
+
+def _without(d: dict, names) -> dict:
+  """`d` without the (dotted) `names`."""
+  d = json.loads(json.dumps(d))
+  for name in names:
+    *parents, last = name.split(".")
+    node = d
+    for p in parents:
+      node = node.get(p, {}) if isinstance(node, dict) else {}
+    if isinstance(node, dict):
+      node.pop(last, None)
+  return d
 
 
 def _flat(d: dict, prefix: str = "") -> dict:

@@ -92,6 +92,38 @@ def test_a_seed_that_stopped_early_keeps_its_configuration_s_score(tmp_path, mon
   assert all(r["status"] == "done" for r in rows if r["learning_rate"] == 2e-5)
 
 
+def test_a_pruned_configuration_is_not_best_on_the_seed_that_stopped_early(tmp_path, monkeypatch):
+  """3e-5 (0.95 and 0.40: its 0.95 seed stopped early in the first rung, done) loses on its mean and is
+  pruned; 2e-5 (0.85 each) goes on alone: it is the best, not 3e-5 on its one finished seed."""
+  score = {(3e-5, 0): 0.95, (3e-5, 1): 0.40, (2e-5, 0): 0.85, (2e-5, 1): 0.85, (1e-5, 0): 0.5, (1e-5, 1): 0.5}
+  monkeypatch.setattr(sweep.trainer, "finetune_trials", _fake_trials(score, stops={(3e-5, 0)}))
+  rows = sweep.run_sweep(_halving_config((3e-5, 2e-5, 1e-5), (0, 1), 3), str(tmp_path))
+  assert {(r["learning_rate"], r["seed"]): r["status"] for r in rows if r["learning_rate"] == 3e-5} == {
+      (3e-5, 0): "done", (3e-5, 1): "pruned"}
+  [best] = sweep.aggregate(rows)
+  assert best["learning_rate"] == 2e-5 and best["n"] == 2
+  assert "| 16 | 2e-05 | 3 | 2 | 0.8500 **best** |" in sweep.write_tables(rows, str(tmp_path), "sst2")
+
+
+def test_a_sweep_run_again_with_another_config_stops(tmp_path, monkeypatch):
+  """Finished trials stand for the config they ran with: another checkpoint or sequence length stops the
+  sweep, naming the fields; more learning rates or seeds extend it."""
+  from bert_jax import failures  # pylint: disable=g-import-not-at-top
+  score = {(lr, seed): 0.5 for lr in (3e-5, 2e-5) for seed in (0, 1)}
+  monkeypatch.setattr(sweep.trainer, "finetune_trials", _fake_trials(score))
+  c = sst2.get_config()
+  c.sweep.grid.batch_size, c.sweep.grid.num_epochs, c.sweep.grid.learning_rate = (16,), (2,), (3e-5,)
+  c.sweep.seeds, c.init_checkpoint = (0,), "runs/a"
+  assert len(sweep.run_sweep(c, str(tmp_path))) == 1
+  c.sweep.grid.learning_rate, c.sweep.seeds = (3e-5, 2e-5), (0, 1)
+  assert len(sweep.run_sweep(c, str(tmp_path))) == 4
+  for field, value in (("init_checkpoint", "runs/b"), ("max_seq_length", 64)):
+    changed = c.copy_and_resolve_references()
+    changed[field] = value
+    with pytest.raises(failures.UserError, match=f"another config.*{field}"):
+      sweep.run_sweep(changed, str(tmp_path))
+
+
 def test_aggregate_mean_and_std_over_seeds():
   rows = [{"batch_size": 16, "learning_rate": 1e-3, "num_epochs": 2, "seed": s, "status": "done", "best": b}
           for s, b in ((0, 0.8), (1, 0.9))]

@@ -7,7 +7,8 @@ The grid (`config.sweep.grid`) defaults to Devlin et al. 2019, Appendix A.3: bat
 rate {5e-5, 3e-5, 2e-5}, epochs {2, 3, 4}, each with every seed of `config.sweep.seeds`.
 
 * Every trial runs in `<workdir>/trials/<name>/`; `DONE` (its results as JSON) marks it finished, so an
-  interrupted sweep run again skips finished trials and redoes only the others.
+  interrupted sweep run again skips finished trials and redoes only the others. The sweep's config is
+  recorded beside (`sweep_config.json`): a run again with another checkpoint, data or model settings stops.
 * Trials differing only in learning rate and seed train together in one vmapped step
   (`trainer.finetune_trials`), up to `sweep.max_trials_per_group` at once: each data parallel over all
   devices, or with `--config.trials_over_devices` one trial per group of devices.
@@ -15,8 +16,8 @@ rate {5e-5, 3e-5, 2e-5}, epochs {2, 3, 4}, each with every seed of `config.sweep
   `halving_min_epochs` epochs; the best 1/eta configurations by dev metric (the mean over their seeds)
   continue, all their seeds, from their checkpoints for eta times as many, and so on until their full
   `num_epochs`; each rung leaves `rung_<r>.json`.
-* Results: `results.md` and `results.csv` (mean +- std over seeds per configuration, the best one
-  marked), `trials.csv` (one row per trial) and `lr.png` (dev metric against learning rate).
+* Results: `results.md` and `results.csv` (mean +- std over seeds per configuration whose every seed
+  finished, the best one marked), `trials.csv` (one row per trial) and `lr.png` (dev metric against learning rate).
 """
 
 import csv
@@ -34,7 +35,9 @@ from absl import flags
 from absl import logging
 
 from bert_jax import atomic_write
+from bert_jax import config_record
 from bert_jax import failures
+from bert_jax import paths
 # The --config and --workdir flags of `bert-jax finetune` (importing it also puts `configs/` on sys.path).
 from bert_jax.finetune import main as finetune_main
 from bert_jax.finetune import trainer
@@ -43,6 +46,12 @@ _SUMMARIZE = flags.DEFINE_list("summarize", [], "Sweep directories: write <workd
                                 "configuration of each (one per task), instead of running a sweep.")
 DONE = "DONE"
 HPARAMS = ("batch_size", "learning_rate", "num_epochs")
+CONFIG = "sweep_config.json"
+# Fields a finished trial's result does not depend on: each trial's own hyperparameters, which trials the
+# sweep makes and how it groups them, logging and the device layout.
+RESULT_FREE = (*HPARAMS, "seed", "sweep.grid", "sweep.seeds", "sweep.mode", "sweep.num_random_trials",
+               "sweep.random_seed", "sweep.vmap_trials", "sweep.max_trials_per_group", "log_every_steps",
+               "trials_over_devices", "mesh", "logical_axis_rules")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -126,8 +135,14 @@ def _run_group(config, group: list[dict], trial_dir, max_epochs: int | None, log
   return results
 
 
-def run_sweep(config, workdir: str) -> list[dict]:
-  """Runs every unfinished trial of the sweep; returns one row per trial (hyperparameters + results)."""
+def run_sweep(config, workdir: str, check_config: bool = True) -> list[dict]:
+  """Runs every unfinished trial of the sweep; returns one row per trial (hyperparameters + results).
+
+  The config is recorded in `<workdir>/sweep_config.json` on the first run, and a later run with another
+  one (a changed checkpoint, data or sequence length: finished trials would stand for it) stops, naming
+  the fields; the grid, seeds and search may change (`RESULT_FREE`). `check_config` False: the caller
+  checks (`bert-jax ablate`, its own record beside).
+  """
   trials = make_trials(config)
   trial_dir = lambda t: os.path.join(workdir, "trials", trial_name(t))
   os.makedirs(os.path.join(workdir, "trials"), exist_ok=True)
@@ -137,6 +152,8 @@ def run_sweep(config, workdir: str) -> list[dict]:
       f.write(json.dumps({"time": round(time.time(), 1), **record}) + "\n")
     logging.info("sweep: %s", record)
 
+  if check_config:
+    config_record.check_same_config(os.path.join(workdir, CONFIG), config, paths.FINETUNE_FIELDS, ignore=RESULT_FREE)
   is_done = lambda t: os.path.isfile(os.path.join(trial_dir(t), DONE))
   s = config.sweep
   if not s.successive_halving:
@@ -214,13 +231,16 @@ def _results_fields(r: dict) -> dict:
 
 
 def aggregate(rows: list[dict]) -> list[dict]:
-  """Mean and sample std of the best dev metric over seeds, per (batch_size, learning_rate, num_epochs)."""
+  """Mean and sample std of the best dev metric over seeds, per (batch_size, learning_rate, num_epochs),
+  best first, of the configurations whose every seed is done. A configuration successive halving pruned
+  is left out even where one of its seeds had finished (it stopped early in a rung): ranked on that seed
+  alone, the configuration the halving dropped on its mean could come back as the best."""
   out = {}
   for r in rows:
-    if r["status"] == "done":
-      out.setdefault(tuple(r[k] for k in HPARAMS), []).append(r["best"])
-  agg = [{**dict(zip(HPARAMS, k)), "n": len(v), "mean": float(np.mean(v)),
-          "std": float(np.std(v, ddof=1)) if len(v) > 1 else 0.0} for k, v in out.items()]
+    out.setdefault(tuple(r[k] for k in HPARAMS), []).append(r)
+  agg = [{**dict(zip(HPARAMS, k)), "n": len(v), "mean": float(np.mean([r["best"] for r in v])),
+          "std": float(np.std([r["best"] for r in v], ddof=1)) if len(v) > 1 else 0.0}
+         for k, v in out.items() if all(r["status"] == "done" for r in v)]
   return sorted(agg, key=lambda a: -a["mean"])
 
 
