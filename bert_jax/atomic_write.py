@@ -19,3 +19,25 @@ def replacing(path: str):
   finally:
     if os.path.exists(tmp):
       os.remove(tmp)
+
+
+def create_once(path: str, text: str) -> bool:
+  """Writes `text` to `path` whole unless `path` exists; True if this call made it. Of two processes
+  creating it at once, one wins and the other sees its file (a hard link of a whole temporary file; where
+  the file system has no hard links, a rename after a check, which two processes can still race)."""
+  tmp = f"{path}.{os.getpid()}.tmp"
+  try:
+    with open(tmp, "w") as f:
+      f.write(text)
+    try:
+      os.link(tmp, path)
+    except FileExistsError:
+      return False
+    except OSError:
+      if os.path.exists(path):
+        return False
+      os.replace(tmp, path)
+    return True
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)

@@ -32,10 +32,10 @@ def check_same_config(path: str, config: ml_collections.ConfigDict, fields, igno
   `path` on the first run of a stage; a later run of the stage with a different config is an error naming
   the fields, not a silent mix of two experiments. `record` False: only compares, where a record exists."""
   ours = json.loads(paths.absolute_config(config.copy_and_resolve_references(), fields).to_json())
+  if record and atomic_write.create_once(path, json.dumps(_without(ours, ignore), indent=1, sort_keys=True)):
+    return   # the first run (of two processes starting at once, one records and the other compares)
   theirs = read_marker(path)
   if theirs is None:
-    if record:
-      write_marker(path, _without(ours, ignore))
     return
   ours, theirs = _flat(_without(ours, ignore)), _flat(_without(theirs, ignore))
   differ = sorted(k for k in set(ours) | set(theirs) if ours.get(k) != theirs.get(k))

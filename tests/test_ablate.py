@@ -168,6 +168,32 @@ def test_a_finished_workdir_is_not_rerun_and_refuses_another_config(tmp_path):
       ablate_main.run_and_report(changed, str(tmp_path))
 
 
+def test_variants_run_apart_or_reported_later_must_share_one_config(tmp_path):
+  """One process recorded variant mlm_nsp with the table's config; another that runs the other variants
+  (`--variants`) or reports (`--report_only`) with another base or task config stops before anything
+  runs, instead of putting two experiments in one table."""
+  ablation = table("devlin_table5", "tiny")
+  first, second = (v.name for v in ablation.variants[:2])
+  runner.check_configs(ablation, str(tmp_path), run=[first])
+  assert sorted(os.listdir(tmp_path)) == [first]
+  runner.check_configs(ablation, str(tmp_path), run=[second])   # the same config: fine
+  for field, value in (("base.optimizer.learning_rate", 1e-3), ("tasks.sst2.learning_rate", 3e-3)):
+    changed = table("devlin_table5", "tiny")
+    runner.set_field(changed, field, value)
+    with pytest.raises(failures.UserError, match=f"{first}(/finetune/sst2)? holds a run of another config"):
+      runner.run(changed, str(tmp_path), only=[v.name for v in ablation.variants[2:]])
+    with pytest.raises(failures.UserError, match="holds a run of another config"):
+      ablate_main.run_and_report(changed, str(tmp_path), train=False)
+  assert sorted(os.listdir(tmp_path)) == [first, second]
+
+
+def test_create_once_keeps_the_first_writer_s_file(tmp_path):
+  from bert_jax import atomic_write  # pylint: disable=g-import-not-at-top
+  path = str(tmp_path / "config.json")
+  assert atomic_write.create_once(path, "first") and not atomic_write.create_once(path, "second")
+  assert open(path).read() == "first" and os.listdir(tmp_path) == ["config.json"]
+
+
 def test_size_table_plots_against_parameters_and_counts_agreeing_pairs(tmp_path):
   ablation = table("devlin_table6", "tiny")
   names = [v.name for v in ablation.variants]

@@ -5,7 +5,8 @@ pretrain` calls) and `sweep.run_sweep` (what `bert-jax sweep` calls; one configu
 Each finished stage leaves a JSON marker, written last and atomically (a temporary file renamed), so a
 killed ablation run again redoes nothing finished and the tables are rebuilt from the markers alone:
 
-    <workdir>/<variant>/config.json           the pretraining config (a re-run with another one is an error)
+    <workdir>/<variant>/config.json           the pretraining config (a re-run, another process's run of other
+                                              variants or a report with another one is an error)
     <workdir>/<variant>/pretrain/              the pretraining run (checkpoints, metrics.jsonl, ...)
     <workdir>/<variant>/PRETRAINED             its final scalars, the steps, tokens and FLOPs it trained
     <workdir>/<variant>/EVALUATED              the held-out evaluation at the last step (metrics.jsonl)
@@ -144,13 +145,12 @@ def run(ablation: ml_collections.ConfigDict, workdir: str, log=print, only=()) -
   if unknown:
     raise failures.UserError(f"{ablation.name} has no variant {', '.join(unknown)}; its variants are "
                              f"{', '.join(v.name for v in ablation.variants)}")
+  check_configs(ablation, workdir, configs, run=[v.name for v in ablation.variants if not only or v.name in only])
   for v in ablation.variants:
     if only and v.name not in only:
       continue
     vdir = os.path.join(workdir, v.name)
-    os.makedirs(vdir, exist_ok=True)
     config = configs[v.name]
-    check_same_config(os.path.join(vdir, CONFIG), config, paths.PRETRAIN_FIELDS)
     if read_marker(os.path.join(vdir, PRETRAINED)) is None:
       log(f"ablate {ablation.name}/{v.name}: pretraining {config.objective} for {config.train_steps} steps")
       scalars = train.train_and_evaluate(config, os.path.join(vdir, "pretrain"))
@@ -169,9 +169,6 @@ def run(ablation: ml_collections.ConfigDict, workdir: str, log=print, only=()) -
     for task in ablation.tasks:
       fdir = os.path.join(vdir, "finetune", task)
       tc = task_config(ablation, task, os.path.join(vdir, "pretrain"))
-      os.makedirs(fdir, exist_ok=True)
-      # The checkpoint's path is left out: a moved workdir holds the same experiment.
-      check_same_config(os.path.join(fdir, CONFIG), tc, paths.FINETUNE_FIELDS, ignore=("init_checkpoint",))
       if read_marker(os.path.join(fdir, FINETUNED)) is None:
         log(f"ablate {ablation.name}/{v.name}: finetuning {tc.task} over seeds {list(tc.sweep.seeds)}")
         rows = sweep.run_sweep(tc, fdir, check_config=False)   # checked above, the checkpoint's path left out
@@ -180,9 +177,34 @@ def run(ablation: ml_collections.ConfigDict, workdir: str, log=print, only=()) -
             "seeds": [r["seed"] for r in rows], "scores": [r["best"] for r in rows]})
 
 
+def check_configs(ablation: ml_collections.ConfigDict, workdir: str, configs: dict | None = None,
+                  run=()) -> None:
+  """Each variant's pretraining and task configs against those its directories recorded: the variants in
+  `run` record theirs on their first run, the others are compared where they have one. One table is one
+  experiment: processes that each run some variants (`--variants`) or a report of runs made before
+  (`--report_only`) with another base, task or variant config stop, naming the fields, instead of putting
+  two experiments side by side."""
+  configs = variant_configs(ablation) if configs is None else configs
+  for v in ablation.variants:
+    record = v.name in run
+    vdir = os.path.join(workdir, v.name)
+    if record:
+      os.makedirs(vdir, exist_ok=True)
+    check_same_config(os.path.join(vdir, CONFIG), configs[v.name], paths.PRETRAIN_FIELDS, record=record)
+    for task in ablation.tasks:
+      fdir = os.path.join(vdir, "finetune", task)
+      if record:
+        os.makedirs(fdir, exist_ok=True)
+      # The checkpoint's path is left out: a moved workdir holds the same experiment.
+      check_same_config(os.path.join(fdir, CONFIG), task_config(ablation, task, os.path.join(vdir, "pretrain")),
+                        paths.FINETUNE_FIELDS, ignore=("init_checkpoint",), record=record)
+
+
 def collect(ablation: ml_collections.ConfigDict, workdir: str) -> list[dict]:
-  """What is on disk, one dict per variant (in the config's order); a stage not finished is None."""
+  """What is on disk, one dict per variant (in the config's order); a stage not finished is None. The
+  variants' recorded configs must be this ablation's (`check_configs`)."""
   workdir = paths.absolute(workdir)
+  check_configs(ablation, workdir)
   rows = []
   for v in ablation.variants:
     vdir = os.path.join(workdir, v.name)
