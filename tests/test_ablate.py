@@ -89,12 +89,31 @@ def test_every_variant_of_every_scale_is_a_valid_pretraining_config(name):
       assert all(v.paper.get(col) is not None for m, col in ablation.paper.columns.items() if m in ablation.tasks)
     if ablation.budget.kind == "tokens":
       assert len({runner.pretrain_tokens(c) for c in configs.values()}) == 1
+    elif ablation.budget.kind == "steps":
+      ref, ratios = configs[ablation.budget.reference].train_steps, dict(ablation.budget.step_ratios)
+      assert ratios and all(c.train_steps == round(ref * ratios.get(n, 1.0)) == c.optimizer.total_steps
+                            for n, c in configs.items())
     else:
       flops = [objectives.train_flops_per_step(c) * c.train_steps for c in configs.values()]
       per_step = max(objectives.train_flops_per_step(c) for c in configs.values())
       assert max(flops) - min(flops) <= per_step   # equal up to one step
   with pytest.raises(ValueError, match="scale"):
     table(name, "huge")
+
+
+def test_electra_trains_the_mlm_run_the_papers_steps_and_a_flops_budget_matches_flops():
+  """ELECTRA's Table 1 budget is the paper's steps (BERT-Small 1.5M to ELECTRA-Small's 1M); a "flops"
+  budget spends equal FLOPs by bert_jax/flops.py's count instead."""
+  configs = runner.variant_configs(table("electra", "paper"))
+  assert (configs["electra_small"].train_steps, configs["bert_small"].train_steps) == (1_000_000, 1_500_000)
+  ablation = table("electra", "small")
+  ablation.budget.kind = "flops"
+  configs = runner.variant_configs(ablation)
+  flops = [objectives.train_flops_per_step(c) * c.train_steps for c in configs.values()]
+  assert max(flops) - min(flops) <= max(objectives.train_flops_per_step(c) for c in configs.values())
+  ablation.budget.kind, ablation.budget.step_ratios = "steps", {"bert_smal": 1.5}
+  with pytest.raises(ValueError, match="names no variant"):
+    runner.variant_configs(ablation)
 
 
 def test_override_of_a_missing_nested_field_is_an_error():

@@ -55,7 +55,9 @@ def set_field(config: ml_collections.ConfigDict, dotted: str, value) -> None:
 def variant_configs(ablation: ml_collections.ConfigDict) -> dict[str, ml_collections.ConfigDict]:
   """The pretraining config of every variant (name -> config): the base with the variant's overrides,
   then the shared budget (`budget.kind` "tokens": as the base; "flops": train steps scaled so that every
-  variant spends the FLOPs of `budget.reference` in total)."""
+  variant spends the FLOPs of `budget.reference` in total, by bert_jax/flops.py's count; "steps": the
+  reference's steps times the variant's `budget.step_ratios`, where a paper sets its budget in steps by
+  its own FLOPs count)."""
   configs = {}
   for v in ablation.variants:
     c = ablation.base.copy_and_resolve_references()
@@ -69,12 +71,20 @@ def variant_configs(ablation: ml_collections.ConfigDict) -> dict[str, ml_collect
     for c in configs.values():
       c.train_steps = max(1, round(total / objectives.train_flops_per_step(c)))
       c.optimizer.total_steps = c.train_steps
+  elif kind == "steps":   # a paper's own step counts, as ratios to the reference's (`budget.step_ratios`)
+    ref_steps, ratios = configs[ablation.budget.reference].train_steps, dict(ablation.budget.step_ratios)
+    unknown = sorted(set(ratios) - set(configs))
+    if unknown:
+      raise ValueError(f"budget.step_ratios names no variant {unknown}")
+    for name, c in configs.items():
+      c.train_steps = max(1, round(ref_steps * ratios.get(name, 1.0)))
+      c.optimizer.total_steps = c.train_steps
   elif kind == "tokens":
     tokens = {name: pretrain_tokens(c) for name, c in configs.items()}
     if len(set(tokens.values())) > 1:
       raise ValueError(f"budget 'tokens' but the variants train on different numbers of tokens: {tokens}")
   else:
-    raise ValueError(f"budget.kind must be 'tokens' or 'flops', got {kind!r}")
+    raise ValueError(f"budget.kind must be 'tokens', 'flops' or 'steps', got {kind!r}")
   return configs
 
 

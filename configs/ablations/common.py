@@ -49,11 +49,12 @@ def variant(name: str, label: str, overrides: dict | None = None, paper: dict | 
 
 def ablation(name: str, title: str, base, variants, tasks: dict, *, budget: str, budget_description: str,
              paper_source: str, columns: dict, note: str = "", plot: str = "bars",
-             reference: str = "") -> ml_collections.ConfigDict:
+             reference: str = "", step_ratios: dict | None = None) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.name, c.title, c.base, c.variants, c.reference, c.plot = name, title, base, tuple(variants), reference, plot
   c.budget = ml_collections.ConfigDict({"kind": budget, "reference": reference or variants[0].name,
-                                        "description": budget_description})
+                                        "description": budget_description,
+                                        "step_ratios": ml_collections.ConfigDict(step_ratios or {})})
   c.tasks = ml_collections.ConfigDict(tasks)
   c.paper = ml_collections.ConfigDict({"source": paper_source, "note": note,
                                        "columns": ml_collections.ConfigDict(columns)})
