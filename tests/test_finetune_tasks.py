@@ -110,6 +110,33 @@ def test_reads_quora_release_format():
   assert examples[2].text_b == "How do I root an Android device ?" and examples[2].guid == "391187"
 
 
+@pytest.mark.parametrize("name,header,row,expected", [
+    ("cola", "sentence\tlabel", "The boy ran home.\t1", ("The boy ran home.", None, "1")),
+    ("cola", "sentence,label", '"Home, the boy ran.",0', ("Home, the boy ran.", None, "0")),
+    ("qqp", "id,question1,question2,is_duplicate", "7,How do I cook rice?,How is rice cooked?,1",
+     ("How do I cook rice?", "How is rice cooked?", "1")),
+    ("qqp", "id\tquestion1\tquestion2", "7\tHow do I cook rice?\tHow is rice cooked?",
+     ("How do I cook rice?", "How is rice cooked?", None)),
+])
+def test_cola_and_qqp_read_a_file_that_names_its_columns(tmp_path, name, header, row, expected):
+  """CoLA's and Quora's own formats have no header; a TSV or CSV that names the task's columns is read by
+  them, as every task's (CoLA's read as headerless crashed on it, Quora's CSV gave no examples)."""
+  path = tmp_path / ("dev.csv" if "," in header else "dev.tsv")
+  path.write_text(f"{header}\n{row}\n")
+  [example] = tasks.get_task(name).read("predict", str(path))
+  assert (example.text_a, example.text_b, example.label) == expected
+
+
+def test_glue_tasks_read_the_text_columns_the_options_name(tmp_path):
+  """`task_opts.text_a` (and `predict --text_a`) renames a GLUE task's text column, as the missing-column
+  error says; it was ignored."""
+  (tmp_path / "dev.tsv").write_text("text\tlabel\nA fine film.\t1\n")
+  with pytest.raises(DataError, match="task_opts.text_a"):
+    tasks.get_task("sst2").read("dev", str(tmp_path / "dev.tsv"))
+  [example] = tasks.get_task("sst2", text_a="text").read("dev", str(tmp_path / "dev.tsv"))
+  assert (example.text_a, example.label) == ("A fine film.", "1")
+
+
 def test_quora_release_rows_with_a_missing_field_are_skipped(tmp_path):
   """As the GLUE header's rows with a missing field (Hugging Face's QqpProcessor skips them too)."""
   _write(tmp_path / "dev.tsv", ["1\tWhat is it ?\tWhat is this ?\t5", "0\tA question alone", "0\tA ?\tB ?\t7"])

@@ -69,6 +69,14 @@ def read_text(path: str) -> str:
         f"{os.path.basename(path)} > fixed{os.path.splitext(path)[1]}`.") from None
 
 
+def header(path: str) -> list[str]:
+  """The first line's fields of a TSV (a tab between them) or a CSV (a comma, quotes as CSV has them)."""
+  first = read_text(path).split("\n", 1)[0].rstrip("\r")
+  if path.endswith(".csv"):
+    return next(csv.reader([first]), [])
+  return first.split("\t")
+
+
 def read_rows(path: str, delimiter: str | None = None) -> list[dict]:
   """Rows of a TSV/CSV with a header (as dicts), or of a JSON lines file.
 

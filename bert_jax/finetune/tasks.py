@@ -242,7 +242,9 @@ def _read_columns(split, source, data_dir, *, text_a, text_b, label, regression=
     a, b = tfds_text or (text_a, text_b)
     return readers.read_tfds_glue(name, split, data_dir, a, b, label_names, regression)
   path = readers.resolve_file(source, split, extensions)
-  if special is not None and not path.endswith(".jsonl"):
+  # A task's own format (CoLA's and Quora's files without a header) unless the file names its text column:
+  # then it is read by its columns, as any task's TSV, CSV or JSON lines file.
+  if special is not None and not path.endswith(".jsonl") and text_a not in readers.header(path):
     return special(path)
   rows = readers.read_rows(path)
   texts = {"text_a": text_a, **({"text_b": text_b} if text_b else {})}
@@ -267,15 +269,15 @@ _NLI = ("contradiction", "entailment", "neutral")  # google-research/bert run_cl
 _ENTAIL = ("entailment", "not_entailment")
 
 _TASKS = {
-    "cola": lambda: _glue("cola", "sentence", None, None, metric_names=("mcc", "accuracy"),
-                          special=readers.read_cola),
+    "cola": lambda: _glue("cola", "sentence", None, "label", metric_names=("mcc", "accuracy"),
+                          special=readers.read_cola, guid="index"),
     "sst2": lambda: _glue("sst2", "sentence", None, "label", guid="index"),
     "mrpc": lambda: _glue("mrpc", "#1 String", "#2 String", "Quality", metric_names=("f1", "accuracy"),
                           tfds_text=("sentence1", "sentence2"), guid="index"),
     "stsb": lambda: _glue("stsb", "sentence1", "sentence2", "score", label_names=(),
                           metric_names=("pearson", "spearman"), guid="index"),
     "qqp": lambda: _glue("qqp", "question1", "question2", "is_duplicate", metric_names=("f1", "accuracy"),
-                         special=readers.read_quora),
+                         special=readers.read_quora, guid="id"),
     "mnli": lambda: _glue("mnli", "sentence1", "sentence2", "gold_label", label_names=_NLI,
                           splits=("train", "dev_matched", "dev_mismatched"), guid="index",
                           tfds_text=("premise", "hypothesis"), skip_labels=("-",)),
@@ -364,7 +366,12 @@ def get_task(name: str, **options) -> Task:
   if name == "tagging":
     return _tagging(**options)
   if name in _TASKS:
-    return dataclasses.replace(_TASKS[name](), options=options)
+    task = _TASKS[name]()
+    # The text and label columns a file names otherwise (`task_opts.text_a`, `predict --text_a`).
+    columns = {k: options[k] for k in ("text_a", "text_b", "label") if options.get(k)}
+    if columns:
+      task = dataclasses.replace(task, reader=functools.partial(task.reader, **columns))
+    return dataclasses.replace(task, options=options)
   if name in ("squadv1", "squadv11", "squad"):
     return _squad("v1.1", options)
   if name in ("squadv2", "squadv20"):
