@@ -116,9 +116,30 @@ def test_v2_null_threshold(tokenizer):
     answers, non_null, diffs = squad.decode(logits, [example], meta, version="v2.0",
                                             null_score_diff_threshold=threshold)
     assert answers["q"] == expected and non_null["q"] == "gamma" and diffs["q"] == pytest.approx(2.0)
+  # As the official script given the written predictions: at threshold 0 the answer is "" and no threshold
+  # brings it back; written at 2.1 it is "gamma", right from the threshold of its diff on.
   result = tasks.get_task("squad_v2").evaluate(logits, [example], meta)
-  assert result["exact_match"] == 0.0 and result["best_exact_match"] == 1.0
-  assert result["best_f1_threshold"] >= 2.0
+  assert result["exact_match"] == result["best_exact_match"] == 0.0 and result["best_f1_threshold"] == 0.0
+  result = tasks.get_task("squad_v2").evaluate(logits, [example], meta, null_score_diff_threshold=2.1)
+  assert result["exact_match"] == result["best_exact_match"] == 1.0
+  assert result["best_exact_match_threshold"] == pytest.approx(2.0)
+
+
+def test_v2_best_threshold_and_answer_split_as_the_official_script():
+  """evaluate-v2.0.py: a question has an answer when its gold list is not empty (an answer that normalises
+  to nothing, "The", included: it is then scored against ""), and `find_best_thresh` moves the threshold
+  over the predictions as written (a question answered "" gains nothing), from 0.0."""
+  gold = {"q1": ["Paris"], "q2": ["Rome"], "q3": [], "q4": ["The"]}
+  written = {"q1": "", "q2": "Rome", "q3": "", "q4": ""}
+  null_diffs = {"q1": 0.5, "q2": -1.0, "q3": 2.0, "q4": 1.0}
+  scores = metrics.squad_scores(written, gold, "v2.0")
+  assert (scores["HasAns_total"], scores["NoAns_total"]) == (3, 1)
+  assert scores["HasAns_exact_match"] == pytest.approx(2 / 3) and scores["NoAns_exact_match"] == 1.0
+  exact, _, has_answer = metrics.squad_raw_scores(written, gold, "v2.0")
+  # From "" everywhere counted as the unanswerable questions' score (q3: 1), in the order of the diffs q2
+  # takes "Rome" (2), q1 stays "" (2), q4's "" scores against its gold "The" normalised to "" (3, at 1.0).
+  assert squad.best_null_threshold(written, null_diffs, exact, has_answer) == (pytest.approx(3 / 4), 1.0)
+  assert squad.best_null_threshold({"q3": "Oslo"}, {"q3": 2.0}, {"q3": 0.0}, {"q3": False}) == (1.0, 0.0)
 
 
 def test_v2_unanswerable_features_point_at_cls(tokenizer, tmp_path):

@@ -113,6 +113,24 @@ def squad_f1(prediction: str, gold: str, version: str = "v2.0") -> float:
   return _f1(num_same, len(pred_tokens), len(gold_tokens))
 
 
+def squad_raw_scores(predictions: dict, gold_answers: dict, version: str = "v1.1") -> tuple[dict, dict, dict]:
+  """({qid: exact}, {qid: f1}, {qid: has an answer}) as the official scripts' `get_raw_scores` and v2.0's
+  `make_qid_to_has_ans`: a question has an answer when its gold list is not empty, even where every gold
+  text normalises to nothing (an answer "The"); those are then scored against "" as unanswerable ones are."""
+  missing = set(gold_answers) - set(predictions)
+  if missing:
+    raise ValueError(f"{len(missing)} questions have no prediction, e.g. {sorted(missing)[:3]}")
+  exact, f1, has_answer = {}, {}, {}
+  for qid, answers in gold_answers.items():
+    has_answer[qid] = bool(answers)
+    if version == "v2.0":
+      answers = [a for a in answers if normalize_answer(a)]
+    answers = answers or [""]
+    exact[qid] = max(squad_exact(predictions[qid], a) for a in answers)
+    f1[qid] = max(squad_f1(predictions[qid], a, version) for a in answers)
+  return exact, f1, has_answer
+
+
 def squad_scores(predictions: dict, gold_answers: dict, version: str = "v1.1") -> dict:
   """Exact match and F1 over questions, max over each question's gold answers.
 
@@ -123,17 +141,7 @@ def squad_scores(predictions: dict, gold_answers: dict, version: str = "v1.1") -
   Returns:
     {"exact_match", "f1"} and, for v2.0, the same split into "HasAns_*" and "NoAns_*" with counts.
   """
-  missing = set(gold_answers) - set(predictions)
-  if missing:
-    raise ValueError(f"{len(missing)} questions have no prediction, e.g. {sorted(missing)[:3]}")
-  exact, f1, has_answer = {}, {}, {}
-  for qid, answers in gold_answers.items():
-    if version == "v2.0":
-      answers = [a for a in answers if normalize_answer(a)]
-    answers = answers or [""]
-    has_answer[qid] = any(answers)
-    exact[qid] = max(squad_exact(predictions[qid], a) for a in answers)
-    f1[qid] = max(squad_f1(predictions[qid], a, version) for a in answers)
+  exact, f1, has_answer = squad_raw_scores(predictions, gold_answers, version)
   result = {"exact_match": _mean(exact.values()), "f1": _mean(f1.values()), "total": len(exact)}
   if version == "v2.0":
     for prefix, want in (("HasAns", True), ("NoAns", False)):

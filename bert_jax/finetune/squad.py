@@ -345,32 +345,33 @@ def decode_opts(task, opts) -> dict:
           "null_score_diff_threshold": task.option("null_score_diff_threshold", opts, 0.0)}
 
 
-def best_null_threshold(best_non_null: dict, null_diffs: dict, gold: dict, score_fn) -> tuple[float, float]:
-  """(best mean score, threshold) over no-answer thresholds, as `find_best_thresh` of the v2.0 script:
-  answer "" exactly when the null score diff exceeds the threshold."""
-  has_answer = {q: any(metrics.normalize_answer(a) for a in gold[q]) for q in gold}
-  raw = {q: max(score_fn(best_non_null[q], a) for a in gold[q]) if has_answer[q] else 0.0 for q in gold}
+def best_null_threshold(answers: dict, null_diffs: dict, scores: dict, has_answer: dict) -> tuple[float, float]:
+  """(best mean score, threshold) over no-answer thresholds, as `find_best_thresh` of the official v2.0
+  script given what `write_predictions` writes: the answers at `null_score_diff_threshold` and their null
+  score diffs. `scores` and `has_answer` are `metrics.squad_raw_scores`' of those answers. Starting from
+  "" everywhere, the questions in the order of their diffs take their written answer in turn; a question
+  whose written answer is already "" gains nothing (the best non-null span is not tried)."""
   score = best = float(sum(not h for h in has_answer.values()))
-  threshold = min(null_diffs.values()) - 1.0 if null_diffs else 0.0
-  for q in sorted(gold, key=lambda q: null_diffs[q]):
-    score += raw[q] if has_answer[q] else (-1.0 if best_non_null[q] else 0.0)
+  threshold = 0.0
+  for q in sorted(answers, key=lambda q: null_diffs[q]):
+    score += scores[q] if has_answer[q] else (-1.0 if answers[q] else 0.0)
     if score > best:
       best, threshold = score, null_diffs[q]
-  return best / max(len(gold), 1), float(threshold)
+  return best / max(len(answers), 1), float(threshold)
 
 
 def evaluate(task, predictions, examples, meta, **opts) -> dict:
   """Official EM/F1; for v2.0 also HasAns/NoAns splits and the best no-answer threshold on this set."""
   options = decode_opts(task, opts)
-  answers, best_non_null, null_diffs = decode(predictions, examples, meta, **options)
+  answers, _, null_diffs = decode(predictions, examples, meta, **options)
   gold = {ex.qas_id: list(ex.answers) for ex in examples}
   version = options["version"]
   result = metrics.squad_scores(answers, gold, version)
   if version == "v2.0":
-    f1 = functools.partial(metrics.squad_f1, version=version)
-    result["best_f1"], result["best_f1_threshold"] = best_null_threshold(best_non_null, null_diffs, gold, f1)
+    exact, f1, has_answer = metrics.squad_raw_scores(answers, gold, version)
+    result["best_f1"], result["best_f1_threshold"] = best_null_threshold(answers, null_diffs, f1, has_answer)
     result["best_exact_match"], result["best_exact_match_threshold"] = best_null_threshold(
-        best_non_null, null_diffs, gold, metrics.squad_exact)
+        answers, null_diffs, exact, has_answer)
   return result
 
 
