@@ -238,3 +238,27 @@ def test_command_on_minilm_labels_its_word_pieces(tmp_path, compilation_cache_di
   assert data["tokens"] == tok.convert_ids_to_tokens(ref["input_ids_3"])   # transformers' tokens
   assert "##bly" in data["tokens"] and data["layers"] == list(range(6)) and data["num_heads"] == 12
   np.testing.assert_allclose(np.sum(data["attention"], -1), 1.0, atol=0.01)
+
+
+def test_a_pairs_second_text_is_marked_where_every_token_type_is_0():
+  """RoBERTa's `<s> A </s></s> B </s>` has no token types: B starts after the first separator."""
+  from bert_jax.tools import embed  # pylint: disable=g-import-not-at-top
+
+  class Roberta:
+    sep_id = 2
+  ids = np.array([0, 5, 6, 2, 2, 7, 8, 2], np.int32)
+  example = embed.Example(ids, np.zeros(8, np.int32))
+  assert attention.segments(Roberta(), {"text": "a", "text_b": "b"}, example) == [0, 0, 0, 0, 1, 1, 1, 1]
+  assert attention.segments(Roberta(), {"text": "a"}, example) == [0] * 8
+  bert = embed.Example(ids, np.array([0, 0, 0, 0, 1, 1, 1, 1], np.int32))
+  assert attention.segments(Roberta(), {"text": "a", "text_b": "b"}, bert) == [0, 0, 0, 0, 1, 1, 1, 1]
+
+
+def test_input_ids_longer_than_max_length_are_truncated(tmp_path):
+  """As the docs say of every input (`embed` itself refuses them: its outputs are per token)."""
+  cfg = model.BertConfig(**_TINY)
+  encoder = model.BertEncoder(cfg)
+  shapes = jax.eval_shape(encoder.init, jax.random.key(0), np.ones((1, 4), np.int32))["params"]
+  params = jax.tree.map(lambda s: np.zeros(s.shape, np.float32), nn.unbox(shapes))
+  [m] = attention.compute(cfg, params, wordpiece(tmp_path), [{"input_ids": list(range(5, 25))}], max_length=8)
+  assert len(m.tokens) == 8 and m.attentions.shape[-1] == 8

@@ -153,3 +153,24 @@ def test_command_writes_csv_heat_maps_and_summary(vocab_file, tmp_path):
   assert len(summary["sep_over_half_per_layer"]) == cfg.num_layers
   for name in heads.STATS:
     assert (tmp_path / "out" / f"heads_{name}.png").stat().st_size > 1000
+
+
+def test_heads_removed_by_pruning_have_no_statistics():
+  """A pruned checkpoint's removed heads attend nowhere: NaN (not an entropy of 0, a perfectly focused head's),
+  and the per-layer shares count the heads the layer has."""
+  from bert_jax.models import pruning  # pylint: disable=g-import-not-at-top
+  from bert_jax.tools import embed  # pylint: disable=g-import-not-at-top
+  cfg = model.BertConfig(vocab_size=20, hidden_size=16, num_layers=2, num_heads=4, intermediate_size=32,
+                         max_position_embeddings=16, hidden_dropout=0.0, attention_dropout=0.0)
+  shapes = jax.eval_shape(model.BertEncoder(cfg).init, jax.random.key(0), np.ones((1, 4), np.int32))["params"]
+  rng = np.random.default_rng(0)
+  params = jax.tree.map(lambda s: rng.normal(0.0, 0.3, s.shape).astype(np.float32), nn.unbox(shapes))
+  cfg, params = pruning.prune_heads(cfg, params, {1: [0, 1, 2]})
+  examples = [embed.Example(np.array([2, 7, 8, 9, 3], np.int32), np.zeros(5, np.int32))]
+  kinds = [{k: np.zeros(5, bool) for k in ("cls", "sep", "punct", "rarest", "rare_valid")}]
+  kinds[0]["cls"][0] = kinds[0]["sep"][4] = True
+  stats, sums = heads.head_statistics(cfg, params, examples, kinds)
+  assert np.isnan(stats["entropy"][1, :3]).all() and np.isnan(stats["attn_sep"][1, :3]).all()
+  assert not np.isnan(stats["entropy"][0]).any() and not np.isnan(stats["entropy"][1, 3])
+  share = heads.summarize(stats, heads.labels(stats), sums)["sep_over_half_per_layer"]
+  assert share[1] in (0.0, 1.0)   # of its one head, not of four

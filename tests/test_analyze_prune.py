@@ -173,3 +173,22 @@ def test_the_command_end_to_end(tiny_run, tmp_path):
   bad = subprocess.run(argv[:-2] + ["--fractions=0,1"], cwd=ROOT, env=env, capture_output=True, text=True,
                        timeout=300)
   assert bad.returncode == 2 and "fraction 1.0: in [0, 1)" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_a_layer_that_loses_every_head_is_exported_with_one_silenced(tmp_path):
+  """A checkpoint holds no empty array: the layer keeps its first head with zero output weights, which
+  computes what the masked model computes; the export saves and restores (it failed with zero-size arrays)."""
+  model, params, features = _tiny_classifier()
+  cfg = model.config
+  heads_out = [(0, h) for h in range(HEADS)] + [(1, 2)]
+  pruned_cfg, pruned, silenced = prune.without_heads(cfg, params, heads_out)
+  assert silenced == {0: 0} and pruned_cfg.kept_heads(0) == (0,) and pruned_cfg.kept_heads(1) == (0, 1, 3)
+  assert all(np.size(x) for x in jax.tree.leaves(pruned))
+  mask = jnp.asarray(prune.mask_without((LAYERS, HEADS), heads_out))
+  masked = prune.masked_outputs(prune._masked_forward(model), params, features, mask, 6)
+  pruned_model = heads.BertForSequenceClassification(pruned_cfg, 3)
+  out = pruned_model.apply({"params": pruned}, features["input_ids"], features["input_mask"], features["segment_ids"])
+  np.testing.assert_allclose(np.asarray(out), np.asarray(jax.tree.leaves(masked)[0]), atol=1e-5)
+  saver = checkpointing.Checkpointer(str(tmp_path / "best"), keep=1, async_save=False)
+  saver.save(0, {"params": jax.tree.map(np.asarray, pruned)})
+  saver.close()

@@ -297,14 +297,25 @@ render();
 def compute(cfg, params, tokenizer, records: list[dict], max_length: int = 128, batch_size: int = 8) -> list[Map]:
   """Every record's attention over all layers; `params` are the encoder's (a checkpoint's params["bert"])."""
   max_length = min(max_length, embed.longest_input(cfg))
-  examples = embed.read_examples([json.dumps(r) for r in records], tokenizer, max_length)
+  examples = embed.read_examples([json.dumps(r) for r in records], tokenizer, max_length, truncate=True)
   results = forward.encode(cfg, params, examples, batch_size=batch_size, output_attentions=True)
   maps = []
   for record, example, result in zip(records, examples, results):
     tokens = forward.tokens(tokenizer, example)
-    maps.append(Map(describe(record, tokens), tokens, [int(t) for t in example.token_type_ids],
+    maps.append(Map(describe(record, tokens), tokens, segments(tokenizer, record, example),
                     np.asarray(result["attentions"], np.float32)))
   return maps
+
+
+def segments(tokenizer, record: dict, example) -> list[int]:
+  """Each token's text of a pair, 0 or 1: the token type ids, or, where a family gives every token type 0
+  (RoBERTa's `<s> A </s></s> B </s>`), 1 after the first separator of a pair's text."""
+  types = [int(t) for t in example.token_type_ids]
+  ids = [int(t) for t in example.input_ids]
+  if any(types) or record.get("text_b") is None or tokenizer is None or tokenizer.sep_id not in ids:
+    return types
+  first = ids.index(tokenizer.sep_id)
+  return [0] * (first + 1) + [1] * (len(ids) - first - 1)
 
 
 def write_maps(output_dir: str, maps: list[Map], layers: list[int] | None = None,

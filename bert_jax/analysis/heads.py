@@ -247,7 +247,12 @@ def head_statistics(cfg: model.BertConfig, params, examples, kinds, batch_size: 
     s = sums_of(params, *batch)
     acc = s if acc is None else add(acc, s)
   sums = jax.device_get(acc)  # the one fetch
-  return finish(sums), sums
+  stats = finish(sums)
+  for layer in range(cfg.num_layers):   # a head removed from the weights has no attention: NaN, not 0
+    removed = sorted(set(range(cfg.num_heads)) - set(cfg.kept_heads(layer)))
+    for values in stats.values():
+      values[layer, removed] = np.nan
+  return stats, sums
 
 
 # ------------------------------------------------------------------------------------------------
@@ -301,8 +306,8 @@ def summarize(stats: dict, head_labels: dict, sums: dict) -> dict:
       "rare_token_cases": int(sums["rare_cases"]),
       "rare_token_chance": round(float(sums["rare_chance"] / max(sums["rare_cases"], 1)), 4),
       "uniform_entropy": float(sums["uniform_entropy"] / sums["queries"]),
-      "sep_over_half_per_layer": np.mean(stats["attn_sep"] > 0.5, axis=1).round(4).tolist(),
-      "cls_over_half_per_layer": np.mean(stats["attn_cls"] > 0.5, axis=1).round(4).tolist(),
+      "sep_over_half_per_layer": _share_of_heads(stats["attn_sep"] > 0.5, stats["attn_sep"]),
+      "cls_over_half_per_layer": _share_of_heads(stats["attn_cls"] > 0.5, stats["attn_cls"]),
       "positional_heads": [{"layer": i, "head": j, "offset": int(head_labels["positional"][i, j]),
                             "share": round(float(stats["argmax_prev" if head_labels["positional"][i, j] < 0
                                                        else "argmax_next"][i, j]), 4)}
@@ -312,6 +317,12 @@ def summarize(stats: dict, head_labels: dict, sums: dict) -> dict:
       "max_argmax_rare": _best(stats["argmax_rare"]),
       "max_argmax_prev": _best(stats["argmax_prev"]), "max_argmax_next": _best(stats["argmax_next"]),
   }
+
+
+def _share_of_heads(condition: np.ndarray, values: np.ndarray) -> list:
+  """Per layer, the share of its heads (those with a statistic: not removed by pruning) where `condition`."""
+  live = ~np.isnan(values)
+  return [round(float(np.sum(c & l) / np.sum(l)), 4) if np.any(l) else None for c, l in zip(condition, live)]
 
 
 def _best(values: np.ndarray) -> dict | None:

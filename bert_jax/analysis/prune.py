@@ -7,9 +7,9 @@ Michel, Levy and Neubig 2019 ("Are Sixteen Heads Really Better than One?"), 4.1:
 I_h = E_x |dL(x)/d xi_h| at xi = 1, where xi is the head mask (each head's context vector times its entry
 before the output projection) and L the task loss of the true labels; each layer's scores are divided by
 their l2 norm (the paper code's default). Here the expectation is over the dev examples one by one (per
-example gradients by `jax.vmap`, summed over batches on device); the paper's code takes |.| of each batch's
-mean-loss gradient instead, which is the same at batch size 1. The heads, sorted by the normalised score over
-all layers, are then masked least important first, and the dev metric (the task's primary one) is measured at
+example gradients by `jax.vmap`, summed over batches on device); the paper's code sums |.| of each token's
+share (its context vector dotted with its gradient) and divides by the token count instead. The heads,
+sorted by the normalised score over all layers, are then masked least important first, and the dev metric (the task's primary one) is measured at
 every fraction of `--fractions`. The scores are computed once (`--iterative`: again after every fraction, on
 the masked model, as the paper's 4.2 does step by step).
 
@@ -33,6 +33,7 @@ import json
 import math
 import os
 import shutil
+import sys
 import time
 
 from absl import app
@@ -221,11 +222,26 @@ def curve(model, params, task, dev: Dev, fractions, *, iterative: bool = False, 
 # Export: the heads removed from the weights, a finetuned workdir, checked and timed.
 
 
+def without_heads(cfg, params, heads) -> tuple:
+  """(config, params, {layer: head}) with `heads` [(layer, head)] removed from the weights; a layer that would
+  lose every head keeps its first, silenced (`pruning.silence_heads`), which the dict names."""
+  from bert_jax.models import pruning  # pylint: disable=g-import-not-at-top
+  removed, silenced = by_layer(heads), {}
+  for layer, hs in removed.items():
+    if set(cfg.kept_heads(layer)) <= set(hs):
+      silenced[layer] = min(cfg.kept_heads(layer))
+      removed[layer] = [h for h in hs if h != silenced[layer]]
+  cfg, params = pruning.prune_heads(cfg, params, removed)
+  return cfg, pruning.silence_heads(cfg, params, silenced), silenced
+
+
 def export(checkpoint: str, predictor: predict.Predictor, heads, export_dir: str):
   """Writes a finetuned workdir without `heads` [(layer, head)] at `export_dir`, as `bert-jax finetune` writes
   one (run record, task.json, best/); returns its (config, params)."""
-  from bert_jax.models import pruning  # pylint: disable=g-import-not-at-top
-  cfg, params = pruning.prune_heads(predictor.model_config, predictor.params, by_layer(heads))
+  cfg, params, silenced = without_heads(predictor.model_config, predictor.params, heads)
+  for layer, head in silenced.items():
+    print(f"layer {layer} loses every head: head {head} is kept with its output weights at zero (a checkpoint "
+          "holds no empty array); it computes what the layer computes without heads", file=sys.stderr)
   tokenizer = predictor.tokenizer
   checkpoint_loader.write_run_record(export_dir, cfg, tokenizer.source_file, tokenizer.do_lower_case)
   source = epath.Path(checkpoint_loader.find(checkpoint).directory) / trainer.TASK_FILE   # the same task

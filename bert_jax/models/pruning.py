@@ -48,3 +48,18 @@ def _prune_attention(layer: dict, keep: list) -> dict:
   attention["out"] = {**attention["out"], "kernel": take(attention["out"]["kernel"], 0)}  # [N, K, H]
   return {**layer, "attention": attention}
 
+
+def silence_heads(cfg: BertConfig, params: dict, heads: dict) -> dict:
+  """`params` with the output projection of `heads` ({layer: head}, original numbering, kept heads) at zero:
+  the layer computes what it computes without them. A layer whose every head goes keeps one so silenced
+  (`analyze prune`'s export: a checkpoint cannot hold the empty arrays of a layer with no heads)."""
+  encoder_params = params["bert"] if "bert" in params else params
+  layers = dict(encoder_params["encoder"])
+  for layer, head in heads.items():
+    attention = dict(layers[f"layer_{layer}"]["attention"])
+    kernel = np.array(attention["out"]["kernel"])   # [N, K, H]
+    kernel[cfg.kept_heads(layer).index(head)] = 0
+    attention["out"] = {**attention["out"], "kernel": kernel}
+    layers[f"layer_{layer}"] = {**layers[f"layer_{layer}"], "attention": attention}
+  encoder_params = {**encoder_params, "encoder": layers}
+  return {**params, "bert": encoder_params} if "bert" in params else encoder_params

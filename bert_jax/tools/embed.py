@@ -62,8 +62,9 @@ def longest_input(cfg: model.BertConfig) -> int:
   return cfg.max_input_length
 
 
-def read_examples(lines, tokenizer=None, max_length: int = 512) -> list[Example]:
-  """JSON lines -> Examples; text needs a tokenizer."""
+def read_examples(lines, tokenizer=None, max_length: int = 512, truncate: bool = False) -> list[Example]:
+  """JSON lines -> Examples; text needs a tokenizer. `input_ids` longer than `max_length` are an error, or
+  with `truncate` cut to their first `max_length` (text is always truncated as `encode_pair` does)."""
   examples = []
   for n, line in enumerate(lines, 1):
     if not line.strip():
@@ -73,7 +74,9 @@ def read_examples(lines, tokenizer=None, max_length: int = 512) -> list[Example]
       ids = record["input_ids"]
       types = record.get("token_type_ids", [0] * len(ids))
       mask = record.get("attention_mask", [1] * len(ids))
-      if len(ids) > max_length:
+      if len(ids) > max_length and truncate:
+        ids, types, mask = ids[:max_length], types[:max_length], mask[:max_length]
+      elif len(ids) > max_length:
         raise ValueError(f"line {n}: {len(ids)} input_ids, more than max_length {max_length}")
     elif "text" in record:
       if tokenizer is None:
