@@ -354,6 +354,9 @@ def run(checkpoint: str, source: str, output_dir: str, fractions, *, iterative: 
   dev = read_dev(predictor, source)
   model = trainer.build_model(predictor.model_config, predictor.task, predictor.scalar_mix)
   task, cfg = predictor.task, predictor.model_config
+  if export_dir and (cfg.share_layers or cfg.scan_layers or cfg.shared_sublayer == "attention"):
+    raise ValueError("--export_dir: heads can be removed only from per-layer attention weights, not from "
+                     f"{cfg.model_type}'s shared layers; the curve needs no export (leave --export_dir out)")
   total = cfg.num_layers * cfg.num_heads
   rows, scores, raw = curve(model, predictor.params, task, dev, fractions, iterative=iterative,
                             batch_size=batch_size)
