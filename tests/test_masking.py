@@ -225,6 +225,30 @@ def test_span_masking_covers_whole_words_within_budget():
   assert abs((corrupted[is_masked] == MASK).mean() - 0.8) < 0.1
 
 
+def test_span_starts_are_drawn_over_tokens_so_long_words_start_more_spans():
+  """SpanBERT's code draws a span's start among the tokens and takes it back to its word's start: a word of
+  three pieces is masked more often than a word of one (drawn among words, both alike)."""
+  n, length = 512, 128
+  rng = np.random.default_rng(0)
+  ids = np.full((n, length), PAD, np.int64)
+  pieces = np.zeros((n, length), np.int64)   # per token, the length of its word
+  for i in range(n):
+    j = 1
+    while j < length - 4:
+      k = int(rng.choice([1, 3]))
+      ids[i, j] = 2 * rng.integers(3, VOCAB // 2)        # an even id starts a word
+      ids[i, j + 1:j + k] = 2 * rng.integers(3, VOCAB // 2, k - 1) + 1
+      pieces[i, j:j + k] = k
+      j += k
+    ids[i, 0], ids[i, j] = CLS, SEP
+  mask = (ids != PAD).astype(np.int32)
+  _, is_masked = masking.mask_batch(ids.astype(np.int32), mask, _keys(n), _spec(max_predictions=20, scheme="span"))
+  starts = (pieces > 0) & _Tokenizer().word_start_table()[ids]
+  run_start = is_masked & ~np.pad(is_masked[:, :-1], ((0, 0), (1, 0)))   # where a masked run begins
+  rate = {k: run_start[starts & (pieces == k)].mean() for k in (1, 3)}
+  assert rate[3] > 1.15 * rate[1], rate   # 1.34 (drawn among words: 0.61, a long word costs more budget)
+
+
 def test_gather_predictions_keeps_the_cap_and_restores_the_rest():
   original = np.arange(12, dtype=np.int32).reshape(2, 6) + 10
   is_masked = np.array([[1, 0, 1, 1, 0, 1], [0, 1, 0, 0, 0, 0]], bool)

@@ -212,17 +212,23 @@ def span_lengths(u: np.ndarray, p: float, max_length: int) -> np.ndarray:
 
 
 def _choose_spans(word_len, budget, keys, spec):
-  """SpanBERT: repeatedly a span length (in words) and a random starting word not yet masked.
+  """SpanBERT: repeatedly a span length (in words) and a random starting point not yet masked.
 
-  A span takes its free words in order while they fit the budget (never part of a word). Returns the
-  taken words and, per word, the round (span) that took it, for the per-span 80/10/10 decision.
+  The starting point is a token drawn uniformly, taken back to its word's start, as SpanBERT's code
+  (`PairWithSpanMaskingScheme.mask`: `np.random.choice(sent_length)`, then `get_word_start`): a word of
+  three pieces starts a span three times as often as a word of one. A span takes its free words in order
+  while they fit the budget (never part of a word). Returns the taken words and, per word, the round
+  (span) that took it, for the per-span 80/10/10 decision.
   """
-  n_words = (word_len > 0).sum(1)[:, None]
+  n_tokens = word_len.sum(1)[:, None]
+  ends = np.cumsum(word_len, 1)   # [n, words]: the token after each word
 
   def draw(r):
-    anchor = (uniform(keys, _SPAN_ANCHOR, _BLOCK, offset=r) * n_words).astype(np.int64)
+    token = (uniform(keys, _SPAN_ANCHOR, _BLOCK, offset=r) * n_tokens).astype(np.int64)
+    token = np.minimum(token, np.maximum(n_tokens - 1, 0))
+    anchor = (ends[:, None, :] <= token[..., None]).sum(-1)   # the word holding the token
     length = span_lengths(uniform(keys, _SPAN_LENGTH, _BLOCK, offset=r), spec.span_p, spec.span_max_length)
-    return np.minimum(anchor, np.maximum(n_words - 1, 0)), length
+    return anchor, length
 
   max_rounds = 8 * spec.max_predictions + 64  # it ends far sooner
   return _grow_spans(word_len, budget, draw, spec.span_max_length, max_rounds, drop_overlapping=False)
