@@ -85,6 +85,8 @@ def check_inputs(config: ml_collections.ConfigDict) -> None:
   elif not d.train_files.startswith("embedded:") and not input_pipeline.shard_files(d.train_files, "train"):
     problems.append(f"data.train_files {d.train_files!r} holds no prepared shards (train-*.tfrecord): give a "
                     "`bert-jax prepare --output_dir` directory or a glob of its shards")
+  elif not d.train_files.startswith("embedded:"):
+    problems += input_pipeline.preparation_problems(d)
   if d.eval_files and not input_pipeline.shard_files(d.eval_files, "eval"):
     problems.append(f"data.eval_files {d.eval_files!r} holds no prepared shards (eval-*.tfrecord)")
   if d.vocab_file and not input_pipeline.tf.io.gfile.exists(d.vocab_file):

@@ -106,6 +106,20 @@ def test_damaged_shard_is_named_before_training(damage, message, data_dir, train
   assert _checkpoints(workdir) == ["2", "4"]
 
 
+def test_shards_prepared_with_another_casing_or_vocabulary_are_named(data_dir, tmp_path):  # noqa: F811
+  """Shards hold token ids: read with another vocabulary they are other words, and a checkpoint would record a
+  tokenizer (cased or not) that is not its data's. stats.json says how they were prepared."""
+  train.check_inputs(tiny_config(data_dir))
+  with pytest.raises(failures.UserError, match="do_lower_case is False but .* prepared with do_lower_case=True"):
+    train.check_inputs(tiny_config(data_dir, **{"data.do_lower_case": False}))
+  words = open(os.path.join(data_dir, "vocab.txt")).read().split("\n")
+  (tmp_path / "same.txt").write_text("\n".join(words))
+  train.check_inputs(tiny_config(data_dir, **{"data.vocab_file": str(tmp_path / "same.txt")}))
+  (tmp_path / "other.txt").write_text("\n".join(words[:5] + words[5:][::-1]))   # same size, other ids
+  with pytest.raises(failures.UserError, match="is not the vocabulary .* was prepared with"):
+    train.check_inputs(tiny_config(data_dir, **{"data.vocab_file": str(tmp_path / "other.txt")}))
+
+
 def test_missing_shard_is_named(data_dir, tmp_path):  # noqa: F811
   data = _copy(data_dir, tmp_path, "data")
   os.remove(os.path.join(data, "train-00001-of-00002.tfrecord"))

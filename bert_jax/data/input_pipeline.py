@@ -399,6 +399,34 @@ def _split_documents(data_config, split: str, process_index: int, process_count:
                         eval_fraction=c.eval_fraction)
 
 
+def preparation_problems(data_config) -> list[str]:
+  """The data config against what `bert-jax prepare` recorded beside the shards (stats.json): its lowercasing
+  and, with `data.vocab_file`, its vocabulary. Shards hold token ids: read with another vocabulary they are
+  other words, and a checkpoint would record a tokenizer (cased or not) that is not the one of its data."""
+  from bert_jax.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  c, problems = data_config, []
+  ours = None
+  for directory in sorted({os.path.dirname(f) for f in shard_files(c.train_files, "train")}):
+    stats_path = os.path.join(directory, _STATS_FILE)
+    if not tf.io.gfile.exists(stats_path):
+      continue
+    with tf.io.gfile.GFile(stats_path) as f:
+      stats = json.load(f)
+    if "do_lower_case" in stats and stats.get("tokenizer") != "byte_bpe" and stats["do_lower_case"] != c.do_lower_case:
+      problems.append(f"data.do_lower_case is {c.do_lower_case} but {directory} was prepared with do_lower_case="
+                      f"{stats['do_lower_case']} ({_STATS_FILE}): set --config.data.do_lower_case="
+                      f"{stats['do_lower_case']}, or prepare the corpus again with --do_lower_case={c.do_lower_case}")
+    if c.vocab_file and stats.get("tokenizer_file") and tf.io.gfile.exists(c.vocab_file):
+      ours = ours or tokenizer_lib.load_tokenizer(c.vocab_file, c.do_lower_case)
+      theirs = tokenizer_lib.load_tokenizer(directory, c.do_lower_case)
+      if (ours.vocab_size != theirs.vocab_size or ours.convert_ids_to_tokens(range(ours.vocab_size))
+          != theirs.convert_ids_to_tokens(range(theirs.vocab_size))):
+        problems.append(f"data.vocab_file {c.vocab_file!r} is not the vocabulary {directory} was prepared with "
+                        f"({stats['tokenizer_file']} there): its shards hold that one's token ids. Leave "
+                        "data.vocab_file empty to use it, or prepare the corpus again with this vocabulary")
+  return problems
+
+
 def load_tokenizer(data_config):
   """The tokenizer of `data_config`: `vocab_file`, else the one `prepare` saved beside the shards."""
   from bert_jax.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
