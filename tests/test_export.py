@@ -211,3 +211,18 @@ def test_a_checkpoint_without_a_pooler_exports_without_one(tmp_path):
   assert not checkpoint_loader.saved_pooler(str(tmp_path / "source"))
   export.export(str(tmp_path / "source"), str(tmp_path / "out"))
   assert not checkpoint_loader.saved_pooler(str(tmp_path / "out"))
+
+
+def test_a_trained_sentencepiece_vocabulary_exports_its_special_tokens_by_name(tmp_path):
+  """Our SentencePiece training makes [PAD] 0 and [UNK] 1; AlbertTokenizer's defaults ("<pad>", "<unk>") are
+  no pieces of it, so transformers padded with an id past the embedding table (NaN in its Flax model)."""
+  from bert_jax.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.data import vocab_training  # pylint: disable=g-import-not-at-top
+  sentences = [f"the {w} rides to the {v} castle ." for w in ("king", "queen", "knight") for v in ("old", "new")]
+  vocab_training.train_sentencepiece(sentences * 20, str(tmp_path / "spm"), 60, "unigram")
+  tok = tokenizer_lib.load_tokenizer(str(tmp_path))
+  export._save_tokenizer(tok, tmp_path / "out", 128, "Albert")
+  written = json.loads((tmp_path / "out" / "tokenizer_config.json").read_text())
+  assert {k: written[k] for k in ("pad_token", "unk_token", "cls_token", "sep_token", "mask_token")} == {
+      "pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]", "mask_token": "[MASK]"}
+  assert written["tokenizer_class"] == "AlbertTokenizer" and (tmp_path / "out" / "spiece.model").is_file()

@@ -114,6 +114,9 @@ def tokenizer_class(kind: str, classes: str) -> str:
   return classes + "Tokenizer" if _FAMILY_TOKENIZER_KIND.get(classes) == kind else _KIND_TOKENIZER_CLASS[kind]
 
 
+_SPECIAL_NAMES = ("pad", "unk", "cls", "sep", "mask")
+
+
 def _save_tokenizer(tokenizer, output, max_length: int, classes: str) -> None:
   """The tokenizer's files and its settings (SentencePiece's accents and spaces, the BPE's prefix space and
   special tokens, a tokenizer.json's own config) as transformers reads them, with `model_max_length`."""
@@ -121,6 +124,13 @@ def _save_tokenizer(tokenizer, output, max_length: int, classes: str) -> None:
   settings = checkpoint_loader.tokenizer_settings(str(output), tokenizer.do_lower_case)
   settings["model_max_length"] = max_length
   settings.setdefault("tokenizer_class", tokenizer_class(tokenizer.kind, classes))   # a tokenizer.json's names its own
+  if tokenizer.kind != "tokenizer_json":
+    # The special tokens by name, as the model's ids hold them: transformers' class defaults (AlbertTokenizer's
+    # "<pad>", "<unk>") may be no token of this vocabulary (ours trains "[PAD]", "[UNK]"): padding then gave
+    # an id past the embedding table.
+    names = tokenizer.convert_ids_to_tokens([getattr(tokenizer, f"{t}_id") for t in _SPECIAL_NAMES])
+    for t, name in zip(_SPECIAL_NAMES, names):
+      settings.setdefault(f"{t}_token", name)
   (pathlib.Path(output) / checkpoint_loader.TOKENIZER_CONFIG).write_text(json.dumps(settings, indent=1) + "\n")
   if tokenizer.kind == "sentencepiece":   # transformers' AlbertTokenizer reads spiece.model
     (pathlib.Path(output) / tokenizer_lib.SPM_FILE).rename(pathlib.Path(output) / HF_SENTENCEPIECE_FILE)
