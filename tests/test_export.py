@@ -226,3 +226,16 @@ def test_a_trained_sentencepiece_vocabulary_exports_its_special_tokens_by_name(t
   assert {k: written[k] for k in ("pad_token", "unk_token", "cls_token", "sep_token", "mask_token")} == {
       "pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]", "mask_token": "[MASK]"}
   assert written["tokenizer_class"] == "AlbertTokenizer" and (tmp_path / "out" / "spiece.model").is_file()
+
+
+def test_an_encoder_saved_without_a_pooler_or_heads_reads_back(tmp_path):
+  """A BertModel(add_pooling_layer=False), or our export of a token or QA model: a fresh pooler, as
+  transformers makes one (it was a missing tensor)."""
+  cfg = model.BertConfig.from_preset("tiny", vocab_size=64, max_position_embeddings=64)
+  params = jax.device_get(nn.unbox(jax.jit(model.BertEncoder(cfg).init)(
+      jax.random.key(0), np.zeros([1, 8], np.int32)))["params"])
+  checkpoints_hf.save_hf(tmp_path / "bare", cfg, {"bert": params}, pooler=False)
+  cfg2, back = checkpoints_hf.load_hf(tmp_path / "bare")
+  assert cfg2 == cfg and "pooler" in back["bert"]
+  jax.tree.map(np.testing.assert_array_equal, {k: v for k, v in back["bert"].items() if k != "pooler"},
+               {k: v for k, v in params.items() if k != "pooler"})

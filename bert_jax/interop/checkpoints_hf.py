@@ -279,7 +279,9 @@ def from_state_dict(cfg: model.BertConfig, state: dict, scan_layers: bool = Fals
   nsp = fam.nsp is not None and any(n.startswith(f"{fam.nsp}.") for n in state)
   disc = fam.discriminator is not None and any(n.startswith(f"{fam.discriminator}.") for n in state)
   head = next((h for h in HEADS if f"{h}.weight" in state and f"{h}.bias" in state), None)
-  fresh_pooler = fam.pooler is None or ((mlm or head) and not any(n.startswith("pooler.") for n in state))
+  # No pooler saved (a BertModel(add_pooling_layer=False), a token or QA model, our export of one): a fresh
+  # one, as transformers makes; a pooler saved in part is a missing tensor.
+  fresh_pooler = fam.pooler is None or not any(n.startswith("pooler.") for n in state)
   pooler = _initial_pooler(cfg) if fresh_pooler else None
   transforms, shapes = _transforms(cfg), expected_shapes(cfg, mlm, nsp)
   if head is not None:  # as many outputs as the checkpoint's head has (labels; 2 for start/end)
