@@ -239,3 +239,14 @@ def test_an_encoder_saved_without_a_pooler_or_heads_reads_back(tmp_path):
   assert cfg2 == cfg and "pooler" in back["bert"]
   jax.tree.map(np.testing.assert_array_equal, {k: v for k, v in back["bert"].items() if k != "pooler"},
                {k: v for k, v in params.items() if k != "pooler"})
+
+
+def test_a_checkpoint_loads_for_a_model_that_runs_the_splash_kernel(tmp_path):
+  """The kernel shapes no parameter; finetuning with `model.attention_kernel=splash` passes it to the loader."""
+  cfg = model.BertConfig.from_preset("tiny", vocab_size=64, max_position_embeddings=128)
+  params = jax.device_get(nn.unbox(jax.jit(model.BertEncoder(cfg).init)(
+      jax.random.key(0), np.zeros([1, 8], np.int32)))["params"])
+  checkpoints_hf.save_hf(tmp_path / "hf", cfg, {"bert": params})
+  cfg2, back = checkpoints_hf.load_hf(tmp_path / "hf", attention_kernel="splash", attention_dropout=0.0)
+  assert cfg2.attention_kernel == "splash"
+  jax.tree.map(np.testing.assert_array_equal, back["bert"], params)

@@ -225,8 +225,9 @@ def tensor_table(cfg: model.BertConfig, mlm: bool = False, nsp: bool = False, he
 
 
 def expected_shapes(cfg: model.BertConfig, mlm: bool, nsp: bool) -> dict:
-  """{param path: shape} of the unscanned params, from jax.eval_shape (nothing is allocated)."""
-  cfg = dataclasses.replace(cfg, scan_layers=False)
+  """{param path: shape} of the unscanned params, from jax.eval_shape (nothing is allocated). The attention
+  kernel shapes no parameter: XLA's takes the two-token input that the Pallas kernels' blocks refuse."""
+  cfg = dataclasses.replace(cfg, scan_layers=False, attention_kernel="xla")
   ids = jnp.zeros((1, 2), jnp.int32)
   batch = {"input_ids": ids, "input_mask": ids, "segment_ids": ids, "masked_lm_positions": ids}
   if mlm:
