@@ -196,11 +196,17 @@ def load(path, *, kind: str = "auto", bert_config_json: str | None = None, scan_
 
 # The fields that make an encoder's parameters and attention what they are: a checkpoint that differs in one
 # cannot initialise the model (or, worse, would, as another architecture; the GELU's form among them, so that
-# a phase 2 does not continue a phase 1 under another activation).
+# a phase 2 does not continue a phase 1 under another activation). RoPE's bases are not among them: whether
+# there is RoPE is (`rope`: no position table), but a longer context's phase raises the base on purpose
+# (ModernBERT's extension, 10k -> 160k), and an unset local base is the global one.
 _STRUCTURE = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size", "max_position_embeddings",
               "type_vocab_size", "embedding_size", "share_layers", "shared_sublayer", "position_pad_id", "causal",
-              "rope_theta", "local_rope_theta", "geglu", "pre_norm", "final_norm", "norm_bias", "dense_bias",
+              "rope", "geglu", "pre_norm", "final_norm", "norm_bias", "dense_bias",
               "global_attn_every_n_layers", "local_attention", "pruned_heads", "hidden_act")
+
+
+def _structure(cfg: model.BertConfig, field: str):
+  return cfg.rope_theta is not None if field == "rope" else getattr(cfg, field)
 
 
 def family_problem(path, encoder_config: model.BertConfig) -> str | None:
@@ -215,14 +221,18 @@ def family_problem(path, encoder_config: model.BertConfig) -> str | None:
   try:
     found = find(path)
     config = epath.Path(found.directory) / HF_CONFIG if found.kind == "hf" else _config_file(found, None)
-    hf_dict = json.loads(config.read_text())
+    if found.kind == "tf":
+      from bert_jax.interop import checkpoints_tf  # pylint: disable=g-import-not-at-top
+      hf_dict = checkpoints_tf.config_dict(config)
+    else:
+      hf_dict = json.loads(config.read_text())
   except (FileNotFoundError, ValueError):
     return None
   try:
     cfg = model.BertConfig.from_hf_dict(hf_dict)
   except ValueError as e:
     return f"{path} holds an encoder bert_jax does not implement: {e}"
-  differ = [f for f in _STRUCTURE if getattr(cfg, f) != getattr(encoder_config, f)]
+  differ = [f for f in _STRUCTURE if _structure(cfg, f) != _structure(encoder_config, f)]
   if not differ:
     return None
   return (f"{path} holds {describe(cfg, hf_dict.get('model_type'))} but the config describes "

@@ -202,3 +202,19 @@ def test_init_from_an_electra_or_distilbert_directory_names_its_family(family):
   config = tiny_config("embedded:shakespeare", init_from=str(shared_path("families", *family.split("/"))))
   with pytest.raises(failures.UserError, match=f"holds an? {family.split('/')[0]} encoder"):
     train.check_inputs(config)
+
+
+def test_a_modernbert_run_initialises_its_own_config_and_its_context_extension(tmp_path):
+  """RoPE's bases shape no parameter: an unset local base reads back as the global one, and the extension phase
+  raises the global base on purpose (10k -> 160k); a position table against RoPE still differs."""
+  from bert_jax.models import modernbert_keys  # pylint: disable=g-import-not-at-top
+  bert = model.BertConfig(vocab_size=40, hidden_size=16, num_layers=3, num_heads=2, intermediate_size=24,
+                          max_position_embeddings=32)
+  phase1 = dataclasses.replace(bert, **modernbert_keys.SWITCHES, rope_theta=10_000.0, norm_bias=False,
+                               dense_bias=False, global_attn_every_n_layers=3, local_attention=4)
+  run = run_record(tmp_path / "phase1", phase1, _vocab(tmp_path / "vocab"))
+  assert checkpoint_loader.family_problem(run, phase1) is None
+  extension = dataclasses.replace(phase1, rope_theta=160_000.0, local_rope_theta=10_000.0)
+  assert checkpoint_loader.family_problem(run, extension) is None
+  with_table = dataclasses.replace(phase1, rope_theta=None)
+  assert checkpoint_loader.family_problem(run, with_table).endswith("differ in rope")

@@ -148,6 +148,9 @@ def test_heads_round_trip_through_hf_and_tf(tmp_path):
   checkpoints_tf.save_tf(tmp_path / "tanh" / "model.ckpt", tanh, params)
   assert json.loads((tmp_path / "tanh" / "bert_config.json").read_text())["hidden_act"] == "gelu"
   assert checkpoints_tf.load_tf(tmp_path / "tanh" / "model.ckpt", scan_layers=True)[0] == tanh
+  from bert_jax import checkpoint_loader  # pylint: disable=g-import-not-at-top
+  assert checkpoint_loader.family_problem(tmp_path / "tanh" / "model.ckpt", tanh) is None   # init_from's check too
+  assert checkpoint_loader.family_problem(tmp_path / "tanh" / "model.ckpt", cfg).endswith("differ in hidden_act")
 
   # Errors name TF variables: a 2-layer checkpoint read with a 1-layer config.
   (tmp_path / "tf" / "bert_config.json").write_text(json.dumps({**cfg.to_hf_dict(), "num_hidden_layers": 1}))

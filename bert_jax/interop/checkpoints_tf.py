@@ -72,6 +72,14 @@ def _checkpoint_prefix(ckpt_path) -> str:
   return str(indexes[0].with_suffix(""))
 
 
+def config_dict(config_path) -> dict:
+  """A TF checkpoint's bert_config.json as the model's config dict: the GELU `save_tf` records for ours."""
+  d = json.loads(pathlib.Path(config_path).read_text())
+  if _OURS in d:   # written by `save_tf`
+    d["hidden_act"] = d.pop(_OURS)
+  return d
+
+
 def load_tf(ckpt_path, bert_config_json=None, scan_layers: bool = False, **config_overrides) -> tuple:
   """A Google TF checkpoint -> (BertConfig, {"bert", "mlm"/"nsp" if present} as numpy arrays).
 
@@ -83,10 +91,7 @@ def load_tf(ckpt_path, bert_config_json=None, scan_layers: bool = False, **confi
   tf = host_env.import_tensorflow()
   prefix = _checkpoint_prefix(ckpt_path)
   config_path = pathlib.Path(bert_config_json or pathlib.Path(prefix).parent / "bert_config.json")
-  d = json.loads(config_path.read_text())
-  if _OURS in d:   # written by `save_tf`
-    d["hidden_act"] = d.pop(_OURS)
-  cfg = model.BertConfig.from_hf_dict(d, scan_layers=scan_layers, **config_overrides)
+  cfg = model.BertConfig.from_hf_dict(config_dict(config_path), scan_layers=scan_layers, **config_overrides)
   reader = tf.train.load_checkpoint(prefix)
   state, tf_names = {}, {}
   for name in reader.get_variable_to_shape_map():
