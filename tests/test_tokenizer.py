@@ -262,3 +262,23 @@ def test_preview_word_is_found_in_every_vocabulary_family(tmp_path, play_sentenc
   j = fill_mask.preview_word(tok, line, tok.word_start_table())
   assert j is not None and tok.decode([line[j]]).strip() in ("king", "and", "the", "queen")
   assert fill_mask.preview_word(tok, tok.encode("to"), tok.word_start_table()) is None
+
+
+@pytest.mark.parametrize("do_lower_case,strip_accents,expected", [
+    (True, None, ["cafe", "malaga", "cafe"]), (True, False, ["café", "málaga", "cafe"]),
+    (False, None, ["Café", "Málaga", "Cafe"]), (False, True, ["Cafe", "Malaga", "Cafe"])])
+def test_wordpiece_strips_accents_as_hugging_face_s_strip_accents_says(tmp_path, do_lower_case, strip_accents,
+                                                                       expected):
+  """BertTokenizer's `strip_accents`: None follows do_lower_case; an uncased model that keeps its accents
+  (BETO-uncased style) is read and saved with it (it lowercased and stripped them)."""
+  words = ["cafe", "café", "malaga", "málaga", "Cafe", "Café", "Malaga", "Málaga"]
+  (tmp_path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + words) + "\n")
+  if strip_accents is not None:
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"strip_accents": strip_accents}))
+  tok = T.load_tokenizer(str(tmp_path), do_lower_case)
+  text = "Café Málaga Cafe"
+  assert tok.tokenize(text) == expected
+  ids, _ = tok.encode_batch([text, "Cafe"])   # the fast path gives the same ids, or is not taken
+  assert ids.tolist() == tok.encode(text) + tok.encode("Cafe")
+  tok.save(str(tmp_path / "saved"))
+  assert T.load_tokenizer(str(tmp_path / "saved"), do_lower_case).tokenize(text) == expected

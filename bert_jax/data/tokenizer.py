@@ -163,14 +163,18 @@ def _split_punctuation(word: str) -> list[str]:
   return pieces
 
 
-def basic_tokenize(text: str, do_lower_case: bool) -> list[str]:
-  """BERT's `BasicTokenizer`: the words WordPiece then splits."""
+def basic_tokenize(text: str, do_lower_case: bool, strip_accents: bool | None = None) -> list[str]:
+  """BERT's `BasicTokenizer`: the words WordPiece then splits. Accents are stripped as Hugging Face's
+  `strip_accents` says: None follows `do_lower_case` (BERT's rule), True or False either way."""
   text = _CJK_RE.sub(r" \1 ", _clean_text(text))
   text = unicodedata.normalize("NFC", text)  # as Hugging Face, so composed/decomposed input agree
+  strip = do_lower_case if strip_accents is None else strip_accents
   words = []
   for word in text.split():
     if do_lower_case:
-      word = _strip_accents(word.lower())
+      word = word.lower()
+    if strip:
+      word = _strip_accents(word)
     words.extend(_split_punctuation(word))
   return words
 
@@ -255,9 +259,10 @@ class WordPieceTokenizer(_Tokenizer):
 
   kind = "wordpiece"
 
-  def __init__(self, vocab_file: str, do_lower_case: bool = True):
+  def __init__(self, vocab_file: str, do_lower_case: bool = True, strip_accents: bool | None = None):
     self.vocab_file = str(vocab_file)
     self.do_lower_case = do_lower_case
+    self.strip_accents = strip_accents   # Hugging Face's: None follows do_lower_case
     with open(self.vocab_file, encoding="utf-8") as f:
       self.inv_vocab = [line.rstrip("\n").rstrip("\r") for line in f]
     self.vocab = {tok: i for i, tok in enumerate(self.inv_vocab)}  # a repeated token: the last id, as HF
@@ -266,7 +271,8 @@ class WordPieceTokenizer(_Tokenizer):
     self._fast = {}  # built on first use: importing tensorflow_text costs seconds
 
   def tokenize(self, text: str) -> list[str]:
-    return [p for w in basic_tokenize(text, self.do_lower_case) for p in wordpiece_split(w, self.vocab)]
+    return [p for w in basic_tokenize(text, self.do_lower_case, self.strip_accents)
+            for p in wordpiece_split(w, self.vocab)]
 
   def convert_tokens_to_ids(self, tokens: Sequence[str]) -> list[int]:
     return [self.vocab.get(t, self.unk_id) for t in tokens]
@@ -297,7 +303,10 @@ class WordPieceTokenizer(_Tokenizer):
     joined = " ".join(texts)  # one check of the whole batch usually finds plain ASCII
     if joined.isascii() and joined.isprintable():
       return self._fast_ids(texts, ascii_only=True)
-    forms = [_fast_form(t, self.do_lower_case) for t in texts]
+    # The fast tokenizer strips accents exactly where it lowercases: other settings take it for ASCII only.
+    usual = self.strip_accents in (None, self.do_lower_case)
+    forms = [_fast_form(t, self.do_lower_case) if usual else (t if t.isascii() and t.isprintable() else None)
+             for t in texts]
     groups = {True: [], False: []}  # ASCII or not -> indices
     for i, form in enumerate(forms):
       if form is not None:
@@ -334,6 +343,14 @@ class WordPieceTokenizer(_Tokenizer):
     return self.vocab_file
 
   def save(self, directory: str) -> str:
+    """Copies vocab.txt into `directory`; a `strip_accents` other than None goes into its tokenizer_config.json
+    (kept with what else it holds), which `load_tokenizer` reads back."""
+    if self.strip_accents is not None:
+      config = read_tokenizer_config(directory)
+      config.update(strip_accents=self.strip_accents)
+      os.makedirs(directory, exist_ok=True)
+      with open(os.path.join(directory, TOKENIZER_CONFIG), "w", encoding="utf-8") as f:
+        json.dump(config, f, indent=2)
     return copy_into(directory, self.vocab_file, VOCAB_FILE)
 
 
@@ -467,9 +484,10 @@ def load_tokenizer(path: str, do_lower_case: bool = True):
   byte-level BPE, `tokenizer.json` -> Hugging Face's pipeline as the file states it
   (`bert_jax.data.tokenizer_json`); a directory -> the first of those it holds.
 
-  A tokenizer_config.json beside the file gives SentencePiece's `keep_accents` and `remove_space` and
-  the BPE's settings. Byte-level BPE is cased by design (RoBERTa, GPT-2): `do_lower_case` does not
-  apply to it. Remote paths (`gs://...`, anything with a scheme) are copied to local disk first.
+  A tokenizer_config.json beside the file gives WordPiece's `strip_accents`, SentencePiece's
+  `keep_accents` and `remove_space` and the BPE's settings. Byte-level BPE is cased by design (RoBERTa,
+  GPT-2): `do_lower_case` does not apply to it. Remote paths (`gs://...`, anything with a scheme) are
+  copied to local disk first.
   """
   path = str(path)
   if "://" in path:
@@ -484,7 +502,8 @@ def load_tokenizer(path: str, do_lower_case: bool = True):
   if path.endswith(".json"):
     from bert_jax.data import bpe  # pylint: disable=g-import-not-at-top
     return bpe.load(path)
-  return WordPieceTokenizer(path, do_lower_case)
+  strip_accents = read_tokenizer_config(os.path.dirname(path)).get("strip_accents")
+  return WordPieceTokenizer(path, do_lower_case, None if strip_accents is None else bool(strip_accents))
 
 
 def _tokenizer_file(directory: str) -> str:

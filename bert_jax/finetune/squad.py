@@ -247,6 +247,7 @@ def featurize(task, examples, tokenizer, max_seq_length, **opts):
           "token_to_orig": np.array(rows["token_to_orig"], np.int32).reshape(-1, max_seq_length),
           "max_context": np.array(rows["max_context"], bool).reshape(-1, max_seq_length),
           "tokens": rows["tokens"], "do_lower_case": _lowercases(tokenizer),
+          "strip_accents": getattr(tokenizer, "strip_accents", None),
           "decode": None if tokenizer.kind == "wordpiece" else functools.partial(_decoded, tokenizer)}
   return features, meta
 
@@ -264,13 +265,13 @@ def _strip_spaces(text: str) -> tuple[str, dict]:
   return "".join(chars), ns_to_s
 
 
-def get_final_text(pred_text: str, orig_text: str, do_lower_case: bool) -> str:
+def get_final_text(pred_text: str, orig_text: str, do_lower_case: bool, strip_accents: bool | None = None) -> str:
   """The part of `orig_text` (original words) that `pred_text` (normalised sub-tokens) covers.
 
   E.g. pred "steve smith", orig "Steve Smith's" -> "Steve Smith". Aligns the two after BERT's basic
   tokenization with spaces removed; falls back to `orig_text` when they cannot be aligned.
   """
-  tok_text = " ".join(tokenization.basic_tokenize(orig_text, do_lower_case))
+  tok_text = " ".join(tokenization.basic_tokenize(orig_text, do_lower_case, strip_accents))
   start = tok_text.find(pred_text)
   if start == -1:
     return orig_text
@@ -291,10 +292,11 @@ def span_text(example: SquadExample, meta: dict, feature: int, start: int, end: 
   if meta.get("decode") is None:   # WordPiece, as run_squad
     tok_text = " ".join(" ".join(pieces).replace(" ##", "").replace("##", "").split())
   else:   # the pieces' text, split as get_final_text splits the original
-    tok_text = " ".join(tokenization.basic_tokenize(meta["decode"](pieces), meta["do_lower_case"]))
+    tok_text = " ".join(tokenization.basic_tokenize(meta["decode"](pieces), meta["do_lower_case"],
+                                                    meta.get("strip_accents")))
   to_orig = meta["token_to_orig"][feature]
   orig_text = " ".join(example.doc_tokens[to_orig[start]:to_orig[end] + 1])
-  return get_final_text(tok_text, orig_text, meta["do_lower_case"])
+  return get_final_text(tok_text, orig_text, meta["do_lower_case"], meta.get("strip_accents"))
 
 
 def _split_logits(predictions):
