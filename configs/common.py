@@ -40,7 +40,7 @@ def data_config() -> ml_collections.ConfigDict:
   # instances and masks are always the same, in a new order every epoch. Held-out batches are unaffected.
   d.dupe_factor = 0
   # "nsp" (BERT), "sop" (ALBERT), "sentence_pair" (RoBERTa's SENTENCE-PAIR + NSP), "full_sentences" /
-  # "doc_sentences" (RoBERTa, no sentence objective).
+  # "doc_sentences" (RoBERTa, no sentence objective), "doc_segments" (ELECTRA: one or two segments, no label).
   d.format = "nsp"
   d.packing = False
   d.max_examples_per_row = 8  # K when packing

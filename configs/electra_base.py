@@ -28,7 +28,10 @@ cp:120-132 is commented out in the release, "see Table 6 in the paper"):
   (cp:44, optimization.py:36-42); global-norm clipping 1.0 (optimization.py:62).
 - Batch and length: 128 x 128 tokens for small (cp:82-83); 256 (cp:128) and 2048 (cp:132) sequences
   of 512 tokens (cp:123) for base and large; 5% of them with a random shorter target length
-  (build_pretraining_dataset.py, `ExampleBuilder._create_example`). Steps: 1M for small (cp:51); 766k
+  (build_pretraining_dataset.py, `ExampleBuilder._create_example`).
+- Rows: `data.format` "doc_segments", as `ExampleBuilder`: a document's sentences up to the target, never
+  across documents; 90% of rows `[CLS] A [SEP] B [SEP]` (B's token type 1, which finetuning on pairs reads),
+  10% one segment (bert_jax/data/instances.py; one difference is noted there). Steps: 1M for small (cp:51); 766k
   and 400k for base and large (Table 6; the release has no per-size value).
 
 Not reproduced: the release multiplies the decayed rate by min(1, step / warmup) (optimization.py:43-45)
@@ -60,8 +63,8 @@ def get_config(arg: str = "", size: str = "base"):
     c.model.embedding_size = embedding
   with c.unlocked():
     c.generator_hidden_fraction = fraction   # bert_jax/objectives/electra.py
-  c.data.format = "full_sentences"
-  c.data.short_seq_prob = 0.05   # build_pretraining_dataset.py: random.random() < 0.05
+  c.data.format = "doc_segments"   # build_pretraining_dataset.py's ExampleBuilder (bert_jax/data/instances.py)
+  c.data.short_seq_prob = 0.05   # build_pretraining_dataset.py: random.random() < 0.05, randint(5, max_length)
   c.data.do_lower_case = True
   c.data.masked_lm_prob = mask_rate
   c.data.seq_length, c.data.max_predictions_per_seq = length, int((mask_rate + 0.005) * length)

@@ -210,7 +210,7 @@ def test_electra_paper_recipe(module):
             c.data.seq_length)
   assert recipe == {"small": (1 / 4, 0.15, 5e-4, 128, 1_000_000, 128), "base": (1 / 3, 0.15, 2e-4, 256, 766_000, 512),
                     "large": (1 / 4, 0.25, 2e-4, 2048, 400_000, 512)}[size]
-  assert o.total_steps == c.train_steps and c.data.format == "full_sentences" and c.data.short_seq_prob == 0.05
+  assert o.total_steps == c.train_steps and c.data.format == "doc_segments" and c.data.short_seq_prob == 0.05
   cfg = train.bert_config(c)
   assert (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.intermediate_size, cfg.embedding_dim) == {
       "small": (12, 256, 4, 1024, 128), "base": (12, 768, 12, 3072, 768), "large": (24, 1024, 16, 4096, 1024)}[size]

@@ -165,3 +165,55 @@ def test_packing_respects_capacity_and_order():
   row, slot, offset = instances.packed_layout(starts, lengths)
   assert (offset + lengths <= 128).all() and (slot < 4).all()
   assert (offset[slot == 0] == 0).all()
+
+
+def _electra_reference(lengths_per_doc, max_length, rng):
+  """google-research/electra build_pretraining_dataset.py `ExampleBuilder` (add_line, _create_example) on
+  sentence lengths: (len A, len B) per example."""
+  examples = []
+  current, target = [], max_length
+
+  def create():
+    nonlocal current, target
+    first_target = 100000 if rng.random() < 0.1 else (target - 3) // 2
+    first, second = [], []
+    for sentence in current:
+      if (not first or len(first) + sentence < first_target
+          or (not second and len(first) < first_target and rng.random() < 0.5)):
+        first += [0] * sentence
+      else:
+        second += [0] * sentence
+    first = first[:max_length - 2]
+    second = second[:max(0, max_length - len(first) - 3)]
+    current = []
+    target = int(rng.integers(5, max_length, endpoint=True)) if rng.random() < 0.05 else max_length
+    examples.append((len(first), len(second)))
+
+  for doc in lengths_per_doc:
+    for sentence in doc:
+      current.append(sentence)
+      if sum(current) >= target:
+        create()
+    if current:   # the blank line between documents
+      create()
+  return np.array(examples)
+
+
+def test_doc_segments_follow_electras_example_builder():
+  """One or two segments of one document, B right after A, no label; the rows' shapes as the reference's."""
+  docs, inst = _plan("doc_segments", short_seq_prob=0.05)
+  assert (inst.label == 0).all() and (inst.lengths() <= 128).all()
+  two = inst.b_len > 0
+  assert (docs.document_of(inst.a_start) == docs.document_of(inst.a_start + inst.a_len - 1)).all()
+  assert (docs.document_of(inst.a_start[two]) == docs.document_of(inst.b_start[two] + inst.b_len[two] - 1)).all()
+  assert (inst.b_start[two] >= inst.a_start[two] + inst.a_len[two]).all()
+  assert np.isin(inst.a_start, docs.sentence_starts).all() and np.isin(inst.b_start[two], docs.sentence_starts).all()
+  lengths = np.diff(docs.sentence_starts)
+  per_doc = [lengths[docs.doc_starts[d]:docs.doc_starts[d + 1]].tolist() for d in range(docs.num_documents)]
+  ref = np.concatenate([_electra_reference(per_doc, 128, np.random.default_rng(s)) for s in range(20)])
+  ours = np.concatenate([np.stack([i.a_len, i.b_len], 1) for i in
+                         (_plan("doc_segments", seed=s, short_seq_prob=0.05)[1] for s in range(20))])
+  assert abs(len(ours) - len(ref)) <= 0.02 * len(ref)
+  assert abs((ours[:, 1] > 0).mean() - (ref[:, 1] > 0).mean()) < 0.03   # two segments: 0.69 of these rows
+  assert abs(ours.sum(1).mean() / ref.sum(1).mean() - 1) < 0.03
+  assert abs(ours[:, 0].mean() / ref[:, 0].mean() - 1) < 0.05

@@ -18,7 +18,7 @@ CHANGES = {
     "roberta": {"data.format": "full_sentences", "model.type_vocab_size": 1},
     "spanbert": {"data.format": "doc_sentences", "data.span_masking": True},
     "ltr": {"data.format": "full_sentences", "model.causal": True},
-    "electra": {"data.format": "full_sentences", "model.num_heads": 8},   # the generator's 2 heads: tensor 2
+    "electra": {"data.format": "doc_segments", "model.num_heads": 8},   # the generator's 2 heads: tensor 2
     "albert": {"data.format": "sop", "data.ngram_masking": True, "model.share_layers": True,
                "model.embedding_size": 16},
     # Layer 0 global, layers 1-2 attend within 4 tokens either side of 32; packed documents; its optimizer.

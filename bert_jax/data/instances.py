@@ -16,6 +16,13 @@ A host's documents live in three flat arrays (`Documents`). Planning walks sente
     next to draw against), so the labels stay balanced. Rows are short: no target length applies.
   * "full_sentences" / "doc_sentences": RoBERTa (Liu et al. 2019, 4.2): whole sentences up to the
     target length, one segment, no sentence objective; FULL crosses documents with a [SEP] between.
+  * "doc_segments": ELECTRA's `build_pretraining_dataset.py` (`ExampleBuilder`): a document's sentences
+    until they reach the target length (the sequence length; with probability `short_seq_prob` a length
+    drawn from 5..seq_length), never across documents; 10% of rows one segment, the others A and B
+    split near half (`(target - 3) // 2`: A takes a sentence while it stays under, and the sentence
+    that would take it over with 50% while B is empty), no label; A cut to the row, B to what is left
+    (from the back). One difference: a sentence after the first one B takes goes to B too (the
+    reference lets a later short sentence back into A, out of the text's order).
 Everything else (building rows, packing) is vectorised numpy over whole batches.
 """
 
@@ -25,7 +32,8 @@ import numpy as np
 
 SENTENCE_FORMATS = ("nsp", "sop", "sentence_pair")       # two segments and a sentence label per row
 SINGLE_FORMATS = ("full_sentences", "doc_sentences")     # one segment per row (Liu et al. 2019, 4.2)
-FORMATS = SENTENCE_FORMATS + SINGLE_FORMATS
+UNLABELLED_PAIR_FORMATS = ("doc_segments",)               # one or two segments, no sentence label (ELECTRA)
+FORMATS = SENTENCE_FORMATS + SINGLE_FORMATS + UNLABELLED_PAIR_FORMATS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,6 +115,8 @@ def plan(docs: Documents, fmt: str, seq_length: int, short_seq_prob: float,
   targets[short] = rng.integers(2, max_tokens, bound, endpoint=True)[short]
   if fmt == "sentence_pair":
     return _plan_sentence_pairs(docs, max_tokens, rng)
+  if fmt == "doc_segments":
+    return _plan_doc_segments(docs, seq_length, short_seq_prob, rng)
   if two_segments:
     return _plan_pairs(docs, fmt, targets, max_tokens, rng)
   return _plan_single(docs, targets, max_tokens, rng, separator_id)
@@ -225,6 +235,46 @@ def _plan_single(docs, targets, max_tokens, rng, separator_id):
   a0, a1 = starts[first], starts[end]
   zeros = np.zeros(len(first), np.int64)
   return _truncated(a0, a1, a1, a1, zeros, targets[chunk], max_tokens, rng)
+
+
+def _plan_doc_segments(docs, seq_length, short_seq_prob, rng):
+  """ELECTRA's `ExampleBuilder.add_line` and `_create_example` (module docstring), over every document."""
+  lengths = np.diff(docs.sentence_starts).tolist()
+  doc_starts = docs.doc_starts.tolist()
+  n = len(lengths)
+  short = (rng.random(n + 1) < short_seq_prob).tolist()
+  short_target = rng.integers(5, seq_length, n + 1, endpoint=True).tolist()
+  one_segment, coin = (rng.random(n + 1) < 0.1).tolist(), (rng.random(n) < 0.5).tolist()
+  a0, a1, b0, b1, targets = [], [], [], [], []
+  target = seq_length   # the first example's target is the full length, as the reference's
+  for d in range(len(doc_starts) - 1):
+    start, current = doc_starts[d], 0
+    for i in range(doc_starts[d], doc_starts[d + 1]):
+      current += lengths[i]
+      if current < target and i + 1 < doc_starts[d + 1]:
+        continue
+      k = len(a0)
+      first_target = 100_000 if one_segment[k] else (target - 3) // 2
+      first, split = 0, i + 1
+      for j in range(start, i + 1):   # A takes sentences in order; the first B takes ends it
+        if first == 0 or first + lengths[j] < first_target or (first < first_target and coin[j]):
+          first += lengths[j]
+        else:
+          split = j
+          break
+      a_len = min(first, seq_length - 2)
+      second = sum(lengths[split:i + 1])
+      b_len = min(second, max(0, seq_length - a_len - 3))
+      s0 = docs.sentence_starts[start]
+      a0.append(s0), a1.append(s0 + a_len)
+      b0.append(docs.sentence_starts[split]), b1.append(docs.sentence_starts[split] + b_len)
+      targets.append(target)
+      target = short_target[k] if short[k] else seq_length
+      start, current = i + 1, 0
+  as_array = lambda x: np.array(x, np.int64)  # noqa: E731
+  a0, a1, b0, b1 = as_array(a0), as_array(a1), as_array(b0), as_array(b1)
+  return Instances(a_start=a0, a_len=a1 - a0, b_start=b0, b_len=b1 - b0, label=np.zeros(len(a0), np.int32),
+                   target=as_array(targets), a_chunk=np.stack([a0, a1], 1), b_chunk=np.stack([b0, b1], 1))
 
 
 def _truncated(a0, a1, b0, b1, label, target, max_tokens, rng):

@@ -16,6 +16,7 @@ from bert_jax.models import encoder
 Batch = dict[str, jax.Array]
 # The instance formats are the data layer's (bert_jax/data/instances.py); objectives choose among them.
 SENTENCE_FORMATS, SINGLE_FORMATS, FORMATS = instances.SENTENCE_FORMATS, instances.SINGLE_FORMATS, instances.FORMATS
+UNLABELLED_PAIR_FORMATS = instances.UNLABELLED_PAIR_FORMATS
 
 
 @dataclasses.dataclass(frozen=True)

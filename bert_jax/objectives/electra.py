@@ -45,7 +45,7 @@ def batch_schema(d: ml_collections.ConfigDict, batch_size: int) -> dict[str, bas
 def validate(config: ml_collections.ConfigDict) -> list[str]:
   """The data format, and a generator no larger than the discriminator (3.2: a smaller generator works best;
   a larger one would also not fit the discriminator's embedding width)."""
-  problems = base.format_problems(config.data, base.SINGLE_FORMATS, "electra")
+  problems = base.format_problems(config.data, base.UNLABELLED_PAIR_FORMATS + base.SINGLE_FORMATS, "electra")
   fraction = config.get("generator_hidden_fraction", DEFAULT_GENERATOR_FRACTION)
   if not 0 < fraction <= 1:
     return problems + [f"generator_hidden_fraction {fraction} must be in (0, 1]: the generator may not be larger "

@@ -44,7 +44,7 @@ def get_config(arg: str = "small"):
     base = electra_small.get_config()
   else:
     base = common.cpu_base(scale)
-    base.objective, base.data.format = "electra", "full_sentences"
+    base.objective, base.data.format = "electra", "doc_segments"
     base.data.mask_token_prob, base.data.random_token_prob = 0.85, 0.0   # the release's masking (electra_base.py)
     with base.unlocked():
       base.generator_hidden_fraction = 0.25
