@@ -28,6 +28,9 @@ def get_config(arg: str = "", preset: str = "base"):
   c.data.format = "doc_sentences"
   c.data.short_seq_prob = 0.0   # 4.2: "We remove all the short-sequence strategies used before"
   c.data.span_masking = True
+  # The 10% "random" replacements as SpanBERT's code draws them (masking.py, `span_masking`: from the corpus'
+  # token stream): tokens of the example's own text, not uniform over the vocabulary.
+  c.data.random_token_pool = "input"
   c.data.seq_length, c.data.max_predictions_per_seq = 512, 80
   c.global_batch_size = BATCH
   c.train_steps = STEPS

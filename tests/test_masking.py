@@ -371,3 +371,17 @@ def test_span_boundaries_are_the_unmasked_neighbours_of_each_run(scheme):
   assert not left[padding].any() and not right[padding].any() and not offset[padding].any()
   if scheme != "token":
     assert (r - l - 1 > 1).mean() > 0.3   # multi-token runs occur
+
+
+def test_random_replacements_from_the_input_are_the_rows_own_tokens():
+  """SpanBERT draws its 10% "random" tokens from the corpus' token stream: with pool "input" a replacement is
+  one of the row's own candidate tokens (a uniform draw over the vocabulary almost never is)."""
+  ids, mask = _batch(n=256)
+  ids = np.where((mask == 1) & (ids > 4), 5 + ids % 20, ids).astype(np.int32)   # rows of 20 distinct words
+  for pool, own in (("input", 1.0), ("vocab", None)):
+    spec = _spec({"random_token_pool": pool}, mask_token_prob=0.0, random_token_prob=1.0, max_predictions=40)
+    corrupted, is_masked = masking.mask_batch(ids, mask, _keys(len(ids)), spec)
+    in_row = np.array([[corrupted[i, j] in set(ids[i][_candidates(ids, mask, spec)[i]]) for j in range(ids.shape[1])]
+                       for i in range(len(ids))])
+    share = in_row[is_masked].mean()
+    assert share == own if own else share < 0.1, (pool, share)

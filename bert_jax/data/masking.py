@@ -51,7 +51,10 @@ def uniform(keys: np.ndarray, stream: int, width: int, offset: int = 0) -> np.nd
 
 
 BUDGETS = ("all_tokens", "maskable_tokens")
-RANDOM_TOKEN_POOLS = ("vocab", "non_special")
+# Where a "random token" replacement comes from: any id (google-research/bert), the non-special ids (earlier
+# runs), or the example's own tokens ("input": SpanBERT's code draws from the corpus' token stream, the
+# input distribution; a row's tokens are its sample of it, and keep masks independent of batch layout).
+RANDOM_TOKEN_POOLS = ("vocab", "non_special", "input")
 # The data config's switch for each scheme but "token" (the default).
 SCHEME_SWITCHES = {"word": "whole_word_masking", "span": "span_masking", "ngram": "ngram_masking"}
 
@@ -67,6 +70,7 @@ class MaskingSpec:
   never_mask: np.ndarray        # bool [vocab]: never chosen; the reference: [CLS] and [SEP] only
   word_start: np.ndarray        # bool [vocab]: token begins a word
   random_ids: np.ndarray        # int32: the pool of "random token" replacements
+  random_from_input: bool = False   # replacements drawn from the row's own candidate tokens instead
   masked_lm_prob: float = 0.15
   max_predictions: int = 20
   mask_token_prob: float = 0.8  # 80/10/10 as in Devlin et al. 2019, 3.1
@@ -96,6 +100,7 @@ class MaskingSpec:
     scheme = schemes[0] if schemes else "token"
     return cls(mask_id=tokenizer.mask_id, never_mask=never_mask if c.mask_unk else is_special,
                word_start=np.asarray(tokenizer.word_start_table(), bool), random_ids=pool.astype(np.int32),
+               random_from_input=c.random_token_pool == "input",
                masked_lm_prob=c.masked_lm_prob, max_predictions=c.max_predictions_per_seq,
                mask_token_prob=c.mask_token_prob, random_token_prob=c.random_token_prob, scheme=scheme,
                span_p=c.span_p, span_max_length=c.span_max_length, budget=c.masking_budget)
@@ -147,7 +152,7 @@ def mask_batch(input_ids: np.ndarray, input_mask: np.ndarray, keys: np.ndarray, 
       span_id = np.take_along_axis(span_of_word, word_index, 1)  # per span, as SpanBERT
       action_u = np.take_along_axis(uniform(keys, _ACTION, int(span_id.max()) + 1), span_id, 1)
     is_masked = candidates & np.take_along_axis(word_taken, word_index, 1)
-  return _corrupt(input_ids, is_masked, action_u, keys, spec), is_masked
+  return _corrupt(input_ids, is_masked, action_u, keys, spec, candidates), is_masked
 
 
 def _choose_tokens(candidates, budget, keys, max_predictions):
@@ -299,10 +304,16 @@ def _grow_spans(word_len, budget, draw, max_len, max_rounds, drop_overlapping):
   return taken[:, :width], span_of_word[:, :width]
 
 
-def _corrupt(input_ids, is_masked, action_u, keys, spec):
+def _corrupt(input_ids, is_masked, action_u, keys, spec, candidates):
   """80% [MASK], 10% a random token, 10% unchanged (the proportions come from `spec`)."""
-  pool = spec.random_ids
-  random_ids = pool[(uniform(keys, _RANDOM_ID, input_ids.shape[1]) * len(pool)).astype(np.int64)]
+  pool, u = spec.random_ids, uniform(keys, _RANDOM_ID, input_ids.shape[1])
+  random_ids = pool[(u * len(pool)).astype(np.int64)]
+  if spec.random_from_input:   # the k-th of the row's candidate tokens, k uniform
+    count = candidates.sum(1, keepdims=True)
+    order = np.argsort(~candidates, axis=1, kind="stable")   # the candidates first, in order
+    k = np.minimum((u * count).astype(np.int64), input_ids.shape[1] - 1)
+    own = np.take_along_axis(input_ids, np.take_along_axis(order, k, 1), 1)
+    random_ids = np.where(count > 0, own, random_ids)
   to_mask = is_masked & (action_u < spec.mask_token_prob)
   to_random = is_masked & ~to_mask & (action_u < spec.mask_token_prob + spec.random_token_prob)
   out = np.where(to_mask, spec.mask_id, input_ids)
