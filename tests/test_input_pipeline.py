@@ -205,7 +205,7 @@ def test_resume_in_a_fresh_process_is_byte_identical(news_dir, tmp_path):
   script = _RESUME.format(repo=str(REPO_ROOT), config=_config(news_dir, **overrides).to_json(),
                           state=json.dumps(state), out=str(tmp_path / "resumed.npz"), m=m)
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  done = subprocess.run([sys.executable, "-c", script], env=env, timeout=300, capture_output=True, text=True)
+  done = subprocess.run([sys.executable, "-c", script], env=env, timeout=900, capture_output=True, text=True)
   assert done.returncode == 0, done.stderr[-4000:]   # the resumed process's own error, when it fails
   resumed = np.load(tmp_path / "resumed.npz")
   for i, batch in enumerate(expected):
