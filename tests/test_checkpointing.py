@@ -113,6 +113,10 @@ def test_save_killed_mid_write_never_becomes_latest(tmp_path):
       ckpt.save(1, {{"w": jnp.ones((4,))}}, {{"batch": 1}})
       ckpt.wait()
       ckpt.save(2, {{"w": jnp.ones((50_000_000,))}}, {{"batch": 2}})
+      # Dies once step 2's temporary directory is there: a loaded machine's background write may not have
+      # made it yet when `save` returns.
+      while not any(name.startswith("2") for name in os.listdir({directory!r})):
+        pass
       os._exit(0)
   """)
   env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
