@@ -68,9 +68,10 @@ def kernel_attention_per_row(cfg: model.BertConfig, seq_length: int) -> dict[str
   - "model_flops": the model count's share (3x the forward scores and values, `forward_flops_per_row`).
   - "flops": what the kernel computes. Splash works in blocks of keys: a query block of a sliding-window
     layer computes every key block its window reaches (3 for a window inside one block's width, 2 at the
-    sequence's two ends; not 129 keys), a causal layer the blocks on and below the diagonal; its backward kernels recompute the scores: dq takes 3 matmuls,
-    dk and dv 4, against the forward's 2. Flash (`flash_dropout`) computes every key: 2 matmuls forward, 5
-    backward (the scores again, then the values', probabilities', keys' and queries').
+    sequence's two ends; not 129 keys), a causal layer the blocks on and below the diagonal; its backward
+    kernels recompute the scores: dq takes 3 matmuls, dk and dv 4, against the forward's 2. Flash
+    (`flash_dropout`) computes every key: 2 matmuls forward, 5 backward (the scores again, then the values',
+    probabilities', keys' and queries').
   - "bytes": what the kernels read beyond one read of each operand (`hlo_bytes` counts each kernel's
     operands and results once, as stored; XLA's cost analysis counts a kernel that declares no cost as
     moving nothing, and `aot` adds that count). Splash's, an estimate from that blocking: the forward pass

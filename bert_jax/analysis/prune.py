@@ -9,9 +9,9 @@ before the output projection) and L the task loss of the true labels; each layer
 their l2 norm (the paper code's default). Here the expectation is over the dev examples one by one (per
 example gradients by `jax.vmap`, summed over batches on device); the paper's code sums |.| of each token's
 share (its context vector dotted with its gradient) and divides by the token count instead. The heads,
-sorted by the normalised score over all layers, are then masked least important first, and the dev metric (the task's primary one) is measured at
-every fraction of `--fractions`. The scores are computed once (`--iterative`: again after every fraction, on
-the masked model, as the paper's 4.2 does step by step).
+sorted by the normalised score over all layers, are then masked least important first, and the dev metric
+(the task's primary one) is measured at every fraction of `--fractions`. The scores are computed once
+(`--iterative`: again after every fraction, on the masked model, as the paper's 4.2 does step by step).
 
 Writes to `--output_dir`: prune.csv (fraction, heads_pruned, the metric, the heads masked), prune.png (the
 curve), importance.csv (layer, head, score, raw_score) and importance.png (the heat map). With `--export_dir`
@@ -49,6 +49,7 @@ from bert_jax import checkpointing
 from bert_jax import failures
 from bert_jax.analysis import heads as head_stats
 from bert_jax.finetune import trainer
+from bert_jax.models import pruning
 from bert_jax.tools import predict
 
 FLAGS = flags.FLAGS
@@ -225,7 +226,6 @@ def curve(model, params, task, dev: Dev, fractions, *, iterative: bool = False, 
 def without_heads(cfg, params, heads) -> tuple:
   """(config, params, {layer: head}) with `heads` [(layer, head)] removed from the weights; a layer that would
   lose every head keeps its first, silenced (`pruning.silence_heads`), which the dict names."""
-  from bert_jax.models import pruning  # pylint: disable=g-import-not-at-top
   removed, silenced = by_layer(heads), {}
   for layer, hs in removed.items():
     if set(cfg.kept_heads(layer)) <= set(hs):
@@ -354,7 +354,7 @@ def run(checkpoint: str, source: str, output_dir: str, fractions, *, iterative: 
   dev = read_dev(predictor, source)
   model = trainer.build_model(predictor.model_config, predictor.task, predictor.scalar_mix)
   task, cfg = predictor.task, predictor.model_config
-  if export_dir and (cfg.share_layers or cfg.scan_layers or cfg.shared_sublayer == "attention"):
+  if export_dir and not pruning.prunable(cfg):
     raise ValueError("--export_dir: heads can be removed only from per-layer attention weights, not from "
                      f"{cfg.model_type}'s shared layers; the curve needs no export (leave --export_dir out)")
   total = cfg.num_layers * cfg.num_heads

@@ -37,7 +37,8 @@ _NUM_SHARDS = flags.DEFINE_integer("prepare_shards", None, "Shards to prepare in
 _PREPARED_DIR = flags.DEFINE_string("prepared_dir", None, "Already prepared shards: skip the `prepare` timing.")
 _WORK_DIR = flags.DEFINE_string("work_dir", None, "Where to prepare the corpus (default: a temporary directory).")
 _SEQ_LENGTHS = flags.DEFINE_list("seq_lengths", ["128", "512"], "Sequence lengths to time.")
-_FORMAT = flags.DEFINE_enum("format", "nsp", ["nsp", "sop", "full_sentences", "doc_sentences", "doc_segments"], "Instance format.")
+_FORMAT = flags.DEFINE_enum("format", "nsp", ["nsp", "sop", "full_sentences", "doc_sentences", "doc_segments"],
+                            "Instance format.")
 _MASKING = flags.DEFINE_enum("masking", "token", ["token", "word", "span"], "Masking scheme.")
 _PACKING = flags.DEFINE_bool("packing", False, "Pack short instances into rows.")
 _BATCH = flags.DEFINE_integer("global_batch_size", 256, "Rows per batch.")
