@@ -346,11 +346,7 @@ class WordPieceTokenizer(_Tokenizer):
     """Copies vocab.txt into `directory`; a `strip_accents` other than None goes into its tokenizer_config.json
     (kept with what else it holds), which `load_tokenizer` reads back."""
     if self.strip_accents is not None:
-      config = read_tokenizer_config(directory)
-      config.update(strip_accents=self.strip_accents)
-      os.makedirs(directory, exist_ok=True)
-      with open(os.path.join(directory, TOKENIZER_CONFIG), "w", encoding="utf-8") as f:
-        json.dump(config, f, indent=2)
+      update_tokenizer_config(directory, strip_accents=self.strip_accents)
     return copy_into(directory, self.vocab_file, VOCAB_FILE)
 
 
@@ -456,11 +452,7 @@ class SentencePieceTokenizer(_Tokenizer):
     """Copies the model into `directory` and writes `keep_accents` and `remove_space` into its
     tokenizer_config.json (kept with what else it holds), which `load_tokenizer` reads back: without them
     an ALBERT model's copy would keep the accents its original drops."""
-    config = read_tokenizer_config(directory)
-    config.update(keep_accents=self.keep_accents, remove_space=self.remove_space)
-    os.makedirs(directory, exist_ok=True)
-    with open(os.path.join(directory, TOKENIZER_CONFIG), "w", encoding="utf-8") as f:
-      json.dump(config, f, indent=2)
+    update_tokenizer_config(directory, keep_accents=self.keep_accents, remove_space=self.remove_space)
     return copy_into(directory, self.model_file, SPM_FILE)
 
 
@@ -526,6 +518,15 @@ def read_tokenizer_config(directory: str) -> dict:
     return {}
   with open(path, encoding="utf-8") as f:
     return json.load(f)
+
+
+def update_tokenizer_config(directory: str, **settings) -> None:
+  """Sets `settings` in `directory`'s tokenizer_config.json, keeping what else it holds."""
+  config = read_tokenizer_config(directory)
+  config.update(settings)
+  os.makedirs(directory, exist_ok=True)
+  with open(os.path.join(directory, TOKENIZER_CONFIG), "w", encoding="utf-8") as f:
+    json.dump(config, f, indent=2)
 
 
 def _sentencepiece_options(directory: str) -> dict:
