@@ -105,15 +105,23 @@ def _read_shard(path: str):
                                f"{_REPAIR}") from None
 
 
+def _read_stats(directory: str) -> tuple[str, dict | None]:
+  """(path, contents) of the stats.json `bert-jax prepare` wrote in `directory`; None without one."""
+  path = os.path.join(directory, _STATS_FILE)
+  if not tf.io.gfile.exists(path):
+    return path, None
+  with tf.io.gfile.GFile(path) as f:
+    return path, json.load(f)
+
+
 def _recorded_shards(files: list[str]) -> dict[str, tuple[str, dict]]:
   """{path: (stats.json path, its counts)} for the files that `bert-jax prepare` recorded."""
   recorded = {}
   for directory in sorted({os.path.dirname(f) for f in files}):
-    stats_path = os.path.join(directory, _STATS_FILE)
-    if not tf.io.gfile.exists(stats_path):
+    stats_path, stats = _read_stats(directory)
+    if stats is None:
       continue   # shards made by other tools: nothing to check against
-    with tf.io.gfile.GFile(stats_path) as f:
-      shards = json.load(f).get("shards", {})
+    shards = stats.get("shards", {})
     recorded.update({f: (stats_path, shards[os.path.basename(f)]) for f in files
                      if os.path.dirname(f) == directory and os.path.basename(f) in shards})
   return recorded
@@ -142,11 +150,10 @@ def _check_counts(path: str, expected: tuple[str, dict] | None, found: dict[str,
 def _listed_shards(directory: str, split: str, files: list[str]) -> list[str]:
   """`files` that a prepared directory's stats.json lists (all of them without one); every `split` shard it
   lists must be there."""
-  stats_path = os.path.join(directory, _STATS_FILE)
-  if not tf.io.gfile.exists(stats_path):
+  stats_path, stats = _read_stats(directory)
+  if stats is None:
     return files
-  with tf.io.gfile.GFile(stats_path) as f:
-    listed = [name for name in json.load(f).get("shards", {}) if name.startswith(f"{split}-")]
+  listed = [name for name in stats.get("shards", {}) if name.startswith(f"{split}-")]
   missing = sorted(set(listed) - {os.path.basename(p) for p in files})
   if missing:
     raise failures.DataError(f"{directory} lacks {len(missing)} of the {len(listed)} {split} shards listed in "
@@ -407,11 +414,9 @@ def preparation_problems(data_config) -> list[str]:
   c, problems = data_config, []
   ours = None
   for directory in sorted({os.path.dirname(f) for f in shard_files(c.train_files, "train")}):
-    stats_path = os.path.join(directory, _STATS_FILE)
-    if not tf.io.gfile.exists(stats_path):
+    _, stats = _read_stats(directory)
+    if stats is None:
       continue
-    with tf.io.gfile.GFile(stats_path) as f:
-      stats = json.load(f)
     if "do_lower_case" in stats and stats.get("tokenizer") != "byte_bpe" and stats["do_lower_case"] != c.do_lower_case:
       problems.append(f"data.do_lower_case is {c.do_lower_case} but {directory} was prepared with do_lower_case="
                       f"{stats['do_lower_case']} ({_STATS_FILE}): set --config.data.do_lower_case="
