@@ -32,6 +32,8 @@ def test_split_sentences():
       "New paragraph without a period", "Él dijo.", "Über alles."]
   assert corpus.split_sentences("the U.S. Army. The U.S. He left.") == [
       "the U.S. Army.", "The U.S.", "He left."]
+  assert corpus.split_sentences("He said no. Then he left. See No. 5 and pp. 10-12. Vol. 2 is out.") == [
+      "He said no.", "Then he left.", "See No. 5 and pp. 10-12.", "Vol. 2 is out."]
   assert corpus.split_sentences("") == [] and corpus.split_sentences(" \n\n ") == []
 
 

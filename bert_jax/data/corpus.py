@@ -49,7 +49,10 @@ _OPENERS = "\"'\u201c\u2018([-"
 # Titles before a name and always-inside-sentence abbreviations: never a boundary after these.
 _NEVER_BREAK = frozenset(
     "mr mrs ms dr prof sen rep gov gen st lt col sgt capt cmdr adm rev hon pres supt messrs mme mlle "
-    "vs e.g i.e cf al approx fig figs no nos vol p pp".split())
+    "vs e.g i.e cf al approx".split())
+# Abbreviations of a number's label ("No. 5", "vol. 2", "pp. 10-12"): inside a sentence only before a number, so
+# "He said no. Then he left." is two sentences.
+_BEFORE_NUMBER = frozenset("no nos vol vols fig figs pp art sec ch".split())
 # Abbreviations that may also end a sentence: a boundary only before a typical sentence opener.
 _MAYBE_BREAK = frozenset(
     "inc ltd co corp jr sr etc u.s u.k u.n a.m p.m jan feb mar apr jun jul aug sep sept oct nov dec "
@@ -75,6 +78,8 @@ def _is_boundary(text: str, match: re.Match) -> bool:
     return False  # an initial: "J. R. R. Tolkien"
   if word in _NEVER_BREAK:
     return False
+  if word in _BEFORE_NUMBER:
+    return not text[nxt].isdigit()
   if word in _MAYBE_BREAK or _INITIALISM_RE.match(word):
     next_word = text[nxt:text.find(" ", nxt) if text.find(" ", nxt) > 0 else len(text)]
     return next_word.lower() in _STARTERS
