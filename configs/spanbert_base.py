@@ -32,6 +32,9 @@ def get_config(arg: str = "", preset: str = "base"):
   # token stream): tokens of the example's own text, not uniform over the vocabulary.
   c.data.random_token_pool = "input"
   c.data.seq_length, c.data.max_predictions_per_seq = 512, 80
+  with c.unlocked():   # the boundary head as the release's pretraining command has it (objectives/spanbert.py):
+    c.sbo_max_targets = 15     # --max-pair-targets 15: a span's first 15 tokens are boundary targets
+    c.sbo_position_size = 200  # --pair-positional-embedding-size 200
   c.global_batch_size = BATCH
   c.train_steps = STEPS
   c.optimizer.learning_rate = 1e-4

@@ -343,11 +343,17 @@ def test_span_boundaries_of_hand_made_rows():
   np.testing.assert_array_equal(got["masked_lm_span_left"], [[0, 0, 0, 4], [0, 1, 1, 1]])
   np.testing.assert_array_equal(got["masked_lm_span_right"], [[4, 4, 4, 6], [1, 5, 5, 5]])
   np.testing.assert_array_equal(got["masked_lm_span_offset"], [[0, 1, 1, 0], [0, 0, 1, 1]])
-  assert all(v.dtype == np.int32 and v.shape == (2, 4) for v in got.values())
+  np.testing.assert_array_equal(got["masked_lm_span_weights"], [[1, 1, 1, 1], [0, 1, 1, 1]])   # row 1: no s - 1
+  assert all(v.dtype == np.int32 and v.shape == (2, 4) for k, v in got.items() if k != "masked_lm_span_weights")
+  edges = np.zeros((2, 10), bool)
+  edges[:, 0] = True   # [CLS]: the release leaves out a span that starts right after it
+  at_cls = masking.span_boundaries(out["masked_lm_positions"], out["masked_lm_weights"], input_mask, 1, edges)
+  np.testing.assert_array_equal(at_cls["masked_lm_span_weights"], [[0, 0, 0, 1], [0, 1, 1, 1]])
   short = masking.gather_predictions(ids, ids, is_masked, 6)   # row 1 fills 5 slots of 6
   last = masking.span_boundaries(short["masked_lm_positions"], short["masked_lm_weights"], input_mask, 9)
   np.testing.assert_array_equal(last["masked_lm_span_right"][0, 4:], [9, 9])   # clipped: no token after 9
-  assert [v[1, 5] for v in last.values()] == [0, 0, 0]   # padding slot
+  np.testing.assert_array_equal(last["masked_lm_span_weights"][0, 4:], [0, 0])   # so no boundary targets
+  assert [v[1, 5] for v in last.values()] == [0, 0, 0, 0]   # padding slot
 
 
 @pytest.mark.parametrize("scheme", ["span", "ngram", "token"])
@@ -356,7 +362,8 @@ def test_span_boundaries_are_the_unmasked_neighbours_of_each_run(scheme):
   spec = _spec(max_predictions=20, scheme=scheme)
   corrupted, is_masked = masking.mask_batch(ids, mask, _keys(len(ids)), spec)
   out = masking.gather_predictions(corrupted, ids, is_masked, 20)
-  got = masking.span_boundaries(out["masked_lm_positions"], out["masked_lm_weights"], mask, max_offset=10)
+  edges = np.isin(ids, (CLS, SEP))
+  got = masking.span_boundaries(out["masked_lm_positions"], out["masked_lm_weights"], mask, max_offset=10, edges=edges)
   left, right, offset = got["masked_lm_span_left"], got["masked_lm_span_right"], got["masked_lm_span_offset"]
   rows, slots = np.nonzero(out["masked_lm_weights"])
   position = out["masked_lm_positions"][rows, slots]
@@ -367,6 +374,9 @@ def test_span_boundaries_are_the_unmasked_neighbours_of_each_run(scheme):
   for i, a, b in zip(rows, l, r):   # the whole run between them is masked
     assert is_masked[i, a + 1:b].all()
   np.testing.assert_array_equal(offset[rows, slots], np.minimum(position - l - 1, 10))
+  inside = ~edges[rows, l] & ~edges[rows, r]   # the release's boundary targets: no [CLS] or [SEP] beside
+  np.testing.assert_array_equal(got["masked_lm_span_weights"][rows, slots], inside)
+  assert 0.7 < inside.mean() < 1   # spans beside [CLS] or [SEP] occur
   padding = out["masked_lm_weights"] == 0
   assert not left[padding].any() and not right[padding].any() and not offset[padding].any()
   if scheme != "token":

@@ -116,6 +116,22 @@ def test_span_boundary_targets_are_masked_span_tokens(data_dir):  # noqa: F811
   assert not masked[rows, left].any() and not masked[rows, right].any()   # boundaries are not targets
   assert all(masked[r, l + 1:h].all() for r, l, h in zip(rows, left, right))   # the span between them is
   np.testing.assert_array_equal(batch["masked_lm_span_offset"][real], pos - left - 1)
+  # As the release's `--endpoints external`: no boundary targets for a span beside [CLS] or [SEP].
+  ids = batch["input_ids"]
+  cls, sep = ids[0, 0], ids[0, batch["input_mask"][0].sum() - 1]
+  beside = np.isin(ids[rows, left], (cls, sep)) | np.isin(ids[rows, right], (cls, sep))
+  np.testing.assert_array_equal(batch["masked_lm_span_weights"][real], ~beside)
+  assert 0 < beside.sum() < len(beside)
+  # ... and only a span's first `sbo_max_targets` tokens; the SBO mean is over those.
+  spanbert = objectives.get(config)
+  with config.unlocked():
+    config.sbo_max_targets = 2
+  targets = batch["masked_lm_span_weights"] * (batch["masked_lm_span_offset"] < 2)
+  assert 0 < targets.sum() < batch["masked_lm_span_weights"].sum()
+  weights = spanbert.loss_weights(batch, config)
+  assert float(weights["sbo"]) == targets.sum() and float(weights["mlm"]) == real.sum()
+  params = jax.eval_shape(spanbert.build_model(config).init, jax.random.key(0), batch)["params"]
+  assert params["sbo"]["position_embeddings"]["embedding"].value.shape == (2, spanbert.SBO_POSITION_SIZE)
 
 
 @pytest.mark.parametrize("changes, match", [

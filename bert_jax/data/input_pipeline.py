@@ -270,8 +270,9 @@ class BatchMaker:
     if "masked_lm_positions" in self.schema:
       out.update(masking.gather_predictions(corrupted, fields["input_ids"], is_masked, self.spec.max_predictions))
     if "masked_lm_span_left" in self.schema:   # SpanBERT's boundary objective
+      edges = np.isin(fields["input_ids"], self.special[:2])   # [CLS] and [SEP]: no boundary targets
       out.update(masking.span_boundaries(out["masked_lm_positions"], out["masked_lm_weights"], fields["input_mask"],
-                                         max_offset=self.spec.max_predictions - 1))
+                                         max_offset=self.spec.max_predictions - 1, edges=edges))
     if "next_sentence_labels" in self.schema:
       out["next_sentence_labels"] = labels.astype(np.int32)
     return {name: out[name] for name in self.schema}

@@ -343,26 +343,30 @@ def gather_predictions(input_ids, original_ids, is_masked, max_predictions: int)
           "masked_lm_ids": ids, "masked_lm_weights": weights}
 
 
-def span_boundaries(masked_lm_positions, masked_lm_weights, input_mask, max_offset: int) -> dict:
+def span_boundaries(masked_lm_positions, masked_lm_weights, input_mask, max_offset: int, edges=None) -> dict:
   """Inputs of SpanBERT's span boundary objective (Joshi et al. 2020, 3.2) for each prediction slot.
 
   A token x_i of the span x_s..x_e is predicted from the encoder outputs at s - 1 and e + 1 and an
   embedding of i - s. A span here is a maximal run of contiguous predicted positions (the slots with
   weight > 0 of `gather_predictions`, so after its cap): two chosen spans that touch merge into one,
-  and the tokens of any scheme form such runs. [CLS] and [SEP] are never chosen, so in pipeline rows
-  (packed or not) s - 1 and e + 1 are unmasked real tokens of the same example, [CLS] or [SEP] at a
-  segment's edge. A run that starts at position 0 or ends at the row's last real token (hand-made
-  rows only) has no such neighbour: its left boundary is clipped to 0, its right one to the last
-  real token, both then inside the run.
+  as the release's `merge_intervals` merges them, and the tokens of any scheme form such runs.
+
+  As the release's `span_masking` with `--endpoints external` (the pretraining command's), a span has
+  boundary targets only where both neighbours are tokens of its text: the release masks a block before
+  it adds [CLS] and [SEP] and leaves out every span that starts at the block's first token or ends at its
+  last. Here a span whose s - 1 or e + 1 is one of `edges` (bool [B, L]: the rows' [CLS] and [SEP]),
+  padding or outside the row gets `masked_lm_span_weights` 0; its tokens are still MLM predictions.
 
   Args:
     masked_lm_positions, masked_lm_weights: [B, P], as `gather_predictions` returns them.
     input_mask: int [B, L].
     max_offset: i - s is clipped to it (a relative position table of max_offset + 1 rows).
+    edges: bool [B, L], positions that are no boundary target; None: none but padding and the row's ends.
 
   Returns:
     int32 [B, P] `masked_lm_span_left` (s - 1), `masked_lm_span_right` (e + 1) and
-    `masked_lm_span_offset` (i - s); 0 in padding slots.
+    `masked_lm_span_offset` (i - s), both boundaries clipped into the row; float32 [B, P]
+    `masked_lm_span_weights`, 1 where the span has both boundaries. All 0 in padding slots.
   """
   n, length = input_mask.shape
   valid = masked_lm_weights > 0
@@ -373,8 +377,12 @@ def span_boundaries(masked_lm_positions, masked_lm_weights, input_mask, max_offs
   after = np.minimum.accumulate(np.where(is_masked, length, j)[:, ::-1], 1)[:, ::-1]  # first >= j, or L
   left = np.take_along_axis(before, masked_lm_positions, 1)
   right = np.take_along_axis(after, masked_lm_positions, 1)
-  last_real = length - 1 - np.argmax(input_mask[:, ::-1] > 0, 1)
-  out = {"masked_lm_span_left": np.maximum(left, 0),
-         "masked_lm_span_right": np.minimum(right, last_real[:, None]),
+  left_in, right_in = np.maximum(left, 0), np.minimum(right, length - 1)
+  target = input_mask > 0 if edges is None else (input_mask > 0) & ~edges
+  has_both = ((left >= 0) & (right < length) & np.take_along_axis(target, left_in, 1)
+              & np.take_along_axis(target, right_in, 1))
+  out = {"masked_lm_span_left": left_in, "masked_lm_span_right": right_in,
          "masked_lm_span_offset": np.minimum(masked_lm_positions - left - 1, max_offset)}
-  return {name: np.where(valid, value, 0).astype(np.int32) for name, value in out.items()}
+  out = {name: np.where(valid, value, 0).astype(np.int32) for name, value in out.items()}
+  out["masked_lm_span_weights"] = (valid & has_both).astype(np.float32)
+  return out
