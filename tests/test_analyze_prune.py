@@ -19,6 +19,7 @@ from bert_jax.analysis import prune
 from bert_jax.finetune import init as finetune_init
 from bert_jax.finetune import tasks
 from bert_jax.finetune import trainer
+from bert_jax.finetune import task_model
 from bert_jax.models import encoder as model_lib
 from bert_jax.models import heads
 from bert_jax.tools import predict
@@ -93,7 +94,7 @@ def test_the_curve_masks_a_growing_prefix_of_the_order(tiny_run):
   workdir, data = tiny_run
   predictor = predict.Predictor.load(workdir)
   dev = prune.read_dev(predictor, os.path.join(data, "dev.tsv"))
-  model = trainer.build_model(predictor.model_config, predictor.task)
+  model = task_model.build_model(predictor.model_config, predictor.task)
   rows, scores, raw = prune.curve(model, predictor.params, predictor.task, dev, [0.5, 0.0, 0.25], batch_size=16)
   order = prune.pruning_order(scores)
   assert [r["fraction"] for r in rows] == [0.0, 0.25, 0.5] and [r["heads_pruned"] for r in rows] == [0, 2, 4]
@@ -122,7 +123,7 @@ def tiny_run(tmp_path_factory):
   c.model.hidden_size, c.model.num_heads, c.model.intermediate_size = 32, HEADS, 64
   cfg, _ = finetune_init.load_encoder(c)
   task = tasks.get_task("sst2")
-  model = trainer.build_model(cfg, task)
+  model = task_model.build_model(cfg, task)
   params = _random_params(model, c.max_seq_length, std=0.1)
   workdir = tmp / "run"
   tokenizer = finetune_init.load_tokenizer(c)

@@ -13,7 +13,7 @@ import numpy as np
 import optax
 import pytest
 
-from bert_jax.finetune import trainer
+from bert_jax.finetune import trial_state
 from bert_jax.interop import checkpoints_hf
 from bert_jax.models import encoder as model
 from bert_jax.models import heads
@@ -142,10 +142,10 @@ def test_finetuning_init_gives_an_encoder_without_a_pooler_a_fresh_one():
   rules = [("activation_batch", ("data", "fsdp"))]
   configs = [ml_collections.ConfigDict({"seed": 0, "learning_rate": 1e-3})]
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    state, _ = trainer.init_state(model_, optax.sgd(1e-3), configs, encoder, mesh, rules, seq_len=8)
+    state, _ = trial_state.init_state(model_, optax.sgd(1e-3), configs, encoder, mesh, rules, seq_len=8)
   params = jax.tree.map(lambda x: np.asarray(x)[0], state["params"])   # the one trial
   jax.tree.map(np.testing.assert_array_equal, {k: v for k, v in params["bert"].items() if k != "pooler"}, encoder)
   assert params["bert"]["pooler"]["kernel"].shape == (16, 16) and np.any(params["bert"]["pooler"]["kernel"] != 0)
   without_layer = {**encoder, "encoder": {}}
   with pytest.raises(ValueError, match="checkpoint encoder does not match the model"):
-    trainer.check_encoder_shapes(expected, without_layer)
+    trial_state.check_encoder_shapes(expected, without_layer)

@@ -17,6 +17,7 @@ from bert_jax.models import encoder as model
 from bert_jax.objectives import electra
 from bert_jax.tools import predict
 from bert_jax.finetune import trainer
+from bert_jax.finetune import task_model
 from test_finetune_own_data import make_tweets, tweet_config
 
 TEXTS = ["great movie the plot", "awful movie and the plot", "the plot and"]
@@ -39,7 +40,7 @@ def _ours(workdir, texts):
   for i, row in enumerate(ids):
     batch[i, :len(row)] = row
   mask = (batch != p.tokenizer.pad_id).astype(np.int32)
-  logits = trainer.build_model(p.model_config, p.task).apply({"params": p.params}, batch, mask, np.zeros_like(batch))
+  logits = task_model.build_model(p.model_config, p.task).apply({"params": p.params}, batch, mask, np.zeros_like(batch))
   return np.asarray(logits), batch, mask
 
 

@@ -15,6 +15,7 @@ from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.finetune import init as finetune_init
 from bert_jax.finetune import tasks
 from bert_jax.finetune import trainer
+from bert_jax.finetune import task_model
 from bert_jax.interop import export
 from bert_jax.models import config as config_lib
 from bert_jax.models import heads
@@ -67,22 +68,22 @@ def test_token_and_span_heads_on_modernbert_and_bert_defaults():
   cfg = _modern_config()
   ids = jnp.ones((2, 12), jnp.int32)
   task = tasks.get_task("conll2003")
-  tagger = trainer.build_model(cfg, task)
+  tagger = task_model.build_model(cfg, task)
   params = _init(tagger, ids, ids)
   assert set(params) == {"bert", "head", "classifier"} and "pooler" not in params["bert"]
   assert tagger.apply({"params": params}, ids, ids, ids).shape == (2, 12, task.num_labels)
-  qa = trainer.build_model(cfg, tasks.get_task("squad_v1"))
+  qa = task_model.build_model(cfg, tasks.get_task("squad_v1"))
   params = _init(qa, ids, ids)
   assert set(params) == {"bert", "head", "qa_outputs"}
   assert qa.apply({"params": params}, ids, ids, ids)["start_logits"].shape == (2, 12)
-  assert trainer.build_model(cfg, tasks.get_task("sst2")).pooling == "cls"
-  assert trainer.build_model(cfg, tasks.get_task("sst2", classifier_pooling="mean")).pooling == "mean"
+  assert task_model.build_model(cfg, tasks.get_task("sst2")).pooling == "cls"
+  assert task_model.build_model(cfg, tasks.get_task("sst2", classifier_pooling="mean")).pooling == "mean"
   # BERT keeps its pooler and bare classifiers.
   bert = config_lib.BertConfig.from_preset("tiny", vocab_size=32, max_position_embeddings=16)
-  sst2 = trainer.build_model(bert, tasks.get_task("sst2"))
+  sst2 = task_model.build_model(bert, tasks.get_task("sst2"))
   params = _init(sst2, ids, ids)
   assert sst2.pooling == "pooler" and set(params) == {"bert", "classifier"} and "pooler" in params["bert"]
-  assert set(_init(trainer.build_model(bert, task), ids, ids)) == {"bert", "classifier"}
+  assert set(_init(task_model.build_model(bert, task), ids, ids)) == {"bert", "classifier"}
 
 
 def _modernbert_with_tokenizer(directory, sentences, pooling):
@@ -122,7 +123,7 @@ def test_finetune_from_a_hugging_face_modernbert_directory(tmp_path):
   assert results["best"] >= 0.9, results
   record = json.loads((tmp_path / "run" / "task.json").read_text())
   assert record["task_opts"]["classifier_pooling"] == "mean"   # from config.json; predict rebuilds it
-  assert trainer.build_model(_modern_config(), tasks.from_record(record)).pooling == "mean"
+  assert task_model.build_model(_modern_config(), tasks.from_record(record)).pooling == "mean"
   saved = tokenizer_lib.load_tokenizer(tmp_path / "run")   # the workdir keeps the tokenizer.json
   assert saved.kind == "tokenizer_json" and saved.encode_pair("good movie")[0] == tk.encode("good movie").ids
   with pytest.raises(ValueError, match="not written as a transformers class"):   # never a silently headless export

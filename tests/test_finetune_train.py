@@ -14,6 +14,7 @@ from bert_jax import checkpoint_loader
 from bert_jax import checkpointing
 from bert_jax.finetune import init as finetune_init
 from bert_jax.finetune import trainer
+from bert_jax.finetune import task_model
 from bert_jax.models import encoder as model_lib
 from bert_jax.models.config import COMPUTE_FIELDS
 from configs.finetune import sst2
@@ -79,7 +80,7 @@ def data_dir(tmp_path_factory):
 def test_layerwise_decay_factors_agree_for_scanned_and_unscanned():
   u = {"bert": {"embeddings": {"w": np.ones(3)}, "encoder": {f"layer_{i}": {"k": np.ones((2, 2))} for i in range(3)},
                 "pooler": {"kernel": np.ones(2)}}, "classifier": {"kernel": np.ones(2)}}
-  tx = trainer.scale_by_layer(0.5, num_layers=3)
+  tx = task_model.scale_by_layer(0.5, num_layers=3)
   out, _ = tx.update(u, tx.init(u))
   assert [float(out["bert"]["encoder"][f"layer_{i}"]["k"][0, 0]) for i in range(3)] == [0.125, 0.25, 0.5]
   assert float(out["bert"]["embeddings"]["w"][0]) == 0.0625
@@ -95,9 +96,9 @@ def test_stable_adamw_with_weight_decay_is_refused_in_finetuning():
   config = sst2.get_config()
   config.optimizer.name, config.optimizer.weight_decay = "stable_adamw", 0.01
   with pytest.raises(ValueError, match="StableAdamW's fully decoupled weight decay"):
-    trainer.build_optimizer(config, 100, num_layers=2)
+    task_model.build_optimizer(config, 100, num_layers=2)
   config.optimizer.weight_decay = 0.0
-  trainer.build_optimizer(config, 100, num_layers=2)
+  task_model.build_optimizer(config, 100, num_layers=2)
 
 
 @pytest.mark.slow
@@ -189,15 +190,15 @@ def test_tracker_keeps_the_best_and_stops_after_patience(tmp_path):
 
 def test_loss_sums_of_every_task_kind():
   ln = lambda x: float(np.log(x))
-  cls = trainer.loss_sums("classification", np.zeros((2, 2), np.float32), {"label": np.array([1, -1])})
+  cls = task_model.loss_sums("classification", np.zeros((2, 2), np.float32), {"label": np.array([1, -1])})
   assert float(cls["weight"]) == 1 and float(cls["loss_sum"]) == pytest.approx(ln(2))  # -1: unlabelled
-  reg = trainer.loss_sums("regression", np.array([[1.0], [3.0]], np.float32),
+  reg = task_model.loss_sums("regression", np.array([[1.0], [3.0]], np.float32),
                           {"label": np.array([0.0, np.nan], np.float32)})
   assert (float(reg["loss_sum"]), float(reg["weight"])) == (1.0, 1.0)
-  tag = trainer.loss_sums("tagging", np.zeros((1, 2, 3), np.float32),
+  tag = task_model.loss_sums("tagging", np.zeros((1, 2, 3), np.float32),
                           {"label_ids": np.array([[0, 2]]), "label_weights": np.array([[1.0, 0.0]], np.float32)})
   assert float(tag["weight"]) == 1 and float(tag["loss_sum"]) == pytest.approx(ln(3))  # first sub-token only
-  span = trainer.loss_sums("span", {"start_logits": np.zeros((1, 4), np.float32),
+  span = task_model.loss_sums("span", {"start_logits": np.zeros((1, 4), np.float32),
                                     "end_logits": np.array([[0.0, 0.0, 50.0, 0.0]], np.float32)},
                            {"start_positions": np.array([1]), "end_positions": np.array([2])})
   assert float(span["weight"]) == 1 and float(span["loss_sum"]) == pytest.approx(0.5 * ln(4), abs=1e-5)

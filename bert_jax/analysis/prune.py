@@ -49,6 +49,7 @@ from bert_jax import checkpointing
 from bert_jax import failures
 from bert_jax.analysis import heads as head_stats
 from bert_jax.finetune import trainer
+from bert_jax.finetune import task_model
 from bert_jax.models import pruning
 from bert_jax.tools import predict
 
@@ -110,7 +111,7 @@ def _abs_grad_sum(model, kind: str):
     batch = jax.tree.map(lambda x: x[None], row)
     outputs = model.apply({"params": params}, batch["input_ids"], batch["input_mask"], batch["segment_ids"],
                           deterministic=True, head_mask=head_mask)
-    sums = trainer.loss_sums(kind, outputs, batch)   # tagging: the mean over the example's labelled tokens
+    sums = task_model.loss_sums(kind, outputs, batch)   # tagging: the mean over the example's labelled tokens
     return sums["loss_sum"] / jnp.maximum(sums["weight"], 1.0)
 
   def abs_grad_sum(params, batch, real, head_mask):
@@ -274,12 +275,12 @@ def check_export(predictor: predict.Predictor, pruned: predict.Predictor, dev: D
                  repeats: int, timing_batches: int = 8) -> dict:
   """The pruned model's outputs against the masked model's on `dev`, both parameter counts, and the forward
   times of both on the first `timing_batches` batches of `dev` (0: all)."""
-  model = trainer.build_model(predictor.model_config, predictor.task, predictor.scalar_mix)
-  pruned_model = trainer.build_model(pruned.model_config, pruned.task, pruned.scalar_mix)
+  model = task_model.build_model(predictor.model_config, predictor.task, predictor.scalar_mix)
+  pruned_model = task_model.build_model(pruned.model_config, pruned.task, pruned.scalar_mix)
   cfg = predictor.model_config
   mask = jnp.asarray(mask_without((cfg.num_layers, cfg.num_heads), heads))
-  masked_fn, plain_fn = _masked_forward(model), jax.jit(functools.partial(trainer.predict_step, model=model))
-  pruned_fn = jax.jit(functools.partial(trainer.predict_step, model=pruned_model))
+  masked_fn, plain_fn = _masked_forward(model), jax.jit(functools.partial(task_model.predict_step, model=model))
+  pruned_fn = jax.jit(functools.partial(task_model.predict_step, model=pruned_model))
   masked = masked_outputs(masked_fn, predictor.params, dev.features, mask, batch_size)
   out = predict.run_batches(pruned_fn, pruned.params, dev.features, batch_size)
   error = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
@@ -352,7 +353,7 @@ def run(checkpoint: str, source: str, output_dir: str, fractions, *, iterative: 
   """What the command does (module docstring); returns its summary (also printed by `main`)."""
   predictor = predict.Predictor.load(checkpoint)
   dev = read_dev(predictor, source)
-  model = trainer.build_model(predictor.model_config, predictor.task, predictor.scalar_mix)
+  model = task_model.build_model(predictor.model_config, predictor.task, predictor.scalar_mix)
   task, cfg = predictor.task, predictor.model_config
   if export_dir and not pruning.prunable(cfg):
     raise ValueError("--export_dir: heads can be removed only from per-layer attention weights, not from "

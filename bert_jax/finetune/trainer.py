@@ -27,27 +27,23 @@ import os
 import shutil
 import time
 
-from absl import logging
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 from etils import epath
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
 from bert_jax import checkpoint_loader
 from bert_jax import checkpointing
-from bert_jax.models import heads
 from bert_jax import metrics_writer
-from bert_jax.models import encoder as model_lib
-from bert_jax import optimizer as optimizer_lib
 from bert_jax import paths
 from bert_jax import sharding
 from bert_jax.finetune import init
-from bert_jax.finetune import scalar_mix
+from bert_jax.finetune import task_model
+from bert_jax.finetune import trial_state
 from bert_jax.finetune import tasks as tasks_lib
 
 Config = ml_collections.ConfigDict
@@ -55,231 +51,6 @@ RESULTS_FILE = "results.json"
 TASK_FILE = "task.json"
 # Hyperparameters that may differ between trials trained together.
 PER_TRIAL = ("learning_rate", "seed")
-
-
-# ------------------------------------------------------------------------------------------------
-# Model: the encoder (its initial weights come from `init.load_encoder`) and one task head.
-
-
-def build_model(bert_cfg: model_lib.BertConfig, task, use_scalar_mix: bool = False) -> nn.Module:
-  """The encoder with the task's head (or a scalar mix of its layers feeding the head).
-
-  BERT's heads sit on the encoder's output (classification on its pooler); ModernBERT's (Hugging Face's
-  ModernBertFor*) on its `head` (dense, activation, LayerNorm), a sequence classifier reading the [CLS]
-  vector or the mean over real tokens as the task option `classifier_pooling` says (`init.classifier_pooling`).
-  """
-  if use_scalar_mix:
-    return scalar_mix.ScalarMixModel(bert_cfg, task.kind, task.num_labels)
-  modern = bert_cfg.model_type == "modernbert"
-  if task.kind in ("classification", "regression"):
-    pooling = task.options.get("classifier_pooling") or ("cls" if modern else "pooler")
-    return heads.BertForSequenceClassification(bert_cfg, task.num_labels, pooling=pooling)
-  if task.kind == "tagging":
-    return heads.BertForTokenClassification(bert_cfg, task.num_labels, head=modern)
-  return heads.BertForQuestionAnswering(bert_cfg, head=modern)
-
-
-# ------------------------------------------------------------------------------------------------
-# Optimizer: AdamW of bert_jax/optimizer.py, layer-wise decay, frozen encoder.
-
-
-def _layer_depth(path, num_layers: int):
-  """0 for embeddings, i + 1 for encoder layer i (an array over the scan axis), num_layers + 1 above."""
-  keys = [str(getattr(k, "key", k)) for k in path]
-  if not keys or keys[0] != "bert" or "pooler" in keys:
-    return num_layers + 1
-  if "embeddings" in keys:
-    return 0
-  for k in keys:
-    if k.startswith("layer_") and k[6:].isdigit():
-      return int(k[6:]) + 1
-    if k == "layers":
-      return np.arange(1, num_layers + 1)
-  return num_layers + 1
-
-
-def scale_by_layer(decay: float, num_layers: int) -> optax.GradientTransformation:
-  """Layer-wise learning-rate decay (Clark et al. 2020, ELECTRA, App. A): the update of encoder layer i
-  is scaled by decay**(num_layers - i), embeddings by decay**(num_layers + 1), pooler and head by 1.
-  Scanned parameters (`layers`, leading layer axis) get one factor per slice."""
-  def factors(updates):
-    def one(path, u):
-      f = np.float32(decay) ** (num_layers + 1 - np.asarray(_layer_depth(path, num_layers), np.float32))
-      return f.reshape(f.shape + (1,) * (u.ndim - f.ndim))
-    return jax.tree_util.tree_map_with_path(one, updates)
-
-  def update(updates, state, params=None):
-    del params
-    return jax.tree.map(lambda u, f: (u * f).astype(u.dtype), updates, factors(updates)), state
-
-  return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
-
-
-def build_optimizer(config: Config, total_steps: int, num_layers: int) -> optax.GradientTransformation:
-  """AdamW at peak rate 1 (the trial's learning rate multiplies the update), warmup + linear decay."""
-  opt = Config(config.optimizer.to_dict())
-  if opt.name == "stable_adamw" and opt.weight_decay:
-    # Its decay is fully decoupled, divided by the peak rate (optimizer.scale_by_stable_adamw): at peak 1
-    # times the trial's rate it would shrink the weights by lr * wd a step, not by wd.
-    raise ValueError("finetuning scales each trial's update by its learning rate, and with it StableAdamW's "
-                     "fully decoupled weight decay: use optimizer.name='adamw', or optimizer.weight_decay=0")
-  opt.learning_rate, opt.total_steps = 1.0, total_steps
-  opt.warmup_steps = int(config.warmup_fraction * total_steps)
-  tx = optimizer_lib.create_optimizer(opt)
-  if config.layerwise_lr_decay != 1.0:
-    tx = optax.chain(tx, scale_by_layer(config.layerwise_lr_decay, num_layers))
-  if config.freeze_encoder:
-    # Feature-based approach (Devlin et al. 2019, 5.3): no update, no weight decay, no Adam state.
-    labels = lambda params: {k: jax.tree.map(lambda _, k=k: "frozen" if k == "bert" else "train", v)
-                             for k, v in params.items()}
-    tx = optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()}, labels)
-  return tx
-
-
-# ------------------------------------------------------------------------------------------------
-# Losses (sums and weights) and steps for one trial; the loop vmaps them over the trial axis.
-
-
-def _cross_entropy_sum(logits, labels, weights):
-  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)  # f32 on purpose
-  nll = -jnp.take_along_axis(logp, jnp.maximum(labels, 0)[..., None], axis=-1)[..., 0]
-  return jnp.sum(nll * weights)
-
-
-def loss_sums(kind: str, outputs, batch) -> dict:
-  """{"loss_sum", "weight"} of the task's loss; unlabelled rows (label -1 or NaN) weigh 0."""
-  if kind == "span":
-    w = jnp.ones(batch["start_positions"].shape, jnp.float32)
-    loss = 0.5 * (_cross_entropy_sum(outputs["start_logits"], batch["start_positions"], w)
-                  + _cross_entropy_sum(outputs["end_logits"], batch["end_positions"], w))
-    return {"loss_sum": loss, "weight": jnp.sum(w)}
-  labels = batch["label"] if "label" in batch else batch["label_ids"]
-  if kind == "regression":
-    w = (~jnp.isnan(labels)).astype(jnp.float32)
-    err = outputs.reshape(labels.shape).astype(jnp.float32) - jnp.nan_to_num(labels)
-    return {"loss_sum": jnp.sum(w * jnp.square(err)), "weight": jnp.sum(w)}
-  w = batch["label_weights"].astype(jnp.float32) if "label_weights" in batch else (labels >= 0).astype(jnp.float32)
-  return {"loss_sum": _cross_entropy_sum(outputs, labels, w), "weight": jnp.sum(w)}
-
-
-def train_step(state: dict, batch: dict, *, model, tx, kind: str, freeze_encoder: bool):
-  """One update of one trial. `state`: {"step", "params", "opt_state", "lr", "rng"}. -> (state, sums)."""
-  rng = jax.random.fold_in(jax.random.wrap_key_data(state["rng"]), state["step"])
-
-  def loss_fn(params):
-    if freeze_encoder:
-      params = {**params, "bert": jax.lax.stop_gradient(params["bert"])}
-    outputs = model.apply({"params": params}, batch["input_ids"], batch["input_mask"], batch["segment_ids"],
-                          deterministic=False, rngs={"dropout": rng})
-    sums = loss_sums(kind, outputs, batch)
-    return sums["loss_sum"] / jnp.maximum(sums["weight"], 1.0), sums
-
-  grads, sums = jax.grad(loss_fn, has_aux=True)(state["params"])
-  updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-  updates = jax.tree.map(lambda u: (u * state["lr"]).astype(u.dtype), updates)
-  params = optax.apply_updates(state["params"], updates)
-  return {**state, "step": state["step"] + 1, "params": params, "opt_state": opt_state}, sums
-
-
-def predict_step(params, batch: dict, *, model):
-  return model.apply({"params": params}, batch["input_ids"], batch["input_mask"], batch["segment_ids"],
-                     deterministic=True)
-
-
-# ------------------------------------------------------------------------------------------------
-# Sharded state of T stacked trials.
-
-
-def _stacked(shardings, trial_axis):
-  """Shardings of one trial -> shardings with a leading trial axis (replicated, or over `trial_axis`)."""
-  return jax.tree.map(lambda s: NamedSharding(s.mesh, PartitionSpec(trial_axis, *s.spec)), shardings)
-
-
-def _layout(config: Config, mesh, num_trials: int):
-  """(logical rules, mesh axis of the trial dimension, mesh axes of a trial's batch dimension).
-
-  By default every trial is data parallel over all devices. With `trials_over_devices` the trial axis
-  is split over the mesh's `data` axis, so each group of devices holds whole trials and splits their
-  batches over `fsdp` only.
-  """
-  rules = sharding.logical_rules(config)
-  if not config.trials_over_devices:
-    return rules, None, sharding.BATCH_AXES
-  if num_trials % mesh.shape["data"]:
-    raise ValueError(f"{num_trials} trials cannot be split over data={mesh.shape['data']} device groups")
-  rules = tuple((name, "fsdp" if name == "activation_batch" else axes) for name, axes in rules)
-  return rules, "data", ("fsdp",)
-
-
-def init_state(model, tx, configs, encoder_params, mesh, rules, seq_len: int, trial_axis=None):
-  """The stacked state, built sharded (never whole on one device); returns (state, its shardings)."""
-  ids = jnp.zeros((1, seq_len), jnp.int32)
-  init_one = lambda rng: model.init({"params": rng, "dropout": rng}, ids, ids, ids)["params"]
-  abstract = jax.eval_shape(init_one, jax.random.key(0))
-  param_shardings = _stacked(sharding.logical_to_shardings(nn.get_partition_spec(abstract), mesh, rules),
-                             trial_axis)
-  if encoder_params is not None:
-    expected = jax.eval_shape(lambda r: nn.unbox(init_one(r)), jax.random.key(0))["bert"]
-    check_encoder_shapes(expected, encoder_params)
-    encoder_params = without_unused_pooler(expected, encoder_params)
-
-  def init_params(rngs, encoder):
-    params = jax.vmap(lambda r: nn.unbox(init_one(r)))(rngs)
-    if encoder is not None:  # a pooler the checkpoint lacks stays as initialised
-      loaded = jax.tree.map(lambda e, p: jnp.broadcast_to(e.astype(p.dtype), p.shape), encoder,
-                            {k: params["bert"][k] for k in encoder})
-      params["bert"] = {**params["bert"], **loaded}
-    return params
-
-  keys = [jax.random.split(jax.random.key(c.seed)) for c in configs]
-  params = jax.jit(init_params, out_shardings=param_shardings)(jnp.stack([k[0] for k in keys]), encoder_params)
-  opt_state = jax.jit(jax.vmap(tx.init))(params)
-  replicated = NamedSharding(mesh, PartitionSpec())
-  state = {"step": jnp.zeros(len(configs), jnp.int32), "params": params, "opt_state": opt_state,
-           "lr": jnp.asarray([c.learning_rate for c in configs], jnp.float32),
-           "rng": jnp.stack([jax.random.key_data(k[1]) for k in keys])}  # raw uint32: checkpointable
-  state = {k: (v if k in ("params", "opt_state") else jax.device_put(v, replicated)) for k, v in state.items()}
-  return state, jax.tree.map(lambda x: x.sharding, state)
-
-
-def check_encoder_shapes(expected, encoder_params) -> None:
-  """Raises ValueError unless the checkpoint's encoder has the model's shapes; a missing pooler (ELECTRA and
-  DistilBERT save none) is allowed and is then newly initialised, as transformers does."""
-  expected = jax.tree.map(lambda x: tuple(x.shape), expected)
-  got = jax.tree.map(lambda x: tuple(np.shape(x)), without_unused_pooler(expected, encoder_params))
-  if "pooler" in expected and "pooler" not in got:
-    logging.warning("the checkpoint's encoder has no pooler: it is newly initialised")
-    expected = {k: v for k, v in expected.items() if k != "pooler"}
-  if expected != got:
-    raise ValueError(f"checkpoint encoder does not match the model:\n expected {expected}\n got {got}")
-
-
-def without_unused_pooler(expected, encoder_params: dict) -> dict:
-  """The checkpoint's encoder less its pooler when the model has none (a head on "cls" or "mean")."""
-  if "pooler" in encoder_params and "pooler" not in expected:
-    return {k: v for k, v in encoder_params.items() if k != "pooler"}
-  return encoder_params
-
-
-def _trial(tree, t: int):
-  return jax.tree.map(lambda x: x[t], tree)
-
-
-def save_last(state, workdirs) -> None:
-  for t, w in enumerate(workdirs):
-    ckpt = checkpointing.Checkpointer(os.path.join(w, "last"), keep=1, async_save=False)
-    ckpt.save(int(jax.device_get(state["step"][t])), _trial(state, t))
-    ckpt.close()
-
-
-def restore_last(state, shardings, workdirs):
-  """The stacked state from every trial's `last/`, or None when any trial has none."""
-  dirs = [os.path.join(w, "last") for w in workdirs]
-  if not all(os.path.isdir(d) and checkpointing.Checkpointer(d, keep=1).latest_step() is not None for d in dirs):
-    return None
-  one = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), state)
-  trials = [checkpointing.Checkpointer(d, keep=1).restore(one)[0] for d in dirs]
-  return jax.tree.map(lambda s, *xs: jax.device_put(np.stack(xs), s), shardings, *trials)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -374,7 +145,7 @@ def _predict(pred_fn, params, features: dict, batch_size: int, sharded) -> list:
     out = multihost_utils.process_allgather(out, tiled=True)
     chunks.append(jax.tree.map(lambda x: np.asarray(x)[:, :real], out))
   outputs = jax.tree.map(lambda *xs: np.concatenate(xs, axis=1), *chunks)
-  return [_trial(outputs, t) for t in range(len(jax.tree.leaves(outputs)[0]))]
+  return [trial_state.trial(outputs, t) for t in range(len(jax.tree.leaves(outputs)[0]))]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -476,7 +247,7 @@ def finetune_trials(configs: list, workdirs: list, *, max_epochs: int | None = N
     task = dataclasses.replace(task, options={**task.options,
                                               "classifier_pooling": init.classifier_pooling(config, bert_cfg)})
   mesh = sharding.create_mesh(config.mesh)
-  rules, trial_axis, batch_axes = _layout(config, mesh, len(configs))
+  rules, trial_axis, batch_axes = trial_state.layout(config, mesh, len(configs))
   if uneven := sharding.uneven_axes(rules, bert_cfg.split_axis_sizes, mesh.shape):
     raise ValueError(f"the mesh {dict(mesh.shape)} splits the encoder's {', '.join(uneven)} unevenly, which jit "
                      "refuses: choose mesh sizes that divide it")
@@ -488,8 +259,8 @@ def finetune_trials(configs: list, workdirs: list, *, max_epochs: int | None = N
   total_steps = steps_per_epoch * config.num_epochs
   budget = total_steps if max_epochs is None else min(total_steps, steps_per_epoch * max_epochs)
   eval_every = config.eval_every_steps or steps_per_epoch
-  model = build_model(bert_cfg, task, config.scalar_mix)
-  tx = build_optimizer(config, total_steps, bert_cfg.num_layers)
+  model = task_model.build_model(bert_cfg, task, config.scalar_mix)
+  tx = task_model.build_optimizer(config, total_steps, bert_cfg.num_layers)
   for w in workdirs:
     # Model config, vocabulary and lower-casing beside best/: what checkpoint_loader reads back.
     checkpoint_loader.write_run_record(w, bert_cfg, tokenizer.source_file, tokenizer.do_lower_case)
@@ -503,15 +274,15 @@ def finetune_trials(configs: list, workdirs: list, *, max_epochs: int | None = N
   eval_batch_size = config.eval_batch_size or config.batch_size
   t0 = time.time()
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    state, shardings = init_state(model, tx, configs, encoder_params, mesh, rules, config.max_seq_length,
+    state, shardings = trial_state.init_state(model, tx, configs, encoder_params, mesh, rules, config.max_seq_length,
                                   trial_axis)
-    restored = restore_last(state, shardings, workdirs)
+    restored = trial_state.restore_last(state, shardings, workdirs)
     state = state if restored is None else restored
-    step_fn = jax.jit(jax.vmap(functools.partial(train_step, model=model, tx=tx, kind=task.kind,
+    step_fn = jax.jit(jax.vmap(functools.partial(task_model.train_step, model=model, tx=tx, kind=task.kind,
                                                  freeze_encoder=config.freeze_encoder)),
                       in_shardings=(shardings, batch_sharding), donate_argnums=0,
                       out_shardings=(shardings, NamedSharding(mesh, PartitionSpec())))
-    pred_fn = jax.jit(jax.vmap(functools.partial(predict_step, model=model), in_axes=(0, None)))
+    pred_fn = jax.jit(jax.vmap(functools.partial(task_model.predict_step, model=model), in_axes=(0, None)))
     step = int(jax.device_get(state["step"])[0])
     loss_sum, summed = jnp.zeros(len(configs)), 0   # the steps summed since the last log, in this call
     while step < budget and not all(t.stopped for t in trackers):
@@ -539,7 +310,7 @@ def finetune_trials(configs: list, workdirs: list, *, max_epochs: int | None = N
   for w in workdirs:  # a finished run must not be "continued" from an older budget's state
     shutil.rmtree(os.path.join(w, "last"), ignore_errors=True)
   if not finished:
-    save_last(state, workdirs)
+    trial_state.save_last(state, workdirs)
   return [_results(tr, c, task, step, steps_per_epoch, total_steps, finished or tr.stopped, time.time() - t0)
           for tr, c in zip(trackers, configs)]
 
@@ -559,7 +330,7 @@ def _evaluate(pred_fn, state, step, task, trackers, devs: list, batch_size, shar
     def on_best(t=t, tracker=tracker):
       if config.keep_best_checkpoint:
         ckpt = checkpointing.Checkpointer(os.path.join(tracker.workdir, "best"), keep=1, async_save=False)
-        ckpt.save(step, {"params": _trial(state["params"], t)})
+        ckpt.save(step, {"params": trial_state.trial(state["params"], t)})
         ckpt.close()
       if config.write_predictions:
         for split, out in zip(devs, [outputs] + other_outputs):

@@ -39,6 +39,7 @@ from bert_jax.finetune import readers
 from bert_jax.finetune import squad
 from bert_jax.finetune import tasks as tasks_lib
 from bert_jax.finetune import trainer
+from bert_jax.finetune import task_model
 
 FLAGS = flags.FLAGS
 _CHUNK = 2048          # examples featurized at a time: memory stays flat on large files
@@ -111,7 +112,7 @@ class Predictor:
 
   def predict(self, examples, batch_size: int = 64, progress: bool = False) -> list[dict]:
     """One record per example (see the module docstring), in input order."""
-    run = _forward(trainer.build_model(self.model_config, self.task, self.scalar_mix))
+    run = _forward(task_model.build_model(self.model_config, self.task, self.scalar_mix))
     bar = _progress(len(examples)) if progress else None
     results = []
     for start in range(0, len(examples), _CHUNK):
@@ -199,7 +200,7 @@ def _as_list(value):
 
 def _forward(module):
   """Jitted (params, features) -> the head's outputs; params are an argument, not baked-in constants."""
-  return jax.jit(functools.partial(trainer.predict_step, model=module))
+  return jax.jit(functools.partial(task_model.predict_step, model=module))
 
 
 def run_batches(run, params, features: dict, batch_size: int):
