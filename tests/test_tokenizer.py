@@ -15,6 +15,7 @@ import pytest
 
 from bert_jax.data import corpus
 from bert_jax.data import tokenizer as T
+from bert_jax.data import wordpiece_text as W
 from bert_jax.data import vocab_training as V
 from conftest import shared_path
 
@@ -44,7 +45,7 @@ def test_hf_reference_ids_both_paths(minilm):
     np.testing.assert_array_equal(segment_ids, ref[f"token_type_ids_{i}"])
     assert minilm.convert_ids_to_tokens(ids) == ref[f"tokens_{i}"].tolist()
     # Fast path: every sentence must take it (not fall back), and give the same ids.
-    assert all(T._fast_form(s, True) is not None for s in sentences)
+    assert all(W.fast_form(s, True) is not None for s in sentences)
     flat, lengths = minilm.encode_batch(sentences)
     without_specials = [t for t in ids if t not in (minilm.cls_id, minilm.sep_id)]
     np.testing.assert_array_equal(flat, without_specials)
@@ -64,18 +65,18 @@ def test_special_ids_resolved_once(minilm):
 
 def test_bert_basic_tokenizer_cases(tmp_path):
   """The cases of google-research/bert tokenization_test.py, plus accents, controls and CJK."""
-  assert T.basic_tokenize(" \tHeLLo!how  \n Are yoU?  ", True) == ["hello", "!", "how", "are", "you", "?"]
-  assert T.basic_tokenize(" \tHeLLo!how  \n Are yoU?  ", False) == ["HeLLo", "!", "how", "Are", "yoU", "?"]
-  assert T.basic_tokenize("H\u00e9llo", True) == ["hello"]
-  assert T.basic_tokenize("H\u00e9llo", False) == ["H\u00e9llo"]
-  assert T.basic_tokenize("He\u0301llo", False) == ["H\u00e9llo"]  # NFC, as Hugging Face
-  assert T.basic_tokenize("ah\u535a\u63a8zz", True) == ["ah", "\u535a", "\u63a8", "zz"]
-  assert T.basic_tokenize("hel\x00lo wor\u200bld\ufffd!", True) == ["hello", "world", "!"]
-  assert T.basic_tokenize("a$b^c`d~e", True) == ["a", "$", "b", "^", "c", "`", "d", "~", "e"]
-  assert T.basic_tokenize("tab\there\u00a0nbsp\u3000ideo", True) == ["tab", "here", "nbsp", "ideo"]
-  assert T._is_control("\u0005") and not T._is_control("\t") and not T._is_control("A")
-  assert T._is_whitespace("\u00a0") and not T._is_whitespace("A")
-  assert all(T._is_punctuation(c) for c in "-$`.\u00bf") and not T._is_punctuation("A")
+  assert W.basic_tokenize(" \tHeLLo!how  \n Are yoU?  ", True) == ["hello", "!", "how", "are", "you", "?"]
+  assert W.basic_tokenize(" \tHeLLo!how  \n Are yoU?  ", False) == ["HeLLo", "!", "how", "Are", "yoU", "?"]
+  assert W.basic_tokenize("H\u00e9llo", True) == ["hello"]
+  assert W.basic_tokenize("H\u00e9llo", False) == ["H\u00e9llo"]
+  assert W.basic_tokenize("He\u0301llo", False) == ["H\u00e9llo"]  # NFC, as Hugging Face
+  assert W.basic_tokenize("ah\u535a\u63a8zz", True) == ["ah", "\u535a", "\u63a8", "zz"]
+  assert W.basic_tokenize("hel\x00lo wor\u200bld\ufffd!", True) == ["hello", "world", "!"]
+  assert W.basic_tokenize("a$b^c`d~e", True) == ["a", "$", "b", "^", "c", "`", "d", "~", "e"]
+  assert W.basic_tokenize("tab\there\u00a0nbsp\u3000ideo", True) == ["tab", "here", "nbsp", "ideo"]
+  assert W.is_control("\u0005") and not W.is_control("\t") and not W.is_control("A")
+  assert W.is_whitespace("\u00a0") and not W.is_whitespace("A")
+  assert all(W.is_punctuation(c) for c in "-$`.\u00bf") and not W.is_punctuation("A")
 
 
 def test_wordpiece_greedy_longest_match_and_unk(tmp_path):
@@ -137,7 +138,7 @@ def test_fast_path_equals_reference_on_random_unicode(minilm, do_lower_case):
   expected = [tok.encode(t) for t in texts]
   assert lengths.tolist() == [len(e) for e in expected]
   assert ids.tolist() == list(itertools.chain.from_iterable(expected))
-  assert sum(T._fast_form(t, do_lower_case) is not None for t in texts) >= 300  # both paths exercised
+  assert sum(W.fast_form(t, do_lower_case) is not None for t in texts) >= 300  # both paths exercised
 
 
 @hypothesis.settings(max_examples=150, deadline=None,
@@ -219,7 +220,7 @@ def test_train_wordpiece(tmp_path, play_sentences):
   tok = T.load_tokenizer(path)
   ids = [i for s in sample for i in tok.encode(s)]
   assert ids.count(tok.unk_id) < 0.01 * len(ids)
-  characters = sum(len(w) for s in sample for w in T.basic_tokenize(s, True))
+  characters = sum(len(w) for s in sample for w in W.basic_tokenize(s, True))
   assert len(ids) < 0.6 * characters  # learned word pieces, not single characters
   assert {"the", "and", "you", "##ing"} <= set(lines)
   with pytest.raises(ValueError, match="vocab_size 60 is below the"):   # fewer than the alphabet needs

@@ -1,12 +1,10 @@
 """WordPiece and SentencePiece tokenizers, the special tokens and the input layout; `load_tokenizer`.
 
-WordPiece follows google-research/bert `tokenization.py` and Hugging Face `BertTokenizer` exactly
-(clean text, split CJK ideographs, lowercase + strip accents when uncased, split punctuation, greedy
-longest-match-first with `##`, words over 100 characters -> [UNK]). `basic_tokenize` and
-`wordpiece_split` state those rules in plain Python (`tokenize`, `encode`); `encode_batch` runs
-them through `tensorflow_text.FastBertTokenizer` (LinMaxMatch, Song et al. 2021), after cheap
-rewrites where the two would differ (`_fast_form`); the rare text it cannot rewrite takes the
-Python path. Tests hold both paths to Hugging Face's ids and to each other.
+WordPiece follows google-research/bert `tokenization.py` and Hugging Face `BertTokenizer` exactly;
+bert_jax/data/wordpiece_text.py states those rules in plain Python (`tokenize`, `encode`); `encode_batch` runs
+them through `tensorflow_text.FastBertTokenizer` (LinMaxMatch, Song et al. 2021), after cheap rewrites where
+the two would differ (`wordpiece_text.fast_form`); the rare text it cannot rewrite takes the Python path.
+Tests hold both paths to Hugging Face's ids and to each other.
 SentencePiece preprocesses text as Hugging Face's `AlbertTokenizer`. Byte-level BPE (RoBERTa) lives in
 `bert_jax.data.bpe`, a Hugging Face tokenizer.json in `bert_jax.data.tokenizer_json`. Vocabularies are
 trained by `bert_jax.data.vocab_training`.
@@ -17,7 +15,6 @@ trained by `bert_jax.data.vocab_training`.
 
 import json
 import os
-import re
 import shutil
 import tempfile
 import unicodedata
@@ -26,6 +23,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from bert_jax import host_env
+from bert_jax.data import wordpiece_text
 
 # The one place special tokens are named; every model and pipeline stage resolves ids through it.
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
@@ -33,7 +31,6 @@ SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
 # SentencePiece models trained elsewhere (ALBERT, T5-style) spell pad/unk differently.
 _SPECIAL_ALIASES = {PAD: ("[PAD]", "<pad>"), UNK: ("[UNK]", "<unk>"), CLS: ("[CLS]",),
                     SEP: ("[SEP]",), MASK: ("[MASK]", "<mask>")}
-MAX_CHARS_PER_WORD = 100  # google-research/bert `WordpieceTokenizer.max_input_chars_per_word`
 VOCAB_FILE, SPM_FILE = "vocab.txt", "spm.model"
 BPE_VOCAB_FILE, MERGES_FILE = "vocab.json", "merges.txt"  # byte-level BPE, as Hugging Face names them
 TOKENIZER_CONFIG = "tokenizer_config.json"  # Hugging Face's settings beside the vocabulary
@@ -108,135 +105,6 @@ class _Tokenizer:
     return table
 
 
-# ---------------------------------------------------------------------------------------------
-# WordPiece: the reference rules.
-
-
-def _is_whitespace(ch: str) -> bool:
-  return ch in " \t\n\r" or unicodedata.category(ch) == "Zs"
-
-
-def _is_control(ch: str) -> bool:
-  # Hugging Face drops every "C*" category; google-research/bert only Cc/Cf. They differ on
-  # private-use and unassigned code points; we follow Hugging Face, whose ids we must match.
-  return ch not in "\t\n\r" and unicodedata.category(ch).startswith("C")
-
-
-def _is_punctuation(ch: str) -> bool:
-  cp = ord(ch)  # ASCII symbols like "$" or "^" are not Unicode "P*" but BERT splits them too.
-  if 33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126:
-    return True
-  return unicodedata.category(ch).startswith("P")
-
-
-_CJK_RANGES = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
-               (0x2B740, 0x2B81F), (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))
-_CJK_RE = re.compile("([" + "".join(f"{chr(a)}-{chr(b)}" for a, b in _CJK_RANGES) + "])")
-
-
-def _clean_text(text: str) -> str:
-  """Drops NUL, U+FFFD and control characters; every whitespace character becomes a space."""
-  out = []
-  for ch in text:
-    if ch == "\x00" or ch == "\ufffd" or _is_control(ch):
-      continue
-    out.append(" " if _is_whitespace(ch) else ch)
-  return "".join(out)
-
-
-def _strip_accents(text: str) -> str:
-  return "".join(c for c in unicodedata.normalize("NFD", text) if unicodedata.category(c) != "Mn")
-
-
-def _split_punctuation(word: str) -> list[str]:
-  pieces, current = [], []
-  for ch in word:
-    if _is_punctuation(ch):
-      if current:
-        pieces.append("".join(current))
-        current = []
-      pieces.append(ch)
-    else:
-      current.append(ch)
-  if current:
-    pieces.append("".join(current))
-  return pieces
-
-
-def basic_tokenize(text: str, do_lower_case: bool, strip_accents: bool | None = None) -> list[str]:
-  """BERT's `BasicTokenizer`: the words WordPiece then splits. Accents are stripped as Hugging Face's
-  `strip_accents` says: None follows `do_lower_case` (BERT's rule), True or False either way."""
-  text = _CJK_RE.sub(r" \1 ", _clean_text(text))
-  text = unicodedata.normalize("NFC", text)  # as Hugging Face, so composed/decomposed input agree
-  strip = do_lower_case if strip_accents is None else strip_accents
-  words = []
-  for word in text.split():
-    if do_lower_case:
-      word = word.lower()
-    if strip:
-      word = _strip_accents(word)
-    words.extend(_split_punctuation(word))
-  return words
-
-
-def wordpiece_split(word: str, vocab: dict, unk: str = UNK) -> list[str]:
-  """Greedy longest-match-first split of one word; [UNK] if any part cannot be matched."""
-  if len(word) > MAX_CHARS_PER_WORD:
-    return [unk]
-  pieces, start = [], 0
-  while start < len(word):
-    end = len(word)
-    while end > start:
-      piece = word[start:end] if start == 0 else "##" + word[start:end]
-      if piece in vocab:
-        break
-      end -= 1
-    if end == start:
-      return [unk]
-    pieces.append(piece)
-    start = end
-  return pieces
-
-
-# The fast path (tensorflow_text) differs from the reference on a few inputs; `_fast_form`
-# rewrites a text so that both agree, or returns None to send it to the reference path:
-# * controls, NUL and U+FFFD: BERT deletes them, the fast normaliser maps controls to spaces, so
-#   they are deleted first (`_clean_text` is idempotent, so this changes nothing for the reference);
-# * the per-word limit: the fast path counts bytes, BERT characters of the normalised word. They
-#   agree on ASCII; other texts use a tokenizer with a limit no word of 100 characters reaches,
-#   and go to the reference path if a run of non-space characters could hold a longer word once
-#   normalised (NFD turns one Hangul syllable into three jamo);
-# * CJK ideographs: not split by the fast pre-tokeniser, so they are padded with spaces first;
-# * when lowercasing, characters with a compatibility decomposition ("½", "™", "…": the fast
-#   normaliser applies NFKD where BERT applies NFD) or whose case folding differs from
-#   `str.lower` ("ß" -> "ss", final sigma).
-# NFD (and lowercasing) turn a character into at most 4, so shorter runs stay within the limit.
-_LONG_RUN_RE = re.compile(r"\S{%d,}" % (MAX_CHARS_PER_WORD // 4))
-# Also the Hangul fillers U+115F and U+1160, which the fast path's normaliser deletes as default-ignorable
-# when it lowercases (the reference keeps them: one [UNK] with the letters around them).
-_FOLD_DIFFERS_RE = re.compile("[\u03a3\u115f\u1160" + re.escape(
-    "".join(chr(c) for c in range(0x10000) if chr(c).casefold() != chr(c).lower())) + "]")
-
-
-def _fast_form(text: str, do_lower_case: bool) -> str | None:
-  """`text` rewritten so the fast path gives the reference ids, or None if it cannot."""
-  if text.isascii() and text.isprintable():
-    return text
-  if not text.isprintable():
-    text = _clean_text(text)
-  text = text.replace("\ufffd", "")
-  if text.isascii():
-    return text
-  text = _CJK_RE.sub(r" \1 ", text)
-  for run in _LONG_RUN_RE.findall(text):
-    normalised = _strip_accents(run.lower()) if do_lower_case else unicodedata.normalize("NFC", run)
-    if len(normalised) > MAX_CHARS_PER_WORD:
-      return None
-  if do_lower_case and (not unicodedata.is_normalized("NFKC", text) or _FOLD_DIFFERS_RE.search(text)):
-    return None
-  return text
-
-
 def _merge(pieces, n: int) -> tuple[np.ndarray, np.ndarray]:
   """Interleaves (text indices, flat ids, lengths) groups back into text order."""
   lengths = np.zeros([n], np.int64)
@@ -271,8 +139,8 @@ class WordPieceTokenizer(_Tokenizer):
     self._fast = {}  # built on first use: importing tensorflow_text costs seconds
 
   def tokenize(self, text: str) -> list[str]:
-    return [p for w in basic_tokenize(text, self.do_lower_case, self.strip_accents)
-            for p in wordpiece_split(w, self.vocab)]
+    return [p for w in wordpiece_text.basic_tokenize(text, self.do_lower_case, self.strip_accents)
+            for p in wordpiece_text.wordpiece_split(w, self.vocab, UNK)]
 
   def convert_tokens_to_ids(self, tokens: Sequence[str]) -> list[int]:
     return [self.vocab.get(t, self.unk_id) for t in tokens]
@@ -304,8 +172,8 @@ class WordPieceTokenizer(_Tokenizer):
     if joined.isascii() and joined.isprintable():
       return self._fast_ids(texts, ascii_only=True)
     # The fast tokenizer strips accents exactly where it lowercases: other settings take it for ASCII only.
-    usual = self.strip_accents in (None, self.do_lower_case)
-    forms = [_fast_form(t, self.do_lower_case) if usual else (t if t.isascii() and t.isprintable() else None)
+    usual, fast_form = self.strip_accents in (None, self.do_lower_case), wordpiece_text.fast_form
+    forms = [fast_form(t, self.do_lower_case) if usual else (t if t.isascii() and t.isprintable() else None)
              for t in texts]
     groups = {True: [], False: []}  # ASCII or not -> indices
     for i, form in enumerate(forms):
@@ -331,9 +199,10 @@ class WordPieceTokenizer(_Tokenizer):
       tf = host_env.import_tensorflow()
       import tensorflow_text as tf_text  # pylint: disable=g-import-not-at-top
 
+      max_chars = wordpiece_text.MAX_CHARS_PER_WORD
       self._fast[ascii_only] = tf_text.FastBertTokenizer(
           vocab=self.inv_vocab, suffix_indicator="##", unknown_token=self.inv_vocab[self.unk_id],
-          max_bytes_per_word=MAX_CHARS_PER_WORD if ascii_only else 4 * 3 * MAX_CHARS_PER_WORD,
+          max_bytes_per_word=max_chars if ascii_only else 4 * 3 * max_chars,
           token_out_type=tf.int32, lower_case_nfd_strip_accents=self.do_lower_case)
     return self._fast[ascii_only]
 

@@ -20,7 +20,8 @@ from typing import Iterable
 
 from bert_jax.data import bpe
 from bert_jax.data.tokenizer import (BPE_VOCAB_FILE, CLS, MASK, MERGES_FILE, PAD, SEP, SPECIAL_TOKENS,
-                                     SPM_FILE, UNK, VOCAB_FILE, basic_tokenize)
+                                     SPM_FILE, UNK, VOCAB_FILE)
+from bert_jax.data.wordpiece_text import basic_tokenize
 
 # wordpiece; SentencePiece unigram or bpe; byte_bpe: byte-level BPE as RoBERTa and GPT-2.
 VOCAB_MODELS = ("wordpiece", "unigram", "bpe", "byte_bpe")

@@ -18,7 +18,7 @@ import os
 
 import numpy as np
 
-from bert_jax.data import tokenizer as tokenization
+from bert_jax.data import wordpiece_text
 from bert_jax.finetune import metrics, readers
 
 
@@ -271,7 +271,7 @@ def get_final_text(pred_text: str, orig_text: str, do_lower_case: bool, strip_ac
   E.g. pred "steve smith", orig "Steve Smith's" -> "Steve Smith". Aligns the two after BERT's basic
   tokenization with spaces removed; falls back to `orig_text` when they cannot be aligned.
   """
-  tok_text = " ".join(tokenization.basic_tokenize(orig_text, do_lower_case, strip_accents))
+  tok_text = " ".join(wordpiece_text.basic_tokenize(orig_text, do_lower_case, strip_accents))
   start = tok_text.find(pred_text)
   if start == -1:
     return orig_text
@@ -292,7 +292,7 @@ def span_text(example: SquadExample, meta: dict, feature: int, start: int, end: 
   if meta.get("decode") is None:   # WordPiece, as run_squad
     tok_text = " ".join(" ".join(pieces).replace(" ##", "").replace("##", "").split())
   else:   # the pieces' text, split as get_final_text splits the original
-    tok_text = " ".join(tokenization.basic_tokenize(meta["decode"](pieces), meta["do_lower_case"],
+    tok_text = " ".join(wordpiece_text.basic_tokenize(meta["decode"](pieces), meta["do_lower_case"],
                                                     meta.get("strip_accents")))
   to_orig = meta["token_to_orig"][feature]
   orig_text = " ".join(example.doc_tokens[to_orig[start]:to_orig[end] + 1])
