@@ -1,7 +1,7 @@
 """The pure train and eval steps of any objective: loss from sums and weights, accumulation, non-finite guard.
 
 Static parts (model, optimizer, config) are bound with functools.partial and the result is jitted once
-in `train.setup`. `frozen` holds the variables an objective reads but never trains (DistilBERT's teacher):
+in `train_setup.setup`. `frozen` holds the variables an objective reads but never trains (DistilBERT's teacher):
 the model sees them as its "frozen" collection, they take no gradient and are neither in the TrainState
 (so neither in the optimizer state nor in checkpoints) nor changed by a step. The objective (`config.objective`, bert_jax/objectives/) returns its losses as sums and
 weights: the number of predicted tokens differs per batch, shard and micro-batch, so the means are

@@ -1,26 +1,17 @@
-"""Pretraining: the sharded setup (`setup`) and the loop (`train_and_evaluate`), the CLI's one call.
+"""Pretraining: the loop (`train_and_evaluate`), the CLI's one call, on the sharded setup of train_setup.py.
 
     bert-jax pretrain --config=configs/tiny.py --workdir=/tmp/bert_tiny
-
-The train state is never built unsharded: `jax.eval_shape(init)` gives its shapes and logical axis
-names, the config's rules map those to the mesh, and `init` is jitted with those out_shardings.
 """
 
 import collections
-import dataclasses
-import functools
 import os
 import time
-from typing import Any, Callable
 
 from absl import logging
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
-from jax.sharding import Mesh, NamedSharding
 
 from bert_jax import checkpoint_loader
 from bert_jax import checkpointing
@@ -28,183 +19,17 @@ from bert_jax import curves
 from bert_jax import failures
 from bert_jax import metrics_writer
 from bert_jax import objectives
-from bert_jax import optimizer as optimizer_lib
 from bert_jax import paths
 from bert_jax import run_checks
 from bert_jax import sharding
 from bert_jax import steps
-from bert_jax.models import flash_dropout
+from bert_jax import train_setup
 
 TrainState = steps.TrainState
 bert_config = objectives.encoder_config   # the encoder a pretraining config describes
 DROPOUT_RNGS = run_checks.DROPOUT_RNGS
 validate = run_checks.validate          # the config, before anything is compiled
 check_inputs = run_checks.check_inputs  # its data and init_from
-
-
-# ---------------------------------------------------------------------------------------------
-# Model, batch shapes and validation
-# ---------------------------------------------------------------------------------------------
-
-
-def build_model(config: ml_collections.ConfigDict) -> nn.Module:
-  """The pretraining model of the config's objective (encoder + heads)."""
-  return objectives.get(config).build_model(config)
-
-
-def abstract_batch(config: ml_collections.ConfigDict, batch_size: int | None = None) -> dict:
-  """Global shapes and dtypes of a batch, `global_batch_size` rows by default: the objective's schema."""
-  b = config.global_batch_size if batch_size is None else batch_size
-  schema = objectives.get(config).batch_schema(config.data, b)
-  return {name: jax.ShapeDtypeStruct(f.shape, f.dtype) for name, f in schema.items()}
-
-
-def rngs(config: ml_collections.ConfigDict) -> tuple[jax.Array, jax.Array]:
-  """(parameter init key, dropout key) from `config.seed`; the dropout key of `config.dropout_rng`'s
-  implementation. The train step folds the step into the dropout key, so a resume replays it."""
-  init_rng, dropout_rng = jax.random.split(jax.random.key(config.seed))
-  impl = config.get("dropout_rng", DROPOUT_RNGS[0])
-  if impl != DROPOUT_RNGS[0]:
-    dropout_rng = jax.random.fold_in(jax.random.key(config.seed, impl=impl), 1)
-  return init_rng, dropout_rng
-
-
-# ---------------------------------------------------------------------------------------------
-# Sharded setup
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class FrozenStep:
-  """A jitted step whose last argument is the run's frozen variables (`base.Frozen`), called and lowered
-  without them: `step(state, batch, rng)`, `step.lower(...)`. `frozen` is {} for most objectives, abstract
-  (ShapeDtypeStructs) until `load_frozen`."""
-  jitted: Any
-  frozen: Any
-
-  def __call__(self, *args):
-    return self.jitted(*args, self.frozen)
-
-  def lower(self, *args):
-    return self.jitted.lower(*args, self.frozen)
-
-
-@dataclasses.dataclass(frozen=True)
-class Setup:
-  """Everything the loop (and `aot`, `bench train`) needs, all sharded over `mesh`."""
-  objective: Any                      # the module of `config.objective` (bert_jax/objectives/)
-  model: nn.Module
-  tx: optax.GradientTransformation
-  mesh: Mesh
-  abstract_state: TrainState          # ShapeDtypeStructs carrying their shardings
-  state_shardings: TrainState         # NamedShardings
-  batch_shardings: dict[str, NamedSharding]
-  init: Callable[[jax.Array], TrainState]        # rng -> state, jitted with out_shardings
-  train_step: FrozenStep              # (state, batch, rng) -> (state, metrics); donates state
-  eval_step: FrozenStep               # (params, batch) -> loss sums
-  frozen_spec: Any = None             # the objective's base.Frozen, or None
-  frozen_shardings: Any = dataclasses.field(default_factory=dict)
-  # (fresh params, frozen) -> a new run's params (base.Frozen.init_params), jitted; None: keep them.
-  init_params: Callable[..., Any] | None = None
-  # rng -> frozen variables at random values, sharded (benchmarks and tests: shapes are what matter).
-  init_frozen: Callable[..., Any] | None = None
-
-  @property
-  def frozen(self):
-    """The frozen variables the steps are bound to: {}, abstract, or loaded arrays (`load_frozen`)."""
-    return self.train_step.frozen
-
-  def with_frozen(self, frozen) -> "Setup":
-    """This Setup with its steps bound to `frozen` (device arrays sharded by `frozen_shardings`)."""
-    return dataclasses.replace(self, train_step=dataclasses.replace(self.train_step, frozen=frozen),
-                               eval_step=dataclasses.replace(self.eval_step, frozen=frozen))
-
-
-def _in_mesh_context(fn: Callable, mesh: Mesh, rules) -> Callable:
-  """`fn` traced with the logical axis rules and the (abstract) mesh the model's constraints need."""
-  @functools.wraps(fn)
-  def wrapped(*args, **kwargs):
-    with (jax.sharding.use_abstract_mesh(mesh.abstract_mesh), nn.logical_axis_rules(rules),
-          flash_dropout.compiling_for(mesh.devices.flat[0].device_kind)):
-      return fn(*args, **kwargs)
-  return wrapped
-
-
-def _sharded_abstract(boxed_fn: Callable, mesh: Mesh, rules) -> tuple:
-  """(abstract tree with shardings, shardings) of `boxed_fn(rng)`, a tree with logical axis names."""
-  rng_shape = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
-  shardings = sharding.logical_to_shardings(
-      nn.get_partition_spec(jax.eval_shape(_in_mesh_context(boxed_fn, mesh, rules), rng_shape)), mesh, rules)
-  unboxed = jax.eval_shape(_in_mesh_context(lambda rng: nn.unbox(boxed_fn(rng)), mesh, rules), rng_shape)
-  abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), unboxed, shardings)
-  return abstract, shardings
-
-
-def setup(config: ml_collections.ConfigDict, mesh: Mesh) -> Setup:
-  """Model, optimizer, abstract sharded state and the jitted init/train/eval functions.
-
-  The steps are bound to the objective's frozen variables as abstract values: `load_frozen` binds the
-  real ones before a run steps; `aot` compiles with the abstract ones.
-  """
-  objective = objectives.get(config)
-  model = build_model(config)
-  tx = optimizer_lib.create_optimizer(config.optimizer)
-  rules = sharding.logical_rules(config)
-  init_batch = {k: jnp.zeros(s.shape, s.dtype) for k, s in abstract_batch(config, batch_size=1).items()}
-
-  def init_boxed(rng):   # params still wrapped with their logical axis names
-    params = model.init({"params": rng, "dropout": rng}, init_batch, deterministic=True)["params"]
-    zero = jnp.zeros([], jnp.int32)
-    return TrainState(step=zero, params=params, opt_state=tx.init(params), nonfinite_count=zero,
-                      nonfinite_streak=zero)
-
-  init_fn = _in_mesh_context(lambda rng: nn.unbox(init_boxed(rng)), mesh, rules)
-  abstract_state, state_shardings = _sharded_abstract(init_boxed, mesh, rules)
-  frozen_spec = objective.frozen(config) if hasattr(objective, "frozen") else None
-  abstract_frozen, frozen_shardings = _sharded_abstract(frozen_spec.init, mesh, rules) if frozen_spec else ({}, {})
-  batch_shardings = {k: sharding.batch_sharding(mesh) for k in abstract_batch(config)}
-  replicated = NamedSharding(mesh, jax.sharding.PartitionSpec())
-
-  train_fn = functools.partial(steps.train_step, model=model, tx=tx, config=config)
-  eval_fn = functools.partial(steps.eval_step, model=model, config=config)
-  init_params = None
-  if frozen_spec is not None and frozen_spec.init_params is not None:
-    init_params = jax.jit(_in_mesh_context(frozen_spec.init_params, mesh, rules),
-                          in_shardings=(state_shardings.params, frozen_shardings),
-                          out_shardings=state_shardings.params)
-  return Setup(
-      objective=objective, model=model, tx=tx, mesh=mesh, abstract_state=abstract_state,
-      state_shardings=state_shardings, batch_shardings=batch_shardings,
-      init=jax.jit(init_fn, in_shardings=replicated, out_shardings=state_shardings),
-      train_step=FrozenStep(jax.jit(_in_mesh_context(train_fn, mesh, rules),
-                                    in_shardings=(state_shardings, batch_shardings, replicated, frozen_shardings),
-                                    out_shardings=(state_shardings, replicated), donate_argnums=(0,)),
-                            abstract_frozen),
-      eval_step=FrozenStep(jax.jit(_in_mesh_context(eval_fn, mesh, rules),
-                                   in_shardings=(state_shardings.params, batch_shardings, frozen_shardings),
-                                   out_shardings=replicated), abstract_frozen),
-      frozen_spec=frozen_spec, frozen_shardings=frozen_shardings, init_params=init_params,
-      init_frozen=frozen_spec and jax.jit(_in_mesh_context(lambda rng: nn.unbox(frozen_spec.init(rng)), mesh, rules),
-                                          in_shardings=replicated, out_shardings=frozen_shardings),
-  )
-
-
-def load_frozen(s: Setup) -> Setup:
-  """`s` with its steps bound to the objective's real frozen variables (a teacher checkpoint), put on the
-  mesh with their shardings; `s` itself when the objective has none."""
-  if s.frozen_spec is None:
-    return s
-  host = s.frozen_spec.load()
-  want = jax.tree.map(lambda a: (a.shape, jnp.dtype(a.dtype)), s.frozen)
-  got = jax.tree.map(lambda a: (tuple(np.shape(a)), jnp.dtype(a.dtype)), host)
-  if want != got:
-    raise ValueError(f"frozen variables do not match the model:\n expected {want}\n got {got}")
-  return s.with_frozen(_put_sharded(host, s.frozen_shardings))
-
-
-def _put_sharded(host_tree, shardings):
-  """Host arrays (whole on every process) -> global arrays with `shardings`, each device taking its slice."""
-  return jax.tree.map(lambda a, sh: jax.make_array_from_callback(a.shape, sh, lambda i: a[i]), host_tree, shardings)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -264,7 +89,7 @@ def create_iterator(data_config, config, split: str, tokenizer=None):
                                                  tokenizer=tokenizer, objective=config.objective)
 
 
-def restore_or_init(s: Setup, config, checkpointer: checkpointing.Checkpointer, train_iter, rng):
+def restore_or_init(s: train_setup.Setup, config, checkpointer: checkpointing.Checkpointer, train_iter, rng):
   """The run's latest checkpoint (state and data position), else `config.init_from`, else fresh."""
   state, data_state, step = checkpointer.restore_latest(s.abstract_state)   # skips unreadable steps
   if step is not None:
@@ -285,7 +110,7 @@ def restore_or_init(s: Setup, config, checkpointer: checkpointing.Checkpointer, 
   return state, "initialized from scratch"
 
 
-def _params_from(config, fresh: dict, s: Setup) -> dict:
+def _params_from(config, fresh: dict, s: train_setup.Setup) -> dict:
   """`fresh` with every part a Hugging Face or TF checkpoint holds ("bert", "mlm", "nsp", ...) read from it;
   the parts it lacks (a pooler, an MLM head saved without) stay freshly initialised. Shapes must match.
   The fresh params stay where they are (on several hosts no process can fetch them all); each loaded leaf
@@ -299,7 +124,7 @@ def _params_from(config, fresh: dict, s: Setup) -> dict:
               else v for k, v in ours.items()}
     if np.shape(theirs) != tuple(ours.shape):
       raise ValueError(f"init_from {path!r}: {where} has shape {np.shape(theirs)}, the model {tuple(ours.shape)}")
-    return _put_sharded(np.asarray(theirs).astype(ours.dtype), shardings)
+    return train_setup.put_sharded(np.asarray(theirs).astype(ours.dtype), shardings)
 
   kept = sorted(k for k in fresh if k not in loaded)
   if kept:
@@ -307,7 +132,7 @@ def _params_from(config, fresh: dict, s: Setup) -> dict:
   return merge(fresh, loaded, s.state_shardings.params, "params")
 
 
-def evaluate(s: Setup, eval_iter, eval_start: dict, params) -> dict[str, float]:
+def evaluate(s: train_setup.Setup, eval_iter, eval_start: dict, params) -> dict[str, float]:
   """Loss sums over the held-out batches of `eval_iter`, replayed from `eval_start` every time.
 
   Also `eval/unigram_accuracy`: the accuracy of always predicting the most frequent target of these
@@ -409,8 +234,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   tokenizer = load_tokenizer(data_config, config)
   # The model config and tokenizer beside the checkpoints: embed, fill-mask and finetune read them.
   checkpoint_loader.write_run_record(workdir, bert_config(config), tokenizer.source_file, tokenizer.do_lower_case)
-  s = load_frozen(setup(config, mesh))
-  init_rng, dropout_rng = rngs(config)
+  s = train_setup.load_frozen(train_setup.setup(config, mesh))
+  init_rng, dropout_rng = train_setup.rngs(config)
   checkpointer = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"), keep=config.keep_checkpoints,
                                             async_save=config.async_checkpointing)
   train_iter = create_iterator(data_config, config, "train", tokenizer)

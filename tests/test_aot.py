@@ -13,7 +13,7 @@ import sys
 import jax
 import pytest
 
-from bert_jax import objectives, sharding, tpu_chips, train
+from bert_jax import objectives, sharding, tpu_chips, train_setup
 from bert_jax.tools import hlo_bytes
 from conftest import REPO_ROOT
 from configs import tiny
@@ -88,10 +88,10 @@ def test_aot_report_for_a_small_topology(tmp_path):
                                    + memory["temp_bytes"] + memory["generated_code_bytes"])
   # Arguments: this device's shard of the train state and of the batch (TPU layouts pad small arrays).
   config = _config()
-  s = train.setup(config, sharding.create_mesh(config.mesh, devices=jax.devices()[:4]))
+  s = train_setup.setup(config, sharding.create_mesh(config.mesh, devices=jax.devices()[:4]))
   state = sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
               for x in jax.tree.leaves(s.abstract_state))
-  batch = sum(math.prod(x.shape) * x.dtype.itemsize for x in train.abstract_batch(config).values()) / 4
+  batch = sum(math.prod(x.shape) * x.dtype.itemsize for x in train_setup.abstract_batch(config).values()) / 4
   assert state + batch <= memory["argument_bytes"] <= 1.5 * (state + batch)
   assert memory["alias_bytes"] >= state   # the donated state is updated in place
 
@@ -140,10 +140,10 @@ def test_aot_compiles_a_non_bert_objective(tmp_path):
   assert memory["fits"] and report["mesh"] == {"data": 2, "fsdp": 2, "tensor": 1}
   # The compiled step takes SpanBERT's batch (three span fields more than BERT's) beside the state.
   config = _config({**OVERRIDES, **SPANBERT})
-  s = train.setup(config, sharding.create_mesh(config.mesh, devices=jax.devices()[:4]))
+  s = train_setup.setup(config, sharding.create_mesh(config.mesh, devices=jax.devices()[:4]))
   state = sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
               for x in jax.tree.leaves(s.abstract_state))
-  batch = sum(math.prod(x.shape) * x.dtype.itemsize for x in train.abstract_batch(config).values()) / 4
+  batch = sum(math.prod(x.shape) * x.dtype.itemsize for x in train_setup.abstract_batch(config).values()) / 4
   assert state + batch <= memory["argument_bytes"] <= 1.5 * (state + batch)
   # Its FLOPs are the objective's own (the SBO head on top of BERT's without NSP).
   assert timing["model_flops"] == pytest.approx(objectives.train_flops_per_step(config) / 4)
@@ -171,12 +171,12 @@ def test_aot_counts_the_frozen_teacher(tmp_path):
   assert proc.returncode == 0, proc.stderr[-3000:]
   memory = report["memory_per_device"]
   config = _config({**OVERRIDES, **DISTILBERT})
-  s = train.setup(config, sharding.create_mesh(config.mesh, devices=jax.devices()[:4]))
+  s = train_setup.setup(config, sharding.create_mesh(config.mesh, devices=jax.devices()[:4]))
   per_device = lambda tree: sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize  # noqa: E731
                                 for x in jax.tree.leaves(tree))
   state, teacher = per_device(s.abstract_state), per_device(s.frozen)
   assert teacher > 0.5 * per_device(s.abstract_state.params)   # a 2-layer teacher, a 1-layer student
-  batch = sum(math.prod(x.shape) * x.dtype.itemsize for x in train.abstract_batch(config).values()) / 4
+  batch = sum(math.prod(x.shape) * x.dtype.itemsize for x in train_setup.abstract_batch(config).values()) / 4
   assert state + teacher + batch <= memory["argument_bytes"] <= 1.5 * (state + teacher + batch)
   assert report["time_per_step"]["model_flops"] == pytest.approx(objectives.train_flops_per_step(config) / 4)
 
@@ -259,7 +259,7 @@ def test_aot_compiles_electra_with_its_generator(tmp_path):
   proc, report = _aot(tmp_path, overrides)
   assert proc.returncode == 0, proc.stderr[-3000:]
   config = _config(overrides)
-  s = train.setup(config, sharding.create_mesh(config.mesh, devices=jax.devices()[:4]))
+  s = train_setup.setup(config, sharding.create_mesh(config.mesh, devices=jax.devices()[:4]))
   assert "generator" in s.abstract_state.params
   state = sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
               for x in jax.tree.leaves(s.abstract_state))

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import objectives, train
+from bert_jax import objectives, train, train_setup
 from bert_jax.objectives import base
 from bert_jax.tools import bench_train
 from configs import tiny
@@ -45,7 +45,7 @@ def test_every_objective_is_covered():
 @pytest.mark.parametrize("objective,packing", CASES)
 def test_synthetic_batch_has_the_abstract_batch_layout(objective, packing):
   config = _config(objective, packing)
-  batch, abstract = bench_train.synthetic_batch(config), train.abstract_batch(config)
+  batch, abstract = bench_train.synthetic_batch(config), train_setup.abstract_batch(config)
   assert list(batch) == list(abstract)
   for name, spec in abstract.items():
     assert (batch[name].shape, batch[name].dtype) == (spec.shape, spec.dtype), name

@@ -14,6 +14,7 @@ from bert_jax import optimizer
 from bert_jax import sharding
 from bert_jax import tpu_chips
 from bert_jax import train
+from bert_jax import train_setup
 from bert_jax.objectives import electra
 from configs import albert_base, albert_large, albert_xlarge, albert_xxlarge
 from configs import distilbert_base, distilbert_minilm
@@ -79,7 +80,7 @@ def _fitted(config):
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_config_builds_its_abstract_sharded_train_state(name):
   config, mesh = _fitted(CONFIGS[name])
-  s = train.setup(config, mesh)   # eval_shape only: nothing is allocated
+  s = train_setup.setup(config, mesh)   # eval_shape only: nothing is allocated
   n = _num_params(s.abstract_state)
   expected = {"bert_base": 110e6, "bert_large": 335e6, "roberta_base": 125e6, "roberta_large": 355e6, "tiny": 0.71e6,
               "albert_base": 11.8e6, "albert_large": 17.8e6, "albert_xlarge": 59.0e6, "albert_xxlarge": 223.1e6,
@@ -98,7 +99,7 @@ def test_config_builds_its_abstract_sharded_train_state(name):
   assert word.sharding.spec == adam.nu["bert"]["embeddings"]["word_embeddings"]["embedding"].sharding.spec
   if config.mesh.fsdp > 1:
     assert "fsdp" in word.sharding.spec   # fsdp configs shard the big matrices
-  batch = train.abstract_batch(config)
+  batch = train_setup.abstract_batch(config)
   assert batch["input_ids"].shape == (config.global_batch_size, config.data.seq_length)
   assert ("next_sentence_labels" in batch) == (config.data.format in ("nsp", "sop"))   # sop: ALBERT
 
@@ -195,7 +196,7 @@ def test_spanbert_paper_recipe(module):
   assert (c.data.seq_length, c.global_batch_size, c.train_steps, c.optimizer.learning_rate) == (
       512, 256, 2_400_000, 1e-4)
   assert (c.optimizer.weight_decay, c.optimizer.eps, c.data.short_seq_prob) == (0.1, 1e-8, 0.0)
-  assert "next_sentence_labels" not in train.abstract_batch(c)
+  assert "next_sentence_labels" not in train_setup.abstract_batch(c)
 
 
 @pytest.mark.parametrize("module", [electra_small, electra_base, electra_large])
@@ -217,7 +218,7 @@ def test_electra_paper_recipe(module):
   gen = electra.generator_config(cfg, c.generator_hidden_fraction)
   assert (gen.hidden_size, gen.num_heads, gen.intermediate_size) == {
       "small": (64, 1, 256), "base": (256, 4, 1024), "large": (256, 4, 1024)}[size]
-  assert "next_sentence_labels" not in train.abstract_batch(c)
+  assert "next_sentence_labels" not in train_setup.abstract_batch(c)
 
 
 def test_distilbert_paper_recipe():
@@ -233,7 +234,7 @@ def test_distilbert_paper_recipe():
       5e-4, int(0.05 * c.train_steps), 0.9, 0.98, 1e-6, 0.0, 5.0)   # distiller.py: betas=(0.9, 0.98)
   assert (c.distill.temperature, c.distill.soft_positions, distilbert.LOSS_TERMS) == (
       2.0, "all", {"soft": 5.0, "mlm": 2.0, "cos": 1.0})
-  assert distilbert.teacher_config(c).num_layers == 12 and "next_sentence_labels" not in train.abstract_batch(c)
+  assert distilbert.teacher_config(c).num_layers == 12 and "next_sentence_labels" not in train_setup.abstract_batch(c)
 
 
 def test_ltr_is_bert_base_with_a_causal_mask_and_no_nsp():
@@ -283,7 +284,7 @@ def test_modernbert_release_recipe(module):
   lr1 = optimizer.learning_rate_schedule(phases["phase1"].optimizer)
   assert float(lr1(ends[0] - 1)) == pytest.approx(lr[0]) and float(lr1(phases["phase1"].optimizer.warmup_steps // 2)) < lr[0]
   assert float(schedule(ends[1])) == pytest.approx(lr[2]) and float(schedule(ends[2])) == pytest.approx(lr[2] * 1e-3)
-  s = train.setup(phases["extension"], sharding.create_mesh(phases["extension"].mesh))
+  s = train_setup.setup(phases["extension"], sharding.create_mesh(phases["extension"].mesh))
   assert _num_params(s.abstract_state) == count
 
 

@@ -14,6 +14,7 @@ from bert_jax import checkpointing
 from bert_jax import failures
 from bert_jax import sharding
 from bert_jax import train
+from bert_jax import train_setup
 from bert_jax.data import input_pipeline
 from bert_jax.interop import checkpoints_hf
 from bert_jax.models import heads
@@ -47,7 +48,7 @@ def distill_config(data_dir, **changes):  # noqa: F811
 
 def _setup(config, devices=None):
   mesh = sharding.create_mesh(config.mesh, devices=devices or jax.devices()[:1])
-  return train.load_frozen(train.setup(config, mesh)), mesh
+  return train_setup.load_frozen(train_setup.setup(config, mesh)), mesh
 
 
 def _batch(config, mesh):
@@ -212,7 +213,7 @@ def test_pretraining_starts_from_a_hugging_face_checkpoint(data_dir):  # noqa: F
     train.check_inputs(tiny_config(data_dir, **changes))
   config = tiny_config(data_dir, init_from_params_only=True, **{**changes, "data.format": "full_sentences"})
   train.check_inputs(config)
-  s = train.setup(config, sharding.create_mesh(config.mesh, devices=jax.devices()[:1]))
+  s = train_setup.setup(config, sharding.create_mesh(config.mesh, devices=jax.devices()[:1]))
   state, origin = train.restore_or_init(s, config, _NoCheckpoints(), None, jax.random.key(0))
   assert origin.startswith(f"initialized from {teacher}")
   _, saved = checkpoints_hf.load_hf(teacher)

@@ -16,6 +16,7 @@ import pytest
 from bert_jax import failures
 from bert_jax import sharding
 from bert_jax import train
+from bert_jax import train_setup
 from bert_jax.data import input_pipeline
 from bert_jax.interop import checkpoints_hf
 from bert_jax.models import encoder as model
@@ -252,7 +253,7 @@ TRANSFORMERS_DISCRIMINATOR_PARAMS = {electra_small: 13_549_057, electra_base: 10
 @pytest.mark.parametrize("module", list(TRANSFORMERS_DISCRIMINATOR_PARAMS), ids=lambda m: m.__name__)
 def test_discriminator_has_transformers_parameter_count(module):
   config = module.get_config()
-  batch = train.abstract_batch(config, 1)
+  batch = train_setup.abstract_batch(config, 1)
   params = nn.unbox(jax.eval_shape(lambda b: electra.build_model(config).init(jax.random.key(0), b), batch)["params"])
   count = lambda tree: sum(math.prod(x.shape) for x in jax.tree.leaves(tree))
   assert "pooler" not in params["bert"]
@@ -283,7 +284,7 @@ def test_the_cli_names_a_generator_larger_than_the_discriminator(tmp_path):
 def _train_metrics(config, steps):
   """Step metrics of the config on one device, batches from the real input pipeline."""
   mesh = sharding.create_mesh(config.mesh, devices=jax.devices()[:1])
-  s, rngs = train.setup(config, mesh), jax.random.split(jax.random.key(0))
+  s, rngs = train_setup.setup(config, mesh), jax.random.split(jax.random.key(0))
   state, out = s.init(rngs[0]), []
   batches = input_pipeline.create_pretrain_iterator(config.data, global_batch_size=config.global_batch_size,
                                                     process_index=0, process_count=1, objective="electra")

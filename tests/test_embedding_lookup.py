@@ -99,18 +99,18 @@ def test_layouts_it_does_not_cover_fall_back_to_take():
 def test_train_steps_with_the_lookup_on_shards_keep_the_losses(mesh_shape):
   """Two train steps (dropout on; the second after an update) of the model with `embedding_lookup_on_shards`
   against the same model's jnp.take on one device: the same losses (2e-5, as test_mesh's meshes)."""
-  from bert_jax import sharding, train
+  from bert_jax import sharding, train_setup
   from test_mesh import _config, _losses
 
   losses = {}
   for on_shards, devices in ((False, jax.devices()[:1]), (True, None)):
     config = _config(*((1, 1, 1) if devices else mesh_shape))
     config.model.embedding_lookup_on_shards = on_shards
-    s = train.setup(config, sharding.create_mesh(config.mesh, devices=devices))
+    s = train_setup.setup(config, sharding.create_mesh(config.mesh, devices=devices))
     losses[on_shards] = _losses(config, s)
     if on_shards:   # the step's compiled HLO has the lookup's all-to-all and no table-sized scatter
-      hlo = s.train_step.lower(s.abstract_state, train.abstract_batch(config),
-                               jax.eval_shape(lambda: train.rngs(config)[1])).compile().as_text()
+      hlo = s.train_step.lower(s.abstract_state, train_setup.abstract_batch(config),
+                               jax.eval_shape(lambda: train_setup.rngs(config)[1])).compile().as_text()
       vocab, width = config.model.vocab_size, config.model.hidden_size
       assert "all-to-all" in hlo and not re.search(rf"\[{vocab},{width}\]\S* scatter\(", hlo)
   np.testing.assert_allclose(losses[True], losses[False], rtol=2e-5)

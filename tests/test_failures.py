@@ -23,6 +23,7 @@ from bert_jax import checkpointing
 from bert_jax import failures
 from bert_jax import sharding
 from bert_jax import train
+from bert_jax import train_setup
 from conftest import compilation_cache_env
 from test_train import REPO, TINY, compilation_cache, data_dir, read_metrics, tiny_config  # noqa: F401
 
@@ -134,7 +135,7 @@ def test_missing_shard_is_named(data_dir, tmp_path):  # noqa: F811
 @pytest.mark.slow
 def test_nan_update_with_finite_loss_and_gradient_is_skipped(data_dir):  # noqa: F811
   config = tiny_config(data_dir, **RUN, **{"optimizer.eps": 0.0})
-  s = train.setup(config, sharding.create_mesh(config.mesh))
+  s = train_setup.setup(config, sharding.create_mesh(config.mesh))
   state = s.init(jax.random.key(0))
   batch = sharding.global_batch(next(train.create_iterator(config.data, config, "train")), s.mesh)
   before = jax.device_get(state.params)

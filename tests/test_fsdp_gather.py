@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import sharding, train
+from bert_jax import sharding, train_setup
 from bert_jax.models import encoder, fsdp_gather
 from test_mesh import _compiled_step, _config, random_batch
 
@@ -27,7 +27,7 @@ def _step(reshard_after_forward: bool, scan_layers: bool = False, constrain_atte
   # Under remat the layer's recomputation gathers its weights again unless the policy keeps them.
   config.model.remat_policy = "minimal"
   config.model.reshard_after_forward = reshard_after_forward
-  return config, train.setup(config, sharding.create_mesh(config.mesh))
+  return config, train_setup.setup(config, sharding.create_mesh(config.mesh))
 
 
 def _trajectory(config, s, steps=3) -> list[tuple[float, float]]:

@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from bert_jax import checkpointing, sharding, train
+from bert_jax import checkpointing, sharding, train, train_setup
 from bert_jax.models import config as model_config, layouts
 from conftest import shipped_bert_large_steps
 from configs import tiny
@@ -32,10 +32,10 @@ def _config(data=-1, fsdp=1, tensor=1, vocab_on_tensor=True, dropout_bits="three
 
 
 def _mesh_setup(data=1, fsdp=4, tensor=2, **model):
-  """(config, train.setup) of `_config` on that mesh with `model`'s settings."""
+  """(config, train_setup.setup) of `_config` on that mesh with `model`'s settings."""
   config = _config(data=data, fsdp=fsdp, tensor=tensor)
   config.model.update(model)
-  return config, train.setup(config, sharding.create_mesh(config.mesh))
+  return config, train_setup.setup(config, sharding.create_mesh(config.mesh))
 
 
 def random_batch(config, seed=0) -> dict[str, np.ndarray]:
@@ -43,7 +43,7 @@ def random_batch(config, seed=0) -> dict[str, np.ndarray]:
   rng = np.random.default_rng(seed)
   vocab = train.bert_config(config).vocab_size
   batch = {}
-  for name, s in train.abstract_batch(config).items():
+  for name, s in train_setup.abstract_batch(config).items():
     if name == "masked_lm_positions":
       batch[name] = rng.integers(0, config.data.seq_length, s.shape).astype(s.dtype)
     elif name in ("input_ids", "masked_lm_ids"):
@@ -58,7 +58,7 @@ def random_batch(config, seed=0) -> dict[str, np.ndarray]:
 
 @pytest.fixture(scope="module")
 def setups():
-  """(config, train.setup) per mesh shape, built once: the memory test lowers the (8, 1, 1) and (1, 8, 1)
+  """(config, train_setup.setup) per mesh shape, built once: the memory test lowers the (8, 1, 1) and (1, 8, 1)
   steps the loss test has already run, and finds them compiled."""
   built = {}
 
@@ -66,7 +66,7 @@ def setups():
     key = (data, fsdp, tensor, devices is None, vocab_on_tensor, dropout_bits)
     if key not in built:
       config = _config(data, fsdp, tensor, vocab_on_tensor, dropout_bits)
-      built[key] = config, train.setup(config, sharding.create_mesh(config.mesh, devices=devices))
+      built[key] = config, train_setup.setup(config, sharding.create_mesh(config.mesh, devices=devices))
     return built[key]
   return get
 
@@ -116,7 +116,7 @@ def test_remat_keeps_the_losses_with_dropout(setups):
   for policy in ("minimal", "full"):
     config = _config(data=1)
     config.model.remat_policy = policy
-    losses = _losses(config, train.setup(config, sharding.create_mesh(config.mesh, devices=jax.devices()[:1])))
+    losses = _losses(config, train_setup.setup(config, sharding.create_mesh(config.mesh, devices=jax.devices()[:1])))
     np.testing.assert_allclose(losses, reference, rtol=2e-5, err_msg=policy)
 
 
@@ -129,7 +129,7 @@ def test_fused_qkv_keeps_the_losses_and_each_tensor_shard_its_own_heads(setups):
   reference = _losses(*setups(2, 2, 2))
   config = _config(2, 2, 2)
   config.model.fused_qkv = True
-  s = train.setup(config, sharding.create_mesh(config.mesh))
+  s = train_setup.setup(config, sharding.create_mesh(config.mesh))
   np.testing.assert_allclose(_losses(config, s), reference, rtol=2e-5)
   collectives = re.findall(r"= (\S+?)\{[^}]*\} (all-gather|all-reduce|all-to-all|collective-permute|reduce-scatter)"
                            r"(?:-start)?\(.*?op_name=\"[^\"]*/attention/", _compiled_step(config, s).as_text())
@@ -142,7 +142,7 @@ def _compiled_step(config, s):
   # The batch as `_losses` passes it, sharded: the lowering (and its executable) is then the one the
   # jitted step already compiled when it ran.
   batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=s.batch_shardings[k])
-           for k, v in train.abstract_batch(config).items()}
+           for k, v in train_setup.abstract_batch(config).items()}
   return s.train_step.lower(s.abstract_state, batch, rng).compile()
 
 
@@ -160,7 +160,7 @@ def test_fsdp_divides_state_bytes_per_device(setups):
   # Every matrix, embedding and layer norm has an `embed` axis (-> fsdp); the other biases stay
   # replicated (6.9x smaller here, with hidden size 32 and one layer).
   assert sharded < replicated / 6
-  batch_bytes = sum(math.prod(s.shape) * s.dtype.itemsize for s in train.abstract_batch(data_cfg).values()) // 8
+  batch_bytes = sum(math.prod(s.shape) * s.dtype.itemsize for s in train_setup.abstract_batch(data_cfg).values()) // 8
   key_bytes = jax.random.key_data(jax.random.key(0)).nbytes
   for step, state_bytes in ((data_step, replicated), (fsdp_step, sharded)):
     memory = step.memory_analysis()

@@ -9,6 +9,7 @@ from bert_jax import failures
 from bert_jax import objectives
 from bert_jax import sharding
 from bert_jax import train
+from bert_jax import train_setup
 from bert_jax.data import input_pipeline
 from test_train import check_exact_resume_after_sigterm, compilation_cache, data_dir, tiny_config  # noqa: F401
 
@@ -60,7 +61,7 @@ def test_pipeline_batches_follow_the_schema(data_dir, name):  # noqa: F811
 def _losses(config, devices, steps):
   """Train-step losses of the config's objective on `devices`, batches from the real input pipeline."""
   mesh = sharding.create_mesh(config.mesh, devices=devices)
-  s = train.load_frozen(train.setup(config, mesh))
+  s = train_setup.load_frozen(train_setup.setup(config, mesh))
   it = input_pipeline.create_pretrain_iterator(config.data, global_batch_size=config.global_batch_size,
                                                process_index=0, process_count=1, objective=config.objective)
   init_rng, dropout_rng = jax.random.split(jax.random.key(0))
@@ -147,7 +148,7 @@ def test_modernbert_needs_its_encoder(data_dir, changes, match):  # noqa: F811
 def test_modernbert_model_is_hugging_faces_masked_lm(data_dir):  # noqa: F811
   """No pooler, no token types, no NSP head: the parameter tree of ModernBertForMaskedLM's modules."""
   config = objective_config(data_dir, "modernbert")
-  s = train.setup(config, sharding.create_mesh(config.mesh))
+  s = train_setup.setup(config, sharding.create_mesh(config.mesh))
   params = s.abstract_state.params
   assert set(params) == {"bert", "mlm"} and "pooler" not in params["bert"]
   assert "token_type_embeddings" not in params["bert"]["embeddings"]

@@ -17,6 +17,7 @@ from conftest import compilation_cache_env, shipped_bert_large_steps
 from bert_jax.data import prepare
 from bert_jax import sharding
 from bert_jax import train
+from bert_jax import train_setup
 from configs import tiny
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -139,9 +140,9 @@ def test_train_and_evaluate_end_to_end_then_resume(data_dir, tmp_path):
 def test_nonfinite_step_is_skipped_and_counted(data_dir):
   config = tiny_config(data_dir)
   mesh = sharding.create_mesh(config.mesh)
-  s = train.setup(config, mesh)
+  s = train_setup.setup(config, mesh)
   state = s.init(jax.random.key(0))
-  batch = {k: jnp.zeros(v.shape, v.dtype) for k, v in train.abstract_batch(config).items()}
+  batch = {k: jnp.zeros(v.shape, v.dtype) for k, v in train_setup.abstract_batch(config).items()}
   batch = jax.device_put(batch, s.batch_shardings)
   poisoned = jax.tree.map(lambda p: p, state.params)
   poisoned["mlm"]["output_bias"] = state.params["mlm"]["output_bias"].at[3].set(jnp.nan)
@@ -186,7 +187,7 @@ def test_gradient_accumulation_matches_one_big_batch(data_dir):
   outs = []
   for micro_batches in (1, 4):
     config = tiny_config(data_dir, micro_batches=micro_batches, **no_dropout)
-    s = train.setup(config, sharding.create_mesh(config.mesh))
+    s = train_setup.setup(config, sharding.create_mesh(config.mesh))
     it = train.create_iterator(config.data, config, split="train")
     batch = sharding.global_batch(next(it), s.mesh)
     state, metrics = s.train_step(s.init(jax.random.key(0)), batch, jax.random.key(1))
@@ -265,9 +266,9 @@ def test_embedded_corpus_is_prepared_once_into_the_workdir(tmp_path, monkeypatch
 def test_packed_and_sentence_free_batches_train(data_dir, fmt, packing):
   config = tiny_config(data_dir, **{"data.format": fmt, "data.packing": packing, "data.max_examples_per_row": 4,
                                     "data.short_seq_prob": 0.9})   # short instances: several per packed row
-  s = train.setup(config, sharding.create_mesh(config.mesh))
+  s = train_setup.setup(config, sharding.create_mesh(config.mesh))
   host_batch = next(train.create_iterator(config.data, config, split="train"))
-  assert set(host_batch) == set(train.abstract_batch(config))
+  assert set(host_batch) == set(train_setup.abstract_batch(config))
   batch = sharding.global_batch(host_batch, s.mesh)
   state, metrics = s.train_step(s.init(jax.random.key(0)), batch, jax.random.key(1))
   metrics = jax.device_get(metrics)
@@ -280,7 +281,7 @@ def test_packed_and_sentence_free_batches_train(data_dir, fmt, packing):
 
 def test_tokenizer_larger_than_the_embedding_table_stops_before_compiling(data_dir, tmp_path, monkeypatch):
   compiled = []
-  monkeypatch.setattr(train, "setup", lambda *a, **k: compiled.append(1))
+  monkeypatch.setattr(train_setup, "setup", lambda *a, **k: compiled.append(1))
   config = tiny_config(data_dir, **{"model.vocab_size": 64})   # the data's vocabulary: about 110 tokens
   with pytest.raises(ValueError, match=r"has 1[0-9]{2} tokens but the model's embedding table has 64"):
     train.train_and_evaluate(config, str(tmp_path / "run"))
@@ -298,17 +299,17 @@ def test_relative_workdir_and_paths_become_absolute(data_dir, tmp_path, monkeypa
 
 def test_dropout_bits_come_from_the_configured_generator():
   config = tiny.get_config()
-  init_rng, dropout_rng = train.rngs(config)
+  init_rng, dropout_rng = train_setup.rngs(config)
   assert str(jax.random.key_impl(dropout_rng)) == "threefry2x32"
   # The default keeps the keys runs have always had: both halves of split(key(seed)).
   expected = jax.random.split(jax.random.key(config.seed))
   assert (jax.random.key_data(dropout_rng) == jax.random.key_data(expected[1])).all()
   config.dropout_rng = "rbg"
-  init_rbg, dropout_rbg = train.rngs(config)
+  init_rbg, dropout_rbg = train_setup.rngs(config)
   assert str(jax.random.key_impl(dropout_rbg)) == "rbg"
   assert (jax.random.key_data(init_rbg) == jax.random.key_data(init_rng)).all()   # parameters do not change
   keep = lambda k: jax.random.bernoulli(jax.random.fold_in(k, 3), 0.9, (64, 64))   # noqa: E731
-  assert (keep(dropout_rbg) == keep(train.rngs(config)[1])).all()   # the same key, the same mask
+  assert (keep(dropout_rbg) == keep(train_setup.rngs(config)[1])).all()   # the same key, the same mask
   assert 0.85 < float(keep(dropout_rbg).mean()) < 0.95 and (keep(dropout_rbg) != keep(dropout_rng)).any()
   config.dropout_rng = "philox"
   with pytest.raises(Exception, match="dropout_rng 'philox' is not one of"):
@@ -330,7 +331,7 @@ def test_flash_kernel_keeps_the_steps_loss(data_dir):
   (the kernel's bits drawn by XLA ops), which differ from the explicit path's (nn.Dropout's bits)."""
   def step(kernel, rate):
     config = tiny_config(data_dir, **{"model.attention_kernel": kernel, "model.attention_dropout": rate})
-    s = train.setup(config, sharding.create_mesh(config.mesh))
+    s = train_setup.setup(config, sharding.create_mesh(config.mesh))
     batch = sharding.global_batch(next(train.create_iterator(config.data, config, split="train")), s.mesh)
     _, metrics = s.train_step(s.init(jax.random.key(0)), batch, jax.random.key(1))
     return jax.device_get(metrics)

@@ -29,6 +29,7 @@ from bert_jax import failures
 from bert_jax import objectives
 from bert_jax import paths
 from bert_jax import train
+from bert_jax import train_setup
 from bert_jax.finetune import sweep
 
 PRETRAINED, EVALUATED, FINETUNED = "PRETRAINED", "EVALUATED", "FINETUNED"
@@ -94,8 +95,8 @@ def pretrain_tokens(config) -> int:
 
 def encoder_parameters(config) -> int:
   """Parameters of the encoder (`params["bert"]`, what finetuning keeps), counted from shapes only."""
-  model = train.build_model(config)
-  batch = {k: jax.numpy.zeros(s.shape, s.dtype) for k, s in train.abstract_batch(config, batch_size=1).items()}
+  model = train_setup.build_model(config)
+  batch = {k: jax.numpy.zeros(s.shape, s.dtype) for k, s in train_setup.abstract_batch(config, batch_size=1).items()}
   init = lambda rng: model.init({"params": rng, "dropout": rng}, batch, deterministic=True)["params"]
   shapes = jax.eval_shape(init, jax.random.key(0))
   encoder = shapes.get("bert", shapes)

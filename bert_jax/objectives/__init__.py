@@ -1,7 +1,7 @@
 """Pretraining objectives, one module each; `config.objective` names one.
 
 An objective module owns, for its objective: the batch schema (`batch_schema`: the names, dtypes,
-shapes and value ranges that the input pipeline produces, `train.abstract_batch` compiles against and
+shapes and value ranges that the input pipeline produces, `train_setup.abstract_batch` compiles against and
 `bench train` fills), the pretraining model (`build_model`), the loss sums of a batch (`loss_sums`)
 and how they combine (`LOSS_TERMS`: term -> coefficient, `loss_weights`), the metrics it reports
 (`summarize`), its FLOPs (`forward_flops_per_row`) and what it asks of a config (`validate`). The

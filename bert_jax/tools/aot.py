@@ -3,7 +3,7 @@
     bert-jax aot --config=configs/bert_large.py:phase2 --topology=v3:8x8
 
 libtpu compiles for a described topology with no TPU attached (`jax.experimental.topologies`): the
-train step of `train.setup` is lowered with abstract state and batch on a mesh over the topology's
+train step of `train_setup.setup` is lowered with abstract state and batch on a mesh over the topology's
 devices and compiled by the TPU compiler. The report gives, per device, XLA's buffer assignment
 (arguments, outputs, temporaries, code) against the HBM of that device, and an estimated step time:
 the larger of compute time (FLOPs / peak) and memory time (bytes accessed / HBM bandwidth).
@@ -64,15 +64,15 @@ def topology_devices(topology: str) -> list[Any]:
 
 
 def lower_train_step(config, devices) -> tuple[Any, float]:
-  """The real train step of `train.setup`, lowered for `devices` with abstract state and batch, and the
+  """The real train step of `train_setup.setup`, lowered for `devices` with abstract state and batch, and the
   seconds that took (setup, tracing, lowering to StableHLO)."""
   import jax  # pylint: disable=g-import-not-at-top
-  from bert_jax import sharding, train  # pylint: disable=g-import-not-at-top
+  from bert_jax import sharding, train_setup  # pylint: disable=g-import-not-at-top
   start = time.perf_counter()
   mesh = sharding.create_mesh(config.mesh, devices=devices)
-  pieces = train.setup(config, mesh)
-  rng = jax.eval_shape(lambda: train.rngs(config)[1])
-  lowered = pieces.train_step.lower(pieces.abstract_state, train.abstract_batch(config), rng)
+  pieces = train_setup.setup(config, mesh)
+  rng = jax.eval_shape(lambda: train_setup.rngs(config)[1])
+  lowered = pieces.train_step.lower(pieces.abstract_state, train_setup.abstract_batch(config), rng)
   return lowered, time.perf_counter() - start
 
 

@@ -36,6 +36,7 @@ from ml_collections import config_flags
 from bert_jax import objectives
 from bert_jax import sharding
 from bert_jax import train
+from bert_jax import train_setup
 from bert_jax.models import dropout
 from bert_jax.objectives import base
 from bert_jax.tools import bench_compare
@@ -148,8 +149,8 @@ class TrainStepTimer:
 
   def __init__(self, config: ml_collections.ConfigDict, warmup: int = 2, batch=None):
     mesh = sharding.create_mesh(config.mesh)
-    self._s = s = train.setup(config, mesh)
-    init_rng, self._dropout_rng = train.rngs(config)
+    self._s = s = train_setup.setup(config, mesh)
+    init_rng, self._dropout_rng = train_setup.rngs(config)
     if s.init_frozen is not None:   # a teacher at random values: its shapes and dtype are what cost time
       self._s = s = s.with_frozen(s.init_frozen(init_rng))
     self._state = s.init(init_rng)
