@@ -78,16 +78,17 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
 def check_inputs(config: ml_collections.ConfigDict) -> None:
   """Stops a run whose data or `init_from` cannot be read, naming the field, before anything is compiled."""
   from bert_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
+  from bert_jax.data import shards  # pylint: disable=g-import-not-at-top
   d, problems = config.data, []
   if not d.train_files:
     problems.append("data.train_files is empty: set --config.data.train_files to a `bert-jax prepare` output "
                     "directory (or a glob of its shards), or to embedded:shakespeare")
-  elif not d.train_files.startswith("embedded:") and not input_pipeline.shard_files(d.train_files, "train"):
+  elif not d.train_files.startswith("embedded:") and not shards.shard_files(d.train_files, "train"):
     problems.append(f"data.train_files {d.train_files!r} holds no prepared shards (train-*.tfrecord): give a "
                     "`bert-jax prepare --output_dir` directory or a glob of its shards")
   elif not d.train_files.startswith("embedded:"):
     problems += input_pipeline.preparation_problems(d)
-  if d.eval_files and not input_pipeline.shard_files(d.eval_files, "eval"):
+  if d.eval_files and not shards.shard_files(d.eval_files, "eval"):
     problems.append(f"data.eval_files {d.eval_files!r} holds no prepared shards (eval-*.tfrecord)")
   if d.vocab_file and not input_pipeline.tf.io.gfile.exists(d.vocab_file):
     problems.append(f"data.vocab_file {d.vocab_file!r} does not exist")

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from bert_jax.data import input_pipeline
+from bert_jax.data import shards
 from bert_jax.data import masking
 from bert_jax.data import prepare
 from bert_jax.data import tokenizer
@@ -220,10 +221,10 @@ def _document_set(docs):
 
 @pytest.mark.parametrize("process_count", [2, 3])  # by file (2 shards), by document (3 > 2 shards)
 def test_hosts_see_disjoint_documents(news_dir, process_count):
-  files = input_pipeline.shard_files(news_dir, "train")
+  files = shards.shard_files(news_dir, "train")
   assert len(files) == 2
-  every = _document_set(input_pipeline.load_documents(files))
-  hosts = [_document_set(input_pipeline.load_documents(files, h, process_count)) for h in range(process_count)]
+  every = _document_set(shards.load_documents(files))
+  hosts = [_document_set(shards.load_documents(files, h, process_count)) for h in range(process_count)]
   for h in range(process_count):
     assert len(hosts[h]) > 0.8 * len(every) / process_count
     for g in range(h):

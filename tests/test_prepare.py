@@ -139,10 +139,10 @@ def test_an_eval_input_beside_held_out_documents_keeps_both(tmp_path, small_corp
   assert stats["splits"]["eval"]["documents"] == held_out + 7 == len(_records(os.path.join(out, "eval-*")))
   # A directory prepared before the eval input's shards had their own name keeps its old shard: the reader
   # takes only the shards stats.json lists.
-  from bert_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
-  listed = input_pipeline.shard_files(out, "eval")
+  from bert_jax.data import shards  # pylint: disable=g-import-not-at-top
+  listed = shards.shard_files(out, "eval")
   shutil.copy(listed[-1], os.path.join(out, "eval-00000-of-00007.tfrecord"))
-  assert input_pipeline.shard_files(out, "eval") == listed
+  assert shards.shard_files(out, "eval") == listed
 
 
 @pytest.mark.parametrize("vocab_model", ["wordpiece", "unigram"])
