@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from bert_jax.analysis import probe
+from bert_jax.analysis import probe_fit
 from bert_jax.analysis import senteval
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.finetune import ner
@@ -38,7 +39,7 @@ def planted(rng, n, layers=4, width=16, signal_layer=2):
 def test_probes_and_scalar_mix_find_the_one_layer_that_carries_the_label():
   rng = np.random.default_rng(0)
   data = {split: planted(rng, n) for split, n in (("train", 600), ("dev", 200), ("test", 200))}
-  r = probe.probe_task({s: d[0] for s, d in data.items()}, {s: d[1] for s, d in data.items()})
+  r = probe_fit.probe_task({s: d[0] for s, d in data.items()}, {s: d[1] for s, d in data.items()})
   test = r["layers"]["test"]
   assert test[2] > 0.97, test
   assert max(test[[0, 1, 3]]) < 0.5, test  # chance is 1/3
