@@ -61,6 +61,8 @@ def test_synthetic_batch_values_lie_in_the_schema_ranges(objective, packing):
     values = batch[name]
     # Integers lie in [0, high); float weights in [0, high].
     assert 0 <= values.min() and (values.max() <= high if values.dtype.kind == "f" else values.max() < high), name
+    if values.dtype.kind == "f":   # weights: every slot a target, so the step computes every loss term
+      assert values.min() > 0, name
   # One-segment formats have one token type (RoBERTa's type vocabulary has a single entry).
   if config.data.format in base.SINGLE_FORMATS:
     np.testing.assert_array_equal(batch["segment_ids"], 0)

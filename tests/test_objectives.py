@@ -135,6 +135,19 @@ def test_span_boundary_targets_are_masked_span_tokens(data_dir):  # noqa: F811
   assert params["sbo"]["position_embeddings"]["embedding"].value.shape == (2, spanbert.SBO_POSITION_SIZE)
 
 
+def test_the_boundary_head_initialises_on_a_tensor_split_its_width_does_not_divide(data_dir):  # noqa: F811
+  """The head's input is 2H + sbo_position_size wide (odd here), which a tensor split need not divide: that axis
+  is not split (it was, over `tensor`, and the state's init raised on this mesh)."""
+  config = objective_config(data_dir, "spanbert", **{"mesh.data": 1, "mesh.fsdp": 4, "mesh.tensor": 2,
+                                                     "model.num_heads": 2})
+  with config.unlocked():
+    config.sbo_position_size = 201
+  s = train_setup.setup(config, sharding.create_mesh(config.mesh))
+  state = s.init(train_setup.rngs(config)[0])
+  h = train.bert_config(config).hidden_size
+  assert state.params["sbo"]["dense"]["kernel"].shape == (2 * h + 201, h)
+
+
 @pytest.mark.parametrize("changes, match", [
     ({"model.rope_theta": None, "model.geglu": None, "model.pre_norm": None, "model.final_norm": None,
       "model.norm_bias": None, "model.dense_bias": None, "model.global_attn_every_n_layers": None,

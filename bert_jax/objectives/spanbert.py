@@ -79,7 +79,8 @@ class SpanBoundaryHead(nn.Module):
                         embedding_init=encoder.dense_init(cfg, (None, None)), name="position_embeddings")
     x = jnp.concatenate([heads.gather_positions(x_BLH, left_BP), heads.gather_positions(x_BLH, right_BP),
                          position(jnp.minimum(offset_BP, self.max_targets - 1))], axis=-1)
-    dense = projections.linear(cfg, h, encoder.dense_init(cfg, ("mlp", "embed")), encoder.zeros(("embed",)),
+    # The input width 2H + position_size need not divide a tensor split: the kernel's input axis is not split.
+    dense = projections.linear(cfg, h, encoder.dense_init(cfg, (None, "embed")), encoder.zeros(("embed",)),
                                name="dense")
     x = encoder.layer_norm(cfg, "layer_norm")(encoder.gelu(cfg, dense(x)))
     return heads.MaskedLMHead(cfg, name="output")(x, word_embeddings_VH)

@@ -140,8 +140,10 @@ def synthetic_batch(config: ml_collections.ConfigDict, seed: int = 0) -> dict[st
   }
   schema = objectives.get(config).batch_schema(d, rows)
   high = lambda f: vocab if f.high == "vocab" else f.high   # noqa: E731
-  return {name: np.asarray(values[name] if name in values else rng.integers(0, high(f), f.shape), f.dtype)
-          for name, f in schema.items()}
+  # Other fields: integers drawn in [0, high); float weights (an objective's own, as SpanBERT's boundary
+  # targets) all at `high`, every slot a target, as the fields above.
+  draw = lambda f: np.full(f.shape, f.high) if np.dtype(f.dtype).kind == "f" else rng.integers(0, high(f), f.shape)
+  return {name: np.asarray(values[name] if name in values else draw(f), f.dtype) for name, f in schema.items()}
 
 
 class TrainStepTimer:
