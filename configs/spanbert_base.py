@@ -9,6 +9,14 @@ no NSP (3.3); BERT's model sizes and cased WordPiece vocabulary. 4.2 ("Implement
 b1 0.9, b2 0.999, "a decoupled weight decay of 0.1" and "an epsilon of 1e-8", 10,000 warmup steps then linear
 decay, dropout 0.1, batch 256 sequences of up to 512 tokens, 2.4M steps (unlike BERT no 128-token phase), no
 short sequences (4.2). Checked against arXiv:1907.10529, 4.2 (a text transcription of its ar5iv HTML).
+
+Gradient clipping as the release's run had it (facebookresearch/SpanBERT pretraining/README.md: `--clip-norm 1.0`
+on 32 GPUs, 8 sequences each). Its fairseq trainer clips after `multiply_grads(world_size / sample_size)`
+(trainer.py; the command has no `--no-sample-size-normalization`): PyTorch's DDP has averaged the workers'
+gradients of their own mean losses, and sample_size is the batch's masked tokens, 256 x ceil(0.15 x 510) = 19,712.
+So it clipped the mean loss's gradient at a norm of 19,712 / 32 = 616, where our step clips the mean loss's own
+gradient: `optimizer.clip_norm` 616, not 1.0. (Adam's update is otherwise blind to that scale, but for its eps of
+1e-8, which the release's 616 times smaller gradients meet sooner; not reproduced.)
 """
 
 from bert_jax import tpu_chips
@@ -40,6 +48,7 @@ def get_config(arg: str = "", preset: str = "base"):
   c.optimizer.learning_rate = 1e-4
   c.optimizer.weight_decay = 0.1
   c.optimizer.eps = 1e-8
+  c.optimizer.clip_norm = BATCH * 77 / 32   # the release's clip of 1.0 on gradients scaled by 32 / 19,712 (above)
   c.optimizer.warmup_steps = 10_000
   c.optimizer.total_steps = STEPS
   c.topology = "v3:8x8"

@@ -196,6 +196,7 @@ def test_spanbert_paper_recipe(module):
   assert (c.data.seq_length, c.global_batch_size, c.train_steps, c.optimizer.learning_rate) == (
       512, 256, 2_400_000, 1e-4)
   assert (c.optimizer.weight_decay, c.optimizer.eps, c.data.short_seq_prob) == (0.1, 1e-8, 0.0)
+  assert c.optimizer.clip_norm == 616   # the release's --clip-norm 1.0 after fairseq's world_size / ntokens
   assert "next_sentence_labels" not in train_setup.abstract_batch(c)
 
 
