@@ -15,7 +15,6 @@ import dataclasses
 import json
 import numbers
 import os
-import pathlib
 from typing import Any, NamedTuple
 
 import jax
@@ -160,9 +159,8 @@ def _guess_task(rows) -> str:
 
 
 def _config(task: str, rows, labels):
-  """configs/finetune/generic.py, from the clone or installed tree that holds this package."""
-  generic = pathlib.Path(__file__).resolve().parents[1] / "configs" / "finetune" / "generic.py"
-  config_path.put_config_root_on_path([f"--config={generic}"])
+  """configs/finetune/generic.py, from the clone that holds this package."""
+  config_path.put_config_root_on_path([])
   from configs.finetune import generic as generic_config  # pylint: disable=g-import-not-at-top
   if task == "tagging":
     config = generic_config.get_config("tagging")

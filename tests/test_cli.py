@@ -40,3 +40,12 @@ def test_every_module_the_tests_import_can_be_imported_in_one_process():
   run = subprocess.run([sys.executable, "-c", code, *modules], cwd=REPO_ROOT, capture_output=True, text=True,
                        timeout=300, env=env)
   assert run.returncode == 0, run.stderr[-3000:]
+
+
+def test_bench_train_reads_its_comparison_config_from_any_directory(tmp_path):
+  """`bert-jax bench train` without --config reads configs/common.py from the clone, not the cwd."""
+  code = "from bert_jax.tools import bench_train; print(bench_train.comparison_config().model.preset)"
+  env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+  run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, env=env,
+                       timeout=300, check=False)
+  assert run.returncode == 0 and run.stdout.strip().endswith("mini"), run.stderr[-2000:]
