@@ -15,6 +15,7 @@ import pytest
 
 from bert_jax import objectives, sharding, tpu_chips, train_setup
 from bert_jax.tools import hlo_bytes
+from bert_jax.tools import step_cost
 from conftest import REPO_ROOT
 from configs import tiny
 
@@ -386,20 +387,20 @@ def test_memory_time_counts_loop_bodies_per_trip_where_the_hlo_gives_the_trips()
   loops, or with a loop of unknown trip count, XLA's bytes stand, scaled as its FLOPs are."""
   from bert_jax.tools import aot   # pylint: disable=g-import-not-at-top
   from test_hlo_bytes import HLO, PARTIAL   # pylint: disable=g-import-not-at-top
-  assert aot.loop_bytes(PARTIAL) is None   # no loop
-  assert aot.loop_bytes(HLO) == hlo_bytes.summarize(hlo_bytes.traffic(HLO))["total_bytes"]
+  assert step_cost.loop_bytes(PARTIAL) is None   # no loop
+  assert step_cost.loop_bytes(HLO) == hlo_bytes.summarize(hlo_bytes.traffic(HLO))["total_bytes"]
   unknown = HLO.replace(', backend_config={"known_trip_count":{"n":"3"}}', "").replace(
       "compare(%gte.2, %three)", "compare(%gte.2, %gte.2)")
-  assert aot.loop_bytes(unknown) is None
+  assert step_cost.loop_bytes(unknown) is None
 
   class Compiled:
     def cost_analysis(self):
       return {"flops": 1e12, "bytes accessed": 2e9}
 
   chip = aot.CHIPS["v4"]
-  xla = aot.time_report(Compiled(), chip, model_flops_per_device=4e12)   # XLA saw a quarter of the FLOPs
+  xla = step_cost.time_report(Compiled(), chip, model_flops_per_device=4e12)   # XLA saw a quarter of the FLOPs
   assert xla["loop_factor"] == 4 and xla["step_bytes"] == 8e9 and xla["bytes_source"] == "xla"
-  ours = aot.time_report(Compiled(), chip, model_flops_per_device=4e12, loop_bytes=5e9)
+  ours = step_cost.time_report(Compiled(), chip, model_flops_per_device=4e12, loop_bytes=5e9)
   assert ours["step_bytes"] == 5e9 and ours["bytes_source"] == "hlo_bytes"
   assert ours["memory_seconds"] == pytest.approx(5e9 / (chip.hbm_bandwidth / chip.cores))
   assert ours["compute_seconds"] == xla["compute_seconds"]
@@ -416,9 +417,9 @@ def test_bytes_on_chip_give_a_second_bound_that_charges_only_hbm():
       return {"flops": 1e12, "bytes accessed": 16e9}
 
   chip = aot.CHIPS["v5e"]
-  plain = aot.time_report(Compiled(), chip, model_flops_per_device=1e12)
+  plain = step_cost.time_report(Compiled(), chip, model_flops_per_device=1e12)
   assert plain["on_chip_bytes"] == 0 and plain["hbm_bytes"] == 16e9 and plain["hbm_mfu_bound"] == plain["mfu_bound"]
-  split = aot.time_report(Compiled(), chip, model_flops_per_device=1e12, on_chip_share=0.875)
+  split = step_cost.time_report(Compiled(), chip, model_flops_per_device=1e12, on_chip_share=0.875)
   assert split["step_seconds"] == plain["step_seconds"] and split["mfu_bound"] == plain["mfu_bound"]
   assert split["on_chip_bytes"] == 14e9 and split["hbm_bytes"] == 2e9
   assert split["hbm_memory_seconds"] == pytest.approx(2e9 / 819e9)
@@ -426,10 +427,10 @@ def test_bytes_on_chip_give_a_second_bound_that_charges_only_hbm():
   assert split["hbm_bound"] == "compute" and split["hbm_mfu_bound"] == pytest.approx(1.0)
   assert plain["bound"] == "memory" and plain["mfu_bound"] == pytest.approx(5.08 / 19.5, rel=0.01)
   # A step with loops: the share is of our own count, which replaces XLA's.
-  looped = aot.time_report(Compiled(), chip, model_flops_per_device=1e12, loop_bytes=10e9, on_chip_share=0.5)
+  looped = step_cost.time_report(Compiled(), chip, model_flops_per_device=1e12, loop_bytes=10e9, on_chip_share=0.5)
   assert looped["step_bytes"] == 10e9 and looped["hbm_bytes"] == 5e9
   kernel = {"model_flops": 0.0, "flops": 0.0, "bytes": 1e9}
-  with_kernel = aot.time_report(Compiled(), chip, model_flops_per_device=1e12, kernel=kernel, on_chip_share=0.875)
+  with_kernel = step_cost.time_report(Compiled(), chip, model_flops_per_device=1e12, kernel=kernel, on_chip_share=0.875)
   assert with_kernel["hbm_bytes"] == pytest.approx(3e9)
 
 
@@ -511,8 +512,8 @@ def test_a_step_whose_hlo_cannot_be_read_back_keeps_xlas_count_and_says_what_it_
   assert aot.hlo_text(Compiled(False)) == ("HloModule m", None)
   assert aot.hlo_text(Compiled(True)) == ("", "INTERNAL: RET_CHECK failure (hlo_instruction.cc:390) async-update")
   chip = aot.CHIPS["v5e"]
-  known = aot.time_report(Compiled(True), chip, model_flops_per_device=1e12, on_chip_share=0.5)
-  unknown = aot.time_report(Compiled(True), chip, model_flops_per_device=1e12, on_chip_share=None)
+  known = step_cost.time_report(Compiled(True), chip, model_flops_per_device=1e12, on_chip_share=0.5)
+  unknown = step_cost.time_report(Compiled(True), chip, model_flops_per_device=1e12, on_chip_share=None)
   assert unknown["step_seconds"] == known["step_seconds"] and unknown["mfu_bound"] == known["mfu_bound"]
   assert unknown["hbm_mfu_bound"] is unknown["on_chip_bytes"] is unknown["hbm_bytes"] is None
   report = {"topology": "v5e:8x8", "chips": 64, "devices_per_chip": 1, "devices": 64, "device_kind": "TPU v5 lite",
