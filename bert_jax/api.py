@@ -160,7 +160,7 @@ def _guess_task(rows) -> str:
 
 def _config(task: str, rows, labels):
   """configs/finetune/generic.py, from the clone that holds this package."""
-  config_path.put_config_root_on_path([])
+  config_path.put_shipped_configs_first()
   from configs.finetune import generic as generic_config  # pylint: disable=g-import-not-at-top
   if task == "tagging":
     config = generic_config.get_config("tagging")

@@ -10,25 +10,29 @@ import sys
 
 
 def put_config_root_on_path(argv: list[str]) -> None:
-  """Puts the parent of the `configs/` directory holding the `--config` file, then the cwd, then the
-  clone that holds this package (`source_root`) first on `sys.path` (`--config=FILE[:arg]` or
-  `--config FILE[:arg]`). The last lets a command that reads a shipped config without `--config`
-  (`bench train`'s comparison model, `api.finetune`'s generic task) run from any directory."""
+  """Puts the parent of the `configs/` directory holding the `--config` file, then the cwd, first
+  on `sys.path` (`--config=FILE[:arg]` or `--config FILE[:arg]`)."""
   roots = []
   for i, arg in enumerate(argv):
     value = arg.split("=", 1)[1] if arg.startswith("--config=") else (
         argv[i + 1] if arg == "--config" and i + 1 < len(argv) else None)
     if value:
       roots.append(_configs_parent(os.path.abspath(value.split(":", 1)[0])))
-  roots += [os.getcwd(), source_root()]
+  roots.append(os.getcwd())
   sys.path[:0] = [r for r in dict.fromkeys(roots) if r and r not in sys.path]
 
 
-def source_root() -> str | None:
-  """The directory holding both this package and the shipped `configs/` (a clone, installed editable as
-  the README does), or None (an installed package without its configs)."""
+def put_shipped_configs_first() -> None:
+  """Puts the clone that holds this package first on `sys.path`, for the configs it ships that a command
+  reads without `--config` (`bench train`'s comparison model, `api.finetune`'s generic task): from any
+  directory, also one holding a `configs` package of its own."""
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  return root if os.path.isfile(os.path.join(root, "configs", "common.py")) else None
+  if not os.path.isfile(os.path.join(root, "configs", "common.py")):
+    raise FileNotFoundError(f"the configs/ this package ships are not beside it in {root}: install it from a "
+                            "clone (`pip install -e .`, as the README does)")
+  if root in sys.path:
+    sys.path.remove(root)
+  sys.path.insert(0, root)
 
 
 def _configs_parent(path: str) -> str | None:

@@ -42,10 +42,26 @@ def test_every_module_the_tests_import_can_be_imported_in_one_process():
   assert run.returncode == 0, run.stderr[-3000:]
 
 
-def test_bench_train_reads_its_comparison_config_from_any_directory(tmp_path):
-  """`bert-jax bench train` without --config reads configs/common.py from the clone, not the cwd."""
-  code = "from bert_jax.tools import bench_train; print(bench_train.comparison_config().model.preset)"
+def test_shipped_configs_are_read_from_the_clone_in_any_directory(tmp_path):
+  """`bert-jax bench train` without --config and `api.finetune` read the configs this clone ships, also from a
+  directory holding a `configs` package of its own. The package is loaded from this checkout without its root
+  on sys.path, as an installed package runs."""
+  (tmp_path / "configs").mkdir()
+  (tmp_path / "configs" / "__init__.py").write_text("")   # a user's own configs, with no common.py
+  code = f"""
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("bert_jax", "{REPO_ROOT}/bert_jax/__init__.py",
+                                              submodule_search_locations=["{REPO_ROOT}/bert_jax"])
+module = importlib.util.module_from_spec(spec)
+sys.modules["bert_jax"] = module
+spec.loader.exec_module(module)
+from bert_jax.tools import bench_train
+assert bench_train.__file__.startswith("{REPO_ROOT}"), bench_train.__file__
+print(bench_train.comparison_config().model.preset)
+from bert_jax import api
+print(api._config("classification", [{{"text": "a", "label": "x"}}], ["x"]).task)
+"""
   env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
   run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, env=env,
                        timeout=300, check=False)
-  assert run.returncode == 0 and run.stdout.strip().endswith("mini"), run.stderr[-2000:]
+  assert run.returncode == 0 and run.stdout.split()[-2:] == ["mini", "generic"], run.stderr[-2000:]

@@ -51,6 +51,7 @@ def comparison_config(packing: bool = True, dtype: str = "float32") -> ml_collec
   compute (or `dtype`: the peers take the same), BERT's tanh GELU; packed rows unless `packing=False`
   (`--compare`: the peers take one example per row). In bfloat16 on a CPU the matmuls take the forms of
   XLA:CPU's matrix library (`model.matmuls` "library", models/library_matmul.py)."""
+  config_path.put_shipped_configs_first()
   from configs import common  # pylint: disable=g-import-not-at-top
   c = common.pretrain_config()
   c.model.preset = "mini"
