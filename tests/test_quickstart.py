@@ -65,6 +65,7 @@ def test_readme_pretrain_command_runs_checkpoints_and_resumes(tmp_path, compilat
   assert not list(checkpoints.glob("*tmp*")), "a temporary checkpoint directory was left behind"
   assert "eval/unigram_accuracy" in (tmp_path / workdir / "metrics.jsonl").read_text()
   assert (tmp_path / workdir / "curves.png").stat().st_size > 0
+  assert "fill-mask on held-out lines" in first.stdout and "masked: " in first.stdout, first.stdout[-3000:]
 
   second = _run(argv, tmp_path, short + ["--config.train_steps=6"], compilation_cache_dir)
   assert second.returncode == 0, second.stderr[-3000:]

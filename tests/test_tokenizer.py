@@ -265,6 +265,20 @@ def test_preview_word_is_found_in_every_vocabulary_family(tmp_path, play_sentenc
   assert fill_mask.preview_word(tok, tok.encode("to"), tok.word_start_table()) is None
 
 
+def test_preview_context_keeps_to_the_masked_word_s_segment(tmp_path, play_sentences):
+  """The preview shows a row's longest segment with a word in it, never a line joined across [SEP]: segment
+  A's last words glued to B's first read as one garbled sentence. Padding (None) ends a segment too."""
+  from bert_jax.tools import fill_mask  # pylint: disable=g-import-not-at-top
+  tok = T.load_tokenizer(V.train("wordpiece", play_sentences, 600, str(tmp_path)))
+  a, b, c = tok.encode("to be ."), tok.encode("the king and the queen"), tok.encode("my lord")
+  row = [tok.cls_id] + a + [tok.sep_id] + b + [tok.sep_id] + [tok.cls_id] + c + [tok.sep_id] + [None] * 3
+  assert fill_mask.segments(tok, row) == [a, b, c]
+  context, word = fill_mask.preview_context(tok, row, tok.word_start_table())
+  j = context.index(tok.mask_id)
+  assert context[:j] + [word] + context[j + 1:] == b
+  assert fill_mask.preview_context(tok, [tok.cls_id] + a + [tok.sep_id], tok.word_start_table()) is None
+
+
 @pytest.mark.parametrize("do_lower_case,strip_accents,expected", [
     (True, None, ["cafe", "malaga", "cafe"]), (True, False, ["café", "málaga", "cafe"]),
     (False, None, ["Café", "Málaga", "Cafe"]), (False, True, ["Cafe", "Malaga", "Cafe"])])

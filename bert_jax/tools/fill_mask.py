@@ -147,8 +147,9 @@ def held_out_examples(cfg: model.BertConfig, params, tokenizer, eval_iter, eval_
   """`count` held-out lines with one word masked: the word and the model's top 5 (the pretraining loop's
   preview at its end).
 
-  The word is the middle single-piece word of each row of the first held-out batch, shown with 12
-  tokens of context either side (the model sees the same); the lines are the same at every call.
+  The word is the middle single-piece word of a segment of each row of the first held-out batch (its longest
+  that has one: a sentence pair's A or B, or one example of a packed row), shown with up to 12 tokens of
+  context either side from that segment alone (`preview_context`); the lines are the same at every call.
   """
   eval_iter.set_state(eval_start)
   batch = next(iter(eval_iter))
@@ -158,23 +159,47 @@ def held_out_examples(cfg: model.BertConfig, params, tokenizer, eval_iter, eval_
   starts = tokenizer.word_start_table()
   texts, words = [], []
   for row, mask in zip(ids, batch["input_mask"]):
-    line = [int(t) for t, m in zip(row, mask) if m and t not in (tokenizer.cls_id, tokenizer.sep_id)]
-    j = preview_word(tokenizer, line, starts)
-    if j is not None and len(texts) < count:
-      lo, hi = max(0, j - 12), min(len(line), j + 13)   # a line's worth around it, in whole words
-      while lo < j and not starts[line[lo]]:
-        lo += 1
-      while hi < len(line) and hi > j + 1 and not starts[line[hi]]:
-        hi -= 1
-      context = line[lo:j] + [tokenizer.mask_id] + line[j + 1:hi]
+    found = preview_context(tokenizer, [int(t) if m else None for t, m in zip(row, mask)], starts)
+    if found is not None and len(texts) < count:
+      context, word = found
       texts.append(tokenizer.decode(context))
-      words.append(tokenizer.decode([line[j]]).strip())
+      words.append(tokenizer.decode([word]).strip())
   predictions = predict(cfg, jax.device_get(params), tokenizer, texts, top_k=5)
   lines = []
   for text, word, (candidates,) in zip(texts, words, predictions):
     shown = "  ".join(f"{token} {prob:.2f}" for token, prob in candidates)
     lines += [f"  {text}", f"    masked: {word!r}; top 5: {shown}"]
   return "\n".join(lines)
+
+
+def segments(tokenizer, row: list) -> list[list[int]]:
+  """The runs of `row`'s tokens between its special tokens ([CLS], [SEP], padding as None): the segments of
+  a sentence pair or of the examples packed in a row, which the preview must not join into one line."""
+  special = {tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id, None}
+  runs, run = [], []
+  for t in row:
+    if t in special:
+      runs, run = (runs + [run] if run else runs), []
+    else:
+      run.append(t)
+  return runs + [run] if run else runs
+
+
+def preview_context(tokenizer, row: list, starts: np.ndarray) -> tuple[list[int], int] | None:
+  """(context with [MASK] for the word, the word's id) for one row of ids (None where padded), or None where
+  no segment has a word to mask (`preview_word`): the longest such segment, up to 12 tokens either side of
+  the word in it, cut at whole words."""
+  for line in sorted(segments(tokenizer, row), key=len, reverse=True):
+    j = preview_word(tokenizer, line, starts)
+    if j is None:
+      continue
+    lo, hi = max(0, j - 12), min(len(line), j + 13)   # a line's worth around it, in whole words
+    while lo < j and not starts[line[lo]]:
+      lo += 1
+    while hi < len(line) and hi > j + 1 and not starts[line[hi]]:
+      hi -= 1
+    return line[lo:j] + [tokenizer.mask_id] + line[j + 1:hi], line[j]
+  return None
 
 
 def preview_word(tokenizer, line: list[int], starts: np.ndarray) -> int | None:
