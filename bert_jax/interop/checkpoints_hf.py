@@ -7,27 +7,12 @@ usually tokenizer files. Tensor names are those of `transformers` (`BertModel`: 
 pretraining heads (`BertForPreTraining`: `cls.predictions.*`, `cls.seq_relationship.*`; `AlbertForPreTraining`:
 `predictions.*`, `sop_classifier.*`; `RobertaForMaskedLM`: `lm_head.*`) are our "mlm" and "nsp"; the
 finetuning heads `classifier.*` (sequence or token classification) and `qa_outputs.*` are ours under the
-same names. `FAMILIES` says how each family names what.
-
-ELECTRA (Clark et al. 2020) is BERT's encoder with ALBERT's embeddings projection when its `embedding_size`
-differs from the hidden size, and no pooler: `ElectraForMaskedLM` (the generator; `generator_predictions`
-and `generator_lm_head` are our "mlm") and `ElectraForPreTraining` (the discriminator;
-`discriminator_predictions` is our "discriminator": {"dense", "prediction"}, one logit per token). Its
-config reads as a BertConfig with or without `embedding_size`, so the family is passed by name
-(`model_type="electra"`) where the config cannot tell it; `load_hf` reads it from config.json.
-
-DistilBERT (Sanh et al. 2019) is BERT's encoder without token types (`type_vocab_size=0`) or pooler, under
-other names (`transformer.layer.{i}.attention.q_lin`, `sa_layer_norm`, `ffn.lin1` ...);
-`DistilBertForMaskedLM`'s `vocab_transform`, `vocab_layer_norm` and `vocab_projector` (its weight tied to the
-word embeddings, its bias the MLM bias) are our "mlm".
-
-ModernBERT (Warner et al. 2024; `ModernBertModel`, `ModernBertForMaskedLM`) fuses query, key and value into
-one tensor; its table and conversion are `modernbert_hf`'s.
+same names. `hf_families.FAMILIES` says how each family (ELECTRA, DistilBERT, ModernBERT ...) names what.
 
 The conversion is by explicit name table (`tensor_table`), so a missing, unexpected or misshapen tensor is
-an error naming it. The only tensors skipped are documented buffers and tied copies (`IGNORED`, the family's
-tied decoder). A checkpoint with a head but no pooler (a MaskedLM, token classification or QA class) gets a
-newly initialised pooler, as transformers does.
+an error naming it. The only tensors skipped are documented buffers and tied copies (`hf_families.IGNORED`,
+the family's tied decoder). A checkpoint with a head but no pooler (a MaskedLM, token classification or QA
+class) gets a newly initialised pooler, as transformers does.
 """
 
 import dataclasses
@@ -43,71 +28,10 @@ import ml_dtypes
 import numpy as np
 from safetensors.numpy import save_file
 
+from bert_jax.interop import hf_families
 from bert_jax.interop import modernbert_hf
 from bert_jax.models import heads
 from bert_jax.models import encoder as model
-
-# Buffers, not weights: the position ids are arange(max_position_embeddings).
-IGNORED = ("embeddings.position_ids",)
-# Finetuning heads: our params key = the HF tensor prefix. Saved at the top level, beside the encoder's.
-HEADS = ("classifier", "qa_outputs")
-
-
-@dataclasses.dataclass(frozen=True)
-class Family:
-  """How one `model_type` names its tensors and classes."""
-  prefix: str        # of the encoder's tensors in a checkpoint with heads
-  classes: str       # class names: f"{classes}Model", f"{classes}ForMaskedLM", ...
-  layer: str         # layer {i}'s tensors (ALBERT: group {i}, the only group when layers are shared)
-  layer_names: dict  # our layer submodule -> its HF module under `layer`
-  pooler: str        # the pooler's dense layer
-  mlm: tuple         # HF modules of our mlm transform, layer_norm; then the bias tensor
-  decoder: str       # the tied decoder (weight = word embeddings, bias = the mlm bias): never written
-  nsp: str | None    # the sentence-pair head on the pooled output
-  pretraining: str | None  # the class written for params with MLM and NSP heads
-  masked_lm: str     # the class written for params with an MLM head only
-  projection: str = "encoder.embedding_hidden_mapping_in"  # embeddings -> hidden size (embedding_size set)
-  discriminator: str | None = None  # ELECTRA's replaced-token head (dense, act, dense_prediction)
-
-
-_BERT_LAYER = {"query": "attention.self.query", "key": "attention.self.key", "value": "attention.self.value",
-               "out": "attention.output.dense", "attention_layer_norm": "attention.output.LayerNorm",
-               "intermediate": "intermediate.dense", "output": "output.dense",
-               "output_layer_norm": "output.LayerNorm"}
-FAMILIES = {
-    "bert": Family("bert.", "Bert", "encoder.layer.{i}.", _BERT_LAYER, "pooler.dense",
-                   ("cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm", "cls.predictions.bias"),
-                   "cls.predictions.decoder", "cls.seq_relationship", "BertForPreTraining", "BertForPreTraining"),
-    "albert": Family("albert.", "Albert", "encoder.albert_layer_groups.{i}.albert_layers.0.",
-                     {"query": "attention.query", "key": "attention.key", "value": "attention.value",
-                      "out": "attention.dense", "attention_layer_norm": "attention.LayerNorm",
-                      "intermediate": "ffn", "output": "ffn_output", "output_layer_norm": "full_layer_layer_norm"},
-                     "pooler",
-                     ("predictions.dense", "predictions.LayerNorm", "predictions.bias"), "predictions.decoder",
-                     "sop_classifier.classifier", "AlbertForPreTraining", "AlbertForMaskedLM"),
-    "roberta": Family("roberta.", "Roberta", "encoder.layer.{i}.", _BERT_LAYER, "pooler.dense",
-                      ("lm_head.dense", "lm_head.layer_norm", "lm_head.bias"), "lm_head.decoder", None, None,
-                      "RobertaForMaskedLM"),
-    # No pooler is saved (None): ours is newly initialised on import and never written.
-    "distilbert": Family("distilbert.", "DistilBert", "transformer.layer.{i}.",
-                         {"query": "attention.q_lin", "key": "attention.k_lin", "value": "attention.v_lin",
-                          "out": "attention.out_lin", "attention_layer_norm": "sa_layer_norm",
-                          "intermediate": "ffn.lin1", "output": "ffn.lin2", "output_layer_norm": "output_layer_norm"},
-                         None, ("vocab_transform", "vocab_layer_norm", "vocab_projector.bias"), "vocab_projector",
-                         None, None, "DistilBertForMaskedLM"),
-    "electra": Family("electra.", "Electra", "encoder.layer.{i}.", _BERT_LAYER, None,
-                      ("generator_predictions.dense", "generator_predictions.LayerNorm", "generator_lm_head.bias"),
-                      "generator_lm_head", None, None, "ElectraForMaskedLM", projection="embeddings_project",
-                      discriminator="discriminator_predictions"),
-    # Names and conversion: modernbert_hf (one fused Wqkv per layer); no pooler, no sentence-pair head.
-    "modernbert": Family(modernbert_hf.PREFIX, "ModernBert", "layers.{i}.", {}, None, modernbert_hf.HEAD,
-                         "decoder", None, None, "ModernBertForMaskedLM"),
-}
-
-
-def family(cfg: model.BertConfig, model_type: str | None = None) -> Family:
-  """The tensor names of `model_type`'s Hugging Face family; None: `cfg.model_type`."""
-  return FAMILIES[model_type or cfg.model_type]
 
 
 def electra_config(d: dict, **overrides) -> model.BertConfig:
@@ -128,25 +52,6 @@ def electra_hf_dict(cfg: model.BertConfig) -> dict:
   d = dataclasses.replace(cfg, embedding_size=None).to_hf_dict()
   d.update(model_type="electra", architectures=["ElectraForPreTraining"], embedding_size=cfg.embedding_dim)
   return d
-
-
-def _top_level(fam: Family) -> tuple:
-  """Prefixes of the tensors saved beside the encoder's, not under its prefix."""
-  heads_ = [h for h in (fam.nsp, fam.discriminator, *HEADS) if h]
-  return _mlm_names(fam) + tuple(f"{h}." for h in heads_)
-
-
-def _mlm_names(fam: Family) -> tuple:
-  """Prefixes of the MLM head's tensors."""
-  transform, norm, bias = fam.mlm
-  return (f"{transform}.", f"{norm}.", bias, f"{fam.decoder}.")
-
-
-def _tied(fam: Family) -> dict:
-  """Tied copies: checked equal on import, never written on export (DistilBERT's decoder bias is the MLM bias
-  itself, no copy)."""
-  tied = {f"{fam.decoder}.weight": "embeddings.word_embeddings.weight", f"{fam.decoder}.bias": fam.mlm[2]}
-  return {name: target for name, target in tied.items() if name != target}
 
 
 # safetensors dtype names (its format spec). safetensors.numpy has no bfloat16, a common storage type.
@@ -180,13 +85,13 @@ def tensor_table(cfg: model.BertConfig, mlm: bool = False, nsp: bool = False, he
                  pooler: bool = True, discriminator: bool = False, model_type: str | None = None):
   """[(hf_name, param path, kind)] for the unscanned layout; encoder names are without the family's prefix.
 
-  `head`: one of HEADS (a finetuning head); `pooler` False for the classes that save none; `discriminator`:
-  ELECTRA's replaced-token head.
+  `head`: one of hf_families.HEADS (a finetuning head); `pooler` False for the classes that save none;
+  `discriminator`: ELECTRA's replaced-token head.
   """
   if cfg.shared_sublayer:
     raise ValueError(f"shared_sublayer {cfg.shared_sublayer!r}: no Hugging Face family shares one sublayer "
                      "across layers (ALBERT shares all of them or none)")
-  fam = family(cfg, model_type)
+  fam = hf_families.family(cfg, model_type)
   emb = ("bert", "embeddings")
   tables = ("word_embeddings", "position_embeddings") + (("token_type_embeddings",) if cfg.type_vocab_size else ())
   table = [(f"embeddings.{t}.weight", emb + (t, "embedding"), "plain") for t in tables]
@@ -247,7 +152,7 @@ def expected_shapes(cfg: model.BertConfig, mlm: bool, nsp: bool) -> dict:
   return {tuple(k.key for k in path): tuple(leaf.shape) for path, leaf in flat}
 
 
-def _canonical_names(state: dict, fam: Family) -> dict:
+def _canonical_names(state: dict, fam: hf_families.Family) -> dict:
   """Strips the family's prefix and renames old-style LayerNorm gamma/beta."""
   out = {}
   for name, value in state.items():
@@ -270,16 +175,16 @@ def from_state_dict(cfg: model.BertConfig, state: dict, scan_layers: bool = Fals
 
   `file_name` maps an HF tensor name to the name to report (the TF importer reports TF names).
   """
-  fam = family(cfg, model_type)
+  fam = hf_families.family(cfg, model_type)
   if fam.classes == "ModernBert":
     params = modernbert_hf.from_state_dict(cfg, state, expected_shapes(cfg, mlm=True, nsp=False))
     params["bert"]["pooler"] = _initial_pooler(cfg)
     return model.scan_params(params) if scan_layers else params
   state = _canonical_names(state, fam)
-  mlm = any(n.startswith(_mlm_names(fam)) for n in state)
+  mlm = any(n.startswith(hf_families.mlm_names(fam)) for n in state)
   nsp = fam.nsp is not None and any(n.startswith(f"{fam.nsp}.") for n in state)
   disc = fam.discriminator is not None and any(n.startswith(f"{fam.discriminator}.") for n in state)
-  head = next((h for h in HEADS if f"{h}.weight" in state and f"{h}.bias" in state), None)
+  head = next((h for h in hf_families.HEADS if f"{h}.weight" in state and f"{h}.bias" in state), None)
   # No pooler saved (a BertModel(add_pooling_layer=False), a token or QA model, our export of one): a fresh
   # one, as transformers makes; a pooler saved in part is a missing tensor.
   fresh_pooler = fam.pooler is None or not any(n.startswith("pooler.") for n in state)
@@ -288,7 +193,7 @@ def from_state_dict(cfg: model.BertConfig, state: dict, scan_layers: bool = Fals
   if head is not None:  # as many outputs as the checkpoint's head has (labels; 2 for start/end)
     outputs = state[f"{head}.weight"].shape[0]
     shapes.update({(head, "kernel"): (cfg.hidden_size, outputs), (head, "bias"): (outputs,)})
-  params, problems, used = {}, [], set(IGNORED)
+  params, problems, used = {}, [], set(hf_families.IGNORED)
   for name, path, kind in tensor_table(cfg, mlm, nsp, head, pooler=not fresh_pooler, discriminator=disc,
                                       model_type=model_type):
     if name not in state:
@@ -305,7 +210,7 @@ def from_state_dict(cfg: model.BertConfig, state: dict, scan_layers: bool = Fals
                       f"as {'/'.join(path)}")
       continue
     _set(params, path, value.astype(np.float32) if value.dtype != np.float32 else value)
-  for name, target in _tied(fam).items():
+  for name, target in hf_families.tied(fam).items():
     if name in state:
       used.add(name)
       if target in state and not np.array_equal(state[name], state[target]):
@@ -342,13 +247,13 @@ def to_state_dict(cfg: model.BertConfig, params: dict, pooler: bool = True, mode
   so do params without one (an encoder built with `pool=False`).
   """
   params = jax.tree.map(np.asarray, model.unscan_params(nn.unbox(params)))
-  if family(cfg, model_type).classes == "ModernBert":
+  if hf_families.family(cfg, model_type).classes == "ModernBert":
     return modernbert_hf.to_state_dict(cfg, params)
   pooler = pooler and "pooler" in params["bert"]
   mlm, nsp, disc = "mlm" in params, "nsp" in params, "discriminator" in params
-  head = next((h for h in HEADS if h in params), None)
-  fam = family(cfg, model_type)
-  prefix, top_level = (fam.prefix if (mlm or nsp or head or disc) else ""), _top_level(fam)
+  head = next((h for h in hf_families.HEADS if h in params), None)
+  fam = hf_families.family(cfg, model_type)
+  prefix, top_level = (fam.prefix if (mlm or nsp or head or disc) else ""), hf_families.top_level(fam)
   transforms, state = _transforms(cfg), {}
   for name, path, kind in tensor_table(cfg, mlm, nsp, head, pooler, disc, model_type):
     value = params
@@ -454,7 +359,7 @@ def save_hf(path, cfg: model.BertConfig, params: dict, vocab_file=None, config_f
 
 
 def _architecture(cfg: model.BertConfig, params: dict, model_type: str | None = None) -> str:
-  fam = family(cfg, model_type)
+  fam = hf_families.family(cfg, model_type)
   if "discriminator" in params:
     return f"{fam.classes}ForPreTraining"
   if "mlm" not in params and "nsp" not in params:

@@ -32,6 +32,7 @@ from absl import flags
 from bert_jax import checkpoint_loader
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.interop import checkpoints_hf
+from bert_jax.interop import hf_families
 from bert_jax.finetune import trainer
 from bert_jax.objectives import electra
 
@@ -39,7 +40,7 @@ FLAGS = flags.FLAGS
 # Where an ELECTRA run's generator is written, inside the discriminator's directory.
 ELECTRA_GENERATOR = "generator"
 HF_SENTENCEPIECE_FILE = "spiece.model"   # the name transformers' AlbertTokenizer reads
-# The class of a finetuned BERT head; other families change the stem (`checkpoints_hf.Family.classes`).
+# The class of a finetuned BERT head; other families change the stem (`hf_families.Family.classes`).
 ARCHITECTURES = {"classification": "BertForSequenceClassification", "regression": "BertForSequenceClassification",
                  "tagging": "BertForTokenClassification", "span": "BertForQuestionAnswering"}
 
@@ -83,7 +84,7 @@ def export(checkpoint, output) -> str:
     if record.get("scalar_mix"):
       raise ValueError(f"{checkpoint}: a scalar-mix model (finetuned with scalar_mix) has no transformers class; "
                        "finetune without scalar_mix to export")
-    classes = checkpoints_hf.family(cfg).classes
+    classes = hf_families.family(cfg).classes
     pooling = record.get("task_opts", {}).get("classifier_pooling") or "pooler"
     if "head" in params or (record["kind"] in ("classification", "regression") and pooling != "pooler"):
       raise ValueError(f"{checkpoint}: a head on the [CLS] vector or the token mean ({pooling} pooling, ModernBERT's "
@@ -96,7 +97,7 @@ def export(checkpoint, output) -> str:
     pooler = record["kind"] in ("classification", "regression")   # the HF token and QA classes have none
     max_length = record["max_seq_length"]
   checkpoints_hf.save_hf(output, cfg, params, config_fields=fields, pooler=pooler)
-  _save_tokenizer(tokenizer, output, max_length, checkpoints_hf.family(cfg).classes)
+  _save_tokenizer(tokenizer, output, max_length, hf_families.family(cfg).classes)
   return json.loads((pathlib.Path(output) / "config.json").read_text())["architectures"][0]
 
 
