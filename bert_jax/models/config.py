@@ -1,4 +1,5 @@
-"""`BertConfig`: the encoder's hyperparameters, its paper presets and its Hugging Face config.json forms.
+"""`BertConfig`: the encoder's hyperparameters, its paper presets and its Hugging Face config.json forms (each
+family's keys: `hf_keys`, `modernbert_keys`).
 
   cfg = BertConfig.from_preset("base", dtype=jnp.bfloat16)
   cfg = BertConfig.from_hf_dict(json.load(open("config.json")))
@@ -13,6 +14,7 @@ import jax.numpy as jnp
 
 from bert_jax.models import dropout
 from bert_jax.models import fsdp_gather
+from bert_jax.models import hf_keys
 from bert_jax.models import modernbert_keys
 
 # (num_layers, hidden_size, num_heads). tiny..medium: Turc et al. 2019 ("Well-Read Students"),
@@ -36,28 +38,7 @@ REMAT_POLICIES = {
     "minimal": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # keep weight matmuls only
 }
 
-# BertConfig field <-> Hugging Face config.json key.
-_HF_KEYS = {
-    "vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_layers": "num_hidden_layers",
-    "num_heads": "num_attention_heads", "intermediate_size": "intermediate_size",
-    "max_position_embeddings": "max_position_embeddings", "type_vocab_size": "type_vocab_size",
-    "hidden_dropout": "hidden_dropout_prob", "attention_dropout": "attention_probs_dropout_prob",
-    "initializer_range": "initializer_range", "layer_norm_eps": "layer_norm_eps",
-    "hidden_act": "hidden_act",
-}
-_GELU_APPROXIMATE = {"gelu": False, "gelu_new": True, "gelu_pytorch_tanh": True}
 HF_MODEL_TYPES = ("bert", "albert", "roberta", "distilbert", "electra", "modernbert")
-# DistilBertConfig key -> BertConfig field, and transformers' defaults where a key is absent (DistilBERT's
-# LayerNorm eps is fixed at 1e-12 in its modules, ours by default).
-_DISTILBERT_KEYS = {"vocab_size": "vocab_size", "dim": "hidden_size", "n_layers": "num_layers", "n_heads": "num_heads",
-                    "hidden_dim": "intermediate_size", "max_position_embeddings": "max_position_embeddings",
-                    "activation": "hidden_act", "dropout": "hidden_dropout", "attention_dropout": "attention_dropout",
-                    "initializer_range": "initializer_range"}
-_DISTILBERT_DEFAULTS = {"vocab_size": 30522, "dim": 768, "n_layers": 6, "n_heads": 12, "hidden_dim": 3072,
-                        "max_position_embeddings": 512, "activation": "gelu", "dropout": 0.1,
-                        "attention_dropout": 0.1, "initializer_range": 0.02}
-# transformers' ElectraConfig defaults (ELECTRA-small's discriminator) for the keys that differ from BERT's.
-_ELECTRA_DEFAULTS = {"hidden_size": 256, "num_attention_heads": 4, "intermediate_size": 1024, "embedding_size": 128}
 
 
 SHARED_SUBLAYERS = ("", "attention", "ffn")
@@ -199,8 +180,9 @@ class BertConfig:
     object.__setattr__(self, "param_dtype", jnp.dtype(self.param_dtype))
     if self.hidden_size % self.num_heads:
       raise ValueError(f"hidden_size {self.hidden_size} is not a multiple of num_heads {self.num_heads}")
-    if self.hidden_act not in _GELU_APPROXIMATE:
-      raise ValueError(f"hidden_act {self.hidden_act!r} not supported; one of {sorted(_GELU_APPROXIMATE)}")
+    if self.hidden_act not in hf_keys._GELU_APPROXIMATE:
+      raise ValueError(f"hidden_act {self.hidden_act!r} not supported; "
+                       f"one of {sorted(hf_keys._GELU_APPROXIMATE)}")
     if self.remat_policy != "none" and self.remat_policy not in REMAT_POLICIES:
       raise ValueError(f"remat_policy {self.remat_policy!r}; one of {['none', *REMAT_POLICIES]}")
     if (self.global_attn_every_n_layers > 1) != (self.local_attention is not None):
@@ -335,23 +317,9 @@ class BertConfig:
     model_type = d.get("model_type", "bert")
     if model_type not in HF_MODEL_TYPES:
       raise ValueError(f"model_type {model_type!r} is not supported; one of {list(HF_MODEL_TYPES)}")
-    if model_type == "distilbert":
-      return cls(**{**_distilbert_fields(d), **overrides})
     if model_type == "modernbert":
       return cls(**{**modernbert_keys.fields(d), **overrides})
-    if model_type == "electra":
-      d = {**_ELECTRA_DEFAULTS, **d}
-    fields = {f: d[k] for f, k in _HF_KEYS.items() if k in d}
-    fields["causal"] = bool(d.get("is_decoder", False))
-    if d.get("shared_sublayer"):
-      fields["shared_sublayer"] = d["shared_sublayer"]
-    if model_type == "albert":
-      fields.update(_albert_fields(d))
-    elif model_type == "roberta":
-      fields["position_pad_id"] = d.get("pad_token_id", 1)  # transformers' RobertaConfig default
-    elif model_type == "electra":  # the projection exists only when the widths differ (ElectraEmbeddings)
-      fields["embedding_size"] = None if d["embedding_size"] == d["hidden_size"] else d["embedding_size"]
-    return cls(**{**fields, **overrides})
+    return cls(**{**hf_keys.fields(d, model_type), **overrides})
 
   def to_hf_dict(self) -> dict:
     """A config.json of `model_type` (BertConfig, AlbertConfig, RobertaConfig, DistilBertConfig or
@@ -362,37 +330,9 @@ class BertConfig:
     return d
 
   def _family_hf_dict(self) -> dict:
-    if self.model_type == "distilbert":
-      return self._distilbert_hf_dict()
     if self.model_type == "modernbert":
       return modernbert_keys.hf_dict(self)
-    d = {k: getattr(self, f) for f, k in _HF_KEYS.items()}
-    if self.shared_sublayer:   # no Hugging Face family has it: only our run records carry this key
-      d["shared_sublayer"] = self.shared_sublayer
-    d.update(model_type="bert", architectures=["BertForPreTraining"], pad_token_id=0,
-             position_embedding_type="absolute")
-    if self.causal:
-      d["is_decoder"] = True  # BertModel and RobertaModel mask causally then
-    if self.model_type == "albert":
-      if self.position_pad_id is not None:
-        raise ValueError("no Hugging Face family has both ALBERT's embeddings or sharing and RoBERTa's positions")
-      d.update(model_type="albert", architectures=["AlbertForPreTraining"], embedding_size=self.embedding_size,
-               num_hidden_groups=1 if self.share_layers else self.num_layers, inner_group_num=1)
-      if self.num_layers == 1:   # one group either way: our own key says which params the layer has
-        d["share_layers"] = self.share_layers
-    elif self.model_type == "roberta":
-      d.update(model_type="roberta", architectures=["RobertaForMaskedLM"], pad_token_id=self.position_pad_id)
-    return d
-
-  def _distilbert_hf_dict(self) -> dict:
-    """A DistilBertConfig dict: no token types, learned positions, LayerNorm eps 1e-12, bidirectional."""
-    if self.causal or self.layer_norm_eps != 1e-12:
-      raise ValueError(f"transformers' DistilBERT (type_vocab_size 0) has no causal mask and LayerNorm eps 1e-12; "
-                       f"got causal={self.causal}, layer_norm_eps={self.layer_norm_eps}")
-    d = {k: getattr(self, f) for k, f in _DISTILBERT_KEYS.items()}
-    d.update(model_type="distilbert", architectures=["DistilBertForMaskedLM"], pad_token_id=0,
-             sinusoidal_pos_embds=False)
-    return d
+    return hf_keys.hf_dict(self)
 
 
 def _pruned_heads(pruned, num_layers: int, num_heads: int) -> tuple:
@@ -406,25 +346,3 @@ def _pruned_heads(pruned, num_layers: int, num_heads: int) -> tuple:
     if heads:
       out[layer] = tuple(sorted(set(out.get(layer, ())) | set(heads)))
   return tuple(sorted(out.items()))
-
-
-def _distilbert_fields(d: dict) -> dict:
-  """BertConfig fields of a DistilBertConfig dict; sinusoidal positions and activations other than GELU are
-  errors."""
-  if d.get("sinusoidal_pos_embds", False):
-    raise ValueError("DistilBERT with sinusoidal_pos_embds is not supported: only learned position embeddings")
-  d = {**_DISTILBERT_DEFAULTS, **d}
-  if d["activation"] not in _GELU_APPROXIMATE:
-    raise ValueError(f"DistilBERT activation {d['activation']!r} is not supported; one of {sorted(_GELU_APPROXIMATE)}")
-  return {**{f: d[k] for k, f in _DISTILBERT_KEYS.items()}, "type_vocab_size": 0}
-
-
-def _albert_fields(d: dict) -> dict:
-  """BertConfig fields of an AlbertConfig dict: one group shared by all layers, or one group per layer."""
-  layers, groups = d.get("num_hidden_layers", 12), d.get("num_hidden_groups", 1)
-  if d.get("inner_group_num", 1) != 1 or groups not in (1, layers):
-    raise ValueError(f"ALBERT with num_hidden_groups {groups} and inner_group_num {d.get('inner_group_num')} is "
-                     "not supported: only one layer per group, in one group or one group per layer")
-  # transformers' AlbertConfig defaults where a key is absent.
-  return {"embedding_size": d.get("embedding_size", 128), "share_layers": d.get("share_layers", groups == 1),
-          "hidden_act": d.get("hidden_act", "gelu_new")}

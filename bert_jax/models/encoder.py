@@ -30,9 +30,9 @@ from bert_jax.models import projections
 from bert_jax.models import rotary
 from bert_jax.models import softmax_dropout
 from bert_jax.models import splash
-# The config lives in its own module; these names are re-exported for the callers of `encoder`.
+# The config and its Hugging Face keys live in their own modules; these names are re-exported for `encoder`'s callers.
 from bert_jax.models.config import BertConfig, HF_MODEL_TYPES, PRESETS, REMAT_POLICIES, TABLE6  # noqa: F401
-from bert_jax.models.config import _GELU_APPROXIMATE, _HF_KEYS  # noqa: F401
+from bert_jax.models.hf_keys import _GELU_APPROXIMATE, _HF_KEYS  # noqa: F401
 # The linear layers live in `projections`; these are used here and by the callers of `encoder`.
 from bert_jax.models.projections import constrain as _constrain, dense, dense_init, zeros
 # The params' layer layouts (scanned or unrolled) are `layouts`'; re-exported for the callers of `encoder`.
