@@ -187,7 +187,7 @@ def test_remat_does_not_change_gradients():
   close = lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
   ref = jax.jit(jax.grad(loss_fn(tiny())))(params)
   # Scanned without a policy, the LayerNorms and the feed-forward GELU alone are recomputed
-  # (encoder.layer_norm, encoder.scan_recomputed).
+  # (layer_norm.layer_norm, encoder.scan_recomputed).
   for cfg, p in [(tiny(remat_policy="full"), params),
                  (tiny(remat_policy="minimal", scan_layers=True), model.scan_params(params)),
                  (tiny(scan_layers=True), model.scan_params(params)),

@@ -25,7 +25,6 @@ import jax.numpy as jnp
 from bert_jax.models import dropout
 from bert_jax.models import embedding_lookup
 from bert_jax.models import flash_dropout
-from bert_jax.models import layer_norm as layer_norm_lib
 from bert_jax.models import projections
 from bert_jax.models import rotary
 from bert_jax.models import softmax_dropout
@@ -33,26 +32,11 @@ from bert_jax.models import splash
 # The config and its Hugging Face keys live in their own modules; these names are re-exported for `encoder`'s callers.
 from bert_jax.models.config import BertConfig, HF_MODEL_TYPES, PRESETS, REMAT_POLICIES, TABLE6  # noqa: F401
 from bert_jax.models.hf_keys import _GELU_APPROXIMATE, _HF_KEYS  # noqa: F401
+from bert_jax.models.layer_norm import layer_norm
 # The linear layers live in `projections`; these are used here and by the callers of `encoder`.
 from bert_jax.models.projections import constrain as _constrain, dense, dense_init, zeros
 # The params' layer layouts (scanned or unrolled) are `layouts`'; re-exported for the callers of `encoder`.
 from bert_jax.models.layouts import scan_params, unscan_params  # noqa: F401
-
-
-def layer_norm(cfg: BertConfig, name: str, in_layer: bool = False) -> nn.Module:
-  """LayerNorm over `embed` with BERT's epsilon (`models/layer_norm.py`: statistics in float32 whatever
-  cfg.dtype is, one pass over x forward and two backward).
-
-  It saves only its input and two [rows] statistics for the backward pass, so a scanned stack needs no
-  recomputation of it (autodiff's LayerNorm saved its float32 intermediates there, and was rematerialised
-  when scanned). The parameters (`scale`, `bias`) and their names are flax's. `in_layer`: a Transformer
-  layer's norm, whose backward pass takes `cfg.layer_norm_kernel` (the embeddings' and the heads' keep XLA's).
-  """
-  return layer_norm_lib.LayerNorm(epsilon=cfg.layer_norm_eps, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-                                  name=name, use_bias=cfg.norm_bias,
-                                  kernel=cfg.layer_norm_kernel if in_layer else "xla",
-                                  scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
-                                  bias_init=zeros(("embed",)))
 
 
 def paired_layer_norms(cfg: BertConfig) -> bool:

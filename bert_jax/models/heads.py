@@ -10,6 +10,7 @@ import jax.numpy as jnp
 from bert_jax.models import dropout
 from bert_jax.models import encoder as model
 from bert_jax.models import vocab_split
+from bert_jax.models.layer_norm import layer_norm
 from bert_jax.models.tied_decoder import tied_logits
 
 _OPTIONAL_ENCODER_INPUTS = ("position_ids", "example_ids")
@@ -38,7 +39,7 @@ class MaskedLMHead(nn.Module):
     {"mlm_nll", "mlm_correct"} [B, P] float32 instead (`vocab_split.masked_lm_sums`)."""
     cfg = self.config
     x = model.gelu(cfg, model.dense(cfg, cfg.embedding_dim, ("embed", "mlp"), "transform")(x))
-    x = model.layer_norm(cfg, "layer_norm")(x)
+    x = layer_norm(cfg, "layer_norm")(x)
     bias = self.param("output_bias", model.zeros(("vocab",)), (cfg.vocab_size,), cfg.param_dtype)
     if cfg.decoder_on_shards and labels is not None:
       sums = vocab_split.masked_lm_sums(x.astype(cfg.dtype), word_embeddings_VE.astype(cfg.dtype), bias, labels,
@@ -102,7 +103,7 @@ class PredictionHead(nn.Module):
   def __call__(self, x):
     cfg = self.config
     x = model.gelu(cfg, model.dense(cfg, cfg.hidden_size, ("embed", "mlp"), "dense")(x))
-    return model.layer_norm(cfg, "norm")(x)
+    return layer_norm(cfg, "norm")(x)
 
 
 # How a sequence classifier summarises the encoder's output: BERT's pooler (tanh dense on [CLS]), or

@@ -16,6 +16,8 @@ On BERT-large phase 1 (v3:8x8, 4 layers) XLA's count falls from 1.1085 to 1.0893
 (docs/performance.md). The one-pass variance loses float32 digits when a row's mean is large
 against its spread (about 1e-7 * (1 + mean^2 / var) relative); a post-LN BERT's rows are near zero
 mean, and the outputs match Hugging Face's to the tolerances of tests/test_checkpoints.py.
+
+`layer_norm(cfg, name)` is the one the encoder and its heads build: over `embed`, with BERT's epsilon.
 """
 
 import functools
@@ -25,6 +27,8 @@ import jax
 import jax.numpy as jnp
 
 from bert_jax.models import layer_norm_kernel
+from bert_jax.models.config import BertConfig
+from bert_jax.models.projections import zeros
 
 
 def _statistics(x, eps):
@@ -116,3 +120,19 @@ class LayerNorm(nn.Module):
     bias = self.param("bias", self.bias_init, features, self.param_dtype) if self.use_bias else None
     dtype = self.dtype or jnp.result_type(x, scale)
     return (normalize_pair if pair else normalize)(x, scale, bias, self.epsilon, dtype, self.kernel)
+
+
+def layer_norm(cfg: BertConfig, name: str, in_layer: bool = False) -> nn.Module:
+  """LayerNorm over `embed` with BERT's epsilon (`LayerNorm` above: statistics in float32 whatever
+  cfg.dtype is, one pass over x forward and two backward).
+
+  It saves only its input and two [rows] statistics for the backward pass, so a scanned stack needs no
+  recomputation of it (autodiff's LayerNorm saved its float32 intermediates there, and was rematerialised
+  when scanned). The parameters (`scale`, `bias`) and their names are flax's. `in_layer`: a Transformer
+  layer's norm, whose backward pass takes `cfg.layer_norm_kernel` (the embeddings' and the heads' keep XLA's).
+  """
+  return LayerNorm(epsilon=cfg.layer_norm_eps, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+                   name=name, use_bias=cfg.norm_bias,
+                   kernel=cfg.layer_norm_kernel if in_layer else "xla",
+                   scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
+                   bias_init=zeros(("embed",)))

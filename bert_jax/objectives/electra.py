@@ -28,6 +28,7 @@ from bert_jax import flops
 from bert_jax.models import encoder
 from bert_jax.models import heads
 from bert_jax.models import projections
+from bert_jax.models.layer_norm import layer_norm
 from bert_jax.objectives import base
 from bert_jax.objectives import bert
 
@@ -92,7 +93,7 @@ class Generator(nn.Module):
                                  encoder.zeros(("embed",)), name="projection")(x_BLE)
     x, _, _ = encoder.BertLayerStack(cfg, name="encoder")(x_BLE, context, deterministic, False)
     if cfg.final_norm:   # pre-norm layers: the stack's output normalized, as the discriminator's
-      x = encoder.layer_norm(cfg, "final_layer_norm")(x)
+      x = layer_norm(cfg, "final_layer_norm")(x)
     return heads.MaskedLMHead(cfg, name="mlm")(heads.gather_positions(x, positions_BP), word_embeddings_VE)
 
 

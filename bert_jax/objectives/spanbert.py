@@ -23,6 +23,7 @@ from bert_jax import flops
 from bert_jax.models import encoder
 from bert_jax.models import heads
 from bert_jax.models import projections
+from bert_jax.models.layer_norm import layer_norm
 from bert_jax.objectives import base
 from bert_jax.objectives import bert
 
@@ -82,7 +83,7 @@ class SpanBoundaryHead(nn.Module):
     # The input width 2H + position_size need not divide a tensor split: the kernel's input axis is not split.
     dense = projections.linear(cfg, h, encoder.dense_init(cfg, (None, "embed")), encoder.zeros(("embed",)),
                                name="dense")
-    x = encoder.layer_norm(cfg, "layer_norm")(encoder.gelu(cfg, dense(x)))
+    x = layer_norm(cfg, "layer_norm")(encoder.gelu(cfg, dense(x)))
     return heads.MaskedLMHead(cfg, name="output")(x, word_embeddings_VH)
 
 
