@@ -28,6 +28,7 @@ from bert_jax import flops
 from bert_jax.models import encoder
 from bert_jax.models import heads
 from bert_jax.models import projections
+from bert_jax.models.embeddings import default_position_ids, packed_position_ids
 from bert_jax.models.layer_norm import layer_norm
 from bert_jax.objectives import base
 from bert_jax.objectives import bert
@@ -130,7 +131,7 @@ class ElectraForPreTraining(nn.Module):
     weights = batch["masked_lm_weights"]
     optional = {k: batch[k] for k in ("position_ids", "example_ids") if k in batch}
     # The table's rows, as the encoder takes them from the same batch (`BertEncoder.__call__`).
-    position_ids = encoder.packed_position_ids(cfg, optional.get("position_ids"), optional.get("example_ids"))
+    position_ids = packed_position_ids(cfg, optional.get("position_ids"), optional.get("example_ids"))
     bert_encoder = encoder.BertEncoder(cfg, name="bert")
     x = bert_encoder.embeddings.embed(ids, batch["segment_ids"], position_ids, deterministic)
     table = bert_encoder.word_embeddings()
@@ -138,7 +139,7 @@ class ElectraForPreTraining(nn.Module):
     # The discriminator's attention as its layers see it: the mask, RoPE and sliding windows (a bare mask
     # would leave a RoPE generator without any positions).
     context = encoder.layer_context(gen_cfg, batch["input_mask"], optional.get("example_ids"),
-                                    encoder.default_position_ids(cfg, ids) if position_ids is None else position_ids)
+                                    default_position_ids(cfg, ids) if position_ids is None else position_ids)
     mlm_logits = Generator(gen_cfg, name="generator")(x, context, positions, table, deterministic)
     key = jax.random.key(_EVAL_SAMPLING_SEED) if deterministic else self.make_rng("dropout")
     sampled = jax.random.categorical(key, jax.lax.stop_gradient(mlm_logits))  # [B, P]
