@@ -139,7 +139,7 @@ def test_the_encoder_trains_to_the_same_loss_and_gradients(dtype, layout):
     custom_calls[residuals] = str(jax.make_jaxpr(loss)(params)).count("custom_vjp_call")
     results[residuals] = jax.jit(grad_fn)(params)
   # The attention's own gradient is a custom_vjp beside the LayerNorms' (which both settings have); under a
-  # remat policy the plain ops run whatever the setting (encoder._explicit_attention).
+  # remat policy the plain ops run whatever the setting (attention.SelfAttention._explicit_attention).
   assert custom_calls["autodiff"] > 0
   lean = layout.get("remat_policy", "none") == "none"
   assert (custom_calls["float32"] > custom_calls["autodiff"]) == lean, custom_calls
