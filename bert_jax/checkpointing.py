@@ -10,10 +10,12 @@ Failures: a save that fails (a full disk ...) raises `failures.SaveFailed` at th
 loop calls it every step) or `save()`, and its temporary directory is removed; the checkpoints
 written before are left as they are. A step that cannot be read back (a truncated or garbled file)
 is moved aside by `restore_latest` with a warning, and the newest readable one is restored.
+
+A checkpoint saved with its encoder layers laid out otherwise (`model.scan_layers`) is restored through
+`checkpoint_layout.py`, in the layout of the run that restores it.
 """
 
 import base64
-import contextlib
 import json
 import os
 import signal
@@ -26,8 +28,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
-from jax.sharding import NamedSharding, PartitionSpec as P
 
+from bert_jax import checkpoint_layout
 from bert_jax import failures
 from bert_jax import paths
 from bert_jax.models import layouts
@@ -163,8 +165,8 @@ class Checkpointer:
       raise FileNotFoundError(f"no checkpoint in {self.directory}")
     # Saved in the other layer layout (another run's, or this run's before `scan_layers` changed): read as
     # saved, then laid out as `abstract_state` is.
-    saved = _saved_params(self.directory, step) if layer_layout(abstract_state) else None
-    target = _in_saved_layout(abstract_state, saved)
+    saved = checkpoint_layout.saved_params(self.directory, step) if layer_layout(abstract_state) else None
+    target = checkpoint_layout.in_saved_layout(abstract_state, saved)
     args = ocp.args.Composite(state=ocp.args.StandardRestore(target or abstract_state), data=ocp.args.JsonRestore())
     restored = self.manager.restore(step, args=args)
     hosts = restored.data["hosts"]
@@ -172,7 +174,7 @@ class Checkpointer:
       raise failures.UserError(
           f"checkpoint {self.directory}/{step} was written by {len(hosts)} hosts; this job has "
           f"{jax.process_count()}: the data position of each host cannot be carried over")
-    state = _relaid(restored.state, abstract_state) if target else restored.state
+    state = checkpoint_layout.relaid(restored.state, abstract_state) if target else restored.state
     return state, _decode(hosts[jax.process_index()])
 
   def restore_latest(self, abstract_state: Any, move_aside: bool = True,
@@ -257,7 +259,8 @@ def split_path(path: str) -> tuple[str, int | None]:
 
 def restore_state(path: str, abstract_state: Any) -> Any:
   """A TrainState from another run's checkpoint (`<dir>` = its latest step, or `<dir>/<step>`), its encoder
-  layers stacked or one by one as `abstract_state` has them, whichever way they were saved (`relayout`)."""
+  layers stacked or one by one as `abstract_state` has them, whichever way they were saved
+  (`checkpoint_layout.relayout`)."""
   directory, step = split_path(path)
   checkpointer = Checkpointer(directory, read_only=True)
   try:
@@ -274,71 +277,8 @@ def restore_state(path: str, abstract_state: Any) -> Any:
 
 # A run's encoder layers are saved in the layout it ran them in (`models/layouts.py`), the params and every
 # tree laid out like them (Adam's moments) alike. A restore (another run started from the checkpoint, phase 2
-# from phase 1's; or this run resumed with `scan_layers` changed) takes them in its own layout.
+# from phase 1's; or this run resumed with `scan_layers` changed) takes them in its own layout (`checkpoint_layout`).
 layer_layout = layouts.layer_layout
-
-
-def relayout(tree: Any, to: str, abstract: bool = False, saved: Any = None) -> Any:
-  """Every dict of `tree` (params, optimizer moments) in layout `to`: arrays, or with `abstract`
-  ShapeDtypeStructs whose NamedShardings gain or lose the layer axis (unsharded).
-
-  A stack whose layers differ in their params (pre_norm's layer 0, which has no attention norm), in `tree`
-  or in the `saved` params it is to match, is not laid out anew: scanned, its layer 0 holds an unused norm
-  the unrolled stack lacks (a UserError)."""
-  if layouts.uneven_layers(tree) or layouts.uneven_layers(saved):
-    raise failures.UserError(
-        "the checkpoint's encoder layers and this run's are laid out differently (model.scan_layers), and "
-        "its layer 0 has params the others lack (pre_norm): run with scan_layers as it was saved")
-  if abstract:
-    def stack(*xs):
-      return jax.ShapeDtypeStruct((len(xs),) + xs[0].shape, xs[0].dtype,
-                                  sharding=NamedSharding(xs[0].sharding.mesh, P(None, *xs[0].sharding.spec)))
-
-    def index(x, _):
-      return jax.ShapeDtypeStruct(x.shape[1:], x.dtype,
-                                  sharding=NamedSharding(x.sharding.mesh, P(*x.sharding.spec[1:])))
-    convert = (lambda d: layouts.scan_params(d, stack=stack, fill=lambda x: x)) if to == layouts.SCANNED else (
-        lambda d: layouts.unscan_params(d, index=index))
-  else:
-    convert = layouts.scan_params if to == layouts.SCANNED else layouts.unscan_params
-  return convert(tree)
-
-
-def _in_saved_layout(abstract: Any, saved: Any) -> Any:
-  """`abstract` (ShapeDtypeStructs) in the layer layout of the `saved` params' metadata where it differs from
-  it, to restore them as saved; None where it does not (or either holds no encoder layers)."""
-  stored, wanted = layer_layout(saved), layer_layout(abstract)
-  return relayout(abstract, stored, abstract=True, saved=saved) if stored and wanted and stored != wanted else None
-
-
-def _relaid(state: Any, abstract_state: Any) -> Any:
-  """`state` (restored in the other layout) in `abstract_state`'s layout and shardings."""
-  return jax.device_put(relayout(state, layer_layout(abstract_state)),
-                        jax.tree.map(lambda a: a.sharding, abstract_state))
-
-
-def _saved_params(directory: str, step: int | None) -> Any:
-  """The metadata of the params saved at `step` (default the latest) in `directory`; None if there is no
-  step or the state holds no params."""
-  try:
-    manager = _reader(directory)
-  except Exception:  # pylint: disable=broad-except  (the restore that follows reports what is wrong)
-    return None
-  try:
-    with _orbax_warnings_off():
-      step = manager.latest_step() if step is None else step
-      return None if step is None else manager.item_metadata(step).state["params"]
-  except (KeyError, TypeError):   # no params in the state: nothing to lay out (a read that fails is raised,
-    return None                   # and `restore_latest` takes the step as unreadable on every host)
-  finally:
-    manager.close()
-
-
-def _reader(directory: str):
-  with _orbax_warnings_off():
-    return ocp.CheckpointManager(epath.Path(paths.absolute(str(directory))),
-                                 item_handlers={"state": ocp.PyTreeCheckpointHandler()},
-                                 options=ocp.CheckpointManagerOptions(read_only=True))
 
 
 def checkpoint_problem(path: str, items: tuple[str, ...] = ("state", "data")) -> str | None:
@@ -366,31 +306,19 @@ def restore_params(path: str, abstract_params: Any = None) -> Any:
   host numpy arrays, whatever mesh the checkpoint was written from.
   """
   directory, step = split_path(path)
-  manager = _reader(directory)
+  manager = checkpoint_layout.reader(directory)
   step = manager.latest_step() if step is None else step
   if step is None:
     raise FileNotFoundError(f"no checkpoint in {directory}")
-  with _orbax_warnings_off():
+  with checkpoint_layout.orbax_warnings_off():
     return _restore_params(manager, step, abstract_params)
-
-
-@contextlib.contextmanager
-def _orbax_warnings_off():
-  """Orbax warns, on every read-only restore of one item, that the manager is read-only and that the
-  other items are not restored: both are what `restore_params` asks for."""
-  level = logging.get_verbosity()
-  logging.set_verbosity(logging.ERROR)
-  try:
-    yield
-  finally:
-    logging.set_verbosity(level)
 
 
 def _restore_params(manager, step: int, abstract_params: Any) -> Any:
   metadata = manager.item_metadata(step).state
   param_meta = metadata["params"]
-  if (target := _in_saved_layout(abstract_params, param_meta)) is not None:   # the other layer layout
-    return _relaid(_restore_params(manager, step, target), abstract_params)
+  if (target := checkpoint_layout.in_saved_layout(abstract_params, param_meta)) is not None:   # the other layer layout
+    return checkpoint_layout.relaid(_restore_params(manager, step, target), abstract_params)
   if abstract_params is None:
     restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), param_meta)
   else:

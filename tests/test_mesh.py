@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from bert_jax import checkpointing, sharding, train, train_setup
+from bert_jax import checkpoint_layout, sharding, train, train_setup
 from bert_jax.models import config as model_config, layouts
 from conftest import shipped_bert_large_steps
 from configs import tiny
@@ -189,7 +189,7 @@ def test_each_shipped_bert_large_step_keeps_the_plain_losses(model, split_tensor
   _, shipped = _mesh_setup(**mesh, **common, **model)
   plain_state, state = plain.init(jax.random.key(0)), plain.init(jax.random.key(0))   # each step donates its own
   if model["scan_layers"]:   # the same parameters and moments, stacked over the layers
-    state = jax.device_put(checkpointing.relayout(jax.device_get(state), to=layouts.SCANNED),
+    state = jax.device_put(checkpoint_layout.relayout(jax.device_get(state), to=layouts.SCANNED),
                            shipped.state_shardings)
   reference = _losses(plain_config, plain, state=plain_state)
   np.testing.assert_allclose(_losses(plain_config, shipped, state=state), reference, rtol=2e-5)

@@ -99,7 +99,7 @@ def test_two_processes_train_checkpoint_and_resume(data_dir, tmp_path):  # noqa:
 @pytest.mark.multiprocess
 def test_two_processes_resume_a_scanned_run_unrolled(data_dir, tmp_path):  # noqa: F811
   """The checkpoint of a run with its layers scanned, sharded over both processes, resumed with them
-  unrolled: the params and Adam moments are laid out anew on each host (`checkpointing.relayout`)."""
+  unrolled: the params and Adam moments are laid out anew on each host (`checkpoint_layout.relayout`)."""
   workdir = str(tmp_path / "run")
   _launch_pair(data_dir, workdir, steps=4, scan=True)
   second = _launch_pair(data_dir, workdir, steps=6)
