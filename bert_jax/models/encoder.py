@@ -30,10 +30,11 @@ from bert_jax.models import projections
 from bert_jax.models import rotary
 from bert_jax.models import splash
 from bert_jax.models.attention import SelfAttention
-# The config lives in its own module; these names are re-exported for the callers of `encoder`.
+# The config and its Hugging Face keys live in their own modules; these names are re-exported for the callers
+# of `encoder`.
 from bert_jax.models.config import BertConfig, HF_MODEL_TYPES, PRESETS, REMAT_POLICIES, TABLE6  # noqa: F401
-from bert_jax.models.hf_keys import _GELU_APPROXIMATE, _HF_KEYS  # noqa: F401
 from bert_jax.models.embeddings import BertEmbeddings, default_position_ids, packed_position_ids
+from bert_jax.models.hf_keys import _GELU_APPROXIMATE, _HF_KEYS  # noqa: F401
 from bert_jax.models.layer_norm import layer_norm
 # The linear layers live in `projections`; these are used here and by the callers of `encoder`.
 from bert_jax.models.projections import constrain as _constrain, dense, dense_init, zeros
