@@ -9,6 +9,7 @@ import hypothesis
 import pytest
 
 from bert_jax.data import corpus
+from bert_jax.data import sentence_splitter
 
 
 def _read(spec, **kwargs):
@@ -26,15 +27,15 @@ def test_split_sentences():
   text = ('Mr. Smith went to Washington, D.C. on Jan. 5. He paid $3.50 for "coffee." Then he left! '
           'The U.S. Senate met. It was 5 p.m. The end... Really? "Yes," said J. R. R. Tolkien.\n'
           'New paragraph without a period\nÉl dijo.  Über   alles.')
-  assert corpus.split_sentences(text) == [
+  assert sentence_splitter.split_sentences(text) == [
       "Mr. Smith went to Washington, D.C. on Jan. 5.", 'He paid $3.50 for "coffee."', "Then he left!",
       "The U.S. Senate met.", "It was 5 p.m.", "The end...", "Really?", '"Yes," said J. R. R. Tolkien.',
       "New paragraph without a period", "Él dijo.", "Über alles."]
-  assert corpus.split_sentences("the U.S. Army. The U.S. He left.") == [
+  assert sentence_splitter.split_sentences("the U.S. Army. The U.S. He left.") == [
       "the U.S. Army.", "The U.S.", "He left."]
-  assert corpus.split_sentences("He said no. Then he left. See No. 5 and pp. 10-12. Vol. 2 is out.") == [
+  assert sentence_splitter.split_sentences("He said no. Then he left. See No. 5 and pp. 10-12. Vol. 2 is out.") == [
       "He said no.", "Then he left.", "See No. 5 and pp. 10-12.", "Vol. 2 is out."]
-  assert corpus.split_sentences("") == [] and corpus.split_sentences(" \n\n ") == []
+  assert sentence_splitter.split_sentences("") == [] and sentence_splitter.split_sentences(" \n\n ") == []
 
 
 @hypothesis.settings(max_examples=300, deadline=None)
@@ -42,7 +43,7 @@ def test_split_sentences():
     list("aZ9 .!?\"')(\n\u00e9\u201c\u201d\u2026") + ["Mr", "U.S", "The", " "])))
 def test_split_sentences_keeps_every_character(pieces):
   text = "".join(pieces)
-  sentences = corpus.split_sentences(text)
+  sentences = sentence_splitter.split_sentences(text)
   assert "".join("".join(sentences).split()) == "".join(text.split())
   assert all(s and s == s.strip() and "\n" not in s for s in sentences)
 

