@@ -13,6 +13,7 @@ import pytest
 
 from bert_jax.data import corpus
 from bert_jax.data import prepare
+from bert_jax.data import sentencepiece_tokenizer
 from bert_jax.data import tokenizer as tokenization
 from conftest import REPO_ROOT, shared_path
 import test_corpus
@@ -152,7 +153,7 @@ def test_trains_a_vocabulary_when_none_is_given(tmp_path, vocab_model):
                                  vocab_sample_sentences=3000, num_shards=2, num_workers=1)
   tok = tokenization.load_tokenizer(out)
   expected_type = {"wordpiece": tokenization.WordPieceTokenizer,
-                   "unigram": tokenization.SentencePieceTokenizer}[vocab_model]
+                   "unigram": sentencepiece_tokenizer.SentencePieceTokenizer}[vocab_model]
   assert isinstance(tok, expected_type) and stats["vocab_size"] == tok.vocab_size <= 400
   assert stats["documents"] > 700 and stats["tokens"] > 500_000
   records = _records(os.path.join(out, "train-00000-*"))

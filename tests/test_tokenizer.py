@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from bert_jax.data import corpus
+from bert_jax.data import sentencepiece_tokenizer
 from bert_jax.data import tokenizer as T
 from bert_jax.data import wordpiece_text as W
 from bert_jax.data import vocab_training as V
@@ -179,7 +180,7 @@ def play_sentences():
 def test_train_sentencepiece(tmp_path, play_sentences, model_type):
   model = V.train_sentencepiece(play_sentences, str(tmp_path / "spm"), 400, model_type)
   tok = T.load_tokenizer(tmp_path)
-  assert isinstance(tok, T.SentencePieceTokenizer) and model.endswith("spm.model")
+  assert isinstance(tok, sentencepiece_tokenizer.SentencePieceTokenizer) and model.endswith("spm.model")
   assert tok.vocab_size == 400
   assert (tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id) == (0, 1, 2, 3, 4)
   text = "Now, fair Hippolyta, our nuptial hour draws on apace."
