@@ -14,6 +14,7 @@ import pytest
 from bert_jax.data import corpus
 from bert_jax.data import prepare
 from bert_jax.data import sentencepiece_tokenizer
+from bert_jax.data import shard_writing
 from bert_jax.data import tokenizer as tokenization
 from conftest import REPO_ROOT, shared_path
 import test_corpus
@@ -206,5 +207,6 @@ def test_sentences_are_spelled_as_in_the_running_text(family):
   tok = tokenization.load_tokenizer(shared_path("families", family))
   document = ["The market fell.", "The bank said it would act.", "Prices rose."]
   counters = collections.Counter()
-  [(ids, lengths)] = list(prepare._encode_documents(tok, [document], counters))  # pylint: disable=protected-access
+  [(ids, lengths)] = list(shard_writing._encode_documents(  # pylint: disable=protected-access
+      tok, [document], counters))
   assert ids.tolist() == tok.encode(" ".join(document)) and len(lengths) == 3 and lengths.sum() == len(ids)

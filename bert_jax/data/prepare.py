@@ -15,32 +15,27 @@ Output (read by `input_pipeline.py`):
                                       reader checks every shard against them), bad input
   DIR/.prepare/                       the settings used and one record per finished shard task
 
-Each shard is tokenized by its own worker process from its own byte range of the input (see
-`corpus.plan`), so the corpus is streamed, never held in memory, and read once; the shards do not
-depend on the number of workers. A shard is written under a temporary name and renamed when
+Each shard is tokenized by its own worker process (`shard_writing.write_shard`) from its own byte range
+of the input (see `corpus.plan`), so the corpus is streamed, never held in memory, and read once; the
+shards do not depend on the number of workers. A shard is written under a temporary name and renamed when
 complete; a re-run skips the shards already there (and refuses a directory made with other settings).
 """
 
 import collections
 import contextlib
-import glob
 import hashlib
-import itertools
 import json
 import multiprocessing
 import multiprocessing.forkserver
 import os
-import sys
 import time
-import zlib
 
 from absl import flags
 from absl import logging
-import numpy as np
 
 from bert_jax.data import corpus
-from bert_jax import host_env
 from bert_jax import paths
+from bert_jax.data import shard_writing
 from bert_jax.data import tokenizer as tokenization
 from bert_jax.data import vocab_training
 
@@ -66,114 +61,10 @@ _TEXT_KEY = flags.DEFINE_string("text_key", "text", "JSON field holding a docume
 STATS_FILE = "stats.json"
 _PROGRESS_DIR = ".prepare"         # per-shard stats of finished shards, and the settings they used
 _BYTES_PER_SHARD = 64 << 20
-_SENTENCES_PER_BATCH = 4096        # one fast-tokenizer call; large enough to amortise its overhead
-_REPORT_SECONDS = 60               # a long shard reports its progress this often
 
 
 def shard_name(split: str, index: int, num_shards: int) -> str:
   return f"{split}-{index:05d}-of-{num_shards:05d}.tfrecord"
-
-
-# ---------------------------------------------------------------------------------------------
-# Worker side: one shard task.
-
-_WORKER_TOKENIZERS = {}
-
-
-def _tokenizer(path: str, do_lower_case: bool):
-  key = (path, do_lower_case)
-  if key not in _WORKER_TOKENIZERS:
-    _WORKER_TOKENIZERS[key] = tokenization.load_tokenizer(path, do_lower_case)
-  return _WORKER_TOKENIZERS[key]
-
-
-def _warm_up(tokenizer_dir: str, do_lower_case: bool) -> None:
-  """Pool initializer: pays for importing TensorFlow and building the tokenizer before timing starts."""
-  host_env.import_tensorflow()
-
-  _tokenizer(tokenizer_dir, do_lower_case).encode_batch(["warm up"])
-
-
-def _serialize(features: dict) -> bytes:
-  """A `tf.train.Example` of int64 features."""
-  tf = host_env.import_tensorflow()
-
-  return tf.train.Example(features=tf.train.Features(feature={
-      name: tf.train.Feature(int64_list=tf.train.Int64List(value=values.tolist()))
-      for name, values in features.items()})).SerializeToString(deterministic=True)  # same bytes every run
-
-
-def _is_eval(task_index: int, doc_index: int, eval_fraction: float) -> bool:
-  """A fixed pseudo-random choice per (shard, document), so re-runs hold out the same documents."""
-  return zlib.crc32(f"{task_index}:{doc_index}".encode()) < eval_fraction * 2**32
-
-
-def _tokenized_documents(task, counters):
-  """(document index, ids, sentence lengths) for the task's documents, tokenized in batches."""
-  tok = _tokenizer(task["tokenizer_dir"], task["do_lower_case"])
-  documents = (d for part in task["parts"] for d in corpus.read_part(
-      part, text_key=task["text_key"], counters=counters))
-  batch, sentences, index = [], 0, 0
-  for document in itertools.chain(documents, [None]):
-    if document is not None:
-      batch.append(document)
-      sentences += len(document)
-      if sentences < _SENTENCES_PER_BATCH:
-        continue
-    for ids, lengths in _encode_documents(tok, batch, counters):
-      yield index, ids, lengths
-      index += 1
-    batch, sentences = [], 0
-
-
-def _encode_documents(tok, documents, counters):
-  if not documents:
-    return
-  ids, lengths = tok.encode_batch([s if i == 0 else tok.space_prefix + s for d in documents
-                                   for i, s in enumerate(d)])
-  starts = np.cumsum(lengths) - lengths
-  first = 0
-  for document in documents:
-    doc_lengths = lengths[first:first + len(document)]
-    doc_ids = ids[starts[first]:starts[first] + doc_lengths.sum()]
-    first += len(document)
-    if (doc_lengths == 0).any():
-      counters["empty_sentences"] += int((doc_lengths == 0).sum())  # e.g. only control characters
-      doc_lengths = doc_lengths[doc_lengths > 0]
-    if not len(doc_lengths):
-      counters["empty_documents"] += 1
-      continue
-    yield doc_ids, doc_lengths
-
-
-def _write_shard(task) -> dict:
-  """Writes the task's train (and eval) shard; returns its counts. Runs in a worker process."""
-  tf = host_env.import_tensorflow()
-
-  start, cpu_start = time.time(), time.process_time()
-  counters = collections.Counter()
-  counts = {split: collections.Counter() for split in task["outputs"]}
-  for stale in (p for path in task["outputs"].values() for p in glob.glob(path + ".tmp-*")):
-    os.remove(stale)  # left by a killed run
-  tmp = {split: path + f".tmp-{os.getpid()}" for split, path in task["outputs"].items()}
-  writers = {split: tf.io.TFRecordWriter(path) for split, path in tmp.items()}
-  last_report = start
-  for index, ids, lengths in _tokenized_documents(task, counters):
-    if time.time() - last_report > _REPORT_SECONDS:
-      last_report = time.time()
-      print(f"{task['name']}: {index} documents, {sum(c['tokens'] for c in counts.values())} tokens",
-            file=sys.stderr, flush=True)
-    held_out = "eval" in writers and _is_eval(task["index"], index, task["eval_fraction"])
-    split = "eval" if held_out or "train" not in writers else "train"
-    writers[split].write(_serialize({"token_ids": ids, "sentence_lengths": lengths}))
-    counts[split].update(documents=1, sentences=len(lengths), tokens=len(ids))
-  for split, writer in writers.items():
-    writer.close()
-    os.replace(tmp[split], task["outputs"][split])
-    counts[split]["bytes"] = os.path.getsize(task["outputs"][split])   # the reader checks it (stats.json)
-  return {"task": task["name"], "counters": dict(counters), "seconds": time.time() - start,
-          "cpu_seconds": time.process_time() - cpu_start,
-          "shards": {os.path.basename(task["outputs"][s]): dict(c) for s, c in counts.items()}}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -322,11 +213,11 @@ def _run(tasks, output_dir, num_workers, do_lower_case) -> list[dict]:
   results, tokens, start = [], 0, time.time()
   with contextlib.ExitStack() as stack:
     if num_workers == 1:
-      _warm_up(output_dir, do_lower_case)
-      finished = map(_write_shard, tasks)
+      shard_writing.warm_up(output_dir, do_lower_case)
+      finished = map(shard_writing.write_shard, tasks)
     else:
       pool = stack.enter_context(_worker_pool(num_workers, output_dir, do_lower_case))
-      finished = pool.imap_unordered(_write_shard, tasks)
+      finished = pool.imap_unordered(shard_writing.write_shard, tasks)
     for result in finished:
       with open(_progress_path(output_dir, result["task"]), "w") as f:
         json.dump(result, f)
@@ -347,7 +238,7 @@ def _worker_pool(num_workers: int, output_dir: str, do_lower_case: bool):
   context = multiprocessing.get_context("forkserver")
   context.set_forkserver_preload(["bert_jax.data.quiet_tensorflow", "bert_jax.data.prepare"])
   try:
-    with context.Pool(num_workers, _warm_up, (output_dir, do_lower_case)) as pool:
+    with context.Pool(num_workers, shard_writing.warm_up, (output_dir, do_lower_case)) as pool:
       yield pool
   finally:
     # Otherwise the server, and the GB of TensorFlow it holds, lives as long as this process: a
