@@ -14,19 +14,18 @@ sorted by the normalised score over all layers, are then masked least important 
 (`--iterative`: again after every fraction, on the masked model, as the paper's 4.2 does step by step).
 
 Writes to `--output_dir`: prune.csv (fraction, heads_pruned, the metric, the heads masked), prune.png (the
-curve), importance.csv (layer, head, score, raw_score) and importance.png (the heat map). With `--export_dir`
-the heads masked at `--export_fraction` (the curve's, or the least important by the first scores if it is
-not one of `--fractions`) are removed from the weights (`models.pruning.prune_heads`) and a finetuned workdir
-written there (`bert-jax predict --checkpoint=DIR2` loads it); the pruned model's outputs are checked against
-the masked model's on the dev data, and both forward passes timed side by side (export.json). Classification,
-regression and tagging tasks; question answering (span) is refused: its dev features carry no answer positions
-to take a loss on.
+curve), importance.csv (layer, head, score, raw_score) and importance.png (the heat map); `prune_report`
+writes the first three. With `--export_dir` the heads masked at `--export_fraction` (the curve's, or the
+least important by the first scores if it is not one of `--fractions`) are removed from the weights
+(`models.pruning.prune_heads`) and a finetuned workdir written there (`bert-jax predict --checkpoint=DIR2`
+loads it); the pruned model's outputs are checked against the masked model's on the dev data, and both forward
+passes timed side by side (export.json). Classification, regression and tagging tasks; question answering
+(span) is refused: its dev features carry no answer positions to take a loss on.
 
 `--input`: a labelled file the task reads (as `bert-jax predict` reads it) or the task's data directory (its
 dev split is read). task.json does not record the finetuning's data_dir, so there is no default.
 """
 
-import csv
 import dataclasses
 import functools
 import json
@@ -38,7 +37,6 @@ import time
 
 from absl import app
 from absl import flags
-from absl import logging
 from etils import epath
 import jax
 import jax.numpy as jnp
@@ -48,6 +46,7 @@ from bert_jax import checkpoint_loader
 from bert_jax import checkpointing
 from bert_jax import failures
 from bert_jax.analysis import heads as head_stats
+from bert_jax.analysis import prune_report
 from bert_jax.finetune import trainer
 from bert_jax.finetune import task_model
 from bert_jax.models import pruning
@@ -303,47 +302,6 @@ def check_export(predictor: predict.Predictor, pruned: predict.Predictor, dev: D
 
 
 # ------------------------------------------------------------------------------------------------
-# Files and figures.
-
-
-def write_csv(path: str, rows: list[dict]) -> None:
-  with open(path, "w", newline="", encoding="utf-8") as f:
-    writer = csv.DictWriter(f, list(rows[0]))
-    writer.writeheader()
-    writer.writerows(rows)
-
-
-def importance_rows(scores: np.ndarray, raw: np.ndarray) -> list[dict]:
-  return [{"layer": l, "head": h, "score": f"{scores[l, h]:.6g}", "raw_score": f"{raw[l, h]:.6g}"}
-          for l in range(scores.shape[0]) for h in range(scores.shape[1])]
-
-
-def plot_curve(path: str, rows: list[dict], metric: str, num_heads: int, title: str) -> bool:
-  """The dev metric against the percentage of heads masked, the unpruned model's as a dotted line; False
-  without matplotlib."""
-  try:
-    import matplotlib  # pylint: disable=g-import-not-at-top
-    matplotlib.use("Agg")
-    from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    logging.warning("matplotlib is not installed: no %s", path)
-    return False
-  fig, ax = plt.subplots(figsize=(5.5, 3.8))
-  ax.plot([100 * r["heads_pruned"] / num_heads for r in rows], [r[metric] for r in rows], marker="o")
-  full = [r[metric] for r in rows if r["heads_pruned"] == 0]
-  if full:
-    ax.axhline(full[0], color="gray", linestyle=":", linewidth=1)
-  ax.set_xlabel(f"heads masked, % of {num_heads} (least important first)")
-  ax.set_ylabel(f"dev {metric}")
-  ax.set_title(title, fontsize=10)
-  ax.grid(alpha=0.3)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return True
-
-
-# ------------------------------------------------------------------------------------------------
 # Command line.
 
 
@@ -362,10 +320,10 @@ def run(checkpoint: str, source: str, output_dir: str, fractions, *, iterative: 
   rows, scores, raw = curve(model, predictor.params, task, dev, fractions, iterative=iterative,
                             batch_size=batch_size)
   os.makedirs(output_dir, exist_ok=True)
-  write_csv(os.path.join(output_dir, "prune.csv"), rows)
-  write_csv(os.path.join(output_dir, "importance.csv"), importance_rows(scores, raw))
+  prune_report.write_csv(os.path.join(output_dir, "prune.csv"), rows)
+  prune_report.write_csv(os.path.join(output_dir, "importance.csv"), prune_report.importance_rows(scores, raw))
   name = f"{task.name}, {len(dev.examples)} dev examples"
-  plot_curve(os.path.join(output_dir, "prune.png"), rows, task.primary_metric, total, name)
+  prune_report.plot_curve(os.path.join(output_dir, "prune.png"), rows, task.primary_metric, total, name)
   head_stats.plot_heatmap(os.path.join(output_dir, "importance.png"), scores,
                           f"head importance (Michel et al. 2019), normalised per layer; {name}")
   summary = {"checkpoint": checkpoint, "examples": len(dev.examples), "heads": total, "iterative": iterative,
