@@ -180,9 +180,9 @@ class BertConfig:
     object.__setattr__(self, "param_dtype", jnp.dtype(self.param_dtype))
     if self.hidden_size % self.num_heads:
       raise ValueError(f"hidden_size {self.hidden_size} is not a multiple of num_heads {self.num_heads}")
-    if self.hidden_act not in hf_keys._GELU_APPROXIMATE:
+    if self.hidden_act not in hf_keys.GELU_APPROXIMATE:
       raise ValueError(f"hidden_act {self.hidden_act!r} not supported; "
-                       f"one of {sorted(hf_keys._GELU_APPROXIMATE)}")
+                       f"one of {sorted(hf_keys.GELU_APPROXIMATE)}")
     if self.remat_policy != "none" and self.remat_policy not in REMAT_POLICIES:
       raise ValueError(f"remat_policy {self.remat_policy!r}; one of {['none', *REMAT_POLICIES]}")
     if (self.global_attn_every_n_layers > 1) != (self.local_attention is not None):

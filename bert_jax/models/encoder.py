@@ -34,7 +34,7 @@ from bert_jax.models.attention import SelfAttention
 # of `encoder`.
 from bert_jax.models.config import BertConfig, HF_MODEL_TYPES, PRESETS, REMAT_POLICIES, TABLE6  # noqa: F401
 from bert_jax.models.embeddings import BertEmbeddings, default_position_ids, packed_position_ids
-from bert_jax.models.hf_keys import _GELU_APPROXIMATE, _HF_KEYS  # noqa: F401
+from bert_jax.models.hf_keys import GELU_APPROXIMATE, _HF_KEYS  # noqa: F401
 from bert_jax.models.layer_norm import layer_norm
 # The linear layers live in `projections`; these are used here and by the callers of `encoder`.
 from bert_jax.models.projections import constrain as _constrain, dense, dense_init, zeros
@@ -50,7 +50,7 @@ def paired_layer_norms(cfg: BertConfig) -> bool:
 
 def gelu(cfg: BertConfig, x):
   """The configured GELU: exact (erf) for "gelu", tanh approximation otherwise."""
-  return nn.gelu(x, approximate=_GELU_APPROXIMATE[cfg.hidden_act])
+  return nn.gelu(x, approximate=GELU_APPROXIMATE[cfg.hidden_act])
 
 
 def scan_recomputed(cfg: BertConfig, fn):

@@ -13,7 +13,7 @@ _HF_KEYS = {
     "hidden_act": "hidden_act",
 }
 # hidden_act -> whether its GELU is the tanh approximation ("gelu": exact, erf).
-_GELU_APPROXIMATE = {"gelu": False, "gelu_new": True, "gelu_pytorch_tanh": True}
+GELU_APPROXIMATE = {"gelu": False, "gelu_new": True, "gelu_pytorch_tanh": True}
 # DistilBertConfig key -> BertConfig field, and transformers' defaults where a key is absent (DistilBERT's
 # LayerNorm eps is fixed at 1e-12 in its modules, ours by default).
 _DISTILBERT_KEYS = {"vocab_size": "vocab_size", "dim": "hidden_size", "n_layers": "num_layers", "n_heads": "num_heads",
@@ -86,8 +86,8 @@ def _distilbert_fields(d: dict) -> dict:
   if d.get("sinusoidal_pos_embds", False):
     raise ValueError("DistilBERT with sinusoidal_pos_embds is not supported: only learned position embeddings")
   d = {**_DISTILBERT_DEFAULTS, **d}
-  if d["activation"] not in _GELU_APPROXIMATE:
-    raise ValueError(f"DistilBERT activation {d['activation']!r} is not supported; one of {sorted(_GELU_APPROXIMATE)}")
+  if d["activation"] not in GELU_APPROXIMATE:
+    raise ValueError(f"DistilBERT activation {d['activation']!r} is not supported; one of {sorted(GELU_APPROXIMATE)}")
   return {**{f: d[k] for k, f in _DISTILBERT_KEYS.items()}, "type_vocab_size": 0}
 
 

@@ -10,6 +10,7 @@ checkpoint (`cls/predictions/*`). `predict` is the library call (the pretraining
 """
 
 import functools
+import itertools
 import json
 import re
 import sys
@@ -176,13 +177,7 @@ def segments(tokenizer, row: list) -> list[list[int]]:
   """The runs of `row`'s tokens between its special tokens ([CLS], [SEP], padding as None): the segments of
   a sentence pair or of the examples packed in a row, which the preview must not join into one line."""
   special = {tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id, None}
-  runs, run = [], []
-  for t in row:
-    if t in special:
-      runs, run = (runs + [run] if run else runs), []
-    else:
-      run.append(t)
-  return runs + [run] if run else runs
+  return [list(run) for is_special, run in itertools.groupby(row, special.__contains__) if not is_special]
 
 
 def preview_context(tokenizer, row: list, starts: np.ndarray) -> tuple[list[int], int] | None:
