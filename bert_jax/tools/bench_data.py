@@ -13,7 +13,6 @@ process, all threads included.
 
 import ctypes
 import gc
-import importlib.util
 import json
 import os
 import pathlib
@@ -23,11 +22,12 @@ import time
 from absl import flags
 import numpy as np
 
+from bert_jax import config_path
 from bert_jax.data import input_pipeline
 from bert_jax.data import prepare
 
-_REPO = pathlib.Path(__file__).resolve().parents[1]
-_SHARED = _REPO.parent / "shared" / "data"
+# The clone's root (bert_jax/tools/ is two levels in); the shared data sits beside the clone.
+_SHARED = pathlib.Path(__file__).resolve().parents[2].parent / "shared" / "data"
 
 # --input and --vocab_file are `prepare`'s own flags (defined when it is imported); here they
 # default to the shared news corpus and the MiniLM vocab.
@@ -55,9 +55,8 @@ _MAX_PREDICTIONS = {128: 20, 512: 80}
 
 def data_config(prepared_dir: str, seq_length: int):
   """`configs/common.py`'s data fields, set from the flags."""
-  spec = importlib.util.spec_from_file_location("configs_common", _REPO / "configs" / "common.py")
-  common = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(common)
+  config_path.put_shipped_configs_first()
+  from configs import common  # pylint: disable=g-import-not-at-top
   c = common.data_config()
   c.train_files, c.eval_fraction = prepared_dir, 0.0
   c.seq_length = seq_length
