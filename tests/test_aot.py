@@ -73,8 +73,10 @@ def _config(overrides=None):
 @pytest.mark.slow
 def test_aot_report_for_a_small_topology(tmp_path):
   out = tmp_path / "report.json"
+  # --hlo and --json into folders that are not there yet: made before the compile, not lost after it.
   cmd = [sys.executable, "-m", "bert_jax.cli", "aot", "--config=configs/tiny.py", "--topology=v4:2x2x1",
-         f"--json={out}", "--report", "--report_top=8", f"--hlo={tmp_path / 'step.hlo'}"] + [f"--config.{k}={v}" for k, v in OVERRIDES.items()]
+         f"--json={out}", "--report", "--report_top=8", f"--hlo={tmp_path / 'hlo' / 'step.hlo'}"]
+  cmd += [f"--config.{k}={v}" for k, v in OVERRIDES.items()]
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
@@ -115,7 +117,7 @@ def test_aot_report_for_a_small_topology(tmp_path):
   assert any(k["category"] == "collective all-gather" for k in traffic["by_category"])
   assert any("BertForPreTraining" in s["source"] for s in traffic["top_sources"])
   # --hlo wrote the compiled step's text: the report reads the same from it.
-  text = (tmp_path / "step.hlo").read_text()
+  text = (tmp_path / "hlo" / "step.hlo").read_text()
   assert text.startswith("HloModule")
   assert " conditional(" not in text   # the non-finite guard is a select here, folded into the update
   assert hlo_bytes.summarize(hlo_bytes.traffic(text))["total_bytes"] == pytest.approx(traffic["total_bytes"])

@@ -40,6 +40,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from bert_jax import config_path
+from bert_jax import failures
 from bert_jax.tpu_chips import CHIPS, GiB, parse_topology  # noqa: F401 (aot.CHIPS, aot.parse_topology)
 from bert_jax.tools import compile_passes as compile_passes_lib
 from bert_jax.tools import hlo_bytes
@@ -278,11 +279,14 @@ def main(argv) -> None:
   config = FLAGS.config
   topology = FLAGS.topology or config.get("topology", "")
   if not topology:
-    raise ValueError("no --topology and the config has no `topology` field")
+    raise failures.UserError("no --topology and the config has no `topology` field")
+  for path in (FLAGS.hlo, FLAGS.json):   # their folders before the compile, which can take minutes
+    if path:
+      os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   if FLAGS.search_mesh:
     if FLAGS.report or FLAGS.hlo or FLAGS.compile_passes:
-      raise ValueError("--report, --hlo and --compile_passes describe one compiled step: run them with the "
-                       "mesh the search picks")
+      raise failures.UserError("--report, --hlo and --compile_passes describe one compiled step: run them with "
+                               "the mesh the search picks")
     from bert_jax.tools import mesh_search  # pylint: disable=g-import-not-at-top  (it compiles with `run`)
     candidates = [tuple(int(x) for x in c.split("x")) for c in FLAGS.mesh_candidates] or None
     ranked = mesh_search.search_mesh(config, topology, candidates)
