@@ -152,6 +152,12 @@ def test_status_stop_delete_single_slice(capsys):
       "gcloud compute tpus tpu-vm delete bert-large --zone=ZONE --quiet"]
 
 
+def test_a_dry_run_s_status_reports_no_gcloud_failure(capsys):
+  """Nothing runs in a dry run, so nothing failed: the job's state is unknown, silently."""
+  assert tpu.main(with_dry_run(["status", *SINGLE])) == 0
+  assert "gcloud failed" not in capsys.readouterr().err
+
+
 def test_status_stop_delete_multislice(capsys):
   assert dry(capsys, "status", *MULTI)[0] == (
       "gcloud compute tpus queued-resources describe big --zone=ZONE '--format=yaml(name,state,tpu.nodeSpec)'")
