@@ -45,7 +45,8 @@ def plot_pretraining(workdir: str, filename: str = "curves.png", term: str = "ml
   if baseline:
     axes[1].axhline(baseline[-1], linestyle="--", color="gray", label="held-out unigram baseline")
   for ax in axes:
-    ax.legend()
+    if ax.get_legend_handles_labels()[0]:   # a run stopped before its first log step has no curve yet
+      ax.legend()
   fig.tight_layout()
   path = os.path.join(workdir, filename)
   fig.savefig(path, dpi=100)
