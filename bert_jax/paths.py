@@ -3,7 +3,8 @@
 Orbax refuses relative checkpoint paths, and a relative path read after a `chdir` (a subprocess, a
 thread pool, a library) means something else. So every command makes its path flags and its config's
 path fields absolute before anything else reads them. Remote paths (`gs://...`, any `scheme://`) and
-the spec prefixes the data readers understand (`embedded:`, `tfds:`) pass unchanged.
+the specs the data readers understand (`embedded:...`, `tfds:...`, a finetuning `data_dir` of `tfds`) pass
+unchanged.
 """
 
 import os
@@ -11,6 +12,7 @@ import os
 import ml_collections
 
 _SPEC_PREFIXES = ("embedded:", "tfds:")
+_SPECS = ("tfds",)   # a finetuning `data_dir` of "tfds": the task's own TFDS dataset
 
 # The path fields of each kind of config (dotted names; a missing field is skipped).
 PRETRAIN_FIELDS = ("init_from", "data.train_files", "data.eval_files", "data.vocab_file", "distill.teacher")
@@ -26,7 +28,7 @@ def absolute(path: str) -> str:
     return path
   if "," in path:
     return ",".join(absolute(p.strip()) for p in path.split(","))
-  if "://" in path or path.startswith(_SPEC_PREFIXES):
+  if "://" in path or path.startswith(_SPEC_PREFIXES) or path in _SPECS:
     return path
   return os.path.abspath(os.path.expanduser(path))
 

@@ -16,7 +16,7 @@ def test_absolute_paths_and_the_ones_left_alone(tmp_path, monkeypatch):
   assert paths.absolute("workdir/tiny") == str(tmp_path / "workdir" / "tiny")
   assert paths.absolute("a/*.tfrecord,b") == f"{tmp_path}/a/*.tfrecord,{tmp_path}/b"
   assert paths.absolute("~/x") == os.path.expanduser("~/x")
-  for unchanged in ("", "gs://bucket/run", "embedded:shakespeare", "tfds:wikipedia:train", "/abs/path"):
+  for unchanged in ("", "gs://bucket/run", "embedded:shakespeare", "tfds:wikipedia:train", "tfds", "/abs/path"):
     assert paths.absolute(unchanged) == unchanged
 
 

@@ -192,18 +192,19 @@ def parse_tfds_spec(spec: str) -> tuple[str, str, str]:
   return name, split or "train", text_key or "text"
 
 
-def tfds_builder(name: str, data_dir: str | None):
-  """The builder of an already prepared dataset; a clear error (never a download) otherwise."""
+def tfds_builder(name: str, data_dir: str | None, data_dir_flag: str = "--data_dir"):
+  """The builder of an already prepared dataset; a clear error (never a download) otherwise. `data_dir_flag`:
+  the flag or field that sets `data_dir` in the command at hand, for the message."""
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
   if not data_dir:
-    raise ValueError(f"tfds:{name} needs an explicit data_dir (--data_dir) holding the prepared dataset")
+    raise ValueError(f"tfds:{name} needs an explicit data_dir ({data_dir_flag}) holding the prepared dataset")
   builder = tfds.builder(name, data_dir=data_dir)
   if not builder.is_prepared():
     raise FileNotFoundError(
         f"TFDS dataset {name!r} is not prepared in {data_dir} (looked for {builder.data_path}). "
         f"Prepare it first, on a machine with internet access if needed: `tfds build {name.split('/')[0]} "
-        f"--data_dir={data_dir}`{' --config=' + name.split('/')[1] if '/' in name else ''}, or in Python "
+        f"--data_dir={data_dir}{' --config=' + name.split('/')[1] if '/' in name else ''}`, or in Python "
         f"`tfds.builder({name!r}, data_dir={data_dir!r}).download_and_prepare()`; then copy the "
         f"directory here. This reader never downloads.")
   return builder

@@ -143,7 +143,8 @@ def check_columns(path: str, rows, columns: dict, label: str | None, labelled: b
       raise DataError(
           f"{path} has no {what} column {name!r} (its columns: {', '.join(sorted(present))}). Name the "
           f"column that holds the {what} with --config.task_opts.{option}=COLUMN"
-          + (", or give a file with its labels: training and dev files need them." if what == "label" else "."))
+          + (", or give a file with its labels: training and dev files need them." if what == "label" else
+             f" (`bert-jax predict`: --{option}=COLUMN)."))
 
 
 def examples_from_rows(rows, text_a: str, text_b: str | None, label: str | None,
@@ -230,7 +231,8 @@ def tfds_records(name: str, split: str, data_dir: str | None):
   """(records as dicts of python values, builder) of one split of a prepared TFDS dataset."""
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
-  builder = corpus.tfds_builder(name, data_dir)  # a clear error, never a download, if not prepared
+  # A clear error, never a download, if not prepared.
+  builder = corpus.tfds_builder(name, data_dir, data_dir_flag="--config.task_opts.tfds_data_dir")
   ds = builder.as_dataset(split=TFDS_SPLITS.get(split, split), shuffle_files=False)
   return [_to_python(r) for r in tfds.as_numpy(ds)], builder
 

@@ -20,6 +20,9 @@ def get_config() -> ml_collections.ConfigDict:
   # How a sequence classifier reads the encoder: "pooler" (BERT), "cls" or "mean" (ModernBERT); "": the
   # checkpoint's own (bert_jax/finetune/init.py `classifier_pooling`).
   c.task_opts.classifier_pooling = ""
+  # With data_dir "tfds" (or "tfds:<name>"): the directory holding the prepared TFDS dataset. Nothing is
+  # downloaded; a dataset not prepared there is an error that says how to prepare it.
+  c.task_opts.tfds_data_dir = ""
   c.data_dir = ""
   c.train_split = "train"
   c.eval_split = ""            # empty: the task's dev split
