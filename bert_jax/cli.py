@@ -66,17 +66,24 @@ def main(argv=None) -> None:
   # `--help` describes the key flags of the module named sys.argv[0]: make it the command's flags.
   for flag in flags.FLAGS.get_key_flags_for_module(module):
     flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
-  # A command may parse its own flags, e.g. to turn a misspelt config field into one line (main.py).
-  parser = {"flags_parser": module.parse_flags} if hasattr(module, "parse_flags") else {}
-  app.run(functools.partial(_run, module.main), argv=[f"bert-jax {name}"] + rest, **parser)
+  from bert_jax import failures  # pylint: disable=g-import-not-at-top
+  prog = f"bert-jax {name}"
+  # A misspelt flag or config field is one line and exit 2 in every command, not a traceback.
+  app.run(functools.partial(_run, module.main, prog), argv=[prog] + rest,
+          flags_parser=functools.partial(failures.parse_flags, prog=prog))
 
 
-def _run(command_main, argv) -> None:
-  """The command, with library INFO logs (orbax writes dozens per checkpoint) off unless --verbosity."""
+def _run(command_main, prog: str, argv) -> None:
+  """The command, with library INFO logs (orbax writes dozens per checkpoint) off unless --verbosity; a
+  `failures.UserError` (a config, path or data the person can fix) ends it in one paragraph and exit 2."""
   from absl import flags, logging  # pylint: disable=g-import-not-at-top
+  from bert_jax import failures  # pylint: disable=g-import-not-at-top
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
-  command_main(argv)
+  try:
+    command_main(argv)
+  except failures.UserError as e:
+    failures.say_and_exit(e, prefix=prog)
 
 
 if __name__ == "__main__":

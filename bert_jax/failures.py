@@ -21,6 +21,7 @@ stack trace) before Python can act, so a multi-process job runs in a child proce
 (`run_in_child_process`) whose parent turns that abort into the same message and exit code.
 """
 
+import contextlib
 import ctypes
 import math
 import os
@@ -82,6 +83,34 @@ def load_config(flag, prog: str):
   except (OSError, SyntaxError, ImportError) as e:
     say_and_exit(UserError(f"cannot load --config: {e}"), prefix=prog)
   return config
+
+
+def parse_flags(argv: list[str], prog: str = "bert-jax") -> list[str]:
+  """absl's flag parsing, with a misspelt `--config.` field as one line (exit 2) instead of tracebacks: every
+  command's parser (cli.py)."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    message = " ".join(str(e).split())
+  except (AttributeError, KeyError) as e:   # ml_collections: an override of a field the config lacks
+    while e.args and isinstance(e.args[0], BaseException):
+      e = e.args[0]
+    text = ". ".join(" ".join(line.split()) for line in str(e.args[0] if e.args else e).splitlines() if line.strip())
+    message = (f"unknown config field {text} Every field is defined in configs/common.py (pretraining) or "
+               "configs/finetune/common.py (finetuning).")
+  say_and_exit(UserError(message), prefix=prog)
+  return []
+
+
+@contextlib.contextmanager
+def as_user_errors(prog: str, *kinds: type[BaseException]):
+  """Inside, an exception of `kinds` (say a FileNotFoundError for a path the user typed) ends the command as a
+  `UserError` does: its message in one paragraph, exit 2, no traceback."""
+  try:
+    yield
+  except kinds as e:
+    say_and_exit(e if isinstance(e, RunError) else UserError(str(e)), prefix=prog)
 
 
 def say_and_exit(error: RunError, prefix: str = "bert-jax") -> None:

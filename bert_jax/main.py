@@ -41,18 +41,8 @@ _END_SKEW_S = 600   # how long after this process the others may end training (p
 
 
 def parse_flags(argv: list[str]) -> list[str]:
-  """absl's flag parsing, with a misspelt `--config.` field as one line (exit 2) instead of tracebacks."""
-  try:
-    return flags.FLAGS(argv)
-  except flags.Error as e:
-    message = " ".join(str(e).split())
-  except (AttributeError, KeyError) as e:   # ml_collections: an override of a field the config lacks
-    while e.args and isinstance(e.args[0], BaseException):
-      e = e.args[0]
-    text = ". ".join(" ".join(line.split()) for line in str(e.args[0] if e.args else e).splitlines() if line.strip())
-    message = f"unknown config field {text} Every field is defined in configs/common.py."
-  failures.say_and_exit(failures.UserError(message), prefix=_PROG)
-  return []
+  """absl's flag parsing, a misspelt `--config.` field as one line (exit 2): `failures.parse_flags`."""
+  return failures.parse_flags(argv, prog=_PROG)
 
 
 class _NoLibraryTracebacks(python_logging.Filter):

@@ -9,6 +9,7 @@ import sys
 import numpy as np
 import pytest
 
+from bert_jax import failures
 from bert_jax.finetune import readers
 from bert_jax.finetune import trainer
 from configs.finetune import generic
@@ -106,6 +107,8 @@ def _bad_files(tweets):
                                r"train.csv has no label column 'sentiment' \(its columns: id, text\)"),
       "misspelt_label_option": ({}, {"label": "sentimnet"}, r"train.csv has no label column 'sentimnet'.*"
                                 r"--config.task_opts.label=COLUMN"),
+      "misspelt_text_option": ({}, {"text_a": "txt"}, r"train.csv has no text column 'txt'.*"
+                               r"--config.task_opts.text_a=COLUMN \(`bert-jax predict`: --text_a=COLUMN\)"),
       "dev_without_labels": ({"dev_csv": _drop_column(dev, "sentiment")}, {}, r"dev.csv has no label column"),
       "empty_dev": ({"dev_csv": b""}, {}, r"dev.csv is empty: it needs a header line"),
       "header_only_dev": ({"dev_csv": b"id,text,sentiment\n"}, {}, r"dev.csv has a header line but no examples"),
@@ -116,7 +119,8 @@ def _bad_files(tweets):
   }
 
 
-@pytest.mark.parametrize("case", ["train_without_labels", "misspelt_label_option", "dev_without_labels",
+@pytest.mark.parametrize("case", ["train_without_labels", "misspelt_label_option", "misspelt_text_option",
+                                  "dev_without_labels",
                                   "empty_dev", "header_only_dev", "latin1_byte", "dev_label_unseen"])
 def test_unusable_files_stop_before_training_naming_the_file(tweets, tmp_path, case):
   files, opts, message = _bad_files(tweets)[case]
@@ -125,6 +129,14 @@ def test_unusable_files_stop_before_training_naming_the_file(tweets, tmp_path, c
     trainer.finetune(config, str(tmp_path / "run"))
   assert "\n" not in str(error.value)  # one paragraph
   assert not os.path.exists(tmp_path / "run")  # nothing loaded, compiled or written
+
+
+def test_fewer_training_examples_than_a_batch_is_said_before_training(tweets, tmp_path):
+  config = tweet_config(tweets)
+  config.batch_size = 64
+  with pytest.raises(failures.UserError, match="48 training examples, fewer than batch_size 64: lower "
+                     "--config.batch_size or give more data"):
+    trainer.finetune(config, str(tmp_path / "run"))
 
 
 @pytest.mark.slow

@@ -29,6 +29,7 @@ from absl import flags
 import numpy as np
 
 from bert_jax import checkpoint_loader
+from bert_jax import failures
 from bert_jax.analysis import forward
 from bert_jax.tools import embed
 
@@ -338,8 +339,10 @@ def main(argv) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   values = flags.FLAGS
-  cfg, params, tokenizer = checkpoint_loader.load(values.checkpoint)
-  layers = pick_layers(values.layers, cfg.num_layers)
-  maps = compute(cfg, params["bert"], tokenizer, read_records(values.input), values.max_length, values.batch_size)
+  with failures.as_user_errors("bert-jax analyze attention", FileNotFoundError, ValueError):   # checkpoint, input
+    cfg, params, tokenizer = checkpoint_loader.load(values.checkpoint)
+    layers = pick_layers(values.layers, cfg.num_layers)
+    records = read_records(values.input)
+  maps = compute(cfg, params["bert"], tokenizer, records, values.max_length, values.batch_size)
   write_maps(values.output_dir, maps, layers, values.max_tokens)
   print(f"wrote {len(maps)} inputs' attention maps (layers {layers}): {os.path.join(values.output_dir, 'index.html')}")

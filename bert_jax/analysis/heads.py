@@ -46,6 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bert_jax import checkpoint_loader
+from bert_jax import failures
 from bert_jax.models import encoder as model
 from bert_jax.tools import embed
 
@@ -356,9 +357,10 @@ def main(argv) -> None:
     if f[name].value is None:
       raise app.UsageError(f"--{name} is required")
   start = time.time()
-  cfg, params, tokenizer = checkpoint_loader.load(f.checkpoint)
-  with open(f.input) as file:
-    documents = read_documents(file, f.text_key)
+  with failures.as_user_errors("bert-jax analyze heads", FileNotFoundError, ValueError):   # checkpoint, input
+    cfg, params, tokenizer = checkpoint_loader.load(f.checkpoint)
+    with open(f.input) as file:
+      documents = read_documents(file, f.text_key)
   max_length = min(f.max_length, embed.longest_input(cfg))
   examples = make_inputs(documents, tokenizer, max_length, f.sentences, f.max_examples)
   kinds = key_kinds(tokenizer, examples)

@@ -311,12 +311,9 @@ def main(argv) -> None:
   if set(names) & set(senteval.BUILDERS) and not FLAGS.corpus:
     raise app.UsageError(f"--corpus is required by {', '.join(sorted(set(names) & set(senteval.BUILDERS)))}")
   started = time.time()
-  try:
+  # The data or a task option (readers.DataError), a file that is not there: no traceback.
+  with failures.as_user_errors("bert-jax analyze probe", failures.UserError, FileNotFoundError):
     results = probe_tasks(names)
-  except failures.UserError as e:  # the data or a task option (readers.DataError): no traceback
-    failures.say_and_exit(e, prefix="bert-jax analyze probe")
-  except FileNotFoundError as e:
-    failures.say_and_exit(failures.UserError(str(e)), prefix="bert-jax analyze probe")
   os.makedirs(FLAGS.output_dir, exist_ok=True)
   write_csv(os.path.join(FLAGS.output_dir, "probe.csv"), results)
   plot(os.path.join(FLAGS.output_dir, "probe.png"), results,

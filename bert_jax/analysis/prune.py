@@ -348,13 +348,12 @@ def main(argv) -> None:
   for name in ("checkpoint", "input", "output_dir"):
     if FLAGS[name].value is None:
       raise app.UsageError(f"--{name} is required")
-  try:
+  # The user's files, task or fractions: say which and why.
+  with failures.as_user_errors("bert-jax analyze prune", FileNotFoundError, ValueError):
     fractions = [float(f) for f in FLAGS.fractions]
     for f in fractions + ([FLAGS.export_fraction] if FLAGS.export_dir else []):
       num_pruned(f, 1)   # in [0, 1), else ValueError
     summary = run(FLAGS.checkpoint, FLAGS.input, FLAGS.output_dir, fractions, iterative=FLAGS.iterative,
                   export_fraction=FLAGS.export_fraction, export_dir=FLAGS.export_dir, batch_size=FLAGS.batch_size,
                   timing_repeats=FLAGS.timing_repeats, timing_batches=FLAGS.timing_batches)
-  except (FileNotFoundError, ValueError) as e:  # the user's files, task or fractions: say which and why
-    failures.say_and_exit(failures.UserError(str(e)), prefix="bert-jax analyze prune")
   print(json.dumps(summary, indent=1))

@@ -30,11 +30,13 @@ import multiprocessing.forkserver
 import os
 import time
 
+from absl import app
 from absl import flags
 from absl import logging
 
-from bert_jax.data import corpus
+from bert_jax import failures
 from bert_jax import paths
+from bert_jax.data import corpus
 from bert_jax.data import shard_writing
 from bert_jax.data import tokenizer as tokenization
 from bert_jax.data import vocab_training
@@ -296,15 +298,17 @@ def prepare_throughput(spec: str, vocab_file: str, output_dir: str, *, num_worke
 
 def main(argv) -> None:
   if len(argv) > 1:
-    raise ValueError(f"unexpected arguments: {argv[1:]}")
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if not _INPUT.value or not _OUTPUT_DIR.value:
-    raise ValueError("--input and --output_dir are required")
+    raise app.UsageError("--input and --output_dir are required")
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.INFO)   # this command's own progress lines ([k/n shards] ...)
-  stats = prepare_corpus(
-      paths.absolute(_INPUT.value), paths.absolute(_OUTPUT_DIR.value), vocab_file=_VOCAB_FILE.value, do_lower_case=_DO_LOWER_CASE.value,
-      train_vocab_size=_VOCAB_SIZE.value, vocab_model=_VOCAB_MODEL.value, num_shards=_NUM_SHARDS.value,
-      num_workers=_NUM_WORKERS.value, eval_fraction=_EVAL_FRACTION.value, eval_spec=_EVAL_INPUT.value,
-      data_dir=_DATA_DIR.value, text_key=_TEXT_KEY.value)
+  # The input, a TFDS dataset, the vocabulary or the output directory: one paragraph, not a traceback.
+  with failures.as_user_errors("bert-jax prepare", FileNotFoundError, ValueError):
+    stats = prepare_corpus(
+        paths.absolute(_INPUT.value), paths.absolute(_OUTPUT_DIR.value), vocab_file=_VOCAB_FILE.value,
+        do_lower_case=_DO_LOWER_CASE.value, train_vocab_size=_VOCAB_SIZE.value, vocab_model=_VOCAB_MODEL.value,
+        num_shards=_NUM_SHARDS.value, num_workers=_NUM_WORKERS.value, eval_fraction=_EVAL_FRACTION.value,
+        eval_spec=_EVAL_INPUT.value, data_dir=_DATA_DIR.value, text_key=_TEXT_KEY.value)
   summary = ("documents", "sentences", "tokens", "splits", "bad_input", "seconds")
   print(json.dumps({k: stats[k] for k in summary}))

@@ -16,6 +16,7 @@ import os
 import ml_collections
 
 from bert_jax import checkpoint_loader
+from bert_jax import failures
 from bert_jax.models import encoder as model_lib
 from bert_jax.models import heads
 from bert_jax.models.config import COMPUTE_FIELDS
@@ -37,7 +38,8 @@ def load_encoder(config: Config) -> tuple[model_lib.BertConfig, dict | None]:
   if not config.init_checkpoint:  # `config.model`: a preset and the fields set
     return dataclasses.replace(train.bert_config(config), scan_layers=config.scan_layers), None
   if config.init_checkpoint_format not in _KINDS:
-    raise ValueError(f"init_checkpoint_format {config.init_checkpoint_format!r}: one of {', '.join(_KINDS)}")
+    raise failures.UserError(f"init_checkpoint_format {config.init_checkpoint_format!r}: one of "
+                             f"{', '.join(_KINDS)}")
   # The checkpoint gives the architecture; `config.model` its dropout rates and how it computes.
   overrides = {k: config.model[k] for k in ("hidden_dropout", "attention_dropout", *COMPUTE_FIELDS)
                if config.model.get(k) is not None}
@@ -53,7 +55,7 @@ def load_tokenizer(config: Config):
   if config.vocab_file:
     return tokenizer_lib.load_tokenizer(config.vocab_file, config.do_lower_case)
   if not config.init_checkpoint:
-    raise ValueError("set config.vocab_file (or init_checkpoint, whose directory holds the vocabulary)")
+    raise failures.UserError("set config.vocab_file (or init_checkpoint, whose directory holds the vocabulary)")
   return checkpoint_loader.load_tokenizer(config.init_checkpoint, config.do_lower_case)
 
 
@@ -63,8 +65,8 @@ def classifier_pooling(config: Config, bert_cfg: model_lib.BertConfig) -> str:
   `head` reads the [CLS] vector, as transformers' default) and BERT's "pooler" for the others."""
   if config.task_opts.get("classifier_pooling"):
     if config.task_opts.classifier_pooling not in heads.POOLINGS:
-      raise ValueError(f"task_opts.classifier_pooling {config.task_opts.classifier_pooling!r}: one of "
-                       f"{', '.join(heads.POOLINGS)}")
+      raise failures.UserError(f"task_opts.classifier_pooling {config.task_opts.classifier_pooling!r}: one of "
+                               f"{', '.join(heads.POOLINGS)}")
     return config.task_opts.classifier_pooling
   if bert_cfg.model_type != "modernbert":
     return "pooler"

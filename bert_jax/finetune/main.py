@@ -36,12 +36,9 @@ def main(argv) -> None:
   config = failures.load_config(CONFIG, "bert-jax finetune")
   if config is None:
     raise app.UsageError("--config is required")
-  try:
+  # The data or a task option (readers.DataError), a data_dir or file that is not there: no traceback.
+  with failures.as_user_errors("bert-jax finetune", failures.UserError, FileNotFoundError):
     results = trainer.finetune(config, WORKDIR.value)
-  except failures.UserError as e:   # the data or a task option (readers.DataError): no traceback
-    failures.say_and_exit(e, prefix="bert-jax finetune")
-  except FileNotFoundError as e:    # a data_dir or file that is not there
-    failures.say_and_exit(failures.UserError(str(e)), prefix="bert-jax finetune")
   print(json.dumps(results, indent=1))
 
 

@@ -84,10 +84,10 @@ def make_trials(config) -> list[dict]:
       if len(configs) == s.num_random_trials:
         break
     else:
-      raise ValueError(f"sweep.num_random_trials {s.num_random_trials}: the grid's ranges hold fewer distinct "
-                       f"configurations (learning rates are drawn to 3 significant digits)")
+      raise failures.UserError(f"sweep.num_random_trials {s.num_random_trials}: the grid's ranges hold fewer "
+                               "distinct configurations (learning rates are drawn to 3 significant digits)")
   else:
-    raise ValueError(f"sweep.mode must be grid or random, got {s.mode!r}")
+    raise failures.UserError(f"sweep.mode must be grid or random, got {s.mode!r}")
   return [{**c, "seed": int(seed)} for c in configs for seed in s.seeds]
 
 
@@ -172,8 +172,8 @@ def _successive_halving(config, trials, trial_dir, is_done, log) -> None:
   lucky seed outrank a configuration that is better on average."""
   s = config.sweep
   if s.halving_eta < 2 or s.halving_min_epochs < 1:
-    raise ValueError(f"successive halving needs halving_eta >= 2 and halving_min_epochs >= 1, got "
-                     f"{s.halving_eta} and {s.halving_min_epochs}")
+    raise failures.UserError(f"successive halving needs halving_eta >= 2 and halving_min_epochs >= 1, got "
+                             f"{s.halving_eta} and {s.halving_min_epochs}")
   configurations = {}
   for t in trials:
     configurations.setdefault(tuple(t[k] for k in HPARAMS), []).append(t)
@@ -334,7 +334,8 @@ def main(argv) -> None:
     return
   if config is None:
     raise app.UsageError("--config is required (unless --summarize)")
-  rows = run_sweep(config, workdir)
+  with failures.as_user_errors("bert-jax sweep", FileNotFoundError):   # a data_dir, file or checkpoint
+    rows = run_sweep(config, workdir)
   print(write_tables(rows, workdir, config.task))
   plot_lr(rows, os.path.join(workdir, "lr.png"), config.task)
 

@@ -38,6 +38,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from bert_jax import checkpoint_loader
 from bert_jax import checkpointing
+from bert_jax import failures
 from bert_jax import metrics_writer
 from bert_jax import paths
 from bert_jax import sharding
@@ -219,7 +220,7 @@ def _check_group(configs) -> None:
   for c in configs[1:]:
     if strip(c) != strip(configs[0]):
       diff = sorted(k for k, v in strip(configs[0]).items() if strip(c).get(k) != v)
-      raise ValueError(f"trials trained together may differ only in {PER_TRIAL}, not in {diff}")
+      raise failures.UserError(f"trials trained together may differ only in {PER_TRIAL}, not in {diff}")
 
 
 def finetune_trials(configs: list, workdirs: list, *, max_epochs: int | None = None) -> list:
@@ -249,13 +250,14 @@ def finetune_trials(configs: list, workdirs: list, *, max_epochs: int | None = N
   mesh = sharding.create_mesh(config.mesh)
   rules, trial_axis, batch_axes = trial_state.layout(config, mesh, len(configs))
   if uneven := sharding.uneven_axes(rules, bert_cfg.split_axis_sizes, mesh.shape):
-    raise ValueError(f"the mesh {dict(mesh.shape)} splits the encoder's {', '.join(uneven)} unevenly, which jit "
-                     "refuses: choose mesh sizes that divide it")
+    raise failures.UserError(f"the mesh {dict(mesh.shape)} splits the encoder's {', '.join(uneven)} unevenly, "
+                             "which jit refuses: choose mesh sizes that divide it")
   if config.batch_size % math.prod(mesh.shape[a] for a in batch_axes):
-    raise ValueError(f"batch_size {config.batch_size} does not split over the mesh axes {batch_axes}")
+    raise failures.UserError(f"batch_size {config.batch_size} does not split over the mesh axes {batch_axes}")
   steps_per_epoch = len(train_features["input_ids"]) // config.batch_size
   if not steps_per_epoch:
-    raise ValueError(f"fewer training examples than batch_size {config.batch_size}")
+    raise failures.UserError(f"{len(train_features['input_ids'])} training examples, fewer than batch_size "
+                             f"{config.batch_size}: lower --config.batch_size or give more data")
   total_steps = steps_per_epoch * config.num_epochs
   budget = total_steps if max_epochs is None else min(total_steps, steps_per_epoch * max_epochs)
   eval_every = config.eval_every_steps or steps_per_epoch

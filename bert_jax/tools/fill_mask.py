@@ -13,7 +13,6 @@ import functools
 import itertools
 import json
 import re
-import sys
 
 from absl import app
 from absl import flags
@@ -21,6 +20,7 @@ import jax
 import numpy as np
 
 from bert_jax import checkpoint_loader
+from bert_jax import failures
 from bert_jax.models import heads
 from bert_jax.models import encoder as model
 from bert_jax.data import tokenizer as tokenizer_lib
@@ -213,11 +213,10 @@ def main(argv) -> None:
   if FLAGS.checkpoint is None:
     raise app.UsageError("--checkpoint is required")
   texts = _read_texts(argv)
-  try:
+  # A checkpoint or text that cannot be used: say why, briefly.
+  with failures.as_user_errors("bert-jax fill-mask", ValueError, FileNotFoundError):
     cfg, params, tokenizer = checkpoint_loader.load(FLAGS.checkpoint, do_lower_case=FLAGS.do_lower_case)
     predictions = predict(cfg, params, tokenizer, texts, FLAGS.top_k, FLAGS.batch_size)
-  except (ValueError, FileNotFoundError) as e:  # a checkpoint or text that cannot be used: say why, briefly
-    sys.exit(f"bert-jax fill-mask: {e}")
   print(format_predictions(texts, predictions))
   if FLAGS.output is not None:
     with open(FLAGS.output, "w", encoding="utf-8") as f:

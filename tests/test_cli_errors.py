@@ -1,0 +1,58 @@
+"""Every command ends a mistake its user can fix (a misspelt config field, a path that is not there) with one
+paragraph on stderr and exit code 2: no traceback, whichever command it is (cli.py, failures.py)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from bert_jax import failures
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _cases(tmp):
+  return {
+      ("finetune", "--config=configs/finetune/sst2.py", f"--workdir={tmp}/f", "--config.num_epoch=1"):
+          "bert-jax finetune: unknown config field 'num_epoch'. Did you mean \"num_epochs\"",
+      ("sweep", "--config=configs/finetune/sst2.py", f"--workdir={tmp}/s", "--config.sweep.gridz=1"):
+          "bert-jax sweep: unknown config field",
+      ("sweep", "--config=configs/finetune/sst2.py", f"--workdir={tmp}/s2", f"--config.data_dir={tmp}/nowhere"):
+          "bert-jax sweep: set config.vocab_file (or init_checkpoint",
+      ("sweep", "--config=configs/finetune/sst2.py", f"--workdir={tmp}/s3", f"--config.data_dir={tmp}/nowhere",
+       f"--config.vocab_file={tmp}/vocab.txt"): f"bert-jax sweep: {tmp}/nowhere does not exist",
+      ("prepare", f"--input={tmp}/nowhere/*.txt", f"--output_dir={tmp}/p"):
+          f"bert-jax prepare: no input files match '{tmp}/nowhere/*.txt'",
+      ("embed", f"--checkpoint={tmp}/nowhere", f"--input={tmp}/x.jsonl", f"--output={tmp}/e.npz"):
+          f"bert-jax embed: checkpoint {tmp}/nowhere does not exist",
+      ("fill-mask", f"--checkpoint={tmp}/nowhere", "a [MASK] ."):
+          f"bert-jax fill-mask: checkpoint {tmp}/nowhere does not exist",
+      ("analyze", "attention", f"--checkpoint={tmp}/nowhere", f"--input={tmp}/x.txt", f"--output_dir={tmp}/a"):
+          f"bert-jax analyze attention: checkpoint {tmp}/nowhere does not exist",
+      ("analyze", "heads", f"--checkpoint={tmp}/nowhere", f"--input={tmp}/x.txt", f"--output_dir={tmp}/h"):
+          f"bert-jax analyze heads: checkpoint {tmp}/nowhere does not exist",
+  }
+
+
+def test_each_command_says_a_user_s_mistake_in_one_paragraph(tmp_path):
+  (tmp_path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "b"]) + "\n")
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  procs = {argv: subprocess.Popen([sys.executable, "-m", "bert_jax.cli", *argv], cwd=REPO, env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+           for argv in _cases(tmp_path)}
+  for argv, message in _cases(tmp_path).items():
+    _, err = procs[argv].communicate(timeout=300)
+    assert procs[argv].returncode == failures.USER_ERROR, (argv, err[-3000:])
+    assert "Traceback" not in err and message in err, (argv, err[-3000:])
+
+
+def test_as_user_errors_turns_only_the_kinds_named(capsys):
+  with pytest.raises(SystemExit) as stopped:
+    with failures.as_user_errors("bert-jax x", FileNotFoundError):
+      raise FileNotFoundError("no such file: a.txt")
+  assert stopped.value.code == failures.USER_ERROR
+  assert capsys.readouterr().err == "bert-jax x: no such file: a.txt\n"
+  with pytest.raises(KeyError):   # a bug stays a traceback
+    with failures.as_user_errors("bert-jax x", FileNotFoundError):
+      raise KeyError("x")
