@@ -89,6 +89,18 @@ def test_exact_resume_after_sigterm(data_dir, tmp_path, compilation_cache, name)
   check_exact_resume_after_sigterm(data_dir, tmp_path, compilation_cache, n=4, objective=name, **objective_changes(data_dir, name))
 
 
+@pytest.mark.slow
+def test_modernbert_with_the_splash_kernel_ends_with_its_preview(data_dir, tmp_path, capsys):  # noqa: F811
+  """The end-of-run fill-mask preview runs on the host at its lines' lengths, which splash cannot take:
+  it computes as a loaded checkpoint does (configs/modernbert_base.py's runs ended in a traceback)."""
+  config = objective_config(data_dir, "modernbert", **{
+      "model.attention_kernel": "splash", "data.seq_length": 128, "model.max_position_embeddings": 128,
+      "data.max_predictions_per_seq": 20, "train_steps": 2, "fill_mask_examples": 2,
+      "mesh.fsdp": 1, "mesh.tensor": 1})
+  train.train_and_evaluate(config, str(tmp_path / "run"))
+  assert "masked: " in capsys.readouterr().out
+
+
 def test_unknown_objective_is_a_user_error(data_dir):  # noqa: F811
   with pytest.raises(failures.UserError, match="'electrum' is not one of"):
     train.validate(tiny_config(data_dir, objective="electrum"))

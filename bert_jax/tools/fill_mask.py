@@ -9,6 +9,7 @@ checkpoint (`cls/predictions/*`). `predict` is the library call (the pretraining
 `[MASK]` as typed becomes the mask token, whatever the tokenizer would make of the characters.
 """
 
+import dataclasses
 import functools
 import itertools
 import json
@@ -21,6 +22,7 @@ import numpy as np
 
 from bert_jax import checkpoint_loader
 from bert_jax import failures
+from bert_jax.models import config as model_config
 from bert_jax.models import heads
 from bert_jax.models import encoder as model
 from bert_jax.data import tokenizer as tokenizer_lib
@@ -165,6 +167,9 @@ def held_out_examples(cfg: model.BertConfig, params, tokenizer, eval_iter, eval_
       context, word = found
       texts.append(tokenizer.decode(context))
       words.append(tokenizer.decode([word]).strip())
+  # On the host, as a loaded checkpoint computes: the run's compute switches back at their defaults (a kernel
+  # such as splash takes only some lengths, a sharded decoder a mesh).
+  cfg = dataclasses.replace(cfg, **{f: getattr(model_config.BertConfig(), f) for f in model_config.COMPUTE_FIELDS})
   predictions = predict(cfg, jax.device_get(params), tokenizer, texts, top_k=5)
   lines = []
   for text, word, (candidates,) in zip(texts, words, predictions):
