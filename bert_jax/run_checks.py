@@ -16,6 +16,7 @@ from bert_jax import failures
 from bert_jax import objectives
 from bert_jax import optimizer as optimizer_lib
 from bert_jax import sharding
+from bert_jax.data import masking
 from bert_jax.models import flash_dropout
 from bert_jax.models import splash
 
@@ -29,7 +30,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
   d = config.data
   objective = objectives.get(config)   # an unknown objective stops here
   cfg = objectives.encoder_config(config)   # also checks the model fields (e.g. hidden size vs heads)
-  problems = list(objective.validate(config))
+  problems = list(objective.validate(config)) + masking.config_problems(d)
   if d.seq_length > cfg.max_position_embeddings:
     problems.append(f"data.seq_length {d.seq_length} exceeds the model's {cfg.max_position_embeddings} "
                     "position embeddings (model.max_position_embeddings)")

@@ -1,13 +1,19 @@
 """`bench train`'s synthetic batch is the batch the train step compiles against, for every objective."""
 
+import os
+import subprocess
+import sys
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import objectives, train, train_setup
+from bert_jax import failures, objectives, train, train_setup
 from bert_jax.objectives import base
 from bert_jax.tools import bench_train
 from configs import tiny
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # The fields each objective asks of a config (its `validate`), on top of the tiny config.
 OBJECTIVES = {
@@ -158,3 +164,15 @@ def test_a_timed_step_waits_for_the_state_and_the_metrics(monkeypatch):
   assert timer() == 0.25
   state, metrics = waited[0]
   assert "loss" in metrics and state is timer._state
+
+
+def test_the_command_refuses_a_config_pretrain_refuses():
+  """`bench train` timed a config that `pretrain` stops (here ModernBERT's objective on BERT's encoder and
+  data format); it stops it the same way, before compiling."""
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  run = subprocess.run([sys.executable, "-m", "bert_jax.cli", "bench", "train", "--config=configs/tiny.py",
+                        "--steps=1", "--config.objective=modernbert"], cwd=REPO, env=env, capture_output=True,
+                       text=True, timeout=300)
+  assert run.returncode == failures.USER_ERROR, run.stderr[-3000:]
+  assert "data.format 'nsp' cannot be used by objective 'modernbert'" in run.stderr
+  assert "Traceback" not in run.stderr and "step_seconds" not in run.stdout

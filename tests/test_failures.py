@@ -228,6 +228,17 @@ def test_a_spike_with_no_checkpoint_to_go_back_to_still_saves(data_dir, tmp_path
   assert _checkpoints(str(tmp_path / "run")) == ["8"]
 
 
+@pytest.mark.parametrize("changes, match", [
+    ({"data.masking_budget": "bogus"}, "data.masking_budget must be one of"),
+    ({"data.random_token_pool": "bogus"}, "data.random_token_pool must be one of"),
+    ({"data.span_masking": True, "data.whole_word_masking": True}, "set at most one of data.whole_word_masking"),
+])
+def test_masking_fields_are_checked_before_compiling(data_dir, changes, match):  # noqa: F811
+  """They stopped a run in the input pipeline, after compiling, with a traceback."""
+  with pytest.raises(failures.UserError, match=f"invalid config:\n  {match}"):
+    train.validate(tiny_config(data_dir, **changes))
+
+
 def test_the_spike_guard_needs_checkpoints_where_the_loss_is_checked(data_dir):  # noqa: F811
   """A checkpoint inside a log interval would hold unchecked steps: an undone spike left it behind, and
   with keep_checkpoints 1 it pushed out the checkpoint to go back to."""

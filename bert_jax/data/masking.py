@@ -59,6 +59,20 @@ RANDOM_TOKEN_POOLS = ("vocab", "non_special", "input")
 SCHEME_SWITCHES = {"word": "whole_word_masking", "span": "span_masking", "ngram": "ngram_masking"}
 
 
+def config_problems(data_config) -> list[str]:
+  """What is wrong with the data config's masking fields (none: []): `run_checks.validate` says it before a
+  run compiles anything, `MaskingSpec.from_config` refuses it."""
+  c = data_config
+  problems = []
+  if c.masking_budget not in BUDGETS:
+    problems.append(f"data.masking_budget must be one of {BUDGETS}, got {c.masking_budget!r}")
+  if c.random_token_pool not in RANDOM_TOKEN_POOLS:
+    problems.append(f"data.random_token_pool must be one of {RANDOM_TOKEN_POOLS}, got {c.random_token_pool!r}")
+  if len(schemes := [scheme for scheme, switch in SCHEME_SWITCHES.items() if c[switch]]) > 1:
+    problems.append(f"set at most one of data.{', data.'.join(SCHEME_SWITCHES.values())}; got {schemes}")
+  return problems
+
+
 @dataclasses.dataclass(frozen=True)
 class MaskingSpec:
   """What `mask_batch` needs: the config's masking fields and the tokenizer's ids.
@@ -85,17 +99,13 @@ class MaskingSpec:
   def from_config(cls, data_config, tokenizer) -> "MaskingSpec":
     """From the data config's masking fields and the tokenizer's special ids and word starts."""
     c = data_config
-    if c.masking_budget not in BUDGETS:
-      raise ValueError(f"data.masking_budget must be one of {BUDGETS}, got {c.masking_budget!r}")
-    if c.random_token_pool not in RANDOM_TOKEN_POOLS:
-      raise ValueError(f"data.random_token_pool must be one of {RANDOM_TOKEN_POOLS}, got {c.random_token_pool!r}")
+    if problems := config_problems(c):
+      raise ValueError("; ".join(problems))
     is_special = np.zeros(tokenizer.vocab_size, bool)
     is_special[np.asarray(tokenizer.special_ids)] = True
     never_mask = np.zeros_like(is_special)
     never_mask[[tokenizer.cls_id, tokenizer.sep_id]] = True
     schemes = [scheme for scheme, switch in SCHEME_SWITCHES.items() if c[switch]]
-    if len(schemes) > 1:
-      raise ValueError(f"set at most one of data.{', data.'.join(SCHEME_SWITCHES.values())}; got {schemes}")
     pool = np.arange(tokenizer.vocab_size) if c.random_token_pool == "vocab" else np.flatnonzero(~is_special)
     scheme = schemes[0] if schemes else "token"
     return cls(mask_id=tokenizer.mask_id, never_mask=never_mask if c.mask_unk else is_special,

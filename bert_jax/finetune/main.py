@@ -24,9 +24,12 @@ from ml_collections import config_flags
 from bert_jax import failures
 from bert_jax.finetune import trainer
 
-CONFIG = config_flags.DEFINE_config_file("config", None, "A finetuning config, e.g. configs/finetune/sst2.py.")
-WORKDIR = flags.DEFINE_string("workdir", None, "Metrics, best checkpoint, predictions and results go here "
-                              "(`bert-jax sweep`: one subdirectory per trial, and the results tables).")
+# Also `bert-jax sweep`'s and `bert-jax ablate`'s flags (they import this module).
+CONFIG = config_flags.DEFINE_config_file("config", None, "A finetuning config (finetune, sweep), e.g. "
+                                         "configs/finetune/sst2.py; an ablation (ablate), e.g. "
+                                         "configs/ablations/devlin_table5.py:small.")
+WORKDIR = flags.DEFINE_string("workdir", None, "finetune: its metrics, best checkpoint, predictions and results; "
+                              "sweep and ablate: a subdirectory per run, and the results tables.")
 flags.mark_flags_as_required(["workdir"])  # and --config, checked in main (`sweep --summarize` needs none)
 
 

@@ -107,10 +107,11 @@ def run(config, topology: str, report_top: int = 0, hlo_path: str = "", compile_
   largest ops, sources and kinds. `hlo_path`: also write the optimized HLO text there. `compile_passes`
   adds "compile_passes": where XLA's compile time went (`compile_passes`), its HLO passes timed by XLA.
   """
-  from bert_jax import objectives, sharding  # pylint: disable=g-import-not-at-top
+  from bert_jax import objectives, run_checks, sharding  # pylint: disable=g-import-not-at-top
   generation, chip, _ = parse_topology(topology)
   devices = topology_devices(topology)
   n, hbm = len(devices), chip.hbm_bytes / chip.cores
+  run_checks.validate(config, num_devices=n)   # what `pretrain` would refuse, refused before compiling it
   report = {
       "topology": topology, "device_kind": devices[0].device_kind, "devices": n,
       "chips": n // chip.cores, "devices_per_chip": chip.cores, "chip_source": chip.source,

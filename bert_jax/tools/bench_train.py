@@ -256,5 +256,6 @@ def main(argv) -> None:
             else comparison_config(packing=not FLAGS.compare, dtype=FLAGS.dtype))
   if FLAGS.dropout_bits is not None:
     config.model.dropout_bits = FLAGS.dropout_bits
+  train.validate(config)   # what `pretrain` would refuse, refused before timing it
   result = benchmark(config, FLAGS.steps, FLAGS.peer_python if FLAGS.compare else None)
   print(json.dumps(result))
