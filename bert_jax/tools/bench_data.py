@@ -23,6 +23,7 @@ from absl import flags
 import numpy as np
 
 from bert_jax import config_path
+from bert_jax import failures
 from bert_jax.data import input_pipeline
 from bert_jax.data import prepare
 
@@ -112,7 +113,7 @@ def main(argv) -> None:
     spec = FLAGS.input or str(_SHARED / "corpora" / "news_articles.jsonl")
     vocab = FLAGS.vocab_file or (str(_SHARED / "minilm" / "vocab.txt") if FLAGS.input is None else None)
     if not FLAGS.input and not pathlib.Path(spec).exists():
-      raise ValueError(f"{spec} is not there: pass --input=<corpus> (and --vocab_file)")
+      raise failures.UserError(f"{spec} is not there: pass --input=<corpus> (and --vocab_file)")
     work_dir = _WORK_DIR.value or tempfile.mkdtemp(prefix="bench_data_")
     prepared = str(pathlib.Path(work_dir) / "prepared")
     num_shards = _NUM_SHARDS.value or os.cpu_count() or 1
