@@ -45,6 +45,7 @@ def test_each_command_says_a_user_s_mistake_in_one_paragraph(tmp_path):
     _, err = procs[argv].communicate(timeout=300)
     assert procs[argv].returncode == failures.USER_ERROR, (argv, err[-3000:])
     assert "Traceback" not in err and message in err, (argv, err[-3000:])
+  assert not (tmp_path / "p").exists()   # prepare wrote nothing for a corpus that is not there
 
 
 def test_as_user_errors_turns_only_the_kinds_named(capsys):

@@ -163,12 +163,14 @@ def prepare_corpus(spec: str, output_dir: str, *, vocab_file: str | None = None,
     eval_spec: alternatively, a separate corpus for the eval shards.
   """
   start = time.time()
+  # The input is read first (an empty glob or an unprepared TFDS dataset stops here): nothing is written or
+  # trained for a corpus that is not there.
+  num_shards = num_shards or _default_num_shards(spec, data_dir)
   os.makedirs(os.path.join(output_dir, _PROGRESS_DIR), exist_ok=True)
   tokenizer_file = _ensure_tokenizer(spec, output_dir, vocab_file, do_lower_case, train_vocab_size or 30522,
                                      vocab_model, data_dir, text_key, vocab_sample_sentences)
   with open(tokenizer_file, "rb") as f:
     tokenizer_sha = hashlib.sha256(f.read()).hexdigest()
-  num_shards = num_shards or _default_num_shards(spec, data_dir)
   settings = dict(input=spec, eval_input=eval_spec, eval_fraction=eval_fraction, num_shards=num_shards,
                   do_lower_case=do_lower_case, text_key=text_key, tokenizer_sha256=tokenizer_sha)
   _settings_guard(output_dir, settings)
