@@ -38,10 +38,20 @@ def check_same_config(path: str, config: ml_collections.ConfigDict, fields, igno
   if theirs is None:
     return
   ours, theirs = _flat(_without(ours, ignore)), _flat(_without(theirs, ignore))
-  differ = sorted(k for k in set(ours) | set(theirs) if ours.get(k) != theirs.get(k))
+  differ = sorted(k for k in set(ours) | set(theirs) if not _same(k, ours, theirs))
   if differ:
     raise failures.UserError(f"{os.path.dirname(path)} holds a run of another config ({', '.join(differ[:5])} "
                              "differ): give another --workdir, or remove that directory to run it again")
+
+
+def _same(key: str, ours: dict, theirs: dict) -> bool:
+  """Whether both records hold the same value at `key`. A field only one of them has (a field a later version
+  added, recorded by an earlier one) is the same while it is at an empty value ("", 0, False, None), as new
+  fields are: a run started before it was added resumes."""
+  if key in ours and key in theirs:
+    return ours[key] == theirs[key]
+  value = ours.get(key, theirs.get(key))
+  return value in ("", None) or (isinstance(value, (bool, int, float)) and not value) or value in ([], {})
 
 
 def _without(d: dict, names) -> dict:

@@ -97,8 +97,8 @@ def parse_flags(argv: list[str], prog: str = "bert-jax") -> list[str]:
     while e.args and isinstance(e.args[0], BaseException):
       e = e.args[0]
     text = ". ".join(" ".join(line.split()) for line in str(e.args[0] if e.args else e).splitlines() if line.strip())
-    message = (f"unknown config field {text} Every field is defined in configs/common.py (pretraining) or "
-               "configs/finetune/common.py (finetuning).")
+    message = (f"unknown config field {text} The fields are those the config file defines (configs/common.py's "
+               "for pretraining, configs/finetune/common.py's for finetuning, the ablation's own for ablate).")
   say_and_exit(UserError(message), prefix=prog)
   return []
 

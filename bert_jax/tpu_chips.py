@@ -7,6 +7,8 @@ TensorCores as two devices), "v5e:8x8", "v4:4x4x4".
 import dataclasses
 import math
 
+from bert_jax import failures
+
 GiB = 2**30
 
 
@@ -37,8 +39,8 @@ def parse_topology(topology: str) -> tuple[str, Chip, str]:
   """"v3:8x8" -> ("v3", CHIPS["v3"], "8x8")."""
   generation, _, shape = topology.partition(":")
   if generation not in CHIPS or not shape:
-    raise ValueError(f"topology {topology!r}: expected <generation>:<shape> with generation in "
-                     f"{sorted(CHIPS)}, e.g. v3:8x8, v4:4x4x4, v5e:8x8, v6e:8x8")
+    raise failures.UserError(f"topology {topology!r}: expected <generation>:<shape> with generation in "
+                             f"{sorted(CHIPS)}, e.g. v3:8x8, v4:4x4x4, v5e:8x8, v6e:8x8")
   return generation, CHIPS[generation], shape
 
 

@@ -96,9 +96,9 @@ def job_state(run: Runner, tpu: gcloud.Slice, job_name: str) -> str:
 
 def _unknown(result) -> str:
   """UNKNOWN, with gcloud's reason on stderr: a lasting one (an expired login, a missing permission, another
-  project) would otherwise only show as a supervisor polling without end. A command that succeeded with no
-  output (a dry run prints it instead) failed at nothing: UNKNOWN, silently."""
-  if result.ok:
+  project) would otherwise only show as a supervisor polling without end. A dry run's command was printed,
+  not run: UNKNOWN, silently."""
+  if result.dry_run:
     return UNKNOWN
   reason = (result.stderr.strip().splitlines() or ["no output"])[-1]
   print(f"gcloud failed (exit {result.returncode}): {reason}", file=sys.stderr, flush=True)

@@ -16,6 +16,7 @@ class Result:
   returncode: int
   stdout: str = ""
   stderr: str = ""
+  dry_run: bool = False   # printed, not run (`DryRun`): its empty output says nothing of the command
 
   @property
   def ok(self) -> bool:
@@ -46,7 +47,7 @@ class DryRun:
   def __call__(self, argv: list[str], *, capture: bool = False) -> Result:
     del capture  # nothing runs, so there is nothing to capture
     print(shlex.join(argv), file=self.out or sys.stdout)
-    return Result(0)
+    return Result(0, dry_run=True)
 
   def comment(self, text: str) -> None:
     """Prints `# text` between the commands of a dry run."""

@@ -24,6 +24,11 @@ def _cases(tmp):
        f"--config.vocab_file={tmp}/vocab.txt"): f"bert-jax sweep: {tmp}/nowhere does not exist",
       ("prepare", f"--input={tmp}/nowhere/*.txt", f"--output_dir={tmp}/p"):
           f"bert-jax prepare: no input files match '{tmp}/nowhere/*.txt'",
+      ("prepare", f"--input={tmp}/nowhere/*.txt", f"--output_dir={tmp}/p2", "--num_shards=2"):
+          f"bert-jax prepare: no input files match '{tmp}/nowhere/*.txt'",
+      ("aot", "--config=configs/tiny.py", "--topology=v9:2x2"): "bert-jax aot: topology 'v9:2x2': expected",
+      ("aot", "--config=configs/tiny_typo.py", "--topology=v4:2x2x1"): "bert-jax aot: cannot load --config",
+      ("bench", "train", "--config=configs/tiny_typo.py"): "bert-jax bench train: cannot load --config",
       ("embed", f"--checkpoint={tmp}/nowhere", f"--input={tmp}/x.jsonl", f"--output={tmp}/e.npz"):
           f"bert-jax embed: checkpoint {tmp}/nowhere does not exist",
       ("fill-mask", f"--checkpoint={tmp}/nowhere", "a [MASK] ."):
@@ -45,7 +50,7 @@ def test_each_command_says_a_user_s_mistake_in_one_paragraph(tmp_path):
     _, err = procs[argv].communicate(timeout=300)
     assert procs[argv].returncode == failures.USER_ERROR, (argv, err[-3000:])
     assert "Traceback" not in err and message in err, (argv, err[-3000:])
-  assert not (tmp_path / "p").exists()   # prepare wrote nothing for a corpus that is not there
+  assert not (tmp_path / "p").exists() and not (tmp_path / "p2").exists()   # nothing written for no corpus
 
 
 def test_as_user_errors_turns_only_the_kinds_named(capsys):

@@ -264,7 +264,7 @@ def test_tfds_as_a_finetuning_config_names_it(tmp_path, monkeypatch):
   """`--config.data_dir=tfds --config.task_opts.tfds_data_dir=DIR`, relative as typed, reach the reader as the
   task's own dataset in DIR; without DIR the error names the field to set."""
   pytest.importorskip("tensorflow_datasets")
-  from bert_jax import paths  # pylint: disable=g-import-not-at-top
+  from bert_jax import failures, paths  # pylint: disable=g-import-not-at-top
   from configs.finetune import sst2  # pylint: disable=g-import-not-at-top
   monkeypatch.chdir(tmp_path)
   config = sst2.get_config()
@@ -273,7 +273,7 @@ def test_tfds_as_a_finetuning_config_names_it(tmp_path, monkeypatch):
   assert config.data_dir == "tfds" and config.task_opts.tfds_data_dir == str(tmp_path / "tfds_data")
   with pytest.raises(FileNotFoundError, match=f"'glue/sst2' is not prepared in {tmp_path}/tfds_data"):
     tasks.get_task(config.task, **config.task_opts).read("dev", config.data_dir)
-  with pytest.raises(ValueError, match=r"needs an explicit data_dir \(--config.task_opts.tfds_data_dir\)"):
+  with pytest.raises(failures.UserError, match=r"needs an explicit data_dir \(--config.task_opts.tfds_data_dir\)"):
     tasks.get_task(config.task, **dict(config.task_opts, tfds_data_dir="")).read("dev", config.data_dir)
 
 

@@ -25,6 +25,7 @@ import os
 import re
 from typing import Iterator
 
+from bert_jax import failures
 from bert_jax.data import sentence_splitter
 
 COUNTERS = (
@@ -198,7 +199,8 @@ def tfds_builder(name: str, data_dir: str | None, data_dir_flag: str = "--data_d
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
   if not data_dir:
-    raise ValueError(f"tfds:{name} needs an explicit data_dir ({data_dir_flag}) holding the prepared dataset")
+    raise failures.UserError(f"tfds:{name} needs an explicit data_dir ({data_dir_flag}) holding the prepared "
+                             "dataset")
   builder = tfds.builder(name, data_dir=data_dir)
   if not builder.is_prepared():
     raise FileNotFoundError(

@@ -163,9 +163,10 @@ def prepare_corpus(spec: str, output_dir: str, *, vocab_file: str | None = None,
     eval_spec: alternatively, a separate corpus for the eval shards.
   """
   start = time.time()
-  # The input is read first (an empty glob or an unprepared TFDS dataset stops here): nothing is written or
-  # trained for a corpus that is not there.
-  num_shards = num_shards or _default_num_shards(spec, data_dir)
+  # The input is found first, whatever `num_shards` (an empty glob or an unprepared TFDS dataset stops here):
+  # nothing is written or trained for a corpus that is not there.
+  default_shards = _default_num_shards(spec, data_dir)
+  num_shards = num_shards or default_shards
   os.makedirs(os.path.join(output_dir, _PROGRESS_DIR), exist_ok=True)
   tokenizer_file = _ensure_tokenizer(spec, output_dir, vocab_file, do_lower_case, train_vocab_size or 30522,
                                      vocab_model, data_dir, text_key, vocab_sample_sentences)
@@ -302,7 +303,7 @@ def main(argv) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if not _INPUT.value or not _OUTPUT_DIR.value:
-    raise app.UsageError("--input and --output_dir are required")
+    raise failures.UserError("--input and --output_dir are required")
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.INFO)   # this command's own progress lines ([k/n shards] ...)
   # The input, a TFDS dataset, the vocabulary or the output directory: one paragraph, not a traceback.

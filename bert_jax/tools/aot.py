@@ -277,7 +277,7 @@ def main(argv) -> None:
   # Compiling for a topology needs no accelerator: keep jax off the (absent) local TPU.
   if not os.environ.get("JAX_PLATFORMS"):
     jax.config.update("jax_platforms", "cpu")
-  config = FLAGS.config
+  config = failures.load_config(FLAGS["config"], "bert-jax aot")   # a file that is not there: one line, exit 2
   topology = FLAGS.topology or config.get("topology", "")
   if not topology:
     raise failures.UserError("no --topology and the config has no `topology` field")

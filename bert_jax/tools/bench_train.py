@@ -33,6 +33,7 @@ import numpy as np
 from absl import flags
 from ml_collections import config_flags
 
+from bert_jax import failures
 from bert_jax import objectives
 from bert_jax import sharding
 from bert_jax import train
@@ -252,8 +253,9 @@ def main(argv) -> None:
   if len(argv) > 1:
     raise ValueError(f"unexpected arguments: {argv[1:]}")
   # The peers take one example per row: so does our step when compared.
-  config = (FLAGS.config if FLAGS.config is not None
-            else comparison_config(packing=not FLAGS.compare, dtype=FLAGS.dtype))
+  config = failures.load_config(FLAGS["config"], "bert-jax bench train")   # not there: one line, exit 2
+  if config is None:
+    config = comparison_config(packing=not FLAGS.compare, dtype=FLAGS.dtype)
   if FLAGS.dropout_bits is not None:
     config.model.dropout_bits = FLAGS.dropout_bits
   train.validate(config)   # what `pretrain` would refuse, refused before timing it

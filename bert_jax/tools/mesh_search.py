@@ -11,6 +11,7 @@ import gc
 import math
 from typing import Any
 
+from bert_jax import failures
 from bert_jax.tools import aot
 from bert_jax.tpu_chips import GiB
 
@@ -50,9 +51,10 @@ def search_mesh(config, topology: str, candidates=None, log=print) -> list[dict[
   per_slice = n // math.prod(sharding.dcn_mesh_shape(config.mesh))
   candidates = mesh_candidates(config, n) if candidates is None else [tuple(c) for c in candidates]
   if not candidates:
-    raise ValueError(f"no (data, fsdp, tensor) split of {topology}'s {n} devices suits this config")
+    raise failures.UserError(f"no (data, fsdp, tensor) split of {topology}'s {n} devices suits this config")
   if wrong := [c for c in candidates if len(c) != 3 or math.prod(c) != per_slice]:
-    raise ValueError(f"meshes {wrong} are not data x fsdp x tensor of {topology}'s {per_slice} devices per slice")
+    raise failures.UserError(f"meshes {wrong} are not data x fsdp x tensor of {topology}'s {per_slice} devices "
+                             "per slice")
   reports = []
   for data, fsdp, tensor in candidates:
     c = config.copy_and_resolve_references()
@@ -60,14 +62,15 @@ def search_mesh(config, topology: str, candidates=None, log=print) -> list[dict[
     try:
       r = aot.run(c, topology)
     except Exception as e:  # pylint: disable=broad-except
-      log(f"  {data}x{fsdp}x{tensor}: refused: {aot.first_line(e)[:200]}")
+      why = " ".join(str(e).split()) if isinstance(e, failures.UserError) else aot.first_line(e)  # the config's
+      log(f"  {data}x{fsdp}x{tensor}: refused: {why[:300]}")
       continue
     finally:
       release_memory()
     reports.append(r)
     log(summary_line(r))
   if not reports:
-    raise ValueError(f"every mesh of {candidates} was refused for {topology} (see above)")
+    raise failures.UserError(f"every mesh of {candidates} was refused for {topology} (see above)")
   return sorted(reports, key=rank)
 
 

@@ -1,0 +1,25 @@
+"""A stage's recorded config stops a later start with another config, and lets a run recorded before a
+field was added resume while that field is at its empty default."""
+
+import json
+
+import ml_collections
+import pytest
+
+from bert_jax import config_record
+from bert_jax import failures
+
+
+def _config(learning_rate=2e-5, **task_opts):
+  return ml_collections.ConfigDict({"learning_rate": learning_rate, "task_opts": {"text_a": "sentence", **task_opts}})
+
+
+def test_a_field_added_since_the_record_is_the_same_while_empty(tmp_path):
+  path = str(tmp_path / "config.json")
+  config_record.check_same_config(path, _config(), fields=())   # recorded without `tfds_data_dir`
+  config_record.check_same_config(path, _config(tfds_data_dir=""), fields=())
+  with pytest.raises(failures.UserError, match=r"task_opts.tfds_data_dir differ"):
+    config_record.check_same_config(path, _config(tfds_data_dir="data"), fields=())
+  with pytest.raises(failures.UserError, match=r"learning_rate differ"):
+    config_record.check_same_config(path, _config(tfds_data_dir="", learning_rate=1e-4), fields=())
+  assert "tfds_data_dir" not in json.load(open(path))["task_opts"]   # the record stays as first written
