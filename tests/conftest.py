@@ -1,12 +1,16 @@
 """Test setup: 8 fake CPU devices, so every sharding is exercised on one host.
 
-The flag must be set before jax is imported anywhere, hence here, at the top.
+The flags must be set before jax is imported anywhere, hence here, at the top. The 8 devices' threads share
+two cores here: a collective's participants can arrive further apart than XLA:CPU's 40 s before it aborts
+the process (a finetuning subprocess beside the test session did, once), so its collectives wait longer.
 """
 
 import os
 import pathlib
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 "
+                      "--xla_cpu_collective_call_terminate_timeout_seconds=600 "
+                      "--xla_cpu_collective_timeout_seconds=600")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
