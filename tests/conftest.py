@@ -47,8 +47,8 @@ def minilm_rotten_tomatoes(tmp_path_factory) -> tuple[pathlib.Path, dict]:
   """(workdir, results) of one short finetune of the real MiniLM on rotten_tomatoes, shared by the tests
   that need it: 960 training sentences (30 steps) of at most 40 tokens, every dev sentence.
 
-  It runs as `bert-jax finetune` in its own process (8 CPU devices, as here): the command users run, and
-  a process of its own rather than this long-lived one.
+  It runs as `bert-jax finetune` in its own process (one CPU device, as a user's): the command users run,
+  and a process of its own rather than this long-lived one.
   """
   import json  # pylint: disable=g-import-not-at-top
   import subprocess  # pylint: disable=g-import-not-at-top
@@ -58,7 +58,10 @@ def minilm_rotten_tomatoes(tmp_path_factory) -> tuple[pathlib.Path, dict]:
           f"--workdir={workdir}", f"--config.init_checkpoint={shared_path('minilm')}",
           f"--config.data_dir={shared_path('tasks', 'rotten_tomatoes')}", "--config.max_seq_length=40",
           "--config.max_train_examples=960", "--config.num_epochs=1", "--config.learning_rate=2e-4"]
-  run = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
+  # One device: on 8 CPU devices this subprocess's collectives stalled (an abort at XLA:CPU's timeout, or no
+  # end in 900 s) in two full slow runs beside the test session, not on its own; the cause is not found.
+  run = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900,
+                       env=dict(os.environ, XLA_FLAGS=""))
   assert run.returncode == 0, (run.returncode, run.stdout[-2000:], run.stderr[-5000:])
   return workdir, json.loads((workdir / "results.json").read_text())
 
