@@ -50,8 +50,7 @@ def _same(key: str, ours: dict, theirs: dict) -> bool:
   fields are: a run started before it was added resumes."""
   if key in ours and key in theirs:
     return ours[key] == theirs[key]
-  value = ours.get(key, theirs.get(key))
-  return value in ("", None) or (isinstance(value, (bool, int, float)) and not value) or value in ([], {})
+  return not ours.get(key, theirs.get(key))   # JSON's empty values are its falsy ones
 
 
 def _without(d: dict, names) -> dict:
