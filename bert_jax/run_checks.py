@@ -17,10 +17,11 @@ from bert_jax import objectives
 from bert_jax import optimizer as optimizer_lib
 from bert_jax import sharding
 from bert_jax.data import masking
+from bert_jax.models import dropout_key
 from bert_jax.models import flash_dropout
 from bert_jax.models import splash
 
-DROPOUT_RNGS = ("threefry2x32", "rbg", "unsafe_rbg")
+DROPOUT_RNGS = ("threefry2x32", "rbg", "unsafe_rbg", dropout_key.NAME)
 
 
 

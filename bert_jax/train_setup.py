@@ -22,6 +22,7 @@ from bert_jax import optimizer as optimizer_lib
 from bert_jax import run_checks
 from bert_jax import sharding
 from bert_jax import steps
+from bert_jax.models import dropout_key
 from bert_jax.models import flash_dropout
 
 TrainState = steps.TrainState
@@ -51,7 +52,7 @@ def rngs(config: ml_collections.ConfigDict) -> tuple[jax.Array, jax.Array]:
   init_rng, dropout_rng = jax.random.split(jax.random.key(config.seed))
   impl = config.get("dropout_rng", run_checks.DROPOUT_RNGS[0])
   if impl != run_checks.DROPOUT_RNGS[0]:
-    dropout_rng = jax.random.fold_in(jax.random.key(config.seed, impl=impl), 1)
+    dropout_rng = jax.random.fold_in(jax.random.key(config.seed, impl=dropout_key.impl(impl)), 1)
   return init_rng, dropout_rng
 
 

@@ -202,7 +202,9 @@ def pretrain_config() -> ml_collections.ConfigDict:
   c.seed = 0                      # parameter init and dropout; data has its own `data.seed`
   # Dropout's random bits (`jax.random` implementations): "threefry2x32" hashes per element, the same on
   # every backend and mesh; "rbg" draws them from XLA's RngBitGenerator (the TPU's hardware generator),
-  # cheaper, the same on a resume with the same backend and mesh; "unsafe_rbg" also splits keys with it.
+  # cheaper, the same on a resume with the same backend and mesh; "unsafe_rbg" also splits keys with it;
+  # "hash" folds, splits and draws by the "hash" dropout bits' integer hash, a third of threefry's scalar
+  # ops for each dropout's key (models/dropout_key.py), the same on every backend and mesh.
   c.dropout_rng = "threefry2x32"
   c.global_batch_size = 256
   c.micro_batches = 1             # gradient accumulation: the global batch is split into this many

@@ -65,7 +65,7 @@ def test_rate_one_drops_everything_with_a_zero_gradient():
 
 def test_element_index_is_row_major():
   shape = (3, 5, 7)
-  np.testing.assert_array_equal(dropout._index(shape), np.arange(105).reshape(shape))
+  np.testing.assert_array_equal(dropout.element_index(shape), np.arange(105).reshape(shape))
 
 
 def test_hash_bits_are_the_same_on_any_sharding():

@@ -317,10 +317,11 @@ def test_dropout_bits_come_from_the_configured_generator():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("change", [{"dropout_rng": "rbg"}, {"model.dropout_bits": "hash"}])
+@pytest.mark.parametrize("change", [{"dropout_rng": "rbg"}, {"model.dropout_bits": "hash"},
+                                    {"dropout_rng": "hash", "model.dropout_bits": "hash"}])
 def test_exact_resume_with_other_dropout_bits(data_dir, tmp_path, compilation_cache, change):
-  """With dropout_rng "rbg" (XLA's RngBitGenerator) or the counter hash's bits (models/dropout.py) too, a
-  resumed run replays the same dropout."""
+  """With dropout_rng "rbg" (XLA's RngBitGenerator), the counter hash's bits (models/dropout.py) or those
+  bits from the hash's own keys (models/dropout_key.py) too, a resumed run replays the same dropout."""
   check_exact_resume_after_sigterm(data_dir, tmp_path, compilation_cache, n=4, **change)
 
 

@@ -3,9 +3,9 @@ and its heads is this module (and `softmax_dropout.attend`, through `keep_mask`)
 
 - "threefry": flax's `nn.Dropout`, `random.bernoulli` with the dropout key's generator (`dropout_rng`).
   Same module path and key as `nn.Dropout`, so the same bits.
-- "hash": a counter hash per element: two int32 seeds drawn from the key, then `mix(mix(index + seed0) ^
-  seed1)` of the element's index in the array (`mix`: Bob Jenkins' 32-bit integer hash; shifts, adds and
-  xors, as the flash kernel's bits, `flash_dropout`), its high 16 bits compared with `rate * 2^16`
+- "hash": a counter hash per element: the key's first two words as two int32 seeds (`seeds_of`), then
+  `mix(mix(index + seed0) ^ seed1)` of the element's index in the array (`mix`: Bob Jenkins' 32-bit integer
+  hash; shifts, adds and xors, as the flash kernel's bits, `flash_dropout`), its high 16 bits compared with `rate * 2^16`
   (0.1 keeps 0.899994). Elementwise integer ops on iotas: XLA fuses them into the op that uses the mask
   and partitions them like any elementwise op, so the bits are the same on every mesh and on a resume.
   On this CPU it takes the bench model's step about 5% less time than threefry (docs/performance.md); the
@@ -47,13 +47,20 @@ def threshold(rate: float):
   return jnp.int32(min(int(round(rate * 2.0 ** 16)), 2 ** 16))
 
 
-def _index(shape) -> jax.Array:
+def element_index(shape) -> jax.Array:
   """Each element's row-major index in an array of `shape`, int32 (wrapping past 2^31)."""
   index, stride = jnp.zeros(shape, jnp.int32), 1
   for axis in reversed(range(len(shape))):
     index = index + lax.broadcasted_iota(jnp.int32, shape, axis) * int32(stride % 2 ** 32)
     stride *= shape[axis]
   return index
+
+
+def seeds_of(key) -> jax.Array:
+  """The hash's two int32 seeds: the key's first two words, no generator run (each implementation's key
+  words are its hash's output already; `jax.random.bits` cost each dropout a threefry hash of its own)."""
+  data = jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key
+  return lax.bitcast_convert_type(data.reshape(-1)[:2], jnp.int32)
 
 
 def keep_mask(key, rate: float, shape, bits: str = "threefry") -> jax.Array:
@@ -65,8 +72,8 @@ def keep_mask(key, rate: float, shape, bits: str = "threefry") -> jax.Array:
   if int(np.prod(shape, dtype=np.float64)) > 2 ** 32:
     raise ValueError(f"hash dropout bits index elements with 32 bits: {tuple(shape)} has more than 2^32 "
                      "elements (their bits would repeat); use dropout_bits 'threefry'")
-  seeds = lax.bitcast_convert_type(jax.random.bits(key, (2,), jnp.uint32), jnp.int32)
-  return shift(mix(mix(_index(tuple(shape)) + seeds[0]) ^ seeds[1]), 16) >= threshold(rate)
+  seeds = seeds_of(key)
+  return shift(mix(mix(element_index(tuple(shape)) + seeds[0]) ^ seeds[1]), 16) >= threshold(rate)
 
 
 class Dropout(nn.Dropout):
