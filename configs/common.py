@@ -77,6 +77,7 @@ def model_config(preset: str = "base") -> ml_collections.ConfigDict:
   for name in ("global_attn_every_n_layers", "local_attention"):
     m[name] = ml_collections.config_dict.placeholder(int)
   m.scan_layers = False       # one compiled layer body (faster compiles for deep models)
+  m.scan_unroll = 1           # with scan_layers: layers a trip of the loop; num_layers: no loop, stacked params
   m.remat_policy = "none"     # or "full", "dots_saveable", "minimal" (model.REMAT_POLICIES)
   # False: each fsdp-sharded projection kernel is gathered once a step and kept for the backward pass
   # (models/fsdp_gather.py; not the embedding tables)

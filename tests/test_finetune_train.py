@@ -265,7 +265,7 @@ def test_a_checkpoint_computes_as_the_finetuning_config_says(tmp_path):
                 fused_qkv=True, recompute_gelu=True, embedding_lookup_on_shards=True, decoder_on_shards=True,
                 attention_kernel="flash", flash_bits="hardware", dropout_bits="hash",
                 attention_residuals="bfloat16", attention_scores="compute", layer_norm_kernel="pallas",
-                matmuls="library", hidden_dropout=0.2)
+                matmuls="library", scan_unroll=2, hidden_dropout=0.2)
   assert set(chosen) >= set(COMPUTE_FIELDS)
   for k, v in chosen.items():
     assert getattr(cfg, k) != v   # each differs from what the checkpoint's record would give

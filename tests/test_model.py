@@ -123,6 +123,31 @@ def test_scanned_equals_unscanned_and_layouts_convert():
   jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-5), a, b)
 
 
+def test_scanned_layers_unrolled_over_their_stacked_params():
+  """`scan_unroll` num_layers: the scanned layout's params, no loop in the step, the unrolled layers' outputs
+  and gradients, and none of a looped stack's recomputation (`scan_recomputed`)."""
+  ids, mask, seg = random_batch(np.random.default_rng(5))
+  params = init(tiny())
+
+  def loss_fn(cfg):
+    return lambda p: jnp.sum(model.BertEncoder(cfg).apply({"params": p}, ids, mask, seg)["pooled_output"])
+
+  flat, looped = tiny(scan_layers=True, scan_unroll=2), tiny(scan_layers=True)
+  assert not flat.looped_layers and looped.looped_layers and not tiny().looped_layers
+  a = apply(tiny(), params, ids, mask, seg, output_hidden_states=True)
+  b = apply(flat, model.scan_params(params), ids, mask, seg, output_hidden_states=True)
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-5), a, b)
+  ref = jax.jit(jax.grad(loss_fn(tiny())))(params)
+  got = jax.jit(jax.grad(loss_fn(flat)))(model.scan_params(params))
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6), model.scan_params(ref), got)
+  hlo = lambda cfg: jax.jit(jax.grad(loss_fn(cfg))).lower(model.scan_params(params)).as_text()  # noqa: E731
+  assert "stablehlo.while" in hlo(looped) and "stablehlo.while" not in hlo(flat)
+  assert "remat" in str(jax.make_jaxpr(jax.grad(loss_fn(looped)))(model.scan_params(params)))
+  assert "remat" not in str(jax.make_jaxpr(jax.grad(loss_fn(flat)))(model.scan_params(params)))
+  with pytest.raises(ValueError, match="scan_unroll 0"):
+    tiny(scan_layers=True, scan_unroll=0)
+
+
 def test_padding_does_not_change_real_positions():
   cfg = tiny()
   rng = np.random.default_rng(2)

@@ -62,7 +62,7 @@ MATMULS = ("xla", "library")
 COMPUTE_FIELDS = ("remat_policy", "reshard_after_forward", "constrain_attention_matrices", "fused_qkv",
                   "recompute_gelu", "embedding_lookup_on_shards", "decoder_on_shards", "attention_kernel", "flash_bits",
                   "dropout_bits", "attention_residuals", "attention_scores", "layer_norm_kernel",
-                  "matmuls")
+                  "matmuls", "scan_unroll")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +83,9 @@ class BertConfig:
   dtype: Any = jnp.float32        # compute
   param_dtype: Any = jnp.float32  # storage
   scan_layers: bool = False       # one compiled layer body under nn.scan; params get a "layers" axis
+  # With scan_layers: the layers each trip of the scan's loop runs (`jax.lax.scan`'s unroll); num_layers: no
+  # loop, every layer unrolled over the stacked params (docs/performance.md, "Scanned or unrolled layers").
+  scan_unroll: int = 1
   remat_policy: str = "none"      # "none" or a key of REMAT_POLICIES
   # False: each fsdp-sharded projection kernel is all-gathered once a step, its forward copy kept for the
   # backward pass (PyTorch FSDP's reshard_after_forward=False; `fsdp_gather.py`; not the embedding tables;
@@ -207,6 +210,8 @@ class BertConfig:
       raise ValueError(f"attention_residuals {self.attention_residuals!r}; one of {ATTENTION_RESIDUALS}")
     if self.attention_scores not in ATTENTION_SCORES:
       raise ValueError(f"attention_scores {self.attention_scores!r}; one of {ATTENTION_SCORES}")
+    if self.scan_unroll < 1:
+      raise ValueError(f"scan_unroll {self.scan_unroll}: the layers a trip of the scanned loop runs, 1 or more")
     if self.shared_sublayer not in SHARED_SUBLAYERS:
       raise ValueError(f"shared_sublayer {self.shared_sublayer!r}; one of {SHARED_SUBLAYERS}")
     if self.shared_sublayer and (self.share_layers or self.scan_layers):
@@ -218,6 +223,12 @@ class BertConfig:
     if self.pruned_heads and (self.share_layers or self.scan_layers or self.shared_sublayer == "attention"):
       raise ValueError("pruned_heads need per-layer attention weights: not with share_layers, scan_layers or "
                        "shared_sublayer 'attention'")
+
+  @property
+  def looped_layers(self) -> bool:
+    """Whether the layers run in a loop (scanned, fewer than all of them a trip): what each layer saves for the
+    backward pass is then stacked into arrays of all layers."""
+    return self.scan_layers and self.scan_unroll < self.num_layers
 
   def layer_num_heads(self, layer: int) -> int:
     """Heads of layer `layer` after `pruned_heads`."""

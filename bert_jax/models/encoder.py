@@ -54,19 +54,19 @@ def gelu(cfg: BertConfig, x):
 
 
 def scan_recomputed(cfg: BertConfig, fn):
-  """`fn` (elementwise, no params) recomputed in the backward pass when the layers are scanned, as
-  `layer_norm` does for the LayerNorm modules.
+  """`fn` (elementwise, no params) recomputed in the backward pass when the layers run in a loop
+  (`BertConfig.looped_layers`: scanned, fewer than all a trip).
 
   A scanned stack saves what its backward pass needs into arrays of all layers; autodiff's GELU saves its
   intermediates (the erf and exp terms, [rows, intermediate] each) beside its input, where rematerialised
   it saves the input alone (BERT-large phase 1 on v3:8x8, scanned: 6.66 -> 6.46 GB a core, MFU bound
-  53% -> 55%). Unrolled, XLA fuses the derivative into the backward pass's ops by itself, so `fn` is left
+  53% -> 55%). Unrolled (also over stacked params, `scan_unroll`), XLA fuses the derivative into the backward pass's ops by itself, so `fn` is left
   as it is there unless `recompute_gelu`: then it is recomputed behind `jax.checkpoint`'s CSE barrier (without
   it XLA merges the recomputation back into the forward pass: the same bytes), and the forward pass no longer
   writes the erfc term that three backward fusions read (4 unrolled layers of BERT-large phase 1 on v3:8x8:
   1.0065 -> 0.9981 GB a core; docs/performance.md).
   """
-  if cfg.scan_layers:
+  if cfg.looped_layers:
     return jax.checkpoint(fn, prevent_cse=False)
   return jax.checkpoint(fn) if cfg.recompute_gelu else fn
 
@@ -216,16 +216,17 @@ class BertLayerStack(nn.Module):
     if cfg.remat_policy != "none":
       # Arguments counted with self: deterministic and output_hidden_states are Python bools, and so is each
       # layer's kind when the layers are not scanned.
-      layer = nn.remat(layer, policy=cfg.remat_checkpoint_policy, prevent_cse=not cfg.scan_layers,
+      layer = nn.remat(layer, policy=cfg.remat_checkpoint_policy, prevent_cse=not cfg.looped_layers,
                        static_argnums=(3, 4) if cfg.scan_layers else (3, 4, 5))
     if cfg.scan_layers:
       in_axes = (nn.broadcast, nn.broadcast, nn.broadcast, 0, nn.broadcast if head_mask is None else 0)
       if cfg.share_layers:  # the one parameter set is broadcast to every step
         stack = nn.scan(layer, variable_broadcast="params", split_rngs={"params": False, "dropout": True},
-                        in_axes=in_axes, length=cfg.num_layers)
+                        in_axes=in_axes, length=cfg.num_layers, unroll=cfg.scan_unroll)
       else:
         stack = nn.scan(layer, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
-                        in_axes=in_axes, length=cfg.num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
+                        in_axes=in_axes, length=cfg.num_layers, unroll=cfg.scan_unroll,
+                        metadata_params={nn.PARTITION_NAME: "layers"})
       name = "shared_layer" if cfg.share_layers else "layers"
       kinds_N = tuple(jnp.array(k) for k in zip(*kinds))
       x, (hidden, probs) = stack(cfg, output_attentions, name=name)(x, context, deterministic, output_hidden_states,

@@ -164,15 +164,15 @@ def dense(cfg: BertConfig, features: int, names: tuple, name: str, use_bias: boo
   """A projection to `features` with logical axis names `names`; bias as `use_bias`, by default `dense_bias`.
 
   Without `reshard_after_forward` its kernel is gathered once a step (`fsdp_gather`), except in a layer
-  of a scanned stack (`in_layer`): there the gathered copy kept for the backward pass is written into an
+  of a looped stack (`in_layer`, `BertConfig.looped_layers`): there the gathered copy kept for the backward pass is written into an
   array of all layers, a copy that moves more bytes than gathering the kernel again (BERT-large phase 1 on
   v3:8x8, 4 scanned layers: 1.410 -> 1.379 GB a core). The attention projections (`Einsum`) keep their
   single gather scanned too: gathered again, each needs a relayout copy for its matmul.
 
-  Its input's leading dims are taken as one (`rows_dot_general`), except in a layer of a scanned stack:
+  Its input's leading dims are taken as one (`rows_dot_general`), except in a layer of a looped stack:
   there the reshape cost the TPU step copies (the same 4 scanned layers: 1.377 -> 1.406 GB a core).
   """
-  scanned = in_layer and cfg.scan_layers
+  scanned = in_layer and cfg.looped_layers
   gather = not cfg.reshard_after_forward and not scanned
   if cfg.library_matmuls:
     return linear(cfg, features, dense_init(cfg, names), zeros(names[-1:]),
