@@ -140,8 +140,10 @@ def test_layers_scanned_and_dropout_hashed_only_on_the_steps_that_gain():
   # Likewise the dropout bits: the counter hash on v3, where XLA counts fewer FLOPs with it; threefry's on
   # v5e and v6e, where it counted fewer bytes.
   for topology, phase in bert_large.MESHES:
-    bits = bert_large.get_config(f"{phase},{topology}").model.dropout_bits
-    assert bits == ("hash" if topology.startswith("v3") else "threefry"), (topology, phase)
+    c = bert_large.get_config(f"{phase},{topology}")
+    assert c.model.dropout_bits == ("hash" if topology.startswith("v3") else "threefry"), (topology, phase)
+    # and the keys they come from: the hash's own beside its bits (models/dropout_key.py)
+    assert c.dropout_rng == ("hash" if topology.startswith("v3") else "threefry2x32"), (topology, phase)
   assert {bert_base.get_config(p).model.dropout_bits for p in bert_base.PHASES} == {"hash"}
 
 
