@@ -1,5 +1,6 @@
 """`bench train`'s synthetic batch is the batch the train step compiles against, for every objective."""
 
+import json
 import os
 import subprocess
 import sys
@@ -176,3 +177,13 @@ def test_the_command_refuses_a_config_pretrain_refuses():
   assert run.returncode == failures.USER_ERROR, run.stderr[-3000:]
   assert "data.format 'nsp' cannot be used by objective 'modernbert'" in run.stderr
   assert "Traceback" not in run.stderr and "step_seconds" not in run.stdout
+
+
+def test_the_command_times_the_dropout_keys_and_bits_it_is_given():
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  run = subprocess.run([sys.executable, "-m", "bert_jax.cli", "bench", "train", "--config=configs/tiny.py",
+                        "--steps=1", "--dropout_rng=hash", "--dropout_bits=hash"], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=300)
+  assert run.returncode == 0, run.stderr[-3000:]
+  result = json.loads(run.stdout.strip().splitlines()[-1])
+  assert (result["dropout_rng"], result["model"]["dropout_bits"]) == ("hash", "hash")

@@ -4,6 +4,7 @@
     bert-jax bench train --config=configs/tiny.py --steps=20
     bert-jax bench train --compare --peer_python=PATH     # and the installed peers, same run (bench_compare.py)
     bert-jax bench train --compare --dropout_bits=hash    # our dropouts with the counter hash (models/dropout.py)
+    bert-jax bench train --compare --dropout_bits=hash --dropout_rng=hash   # and its keys (models/dropout_key.py)
 
 Without `--config` the model is the one of a common CPU comparison: L=4 H=256 A=4 I=1024, vocab
 30522, seq 128 (20 predictions), batch 16, AdamW, BERT's tanh GELU, computing in float32, or with `--dtype=bfloat16`
@@ -35,6 +36,7 @@ from ml_collections import config_flags
 
 from bert_jax import failures
 from bert_jax import objectives
+from bert_jax import run_checks
 from bert_jax import sharding
 from bert_jax import train
 from bert_jax import train_setup
@@ -219,6 +221,7 @@ def benchmark(config: ml_collections.ConfigDict, steps: int, peer_python: str | 
                 "intermediate_size": cfg.intermediate_size, "vocab_size": cfg.vocab_size,
                 "dtype": str(cfg.dtype), "scan_layers": cfg.scan_layers, "remat_policy": cfg.remat_policy,
                 "dropout_bits": cfg.dropout_bits, "matmuls": cfg.matmuls},
+      "dropout_rng": config.get("dropout_rng", run_checks.DROPOUT_RNGS[0]),
       "global_batch_size": config.global_batch_size, "seq_length": config.data.seq_length,
       "max_predictions_per_seq": config.data.max_predictions_per_seq, "packing": config.data.packing,
       "mlm_all_positions": config.mlm_all_positions, "optimizer": config.optimizer.name,
@@ -243,6 +246,8 @@ def define_flags() -> None:
                     "comparison model, alternating steps with ours; prints the ratios of medians.")
   flags.DEFINE_enum("dropout_bits", None, list(dropout.DROPOUT_BITS), "Our dropouts' bits (`model.dropout_bits`, "
                     "models/dropout.py); default: the config's. The peers draw theirs with threefry.")
+  flags.DEFINE_enum("dropout_rng", None, list(run_checks.DROPOUT_RNGS), "Our dropout keys' implementation "
+                    "(`dropout_rng`, models/dropout_key.py for 'hash'); default: the config's.")
   flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "The comparison model's compute dtype (the "
                     "peers compute in it too, each in its own mixed precision); with --config, the config's.")
   flags.DEFINE_string("peer_python", sys.executable, "The Python that runs the peers (a virtual environment "
@@ -258,6 +263,8 @@ def main(argv) -> None:
     config = comparison_config(packing=not FLAGS.compare, dtype=FLAGS.dtype)
   if FLAGS.dropout_bits is not None:
     config.model.dropout_bits = FLAGS.dropout_bits
+  if FLAGS.dropout_rng is not None:
+    config.dropout_rng = FLAGS.dropout_rng
   train.validate(config)   # what `pretrain` would refuse, refused before timing it
   result = benchmark(config, FLAGS.steps, FLAGS.peer_python if FLAGS.compare else None)
   print(json.dumps(result))
