@@ -130,12 +130,16 @@ def test_bert_paper_schedule(module):
 def test_layers_scanned_and_dropout_hashed_only_on_the_steps_that_gain():
   """One compiled layer body only where the step is compute-bound either way (v3's phase1_tokens): a config
   built on bert_base's must not inherit it for a memory-bound step on another chip or objective."""
-  scanned = {name for name, c in CONFIGS.items() if c.model.scan_layers}
+  scanned = {name for name, c in CONFIGS.items() if c.model.scan_layers and c.model.get("scan_unroll", 1) == 1}
   assert {n for n in scanned if n.startswith(("bert_base", "bert_large"))} == {
       "bert_base.py:phase1_tokens", "bert_large.py:phase1_tokens"}
   for topology, phase in bert_large.MESHES:
     c = bert_large.get_config(f"{phase},{topology}")
-    assert c.model.scan_layers == (topology == "v3:8x8" and phase == "phase1_tokens"), (topology, phase)
+    looped = train.bert_config(c).looped_layers
+    assert looped == (topology == "v3:8x8" and phase == "phase1_tokens"), (topology, phase)
+    # Unrolled over the stacked params where XLA counted fewer bytes so: v5e's phase 1 and phase1_tokens.
+    stacked = c.model.scan_layers and not looped
+    assert stacked == (topology == "v5e:8x8" and phase != "phase2"), (topology, phase)
   assert not ltr_base.get_config("phase1_tokens").model.scan_layers
   # Likewise the dropout bits: the counter hash on v3, where XLA counts fewer FLOPs with it; threefry's on
   # v5e and v6e, where it counted fewer bytes.
