@@ -81,7 +81,8 @@ from configs import bert_base
 # layer body costs no step time by the estimate: memory 29.2 ms (13.2 GB by op) scanned against 23.8 ms
 # (10.7 GB) unrolled, compiled in 18.6 s against 78.6 s on a 2-core CPU (docs/performance.md). Phase 1
 # and phase 2 are memory-bound scanned (65% and 85% against 80% and 96%), so they stay unrolled, as do
-# v5e's and v6e's memory-bound steps (bert_base.py scans its own phase1_tokens; here each entry says).
+# v5e's and v6e's memory-bound steps, no loop in any (v5e's phase 1 and phase1_tokens over stacked params,
+# `_STACKED` below; bert_base.py scans its own phase1_tokens; here each entry says).
 # v5e's phase 1 at 2 x 16 x 2: a search of the tensor splits unrolled (4 layers: 2x16x2 2.79 GB, 4x8x2 2.89,
 # 2x32x1 2.97, 8x4x2 3.91), then the whole step (24 layers, XLA's count): 2 x 32 x 1 as shipped before 14.31
 # GB, MFU bound 27.96%; 2 x 16 x 2 14.54 GB, 27.52%; with fused_qkv 13.98 GB, 28.63%. The tensor split lost
