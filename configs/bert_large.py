@@ -102,9 +102,10 @@ _V3 = {"remat_policy": "none", "dropout_bits": "hash", "scan_layers": False}
 _LITE = {"reshard_after_forward": True, "scan_layers": False, "dropout_bits": "threefry"}
 # The layers unrolled over their stacked params (`scan_unroll` num_layers: one layer traced, no loop) where XLA
 # counts fewer bytes so: v5e's phase 1 13.98 -> 13.48 GB, MFU bound 28.6% -> 29.7%, phase1_tokens 31.14 ->
-# 30.77 GB, 51.4% -> 52.0%, each compiled in under half the time; v3's phase 1 89.0% against the unrolled
-# 92.3% (compiled in 25.5 s against 48.8 s), v5e's phase 2 44.2% against 45.9%, v6e's phase 1 10.8%
-# against 11.5% and phase 2 14.7% against 15.2% stay unrolled (docs/performance.md).
+# 30.77 GB, 51.4% -> 52.0%, each compiled in under half the time; v6e's phase1_tokens 14.8% -> 15.6% (43.9 GB).
+# v3's phase 1 89.0% against the unrolled 92.3% (compiled in 25.5 s against 48.8 s), v5e's phase 2 44.2%
+# against 45.9%, v6e's phase 1 10.8% against 11.5% and phase 2 14.7% against 15.2% stay unrolled
+# (docs/performance.md).
 _STACKED = {"scan_layers": True, "scan_unroll": 24}
 MESHES = {
     ("v3:8x8", "phase1"): ((-1, 64, 2), _V3 | {"fused_qkv": True, "decoder_on_shards": True,
@@ -119,7 +120,7 @@ MESHES = {
     ("v5e:8x8", "phase2"): ((-1, 32, 1), _LITE | {"remat_policy": "none", "embedding_lookup_on_shards": True,
                                                    "constrain_attention_matrices": False}),
     ("v6e:8x8", "phase1"): ((-1, 32, 1), _LITE | {"remat_policy": "minimal", "decoder_on_shards": True}),
-    ("v6e:8x8", "phase1_tokens"): ((-1, 64, 1), _LITE | {"remat_policy": "minimal"}),
+    ("v6e:8x8", "phase1_tokens"): ((-1, 64, 1), _LITE | _STACKED | {"remat_policy": "minimal"}),
     ("v6e:8x8", "phase2"): ((-1, 32, 1), _LITE | {"remat_policy": "none"}),
 }
 PAPER_TOPOLOGY = "v3:8x8"   # "16 Cloud TPUs (64 TPU chips total)" (A.2)
