@@ -43,6 +43,13 @@ def test_aot_counts_a_scanned_layer_stack_per_layer(tmp_path):
   assert max(r["trips"] for r in scanned["traffic"]["top_ops"]) == 4
   assert s["memory_seconds"] == pytest.approx(s["step_bytes"] / s["hbm_bandwidth"])
   assert s["model_flops"] == u["model_flops"]
+  # Unrolled over the stacked params (`scan_unroll`): no loop, so XLA's own count, near the unrolled stack's.
+  proc, flat = _aot(tmp_path / "flat", {**layers, "model.scan_layers": True, "model.scan_unroll": 4}, ["--report"])
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  f = flat["time_per_step"]
+  assert f["bytes_source"] == "xla" and f["loop_flops"] is None
+  assert max(r["trips"] for r in flat["traffic"]["top_ops"]) == 1
+  assert 0.9 <= f["step_bytes"] / u["step_bytes"] <= 1.2
   # The matmuls, each trip counted, are the model's FLOPs; recomputed in the backward pass (remat "full"),
   # a third more, which the compute is charged (scaling XLA's count to the model's left them out).
   assert u["loop_flops"] is None and s["loop_flops"] == pytest.approx(s["model_flops"], rel=0.02)
