@@ -244,10 +244,13 @@ def test_scanned_feed_forward_gelu_saves_its_input_alone(capsys):
 
 
 def test_dense_multiplies_its_inputs_rows_outside_a_scanned_stack():
-  # [B, L, H] @ [H, F] as the 2-D matmul [B * L, H] @ [H, F]; in a scanned stack's layer, as given.
+  # [B, L, H] @ [H, F] as the 2-D matmul [B * L, H] @ [H, F]; in a scanned stack's layer, as given, also
+  # when the stack is unrolled over its stacked params (`scan_unroll`).
   x = jnp.asarray(np.random.default_rng(0).normal(size=(2, 3, 32)), jnp.float32)
-  for scan, in_layer, rank in ((False, True, 2), (True, False, 2), (True, True, 3)):
-    dense = model.dense(tiny(scan_layers=scan), 8, ("embed", "mlp"), "d", in_layer=in_layer)
+  stacked = {"scan_layers": True, "scan_unroll": 2}
+  for scan, in_layer, rank in (({}, True, 2), ({"scan_layers": True}, False, 2), ({"scan_layers": True}, True, 3),
+                               (stacked, True, 3)):
+    dense = model.dense(tiny(**scan), 8, ("embed", "mlp"), "d", in_layer=in_layer)
     params = nn.unbox(dense.init(jax.random.key(0), x)["params"])
     params["bias"] = jnp.arange(8.0)
     jaxpr = jax.make_jaxpr(jax.grad(lambda p, x: jnp.sum(dense.apply({"params": p}, x) ** 2), (0, 1)))(params, x)
