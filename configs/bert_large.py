@@ -103,10 +103,11 @@ _LITE = {"reshard_after_forward": True, "scan_layers": False, "dropout_bits": "t
 # The layers unrolled over their stacked params (`scan_unroll` num_layers: one layer traced, no loop): v3's
 # phase 1 compiles in 29.1 to 29.7 s on a 2-core CPU against 48.8 s, at MFU bound 91.9% against 92.3%
 # (3.832 against 3.816 GB a core); its phase 2, compute-bound either way (96.3%), in 55.3 s against 67.1 s,
-# and it starts from phase 1's checkpoint in the same layout; where XLA counted fewer bytes so, v5e's phase 1 13.98 -> 13.48 GB, MFU
-# bound 28.6% -> 29.7%, phase1_tokens 31.14 -> 30.77 GB, 51.4% -> 52.0%, each compiled in under half the
-# time, and v6e's phase1_tokens 14.8% -> 15.6% (43.9 GB). v5e's phase 2 44.2% against 45.9%, v6e's phase 1
-# 10.8% against 11.5% and phase 2 14.7% against 15.2% stay unrolled (docs/performance.md).
+# and it starts from phase 1's checkpoint in the same layout. Where XLA counted fewer bytes so: v5e's phase 1
+# 13.98 -> 13.23 GB, MFU bound 28.6% -> 30.2%, phase1_tokens 31.14 -> 30.08 GB, 51.4% -> 53.2%, each
+# compiled in under half the time, and v6e's phase1_tokens 14.8% -> 15.6% (43.9 GB). v5e's phase 2 44.2%
+# against 45.9%, v6e's phase 1 11.0% against 11.5% and phase 2 14.7% against 15.2% stay unrolled
+# (docs/performance.md).
 _STACKED = {"scan_layers": True, "scan_unroll": 24}
 MESHES = {
     ("v3:8x8", "phase1"): ((-1, 64, 2), _V3 | _STACKED | {"fused_qkv": True, "decoder_on_shards": True,
@@ -116,7 +117,8 @@ MESHES = {
     ("v5e:8x8", "phase1"): ((-1, 16, 2), _LITE | _STACKED | {"remat_policy": "minimal", "fused_qkv": True,
                                                               "embedding_lookup_on_shards": True,
                                                               "decoder_on_shards": True}),
-    ("v5e:8x8", "phase1_tokens"): ((-1, 32, 1), _LITE | _STACKED | {"remat_policy": "minimal", "decoder_on_shards": True,
+    ("v5e:8x8", "phase1_tokens"): ((-1, 32, 1), _LITE | _STACKED | {"remat_policy": "minimal",
+                                                                     "decoder_on_shards": True,
                                                                      "embedding_lookup_on_shards": True}),
     ("v5e:8x8", "phase2"): ((-1, 32, 1), _LITE | {"remat_policy": "none", "embedding_lookup_on_shards": True,
                                                    "constrain_attention_matrices": False}),

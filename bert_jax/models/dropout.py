@@ -5,8 +5,8 @@ and its heads is this module (and `softmax_dropout.attend`, through `keep_mask`)
   Same module path and key as `nn.Dropout`, so the same bits.
 - "hash": a counter hash per element: the key's first two words as two int32 seeds (`seeds_of`), then
   `mix(mix(index + seed0) ^ seed1)` of the element's index in the array (`mix`: Bob Jenkins' 32-bit integer
-  hash; shifts, adds and xors, as the flash kernel's bits, `flash_dropout`), its high 16 bits compared with `rate * 2^16`
-  (0.1 keeps 0.899994). Elementwise integer ops on iotas: XLA fuses them into the op that uses the mask
+  hash; shifts, adds and xors, as the flash kernel's bits, `flash_dropout`), its high 16 bits compared with
+  `rate * 2^16` (0.1 keeps 0.899994). Elementwise integer ops on iotas: XLA fuses them into the op that uses the mask
   and partitions them like any elementwise op, so the bits are the same on every mesh and on a resume.
   On this CPU it takes the bench model's step about 5% less time than threefry (docs/performance.md); the
   bits differ from threefry's, so a step's loss is a different draw. The index is one 32-bit word: an

@@ -60,8 +60,8 @@ def scan_recomputed(cfg: BertConfig, fn):
   A scanned stack saves what its backward pass needs into arrays of all layers; autodiff's GELU saves its
   intermediates (the erf and exp terms, [rows, intermediate] each) beside its input, where rematerialised
   it saves the input alone (BERT-large phase 1 on v3:8x8, scanned: 6.66 -> 6.46 GB a core, MFU bound
-  53% -> 55%). Unrolled (also over stacked params, `scan_unroll`), XLA fuses the derivative into the backward pass's ops by itself, so `fn` is left
-  as it is there unless `recompute_gelu`: then it is recomputed behind `jax.checkpoint`'s CSE barrier (without
+  53% -> 55%). Unrolled (also over stacked params, `scan_unroll`), XLA fuses the derivative into the backward
+  pass's ops by itself, so `fn` is left as it is there unless `recompute_gelu`: then it is recomputed behind `jax.checkpoint`'s CSE barrier (without
   it XLA merges the recomputation back into the forward pass: the same bytes), and the forward pass no longer
   writes the erfc term that three backward fusions read (4 unrolled layers of BERT-large phase 1 on v3:8x8:
   1.0065 -> 0.9981 GB a core; docs/performance.md).
