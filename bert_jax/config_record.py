@@ -27,10 +27,17 @@ def read_marker(path: str) -> dict | None:
     return json.load(f)
 
 
+# Fields that choose how a run compiles, not what it computes: left out of every record, so a later start may
+# change them (`model.scan_unroll`: the same layers, dropout keys and updates, with or without a loop).
+COMPILE_ONLY = ("model.scan_unroll",)
+
+
 def check_same_config(path: str, config: ml_collections.ConfigDict, fields, ignore=(), record: bool = True) -> None:
-  """Records `config` (its path `fields` absolute, `ignore`'s fields left out, dotted names for nested ones) in
-  `path` on the first run of a stage; a later run of the stage with a different config is an error naming
-  the fields, not a silent mix of two experiments. `record` False: only compares, where a record exists."""
+  """Records `config` (its path `fields` absolute, `ignore`'s and COMPILE_ONLY's fields left out, dotted names
+  for nested ones) in `path` on the first run of a stage; a later run of the stage with a different config is
+  an error naming the fields, not a silent mix of two experiments. `record` False: only compares, where a
+  record exists."""
+  ignore = (*ignore, *COMPILE_ONLY)
   ours = json.loads(paths.absolute_config(config.copy_and_resolve_references(), fields).to_json())
   if record and atomic_write.create_once(path, json.dumps(_without(ours, ignore), indent=1, sort_keys=True)):
     return   # the first run (of two processes starting at once, one records and the other compares)

@@ -80,9 +80,10 @@ from configs import bert_base
 # scan_layers on v3's phase1_tokens: compute-bound either way (compute 31.3 to 31.9 ms), so one compiled
 # layer body costs no step time by the estimate: memory 29.2 ms (13.2 GB by op) scanned against 23.8 ms
 # (10.7 GB) unrolled, compiled in 18.6 s against 78.6 s on a 2-core CPU (docs/performance.md). Phase 1
-# and phase 2 are memory-bound scanned (65% and 85% against 80% and 96%), so they stay unrolled, as do
-# v5e's and v6e's memory-bound steps, no loop in any (v5e's phase 1 and phase1_tokens over stacked params,
-# `_STACKED` below; bert_base.py scans its own phase1_tokens; here each entry says).
+# and phase 2 are memory-bound scanned (65% and 85% against 80% and 96%), so they have no loop, as do
+# v5e's and v6e's memory-bound steps: unrolled, or unrolled over stacked params (`_STACKED` below: v3's phase 1
+# and phase 2, v5e's phase 1 and phase1_tokens, v6e's phase1_tokens); bert_base.py scans its own
+# phase1_tokens; here each entry says.
 # v5e's phase 1 at 2 x 16 x 2: a search of the tensor splits unrolled (4 layers: 2x16x2 2.79 GB, 4x8x2 2.89,
 # 2x32x1 2.97, 8x4x2 3.91), then the whole step (24 layers, XLA's count): 2 x 32 x 1 as shipped before 14.31
 # GB, MFU bound 27.96%; 2 x 16 x 2 14.54 GB, 27.52%; with fused_qkv 13.98 GB, 28.63%. The tensor split lost
@@ -104,10 +105,10 @@ _LITE = {"reshard_after_forward": True, "scan_layers": False, "dropout_bits": "t
 # phase 1 compiles in 29.1 to 29.7 s on a 2-core CPU against 48.8 s, at MFU bound 91.9% against 92.3%
 # (3.832 against 3.816 GB a core); its phase 2, compute-bound either way (96.3%), in 55.3 s against 67.1 s,
 # and it starts from phase 1's checkpoint in the same layout. Where XLA counted fewer bytes so: v5e's phase 1
-# 13.98 -> 13.23 GB, MFU bound 28.6% -> 30.2%, phase1_tokens 31.14 -> 30.08 GB, 51.4% -> 53.2%, each
-# compiled in under half the time, and v6e's phase1_tokens 14.8% -> 15.6% (43.9 GB). v5e's phase 2 44.2%
-# against 45.9%, v6e's phase 1 11.0% against 11.5% and phase 2 14.7% against 15.2% stay unrolled
-# (docs/performance.md).
+# 13.98 -> 13.23 GB, MFU bound 28.6% -> 30.2%, phase1_tokens 31.14 -> 30.08 GB, 51.4% -> 53.2% (compiled in
+# 119 and 149 s here beside other work, against 195 to 524 s unrolled on earlier days), and v6e's
+# phase1_tokens 14.8% -> 15.6% (43.9 GB). v5e's phase 2 44.2% against 45.9%, v6e's phase 1 11.0% against
+# 11.5% and phase 2 14.7% against 15.2% stay unrolled (docs/performance.md).
 _STACKED = {"scan_layers": True, "scan_unroll": 24}
 MESHES = {
     ("v3:8x8", "phase1"): ((-1, 64, 2), _V3 | _STACKED | {"fused_qkv": True, "decoder_on_shards": True,

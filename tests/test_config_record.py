@@ -23,3 +23,18 @@ def test_a_field_added_since_the_record_is_the_same_while_empty(tmp_path):
   with pytest.raises(failures.UserError, match=r"learning_rate differ"):
     config_record.check_same_config(path, _config(tfds_data_dir="", learning_rate=1e-4), fields=())
   assert "tfds_data_dir" not in json.load(open(path))["task_opts"]   # the record stays as first written
+
+
+def test_how_a_run_compiles_may_change_between_its_starts(tmp_path):
+  """`model.scan_unroll` (COMPILE_ONLY): a run recorded before the field existed, or with another value,
+  resumes with any; it is left out of the record."""
+  path = str(tmp_path / "config.json")
+  config = lambda **model: ml_collections.ConfigDict({"learning_rate": 2e-5, "model": {"num_layers": 2, **model}})
+  config_record.check_same_config(path, config(), fields=())   # recorded before the field
+  config_record.check_same_config(path, config(scan_unroll=1), fields=())
+  config_record.check_same_config(path, config(scan_unroll=24), fields=())
+  with pytest.raises(failures.UserError, match=r"model.num_layers differ"):
+    config_record.check_same_config(path, config(num_layers=4, scan_unroll=24), fields=())
+  other = str(tmp_path / "other.json")
+  config_record.check_same_config(other, config(scan_unroll=24), fields=())
+  assert "scan_unroll" not in json.load(open(other))["model"]

@@ -4,6 +4,7 @@ every mesh, and fewer ops than threefry for a dropout's key."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from bert_jax import train_setup
@@ -50,6 +51,8 @@ def test_bits_have_threefrys_statistics():
     for lag in (1, 2, 128, 16384):
       assert abs(corr(centred[0][:-lag], centred[0][lag:])) < 0.005
     assert abs(corr(*centred)) < 0.005
+  with pytest.raises(ValueError, match=r"more than 2\^32 elements"):   # their bits would repeat
+    jax.jit(lambda k: jax.random.bits(k, (2 ** 16, 2 ** 16, 2), jnp.uint32)).lower(key())
   assert jax.random.bits(key(), (3,), jnp.uint8).dtype == jnp.uint8
   assert jax.random.bits(key(), (3,), jnp.uint16).dtype == jnp.uint16
 
@@ -81,3 +84,5 @@ def test_the_run_config_names_it():
   assert words(dropout_rng) == words(train_setup.rngs(config)[1])
   keep = dropout.keep_mask(jax.random.fold_in(dropout_rng, 3), 0.1, (256, 256), "hash")
   assert 0.89 < float(keep.mean()) < 0.91
+  with pytest.raises(ValueError, match="take one key"):
+    dropout.seeds_of(jax.random.split(dropout_rng, 2))

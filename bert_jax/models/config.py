@@ -84,12 +84,12 @@ class BertConfig:
   param_dtype: Any = jnp.float32  # storage
   scan_layers: bool = False       # one compiled layer body under nn.scan; params get a "layers" axis
   # With scan_layers: the layers each trip of the scan's loop runs (`jax.lax.scan`'s unroll); num_layers: no
-  # loop, every layer unrolled over the stacked params (docs/performance.md, "Scanned or unrolled layers").
+  # loop, every layer unrolled over the stacked params (docs/performance.md, "Unrolled over stacked parameters").
   scan_unroll: int = 1
   remat_policy: str = "none"      # "none" or a key of REMAT_POLICIES
   # False: each fsdp-sharded projection kernel is all-gathered once a step, its forward copy kept for the
   # backward pass (PyTorch FSDP's reshard_after_forward=False; `fsdp_gather.py`; not the embedding tables;
-  # with scan_layers only the attention projections', `projections.dense`).
+  # in looped layers only the attention projections', `projections.dense`).
   # True: XLA gathers it where it is used (on TPU v3, in each pass).
   reshard_after_forward: bool = True
   # With reshard_after_forward True: the attention projections' [H, N * K] matrices (`projections.Einsum`)
@@ -100,7 +100,7 @@ class BertConfig:
   # True: queries, keys and values from one matmul with the three kernels stacked (`projections.fused_qkv`;
   # the same parameters and products); False: three.
   fused_qkv: bool = False
-  # True: the feed-forward GELU recomputed in the backward pass of unrolled layers too, as scanned layers
+  # True: the feed-forward GELU recomputed in the backward pass of unrolled layers too, as looped layers
   # always do (`encoder.scan_recomputed`); False: autodiff's, fused by XLA.
   recompute_gelu: bool = False
   # True: the word-embedding lookup on each device's shard of the table (`embedding_lookup.py`: an

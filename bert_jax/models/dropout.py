@@ -57,10 +57,15 @@ def element_index(shape) -> jax.Array:
 
 
 def seeds_of(key) -> jax.Array:
-  """The hash's two int32 seeds: the key's first two words, no generator run (each implementation's key
-  words are its hash's output already; `jax.random.bits` cost each dropout a threefry hash of its own)."""
+  """The hash's two int32 seeds: one key's first two words, no generator run. A dropout's key comes out of
+  `fold_in` (flax's `make_rng`), whose words are a hash's output with threefry's and the hash keys; with
+  `unsafe_rbg`'s key the folded value is xored into them. Before 2026-12-05 they were `jax.random.bits(key,
+  (2,))`, a threefry hash more for each dropout: a run started before then and resumed after draws other
+  masks from the resume on."""
   data = jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key
-  return lax.bitcast_convert_type(data.reshape(-1)[:2], jnp.int32)
+  if data.ndim != 1:
+    raise ValueError(f"the hash dropout bits take one key, not keys of shape {data.shape[:-1]}")
+  return lax.bitcast_convert_type(data[:2], jnp.int32)
 
 
 def keep_mask(key, rate: float, shape, bits: str = "threefry") -> jax.Array:

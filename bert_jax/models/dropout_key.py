@@ -13,6 +13,7 @@ generator and not meant for anything but dropout: its statistics are tested agai
 """
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -61,7 +62,11 @@ def _split(key, shape):
 
 
 def _words(key, shape):
-  """uint32 `shape`: the hash of each element's row-major index (wrapping past 2^32) under the key."""
+  """uint32 `shape`: the hash of each element's row-major index under the key; more than 2^32 elements would
+  repeat their bits, and are refused."""
+  if int(np.prod(shape, dtype=np.float64)) > 2 ** 32:
+    raise ValueError(f"hash keys index bits with 32 bits: {tuple(shape)} has more than 2^32 elements (their "
+                     "bits would repeat); use dropout_rng 'threefry2x32'")
   index = lax.bitcast_convert_type(dropout.element_index(tuple(shape)), jnp.uint32)
   return _mix(_mix(index + key[0]) ^ key[1])
 

@@ -18,7 +18,7 @@ them first; a sharding constraint in place of the shard_map made XLA transpose t
 copies.) Under a remat policy the gathered weight is named `GATHERED`, and
 `BertConfig.remat_checkpoint_policy` keeps it.
 
-It applies to the projections' kernels (attention, feed-forward, the heads' dense layers; in scanned
+It applies to the projections' kernels (attention, feed-forward, the heads' dense layers; in looped
 layers the attention kernels only, `projections.dense`); the embedding tables (`nn.Embed`, and the MLM
 decoder tied to the word embeddings) are gathered as XLA chooses.
 

@@ -113,7 +113,8 @@ def teacher_config(config: ml_collections.ConfigDict) -> encoder.BertConfig:
     cfg = encoder.BertConfig.from_preset(d.teacher_preset, vocab_size=student.vocab_size,
                                          max_position_embeddings=student.max_position_embeddings)
   return dataclasses.replace(cfg, dtype=student.dtype, param_dtype=student.dtype, scan_layers=student.scan_layers,
-                             remat_policy="none", hidden_dropout=0.0, attention_dropout=0.0)
+                             scan_unroll=student.scan_unroll, remat_policy="none", hidden_dropout=0.0,
+                             attention_dropout=0.0)
 
 
 def teacher_problems(config: ml_collections.ConfigDict, tokenizer=None) -> list[str]:
