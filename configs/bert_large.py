@@ -107,8 +107,8 @@ _LITE = {"reshard_after_forward": True, "scan_layers": False, "dropout_bits": "t
 # and it starts from phase 1's checkpoint in the same layout. Where XLA counted fewer bytes so: v5e's phase 1
 # 13.98 -> 13.23 GB, MFU bound 28.6% -> 30.2%, phase1_tokens 31.14 -> 30.08 GB, 51.4% -> 53.2% (compiled in
 # 119 and 149 s here beside other work, against 195 to 524 s unrolled on earlier days), and v6e's
-# phase1_tokens 14.8% -> 16.4% (41.98 GB). v5e's phase 2 44.2% against 45.9%, v6e's phase 1 11.0% against
-# 11.5% and phase 2 14.7% against 15.2% stay unrolled (docs/performance.md).
+# phase1_tokens 14.8% -> 16.4% (41.98 GB). v5e's phase 2 43.5% against 45.9%, v6e's phase 1 11.0% against
+# 11.5% and phase 2 14.8% against 15.2% stay unrolled (docs/performance.md).
 _STACKED = {"scan_layers": True, "scan_unroll": 24}
 MESHES = {
     ("v3:8x8", "phase1"): ((-1, 64, 2), _V3 | _STACKED | {"fused_qkv": True, "decoder_on_shards": True,
