@@ -7,8 +7,8 @@ import jax
 import numpy as np
 import pytest
 
-from bert_jax import checkpoint_layout, sharding, train, train_setup
-from bert_jax.models import config as model_config, layouts
+from bert_jax import sharding, train, train_setup
+from bert_jax.models import config as model_config
 from conftest import shipped_bert_large_steps
 from configs import tiny
 
@@ -179,18 +179,16 @@ def test_each_shipped_bert_large_step_keeps_the_plain_losses(model, split_tensor
   layers, each weight gathered once or again, ...), takes the losses and gradient norms of the step with
   every one of those fields at BertConfig's default, on the same mesh and from the same parameters, dropout
   on, the second step after an update (relative 2e-5). Both draw the entry's dropout bits (the hash's are
-  tested against threefry's distribution in tests/test_dropout.py); scanned layers draw theirs from the
-  scan's split of the key, other masks than the unrolled layers', so the scanned entry is compared without
-  dropout."""
+  tested against threefry's distribution in tests/test_dropout.py). Scanned layers draw theirs from the
+  scan's split of the key, other masks than the unrolled layers', whatever the layers a trip
+  (`scan_unroll`): a scanned entry is compared with the plain step scanned, a loop of one layer a trip."""
   mesh = dict(data=1, fsdp=4, tensor=2) if split_tensor else dict(data=2, fsdp=4, tensor=1)
   defaults = {name: getattr(model_config.BertConfig(), name) for name in model}
-  common = dict(num_layers=2, **({"hidden_dropout": 0.0, "attention_dropout": 0.0} if model["scan_layers"] else {}))
-  plain_config, plain = _mesh_setup(**mesh, **common, **{**defaults, "dropout_bits": model["dropout_bits"]})
+  common = dict(num_layers=2)
+  plain_config, plain = _mesh_setup(**mesh, **common, **{**defaults, "dropout_bits": model["dropout_bits"],
+                                                         "scan_layers": model["scan_layers"]})
   _, shipped = _mesh_setup(**mesh, **common, **model)
   plain_state, state = plain.init(jax.random.key(0)), plain.init(jax.random.key(0))   # each step donates its own
-  if model["scan_layers"]:   # the same parameters and moments, stacked over the layers
-    state = jax.device_put(checkpoint_layout.relayout(jax.device_get(state), to=layouts.SCANNED),
-                           shipped.state_shardings)
   reference = _losses(plain_config, plain, state=plain_state)
   np.testing.assert_allclose(_losses(plain_config, shipped, state=state), reference, rtol=2e-5)
   assert reference[1][0] != reference[0][0]
