@@ -134,6 +134,9 @@ def test_scanned_layers_unrolled_over_their_stacked_params():
 
   flat, looped = tiny(scan_layers=True, scan_unroll=2), tiny(scan_layers=True)
   assert not flat.looped_layers and looped.looped_layers and not tiny().looped_layers
+  # One layer, one a trip: JAX keeps a loop of one trip.
+  assert tiny(num_layers=1, scan_layers=True).looped_layers
+  assert not tiny(num_layers=1, scan_layers=True, scan_unroll=2).looped_layers
   a = apply(tiny(), params, ids, mask, seg, output_hidden_states=True)
   b = apply(flat, model.scan_params(params), ids, mask, seg, output_hidden_states=True)
   jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-5), a, b)

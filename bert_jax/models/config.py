@@ -226,9 +226,10 @@ class BertConfig:
 
   @property
   def looped_layers(self) -> bool:
-    """Whether the layers run in a loop (scanned, fewer than all of them a trip): what each layer saves for the
-    backward pass is then stacked into arrays of all layers."""
-    return self.scan_layers and self.scan_unroll < self.num_layers
+    """Whether the layers run in a loop (scanned, fewer than all of them a trip, or one a trip: `jax.lax.scan`
+    keeps a loop of one trip for a single layer): what each layer saves for the backward pass is then stacked
+    into arrays of all layers."""
+    return self.scan_layers and (self.scan_unroll == 1 or self.scan_unroll < self.num_layers)
 
   def layer_num_heads(self, layer: int) -> int:
     """Heads of layer `layer` after `pruned_heads`."""
