@@ -4,8 +4,10 @@
 """
 
 import collections
+import dataclasses
 import os
 import time
+from typing import Any
 
 from absl import logging
 import jax
@@ -223,6 +225,45 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
   Returns the scalars of the last log step and evaluation.
   """
+  run, state, origin = _start(config, workdir)
+  step = int(state.step)   # the one host sync before the loop: a host-side step counter from here on
+  _say(f"mesh {dict(run.s.mesh.shape)} over {jax.device_count()} devices; {origin} at step {step}; "
+       f"training to step {run.config.train_steps}")
+  if (hint := matmuls_hint(bert_config(run.config), run.s.mesh)) is not None:
+    _say(hint)
+  writer, preemption = metrics_writer.MetricWriter(run.workdir), checkpointing.PreemptionWatcher()
+  peer_lost = False
+  try:
+    state, step, results = _loop(run, state, step, writer, preemption)
+  except failures.PeerLost:
+    peer_lost = True   # closing would wait for the lost host in a barrier
+    raise
+  finally:
+    if not peer_lost:
+      run.checkpointer.close()
+      writer.close()
+      preemption.close()
+  _report(run, state, step, results)
+  return results
+
+
+@dataclasses.dataclass
+class _Run:
+  """What a pretraining run holds from its setup to its last report."""
+  config: ml_collections.ConfigDict   # with absolute paths
+  workdir: str                        # absolute
+  s: train_setup.Setup
+  tokenizer: Any
+  checkpointer: checkpointing.Checkpointer
+  train_iter: Any
+  eval_iter: Any                      # None without evaluation
+  eval_start: dict | None             # where every evaluation replays the held-out batches from
+  dropout_rng: jax.Array
+
+
+def _start(config: ml_collections.ConfigDict, workdir: str) -> tuple[_Run, TrainState, str]:
+  """The checked config, the data, the sharded setup and the state to start from: the run's latest
+  checkpoint, else `init_from`, else fresh (and where it came from, in words)."""
   # Orbax and every writer get absolute paths, whatever the caller typed (paths.py).
   workdir = paths.absolute(workdir)
   config = paths.absolute_config(config.copy_and_resolve_references(), paths.PRETRAIN_FIELDS)
@@ -242,95 +283,135 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   eval_iter = create_iterator(data_config, config, "eval", tokenizer) if config.eval_steps > 0 else None
   eval_start = eval_iter.get_state() if eval_iter is not None else None
   state, origin = restore_or_init(s, config, checkpointer, train_iter, init_rng)
-  step = int(state.step)   # the one host sync before the loop: a host-side step counter from here on
-  _say(f"mesh {dict(mesh.shape)} over {jax.device_count()} devices; {origin} at step {step}; "
-       f"training to step {config.train_steps}")
-  if (hint := matmuls_hint(bert_config(config), mesh)) is not None:
-    _say(hint)
-  writer, preemption = metrics_writer.MetricWriter(workdir), checkpointing.PreemptionWatcher()
-  flops = objectives.train_flops_per_step(config)
-  interval, interval_steps, mark = None, 0, time.time()
-  results, peer_lost = {}, False
+  run = _Run(config, workdir, s, tokenizer, checkpointer, train_iter, eval_iter, eval_start, dropout_rng)
+  return run, state, origin
+
+
+def _loop(run: _Run, state: TrainState, step: int, writer, preemption) -> tuple[TrainState, int, dict[str, float]]:
+  """Steps from `step` to `train_steps`, or to the step all hosts agree on after SIGTERM: logs and evaluates,
+  goes back over a loss spike, checkpoints. Returns the state, its step and the scalars last written.
+
+  A failed collective in a job of several processes raises `failures.PeerLost`.
+  """
+  config = run.config
+  interval = _Interval(objectives.train_flops_per_step(config))
   spikes = failures.LossSpikeGuard(config.loss_spike_factor, config.max_loss_spikes)
+  results = {}
   try:
     while step < config.train_steps:
-      # -- One step. No host sync here: metrics stay on device until a log step.
-      if step == config.profile_start_step:
-        jax.profiler.start_trace(os.path.join(workdir, "profile"))
-      if interval is None:
-        spikes.start_interval(step + 1, train_iter)
-      batch = sharding.global_batch(spikes.next_batch(train_iter), mesh)
-      state, metrics = s.train_step(state, batch, dropout_rng)
-      checkpointer.check()   # a save that failed in the background stops the run here, not at the next save
+      if interval.sums is None:
+        spikes.start_interval(step + 1, run.train_iter)
+      state, metrics = _train_step(run, state, step, spikes)
       step += 1
-      interval = metrics if interval is None else _accumulate(interval, metrics)
-      interval_steps += 1
-      if config.profile_start_step >= 0 and step == config.profile_start_step + config.profile_steps:
-        jax.block_until_ready(state)
-        jax.profiler.stop_trace()
-      last_step = step == config.train_steps
-
-      # -- Log (means over the interval, throughput) and evaluate on held-out data: one metrics object.
-      scalars, spiked = {}, False
-      if step % config.log_every == 0 or last_step:
-        interval, last = jax.device_get((interval, metrics))
-        scalars.update(_train_scalars(s.objective, interval, last, interval_steps))
-        scalars.update(_perf_scalars(config, interval_steps, time.time() - mark, step, flops))
-        interval, interval_steps = None, 0
-        spiked = spikes.is_spike(scalars["train/loss"])
-        scalars.update(spikes.scalars())   # counters, when the guard is on
-      if config.eval_steps > 0 and (step % config.eval_every == 0 or last_step):
-        scalars.update(evaluate(s, eval_iter, eval_start, state.params))
+      interval.add(metrics)
+      scalars, spiked = _scalars(run, state, step, interval, metrics, spikes)
       if scalars:
         writer.write(step, scalars)
         results.update(scalars)
-      _check_finite(scalars, config, step, checkpointer)
-      rolled_back = False
-      if spiked:   # back to the last checkpoint before this interval, whose batches are then skipped
-        undone, message = spikes.undo(checkpointer, s.abstract_state, train_iter, step, scalars["train/loss"])
-        _say(message)
-        writer.write(step, spikes.scalars())
-        rolled_back = undone is not None
-        state, step = undone or (state, step)
-
-      # -- Checkpoint: periodically, at the end, and at the step all hosts agree on after SIGTERM.
-      preempted = preemption.reached(step)
-      # A spike that found no checkpoint to go back to goes on: its state is saved as any other.
-      saved = not rolled_back and (step % config.checkpoint_every == 0 or last_step or preempted) and _save(
-          checkpointer, step, state, train_iter)
+      _check_finite(scalars, config, step, run.checkpointer)
+      state, step, preempted = _undo_spike_or_save(run, state, step, scalars, spiked, spikes, writer, preemption)
       if preempted:
-        _say(f"preempted: saved checkpoint at step {step}, exiting" if saved else
-             f"preempted at step {step}: {_last_good(checkpointer)} Exiting")
         break
-      if interval is None:   # just logged: time the next interval from here, after eval and saving
-        mark = time.time()
+      if interval.sums is None:   # just logged: time the next interval from here, after eval and saving
+        interval.mark = time.time()
   except jax.errors.JaxRuntimeError as e:
     if jax.process_count() == 1:
       raise
-    # A collective failed: another process is gone. Closing would wait for it in a barrier.
-    peer_lost = True
     raise failures.PeerLost(
         f"a collective failed after step {step} ({str(e).splitlines()[0][:300]}): another host of the job "
         f"has died. Exiting with code {failures.RESTART} so that the supervisor restarts the whole job; it "
-        f"resumes from {checkpointer.directory}/{checkpointer.latest_step()}.") from e
-  finally:
-    if not peer_lost:
-      checkpointer.close()
-      writer.close()
-      preemption.close()
+        f"resumes from {run.checkpointer.directory}/{run.checkpointer.latest_step()}.") from e
+  return state, step, results
+
+
+def _train_step(run: _Run, state: TrainState, step: int, spikes: failures.LossSpikeGuard):
+  """The step after `step`, with no host sync: its metrics stay on device until a log step. The profiler
+  traces `profile_steps` steps from `profile_start_step`."""
+  config = run.config
+  if step == config.profile_start_step:
+    jax.profiler.start_trace(os.path.join(run.workdir, "profile"))
+  batch = sharding.global_batch(spikes.next_batch(run.train_iter), run.s.mesh)
+  state, metrics = run.s.train_step(state, batch, run.dropout_rng)
+  run.checkpointer.check()   # a save that failed in the background stops the run here, not at the next save
+  if config.profile_start_step >= 0 and step + 1 == config.profile_start_step + config.profile_steps:
+    jax.block_until_ready(state)
+    jax.profiler.stop_trace()
+  return state, metrics
+
+
+class _Interval:
+  """The step metrics summed on device since the last log (no host sync per step), and when it began."""
+
+  def __init__(self, flops_per_step: float):
+    self.flops, self.sums, self.steps, self.mark = flops_per_step, None, 0, time.time()
+
+  def add(self, metrics: dict) -> None:
+    self.sums = metrics if self.sums is None else _accumulate(self.sums, metrics)
+    self.steps += 1
+
+  def scalars(self, run: _Run, last: dict, step: int) -> dict[str, float]:
+    """Its means and throughput, one host sync; it is empty again after."""
+    sums, last = jax.device_get((self.sums, last))
+    scalars = _train_scalars(run.s.objective, sums, last, self.steps)
+    scalars.update(_perf_scalars(run.config, self.steps, time.time() - self.mark, step, self.flops))
+    self.sums, self.steps = None, 0
+    return scalars
+
+
+def _scalars(run: _Run, state: TrainState, step: int, interval: _Interval, metrics: dict,
+             spikes: failures.LossSpikeGuard) -> tuple[dict[str, float], bool]:
+  """The scalars due at `step`, one metrics object: the interval's means, throughput and the spike guard's
+  counters at a log step, the held-out scores at an eval step. Also whether the interval's loss spiked."""
+  config, scalars, spiked = run.config, {}, False
+  last_step = step == config.train_steps
+  if step % config.log_every == 0 or last_step:
+    scalars.update(interval.scalars(run, metrics, step))
+    spiked = spikes.is_spike(scalars["train/loss"])
+    scalars.update(spikes.scalars())   # counters, when the guard is on
+  if config.eval_steps > 0 and (step % config.eval_every == 0 or last_step):
+    scalars.update(evaluate(run.s, run.eval_iter, run.eval_start, state.params))
+  return scalars, spiked
+
+
+def _undo_spike_or_save(run: _Run, state: TrainState, step: int, scalars: dict, spiked: bool,
+                        spikes: failures.LossSpikeGuard, writer, preemption) -> tuple[TrainState, int, bool]:
+  """After a spike, the last checkpoint before its interval (whose batches are then skipped); else a
+  checkpoint where one is due: periodically, at the end, and at the step all hosts agree on after SIGTERM.
+  Returns (state, step, whether the run was preempted)."""
+  config, rolled_back = run.config, False
+  if spiked:
+    undone, message = spikes.undo(run.checkpointer, run.s.abstract_state, run.train_iter, step, scalars["train/loss"])
+    _say(message)
+    writer.write(step, spikes.scalars())
+    rolled_back = undone is not None
+    state, step = undone or (state, step)
+  preempted = preemption.reached(step)
+  # A spike that found no checkpoint to go back to goes on: its state is saved as any other.
+  saved = not rolled_back and (step % config.checkpoint_every == 0 or step == config.train_steps
+                               or preempted) and _save(run.checkpointer, step, state, run.train_iter)
+  if preempted:
+    _say(f"preempted: saved checkpoint at step {step}, exiting" if saved else
+         f"preempted at step {step}: {_last_good(run.checkpointer)} Exiting")
+  return state, step, preempted
+
+
+def _report(run: _Run, state: TrainState, step: int, results: dict[str, float]) -> None:
+  """The run's last lines: the curves, a fill-mask preview on held-out lines, the held-out accuracy
+  against the unigram baseline's, and where the checkpoint and metrics are."""
+  config, s = run.config, run.s
   shown = {k: round(v, 4) for k, v in results.items() if k.startswith("eval/")}
-  plot = curves.plot_pretraining(workdir, term=next(iter(s.objective.LOSS_TERMS))) if jax.process_index() == 0 else None
-  if (eval_iter is not None and config.fill_mask_examples > 0 and jax.process_count() == 1
+  plot = (curves.plot_pretraining(run.workdir, term=next(iter(s.objective.LOSS_TERMS)))
+          if jax.process_index() == 0 else None)
+  if (run.eval_iter is not None and config.fill_mask_examples > 0 and jax.process_count() == 1
       and s.objective.HAS_MLM_HEAD):
     from bert_jax.tools import fill_mask  # pylint: disable=g-import-not-at-top
     _say(f"fill-mask on held-out lines at step {step}:\n" + fill_mask.held_out_examples(
-        bert_config(config), state.params, tokenizer, eval_iter, eval_start, config.fill_mask_examples))
+        bert_config(config), state.params, run.tokenizer, run.eval_iter, run.eval_start, config.fill_mask_examples))
   if "eval/mlm_accuracy" in results:
     _say(f"held-out MLM accuracy {results['eval/mlm_accuracy']:.3f}; always predicting the most frequent "
          f"held-out target: {results['eval/unigram_accuracy']:.3f}")
-  _say(f"done at step {step}: {shown}; checkpoint {checkpointer.directory}/{checkpointer.latest_step()}, "
-       f"metrics {workdir}/metrics.jsonl, TensorBoard {workdir}/tensorboard, curves {plot}")
-  return results
+  _say(f"done at step {step}: {shown}; checkpoint {run.checkpointer.directory}/{run.checkpointer.latest_step()}, "
+       f"metrics {run.workdir}/metrics.jsonl, TensorBoard {run.workdir}/tensorboard, curves {plot}")
 
 
 def matmuls_hint(cfg, mesh) -> str | None:
