@@ -239,85 +239,134 @@ def finetune_trials(configs: list, workdirs: list, *, max_epochs: int | None = N
   configs = [paths.absolute_config(c.copy_and_resolve_references(), paths.FINETUNE_FIELDS) for c in configs]
   _check_group(configs)
   config = configs[0]
-  task = tasks_lib.get_task(config.task, **config.task_opts)
-  tokenizer = init.load_tokenizer(config)
-  task, train, devs, to_predict = _read_data(task, config, tokenizer)  # data errors before the model is loaded
-  train_features = train.features
-  bert_cfg, encoder_params = init.load_encoder(config)
-  if task.kind in ("classification", "regression"):   # the pooling goes into task.json with the task's options
-    task = dataclasses.replace(task, options={**task.options,
-                                              "classifier_pooling": init.classifier_pooling(config, bert_cfg)})
+  task, tokenizer, (train, devs, to_predict), (bert_cfg, encoder_params) = _task_and_encoder(config)
   mesh = sharding.create_mesh(config.mesh)
-  rules, trial_axis, batch_axes = trial_state.layout(config, mesh, len(configs))
-  if uneven := sharding.uneven_axes(rules, bert_cfg.split_axis_sizes, mesh.shape):
-    raise failures.UserError(f"the mesh {dict(mesh.shape)} splits the encoder's {', '.join(uneven)} unevenly, "
-                             "which jit refuses: choose mesh sizes that divide it")
-  if config.batch_size % math.prod(mesh.shape[a] for a in batch_axes):
-    raise failures.UserError(f"batch_size {config.batch_size} does not split over the mesh axes {batch_axes}")
-  steps_per_epoch = len(train_features["input_ids"]) // config.batch_size
-  if not steps_per_epoch:
-    raise failures.UserError(f"{len(train_features['input_ids'])} training examples, fewer than batch_size "
-                             f"{config.batch_size}: lower --config.batch_size or give more data")
-  total_steps = steps_per_epoch * config.num_epochs
-  budget = total_steps if max_epochs is None else min(total_steps, steps_per_epoch * max_epochs)
-  eval_every = config.eval_every_steps or steps_per_epoch
+  rules, trial_axis, batch_axes = _layout(config, mesh, len(configs), bert_cfg)
+  schedule = _Schedule.of(config, len(train.features["input_ids"]), max_epochs)
   model = task_model.build_model(bert_cfg, task, config.scalar_mix)
-  tx = task_model.build_optimizer(config, total_steps, bert_cfg.num_layers)
-  for w in workdirs:
-    # Model config, vocabulary and lower-casing beside best/: what checkpoint_loader reads back.
-    checkpoint_loader.write_run_record(w, bert_cfg, tokenizer.source_file, tokenizer.do_lower_case)
-    write_task_record(w, task, config)
-  # One trial prints its progress; trials trained together (sweeps) log to their files only.
-  trackers = [_Tracker(w, task.primary_metric, config.early_stopping_patience, echo=len(workdirs) == 1)
-              for w in workdirs]
-
+  tx = task_model.build_optimizer(config, schedule.total_steps, bert_cfg.num_layers)
+  trackers = _start_trials(workdirs, config, task, bert_cfg, tokenizer)
   batch_sharding = NamedSharding(mesh, PartitionSpec(trial_axis, batch_axes))
   eval_sharding = NamedSharding(mesh, PartitionSpec(batch_axes))
   eval_batch_size = config.eval_batch_size or config.batch_size
   t0 = time.time()
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     state, shardings = trial_state.init_state(model, tx, configs, encoder_params, mesh, rules, config.max_seq_length,
-                                  trial_axis)
+                                              trial_axis)
     restored = trial_state.restore_last(state, shardings, workdirs)
     state = state if restored is None else restored
-    step_fn = jax.jit(jax.vmap(functools.partial(task_model.train_step, model=model, tx=tx, kind=task.kind,
-                                                 freeze_encoder=config.freeze_encoder)),
-                      in_shardings=(shardings, batch_sharding), donate_argnums=0,
-                      out_shardings=(shardings, NamedSharding(mesh, PartitionSpec())))
-    pred_fn = jax.jit(jax.vmap(functools.partial(task_model.predict_step, model=model), in_axes=(0, None)))
-    step = int(jax.device_get(state["step"])[0])
-    loss_sum, summed = jnp.zeros(len(configs)), 0   # the steps summed since the last log, in this call
-    while step < budget and not all(t.stopped for t in trackers):
-      epoch, skip = divmod(step, steps_per_epoch)
-      for host_batch in _train_batches(train_features, [c.seed for c in configs], epoch, config.batch_size, skip):
-        state, sums = step_fn(state, _global(host_batch, batch_sharding, batch_axis=1))
-        loss_sum, summed = loss_sum + sums["loss_sum"] / jnp.maximum(sums["weight"], 1.0), summed + 1
-        step += 1
-        if step % config.log_every_steps == 0:
-          losses = np.asarray(loss_sum) / summed  # the only host sync between evals
-          for t, tracker in enumerate(trackers):
-            if not tracker.stopped:   # a stopped trial's slot trains on with its group: not its curve
-              tracker.log(step, {"epoch": step / steps_per_epoch, "train/loss": float(losses[t]),
-                                 "time_s": round(time.time() - t0, 1)})
-          loss_sum, summed = jnp.zeros(len(configs)), 0
-        if step % eval_every == 0 or step == total_steps:
-          _evaluate(pred_fn, state, step, task, trackers, devs, eval_batch_size, eval_sharding, config)
-        elif step == budget:   # a rung's score; the run continued later evaluates as one that never stopped
-          _evaluate(pred_fn, state, step, task, trackers, devs, eval_batch_size, eval_sharding, config, peek=True)
-        if step >= budget or all(t.stopped for t in trackers):
-          break
-    finished = step >= total_steps or all(t.stopped for t in trackers)
+    step_fn, pred_fn = _jitted_steps(model, tx, task, config, shardings, batch_sharding)
+    evaluate = functools.partial(_evaluate, pred_fn, task=task, trackers=trackers, devs=devs, config=config,
+                                 batch_size=eval_batch_size, sharded=eval_sharding)
+    state, step = _train(step_fn, state, train.features, configs, schedule, trackers, evaluate, batch_sharding, t0)
+    finished = step >= schedule.total_steps or all(t.stopped for t in trackers)
     if finished and to_predict is not None:
       _predict_with_best(pred_fn, task, to_predict, trackers, eval_batch_size, eval_sharding)
   for w in workdirs:  # a finished run must not be "continued" from an older budget's state
     shutil.rmtree(os.path.join(w, "last"), ignore_errors=True)
   if not finished:
     trial_state.save_last(state, workdirs)
-  return [_results(tr, c, task, step, steps_per_epoch, total_steps, finished or tr.stopped, time.time() - t0)
-          for tr, c in zip(trackers, configs)]
+  return [_results(tr, c, task, step, schedule.steps_per_epoch, schedule.total_steps, finished or tr.stopped,
+                   time.time() - t0) for tr, c in zip(trackers, configs)]
 
 
-def _evaluate(pred_fn, state, step, task, trackers, devs: list, batch_size, sharded, config,
+def _task_and_encoder(config: Config) -> tuple:
+  """(task, tokenizer, its data as `_read_data` gives it, (encoder config, encoder params)): every data file
+  is read and checked before the checkpoint is loaded."""
+  task = tasks_lib.get_task(config.task, **config.task_opts)
+  tokenizer = init.load_tokenizer(config)
+  task, *data = _read_data(task, config, tokenizer)
+  bert_cfg, encoder_params = init.load_encoder(config)
+  if task.kind in ("classification", "regression"):   # the pooling goes into task.json with the task's options
+    task = dataclasses.replace(task, options={**task.options,
+                                              "classifier_pooling": init.classifier_pooling(config, bert_cfg)})
+  return task, tokenizer, tuple(data), (bert_cfg, encoder_params)
+
+
+def _start_trials(workdirs: list, config: Config, task, bert_cfg, tokenizer) -> list:
+  """Each trial's records beside its checkpoints (model config, vocabulary, lower-casing and the task: what
+  checkpoint_loader and `predict` read back) and its tracker. One trial prints its progress; trials trained
+  together (sweeps) log to their files only."""
+  for w in workdirs:
+    checkpoint_loader.write_run_record(w, bert_cfg, tokenizer.source_file, tokenizer.do_lower_case)
+    write_task_record(w, task, config)
+  return [_Tracker(w, task.primary_metric, config.early_stopping_patience, echo=len(workdirs) == 1)
+          for w in workdirs]
+
+
+def _jitted_steps(model, tx, task, config: Config, shardings, batch_sharding) -> tuple:
+  """The trials' train step (vmapped over the trial axis; the state donated, the losses replicated) and
+  prediction step (a batch shared by every trial), jitted."""
+  step_fn = jax.jit(jax.vmap(functools.partial(task_model.train_step, model=model, tx=tx, kind=task.kind,
+                                               freeze_encoder=config.freeze_encoder)),
+                    in_shardings=(shardings, batch_sharding), donate_argnums=0,
+                    out_shardings=(shardings, NamedSharding(batch_sharding.mesh, PartitionSpec())))
+  pred_fn = jax.jit(jax.vmap(functools.partial(task_model.predict_step, model=model), in_axes=(0, None)))
+  return step_fn, pred_fn
+
+
+def _layout(config: Config, mesh, trials: int, bert_cfg) -> tuple:
+  """(logical axis rules, the trial axis, the batch axes) of `trial_state.layout`, once the mesh is known to
+  split the encoder's axes and the batch evenly."""
+  rules, trial_axis, batch_axes = trial_state.layout(config, mesh, trials)
+  if uneven := sharding.uneven_axes(rules, bert_cfg.split_axis_sizes, mesh.shape):
+    raise failures.UserError(f"the mesh {dict(mesh.shape)} splits the encoder's {', '.join(uneven)} unevenly, "
+                             "which jit refuses: choose mesh sizes that divide it")
+  if config.batch_size % math.prod(mesh.shape[a] for a in batch_axes):
+    raise failures.UserError(f"batch_size {config.batch_size} does not split over the mesh axes {batch_axes}")
+  return rules, trial_axis, batch_axes
+
+
+@dataclasses.dataclass(frozen=True)
+class _Schedule:
+  """Where a call's steps go: `num_epochs` of whole batches, evaluated every `eval_every` steps, this call
+  stopping at `budget` (the steps of `max_epochs`, or all of them)."""
+  steps_per_epoch: int
+  total_steps: int
+  budget: int
+  eval_every: int
+
+  @classmethod
+  def of(cls, config: Config, examples: int, max_epochs: int | None) -> "_Schedule":
+    steps_per_epoch = examples // config.batch_size
+    if not steps_per_epoch:
+      raise failures.UserError(f"{examples} training examples, fewer than batch_size {config.batch_size}: lower "
+                               "--config.batch_size or give more data")
+    total_steps = steps_per_epoch * config.num_epochs
+    budget = total_steps if max_epochs is None else min(total_steps, steps_per_epoch * max_epochs)
+    return cls(steps_per_epoch, total_steps, budget, config.eval_every_steps or steps_per_epoch)
+
+
+def _train(step_fn, state, features: dict, configs: list, schedule: _Schedule, trackers: list, evaluate,
+           batch_sharding, t0: float) -> tuple:
+  """Trains the stacked trials from their state's step to the schedule's budget, or until every trial has
+  stopped early; logs their losses and evaluates them on the way. Returns (state, step)."""
+  config = configs[0]
+  step = int(jax.device_get(state["step"])[0])
+  loss_sum, summed = jnp.zeros(len(configs)), 0   # the steps summed since the last log, in this call
+  while step < schedule.budget and not all(t.stopped for t in trackers):
+    epoch, skip = divmod(step, schedule.steps_per_epoch)
+    for host_batch in _train_batches(features, [c.seed for c in configs], epoch, config.batch_size, skip):
+      state, sums = step_fn(state, _global(host_batch, batch_sharding, batch_axis=1))
+      loss_sum, summed = loss_sum + sums["loss_sum"] / jnp.maximum(sums["weight"], 1.0), summed + 1
+      step += 1
+      if step % config.log_every_steps == 0:
+        losses = np.asarray(loss_sum) / summed  # the only host sync between evals
+        for t, tracker in enumerate(trackers):
+          if not tracker.stopped:   # a stopped trial's slot trains on with its group: not its curve
+            tracker.log(step, {"epoch": step / schedule.steps_per_epoch, "train/loss": float(losses[t]),
+                               "time_s": round(time.time() - t0, 1)})
+        loss_sum, summed = jnp.zeros(len(configs)), 0
+      if step % schedule.eval_every == 0 or step == schedule.total_steps:
+        evaluate(state, step)
+      elif step == schedule.budget:   # a rung's score; the run continued later evaluates as one that never stopped
+        evaluate(state, step, peek=True)
+      if step >= schedule.budget or all(t.stopped for t in trackers):
+        break
+  return state, step
+
+
+def _evaluate(pred_fn, state, step, *, task, trackers, devs: list, batch_size, sharded, config,
               peek: bool = False) -> None:
   """Every dev split; the first's metrics decide the best checkpoint and early stopping, the others' are
   logged and kept beside them as `<split>/<metric>`. `peek`: at an epoch budget between evaluations, only
