@@ -36,7 +36,9 @@ divide, as at init), it returns None and the caller takes the logits.
 `BertConfig.decoder_on_shards` turns it on for the masked LM head of `heads.BertForPreTraining`.
 """
 
+import functools
 import math
+from typing import NamedTuple
 
 import flax.linen as nn
 import jax
@@ -67,6 +69,53 @@ def _plan(table_shape, rows_shape, mesh, rules):
   return vocab_axis, embed_axis, batch, (table_spec, spec(table_spec[0]), spec(batch, None, None), spec(batch, None))
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _gather_rows(x, axis):
+  """The rows of every device on `axis`, tiled; their gradient reduce-scattered back, as a TPU does it over
+  the leading (major) dimension of a 2-D array."""
+  return jax.lax.all_gather(x, axis, axis=0, tiled=True)
+
+
+_gather_rows.defvjp(lambda x, axis: (_gather_rows(x, axis), None),
+                    lambda axis, _, d_x: (jax.lax.psum_scatter(d_x, axis, scatter_dimension=0, tiled=True),))
+
+
+class _Columns(NamedTuple):
+  """Which vocabulary rows a device's logits hold: column j is row
+  (chunk + j // per_device) * per_tensor + slot * per_device + j % per_device, for j < slices * per_device."""
+  chunk: jax.Array        # the first tensor slice of the vocabulary the columns cover
+  slot: jax.Array         # the device's place on the fsdp axis
+  per_tensor: int         # vocabulary rows of a tensor slice
+  per_device: int         # of them, a device's (the slice padded to a multiple of the fsdp axis)
+  slices: int             # tensor slices the columns cover
+
+  def of_labels(self, labels_N):
+    """The column of each label, -1 where another device holds it. A label past a tensor slice's real rows
+    belongs to the next slice, not to this one's padding."""
+    piece = labels_N // self.per_tensor - self.chunk
+    offset = labels_N % self.per_tensor - self.slot * self.per_device
+    inside = (piece >= 0) & (piece < self.slices) & (offset >= 0) & (offset < self.per_device)
+    return jnp.where(inside, piece * self.per_device + offset, -1)
+
+  def row(self, column):
+    return (self.chunk + column // self.per_device) * self.per_tensor + self.slot * self.per_device + (
+        column % self.per_device)
+
+
+def _nll_and_correct(logits, labels_N, columns: _Columns, reduce_axes) -> tuple[jax.Array, jax.Array]:
+  """(-log p(label), 1.0 where argmax == label else 0.0) of rows whose logits are split over `reduce_axes`,
+  each device's `columns` of them; the first of tied maxima over the whole vocabulary, as `jnp.argmax`."""
+  index = columns.of_labels(labels_N)
+  iota = jax.lax.broadcasted_iota(index.dtype, logits.shape, 1)
+  label_logit = jax.lax.psum(jnp.sum(jnp.where(iota == index[:, None], logits, 0.0), axis=-1), reduce_axes)
+  top = jax.lax.stop_gradient(jnp.max(logits, axis=-1))
+  shift = jax.lax.pmax(top, reduce_axes)
+  nll = jnp.log(jax.lax.psum(jnp.sum(jnp.exp(logits - shift[:, None]), axis=-1), reduce_axes)) + shift - label_logit
+  best = columns.row(jnp.argmax(logits, axis=-1).astype(index.dtype))
+  argmax = jnp.where(top == shift, best, jnp.iinfo(index.dtype).max)
+  return nll, (jax.lax.pmin(argmax, reduce_axes) == labels_N).astype(jnp.float32)
+
+
 def masked_lm_sums(x_BPE, table_VE, bias_V, labels_BP, library: bool = False):
   """(-log p(label), 1.0 where argmax == label else 0.0), each [B, P] float32, of the logits x @ table^T + bias;
   None where the layout is not covered (module docstring). x and the table in the compute dtype."""
@@ -87,15 +136,6 @@ def masked_lm_sums(x_BPE, table_VE, bias_V, labels_BP, library: bool = False):
   split_rows = tensor > 1 and rows_local % tensor == 0
   slices = tensor if split_rows else 1    # tensor slices of the vocabulary a device's logits cover
   reduce_axes = (embed_axis,) if split_rows else vocab_axes
-
-  @jax.custom_vjp
-  def gather_rows(x):
-    return jax.lax.all_gather(x, embed_axis, axis=0, tiled=True)
-
-  def gather_rows_backward(_, d_x):
-    return (jax.lax.psum_scatter(d_x, embed_axis, scatter_dimension=0, tiled=True),)
-
-  gather_rows.defvjp(lambda x: (gather_rows(x), None), gather_rows_backward)
 
   def local(x_BPE, shard_VE, bias_V, labels_BP):
     b, p, e = x_BPE.shape
@@ -118,27 +158,13 @@ def masked_lm_sums(x_BPE, table_VE, bias_V, labels_BP, library: bool = False):
     else:
       chunk = jax.lax.axis_index(vocab_axis) if vocab_axis else jnp.zeros((), jnp.int32)
     # The fsdp group's rows, 2-D: a TPU reduce-scatters their gradient over its leading (major) dimension.
-    x_NE = gather_rows(x_ME)
+    x_NE = _gather_rows(x_ME, embed_axis)
     labels_N = jax.lax.all_gather(labels_M, embed_axis, axis=0, tiled=True, to="invarying")
     if others:   # the rows differ over the other batch axes: the slice's gradients are summed over them
       rows_VE, bias_V = (jax.lax.pcast(a, others, to="varying") for a in (rows_VE, bias_V))
     logits = tied_logits(x_NE, rows_VE, bias_V, library)            # [N, slices * V / devices] float32
-    # Column j holds vocabulary row (chunk + j // per_device) * per_tensor + slot * per_device + j % per_device;
-    # a label past a tensor slice's real rows belongs to the next slice, not to this one's padding.
-    labels_N = labels_N.astype(jnp.int32)
-    piece = labels_N // per_tensor - chunk
-    offset = labels_N % per_tensor - slot * per_device
-    index = jnp.where((piece >= 0) & (piece < slices) & (offset >= 0) & (offset < per_device),
-                      piece * per_device + offset, -1)
-    columns = jax.lax.broadcasted_iota(index.dtype, logits.shape, 1)
-    label_logit = jax.lax.psum(jnp.sum(jnp.where(columns == index[:, None], logits, 0.0), axis=-1), reduce_axes)
-    top = jax.lax.stop_gradient(jnp.max(logits, axis=-1))
-    shift = jax.lax.pmax(top, reduce_axes)
-    nll = jnp.log(jax.lax.psum(jnp.sum(jnp.exp(logits - shift[:, None]), axis=-1), reduce_axes)) + shift - label_logit
-    best = jnp.argmax(logits, axis=-1).astype(index.dtype)
-    best = (chunk + best // per_device) * per_tensor + slot * per_device + best % per_device
-    argmax = jnp.where(top == shift, best, jnp.iinfo(index.dtype).max)
-    correct = (jax.lax.pmin(argmax, reduce_axes) == labels_N).astype(jnp.float32)
+    columns = _Columns(chunk, slot, per_tensor, per_device, slices)
+    nll, correct = _nll_and_correct(logits, labels_N.astype(jnp.int32), columns, reduce_axes)
     own = lambda a: jax.lax.dynamic_slice_in_dim(a, slot * m, m)   # noqa: E731
     nll, correct = own(nll), own(correct)
     if split_rows:   # the device's rows back from the tensor slices that took them
