@@ -24,6 +24,10 @@ from bert_jax.models import splash
 DROPOUT_RNGS = ("threefry2x32", "rbg", "unsafe_rbg", dropout_key.NAME)
 
 
+def dropout_rng(config: ml_collections.ConfigDict) -> str:
+  """The dropout keys' implementation a config names (`dropout_rng`), threefry's where it has no such field."""
+  return config.get("dropout_rng", DROPOUT_RNGS[0])
+
 
 def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) -> None:
   """Stops a config that cannot work with a clear message, before anything is compiled."""
@@ -43,7 +47,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
   if cfg.attention_kernel.startswith("flash") and (
       problem := flash_dropout.check_length(d.seq_length, cfg.attention_dropout)):
     problems.append(f"{problem} (data.seq_length; or set model.attention_kernel to 'xla')")
-  if config.get("dropout_rng", DROPOUT_RNGS[0]) not in DROPOUT_RNGS:
+  if dropout_rng(config) not in DROPOUT_RNGS:
     problems.append(f"dropout_rng {config.dropout_rng!r} is not one of {DROPOUT_RNGS}")
   if config.optimizer.name not in optimizer_lib.NAMES:
     problems.append(f"optimizer.name {config.optimizer.name!r} is not one of {optimizer_lib.NAMES}")

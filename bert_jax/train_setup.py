@@ -50,7 +50,7 @@ def rngs(config: ml_collections.ConfigDict) -> tuple[jax.Array, jax.Array]:
   """(parameter init key, dropout key) from `config.seed`; the dropout key of `config.dropout_rng`'s
   implementation. The train step folds the step into the dropout key, so a resume replays it."""
   init_rng, dropout_rng = jax.random.split(jax.random.key(config.seed))
-  impl = config.get("dropout_rng", run_checks.DROPOUT_RNGS[0])
+  impl = run_checks.dropout_rng(config)
   if impl != run_checks.DROPOUT_RNGS[0]:
     dropout_rng = jax.random.fold_in(jax.random.key(config.seed, impl=dropout_key.impl(impl)), 1)
   return init_rng, dropout_rng

@@ -221,7 +221,7 @@ def benchmark(config: ml_collections.ConfigDict, steps: int, peer_python: str | 
                 "intermediate_size": cfg.intermediate_size, "vocab_size": cfg.vocab_size,
                 "dtype": str(cfg.dtype), "scan_layers": cfg.scan_layers, "scan_unroll": cfg.scan_unroll,
                 "remat_policy": cfg.remat_policy, "dropout_bits": cfg.dropout_bits, "matmuls": cfg.matmuls},
-      "dropout_rng": config.get("dropout_rng", run_checks.DROPOUT_RNGS[0]),
+      "dropout_rng": run_checks.dropout_rng(config),
       "global_batch_size": config.global_batch_size, "seq_length": config.data.seq_length,
       "max_predictions_per_seq": config.data.max_predictions_per_seq, "packing": config.data.packing,
       "mlm_all_positions": config.mlm_all_positions, "optimizer": config.optimizer.name,
