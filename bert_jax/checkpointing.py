@@ -19,6 +19,7 @@ import base64
 import json
 import os
 import signal
+import sys
 import time
 from typing import Any
 
@@ -163,6 +164,7 @@ class Checkpointer:
     step = self.latest_step() if step is None else step
     if step is None:
       raise FileNotFoundError(f"no checkpoint in {self.directory}")
+    quiet_late_read_callbacks()
     # Saved in the other layer layout (another run's, or this run's before `scan_layers` changed): read as
     # saved, then laid out as `abstract_state` is.
     saved = checkpoint_layout.saved_params(self.directory, step) if layer_layout(abstract_state) else None
@@ -248,6 +250,30 @@ class Checkpointer:
       time.sleep(0.1)
 
 
+def quiet_late_read_callbacks() -> None:
+  """Drops, for the rest of the process, what a restore that failed leaves behind, and nothing else.
+
+  When one array of a checkpoint cannot be read, orbax ends the restore and closes its event loop while
+  tensorstore is still reading the others. Each read that completes then calls `call_soon_threadsafe` on
+  the closed loop, and Python prints the `RuntimeError("Event loop is closed")` as an unraisable exception:
+  about one traceback per array, on stderr, in a run that goes on from an older step (`restore_latest`).
+  Every other unraisable exception goes to the hook that was there before.
+  """
+  previous = sys.unraisablehook
+  if getattr(previous, "drops_late_read_callbacks", False):
+    return
+
+  def hook(unraisable) -> None:
+    error, tb = unraisable.exc_value, unraisable.exc_traceback
+    late = (type(error) is RuntimeError and str(error) == "Event loop is closed" and tb is not None
+            and tb.tb_frame.f_code.co_name == "call_soon_threadsafe")
+    if not late:
+      previous(unraisable)
+
+  hook.drops_late_read_callbacks = True
+  sys.unraisablehook = hook
+
+
 def split_path(path: str) -> tuple[str, int | None]:
   """"<dir>" -> (dir, None = latest); "<dir>/<step>" -> (dir, step)."""
   path = os.fspath(path).rstrip("/")
@@ -310,6 +336,7 @@ def restore_params(path: str, abstract_params: Any = None) -> Any:
   step = manager.latest_step() if step is None else step
   if step is None:
     raise FileNotFoundError(f"no checkpoint in {directory}")
+  quiet_late_read_callbacks()
   with checkpoint_layout.orbax_warnings_off():
     return _restore_params(manager, step, abstract_params)
 

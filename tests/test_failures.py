@@ -2,7 +2,9 @@
 (before compiling where it can be known), the exit code of its kind, and no checkpoint written before
 is lost. A two-process run that loses a host is in test_multihost.py."""
 
+import asyncio
 import errno
+import gc
 import glob
 import json
 import os
@@ -12,6 +14,7 @@ import signal
 import struct
 import subprocess
 import sys
+import types
 
 import jax
 import jax.numpy as jnp
@@ -312,10 +315,15 @@ def _truncate_a_state_file(step_dir):
     lambda step_dir: shutil.rmtree(os.path.join(step_dir, "state")),
     lambda step_dir: open(os.path.join(step_dir, "data", "metadata"), "w").write('{"hosts": [{"js'),
 ], ids=["truncated_state_file", "deleted_state", "garbled_data_metadata"])
-def test_unreadable_latest_checkpoint_is_skipped(damage, data_dir, trained, tmp_path, capsys):  # noqa: F811
+def test_unreadable_latest_checkpoint_is_skipped(damage, data_dir, trained, tmp_path, capsys,  # noqa: F811
+                                                 monkeypatch):
   workdir = _copy(trained, tmp_path)
   damage(os.path.join(workdir, "checkpoints", "4"))
+  unraisable = []   # what Python would print to stderr as tracebacks
+  monkeypatch.setattr(sys, "unraisablehook", lambda u: unraisable.append(repr(u.exc_value)))
   train.train_and_evaluate(tiny_config(data_dir, **dict(RUN, train_steps=6)), workdir)
+  gc.collect()
+  assert not unraisable, (len(unraisable), unraisable[:3])   # the failed restore's late reads print nothing
   out = capsys.readouterr().out
   assert f"warning: checkpoint {workdir}/checkpoints/4, moved to {workdir}/checkpoints/4.unreadable-" in out
   assert "(step 4) is unreadable and was skipped" in out
@@ -323,6 +331,32 @@ def test_unreadable_latest_checkpoint_is_skipped(damage, data_dir, trained, tmp_
   assert [m["step"] for m in read_metrics(workdir)][-4:] == [3, 4, 5, 6]
   assert [c for c in _checkpoints(workdir) if c.isdigit()] == ["2", "4", "6"]
   assert len([c for c in _checkpoints(workdir) if c.startswith("4.unreadable-")]) == 1   # kept, for a look
+
+
+def test_only_the_failed_restores_late_reads_are_silenced(monkeypatch):
+  passed = []
+  monkeypatch.setattr(sys, "unraisablehook", lambda u: passed.append(repr(u.exc_value)))
+  checkpointing.quiet_late_read_callbacks()
+  checkpointing.quiet_late_read_callbacks()   # a second restore does not wrap the hook again
+  loop = asyncio.new_event_loop()
+  loop.close()
+  try:
+    loop.call_soon_threadsafe(print)
+  except RuntimeError as e:
+    closed = e
+  late = closed.__traceback__.tb_next   # as tensorstore's thread calls it: the traceback starts in asyncio
+
+  def report(error, tb):
+    sys.unraisablehook(types.SimpleNamespace(exc_type=type(error), exc_value=error, exc_traceback=tb,
+                                             err_msg=None, object=None))
+
+  report(closed, late)
+  try:
+    raise RuntimeError("Event loop is closed")
+  except RuntimeError as e:
+    report(e, e.__traceback__)   # raised elsewhere: not a late read
+  report(ValueError("Event loop is closed"), late)
+  assert passed == ["RuntimeError('Event loop is closed')", "ValueError('Event loop is closed')"]
 
 
 def test_checkpoints_of_another_config_are_not_taken_for_damaged_ones(data_dir, trained, tmp_path):  # noqa: F811
