@@ -107,7 +107,7 @@ def run(config, topology: str, report_top: int = 0, hlo_path: str = "", compile_
   largest ops, sources and kinds. `hlo_path`: also write the optimized HLO text there. `compile_passes`
   adds "compile_passes": where XLA's compile time went (`compile_passes`), its HLO passes timed by XLA.
   """
-  from bert_jax import objectives, run_checks, sharding  # pylint: disable=g-import-not-at-top
+  from bert_jax import run_checks, sharding  # pylint: disable=g-import-not-at-top
   generation, chip, _ = parse_topology(topology)
   devices = topology_devices(topology)
   n, hbm = len(devices), chip.hbm_bytes / chip.cores
@@ -121,38 +121,17 @@ def run(config, topology: str, report_top: int = 0, hlo_path: str = "", compile_
       "generation": generation,
   }
   start = time.perf_counter()
-  # The pass timings' directory, only when asked for.
-  with (tempfile.TemporaryDirectory(prefix="bert_jax_passes-") if compile_passes else contextlib.nullcontext()) as dump:
-    try:
-      lowered, lower_s = lower_train_step(config, devices)
-      window = [time.time()]   # XLA's compile alone, in the clock of its pass timings
-      compiled = lowered.compile(compiler_options=compile_passes_lib.dump_options(dump) if compile_passes else None)
-      window.append(time.time())
-    except Exception as e:  # pylint: disable=broad-except
-      if (memory := step_cost.out_of_memory_report(e, hbm)) is None:
-        raise
-      return {**report, "compile_seconds": time.perf_counter() - start, "memory_per_device": memory,
-              "time_per_step": None, "tokens_per_second": None}
-    compile_s = time.perf_counter() - start
-    passes = None
-    if compile_passes:
-      try:
-        passes = compile_passes_lib.summarize(compile_passes_lib.read(dump), *window)
-      except ValueError as e:   # e.g. a persistent compilation cache's hit: no pass ran
-        passes = {"error": str(e)}
+  try:
+    compiled, lower_s, compile_s, passes = _compile(config, devices, compile_passes)
+  except Exception as e:  # pylint: disable=broad-except
+    if (memory := step_cost.out_of_memory_report(e, hbm)) is None:
+      raise
+    return {**report, "compile_seconds": time.perf_counter() - start, "memory_per_device": memory,
+            "time_per_step": None, "tokens_per_second": None}
   tokens = config.global_batch_size * config.data.seq_length
-  per_row = objectives.kernel_attention_per_row(config)
   text, hlo_error = hlo_text(compiled)
   traffic = hlo_bytes.summarize(hlo_bytes.traffic(text), report_top) if text else None
-  on_chip_share = None
-  if traffic:
-    on_chip_share = traffic["on_chip_bytes"] / traffic["total_bytes"] if traffic["total_bytes"] else 0.0
-  timing = step_cost.time_report(compiled, chip, objectives.train_flops_per_step(config) / n, int(config.micro_batches),
-                                 kernel={k: v * config.global_batch_size / n for k, v in per_row.items()},
-                                 loop_bytes=step_cost.loop_bytes(text, traffic),
-                                 loop_flops=hlo_flops.matmul_flops(text) if step_cost.has_loops(text) else None,
-                                 on_chip_share=on_chip_share,
-                                 kernel_operand_bytes=traffic["undeclared_kernel_bytes"] if traffic else 0.0)
+  timing = _time_per_step(config, compiled, chip, n, text, traffic)
   report = {
       **report, "compile_seconds": compile_s, "lower_seconds": lower_s,
       "memory_per_device": step_cost.memory_report(compiled, hbm),
@@ -169,6 +148,42 @@ def run(config, topology: str, report_top: int = 0, hlo_path: str = "", compile_
   if passes is not None:
     report["compile_passes"] = passes
   return report
+
+
+def _compile(config, devices: list[Any], compile_passes: bool) -> tuple[Any, float, float, dict | None]:
+  """(compiled train step, seconds to lower it, seconds to lower and compile it, where XLA's compile time
+  went or None): with `compile_passes`, XLA times its HLO passes into a temporary directory."""
+  start = time.perf_counter()
+  with (tempfile.TemporaryDirectory(prefix="bert_jax_passes-") if compile_passes else contextlib.nullcontext()) as dump:
+    lowered, lower_s = lower_train_step(config, devices)
+    window = [time.time()]   # XLA's compile alone, in the clock of its pass timings
+    compiled = lowered.compile(compiler_options=compile_passes_lib.dump_options(dump) if compile_passes else None)
+    window.append(time.time())
+    compile_s = time.perf_counter() - start
+    passes = None
+    if compile_passes:
+      try:
+        passes = compile_passes_lib.summarize(compile_passes_lib.read(dump), *window)
+      except ValueError as e:   # e.g. a persistent compilation cache's hit: no pass ran
+        passes = {"error": str(e)}
+  return compiled, lower_s, compile_s, passes
+
+
+def _time_per_step(config, compiled, chip, n: int, text: str | None, traffic: dict | None) -> dict[str, Any]:
+  """`step_cost.time_report` of the compiled step on `n` devices of `chip`: the model's FLOPs a device, the
+  attention kernels' work, a loop's bytes and FLOPs per trip from the HLO `text`, and the share of its
+  `traffic` on chip."""
+  from bert_jax import objectives  # pylint: disable=g-import-not-at-top
+  per_row = objectives.kernel_attention_per_row(config)
+  on_chip_share = None
+  if traffic:
+    on_chip_share = traffic["on_chip_bytes"] / traffic["total_bytes"] if traffic["total_bytes"] else 0.0
+  return step_cost.time_report(compiled, chip, objectives.train_flops_per_step(config) / n, int(config.micro_batches),
+                               kernel={k: v * config.global_batch_size / n for k, v in per_row.items()},
+                               loop_bytes=step_cost.loop_bytes(text, traffic),
+                               loop_flops=hlo_flops.matmul_flops(text) if step_cost.has_loops(text) else None,
+                               on_chip_share=on_chip_share,
+                               kernel_operand_bytes=traffic["undeclared_kernel_bytes"] if traffic else 0.0)
 
 
 def format_report(r: dict[str, Any]) -> str:
