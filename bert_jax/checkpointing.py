@@ -251,27 +251,40 @@ class Checkpointer:
 
 
 def quiet_late_read_callbacks() -> None:
-  """Drops, for the rest of the process, what a restore that failed leaves behind, and nothing else.
+  """Drops, for the rest of the process, the tracebacks a failed restore's other reads leave behind.
 
-  When one array of a checkpoint cannot be read, orbax ends the restore and closes its event loop while
-  tensorstore is still reading the others. Each read that completes then calls `call_soon_threadsafe` on
-  the closed loop, and Python prints the `RuntimeError("Event loop is closed")` as an unraisable exception:
-  about one traceback per array, on stderr, in a run that goes on from an older step (`restore_latest`).
-  Every other unraisable exception goes to the hook that was there before.
+  When one array of a checkpoint cannot be read (a damaged file, or a shape the config changed), orbax
+  ends the restore with that error while its other reads are under way, and Python prints what becomes
+  of them as unraisable exceptions, hundreds of lines on stderr after the error or in a run that goes on
+  from an older step (`restore_latest`):
+  - a read that tensorstore completes after orbax closed the restore's event loop calls
+    `call_soon_threadsafe` on the closed loop: `RuntimeError("Event loop is closed")`;
+  - a read left unawaited is closed when collected, and its coroutine (orbax's
+    `_read_array_index_and_device_put`) reports its own read error: "Exception ignored in: <coroutine ...>".
+  Only these two are dropped, whatever restore they come from; the restore's own error is raised as before,
+  and every other unraisable exception goes to the hook that was there.
   """
   previous = sys.unraisablehook
   if getattr(previous, "drops_late_read_callbacks", False):
     return
 
   def hook(unraisable) -> None:
-    error, tb = unraisable.exc_value, unraisable.exc_traceback
-    late = (type(error) is RuntimeError and str(error) == "Event loop is closed" and tb is not None
-            and tb.tb_frame.f_code.co_name == "call_soon_threadsafe")
-    if not late:
+    if not _late_read(unraisable):
       previous(unraisable)
 
   hook.drops_late_read_callbacks = True
   sys.unraisablehook = hook
+
+
+def _late_read(unraisable) -> bool:
+  """Whether an unraisable exception is one of a failed restore's other reads (`quiet_late_read_callbacks`)."""
+  error, tb, where = unraisable.exc_value, unraisable.exc_traceback, unraisable.object
+  if (type(error) is RuntimeError and str(error) == "Event loop is closed" and tb is not None
+      and tb.tb_frame.f_code.co_name == "call_soon_threadsafe"):
+    return True
+  code = getattr(where, "cr_code", None)   # a coroutine's
+  return (code is not None and code.co_name == "_read_array_index_and_device_put"
+          and os.path.join("orbax", "checkpoint") in code.co_filename)
 
 
 def split_path(path: str) -> tuple[str, int | None]:
