@@ -43,6 +43,7 @@ def _usage() -> str:
 
 
 def main(argv=None) -> None:
+  from_command_line = argv is None
   argv = list(sys.argv if argv is None else argv)
   if len(argv) < 2 or argv[1] in ("-h", "--help", "help"):
     print(_usage())
@@ -54,6 +55,8 @@ def main(argv=None) -> None:
     print(f"bert-jax: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
     sys.exit(2)
   from bert_jax import host_env  # pylint: disable=g-import-not-at-top
+  if from_command_line and name in host_env.COMPILING_COMMANDS:
+    host_env.reexec_with_allocator()   # XLA's TPU compiler with a faster malloc, where one is installed
   host_env.configure()   # before JAX or TensorFlow is imported
   from absl import app, flags  # pylint: disable=g-import-not-at-top
   from bert_jax import config_path  # pylint: disable=g-import-not-at-top
