@@ -55,8 +55,9 @@ def main(argv=None) -> None:
     print(f"bert-jax: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
     sys.exit(2)
   from bert_jax import host_env  # pylint: disable=g-import-not-at-top
-  if from_command_line and name in host_env.COMPILING_COMMANDS:
-    host_env.reexec_with_allocator()   # XLA's TPU compiler with a faster malloc, where one is installed
+  if from_command_line:   # with a faster malloc where one is installed and helps the command
+    from bert_jax import malloc  # pylint: disable=g-import-not-at-top
+    malloc.reexec(name, accelerator=host_env.has_accelerator())
   host_env.configure()   # before JAX or TensorFlow is imported
   from absl import app, flags  # pylint: disable=g-import-not-at-top
   from bert_jax import config_path  # pylint: disable=g-import-not-at-top

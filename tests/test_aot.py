@@ -13,7 +13,7 @@ import sys
 import jax
 import pytest
 
-from bert_jax import host_env, objectives, sharding, tpu_chips, train_setup
+from bert_jax import malloc, objectives, sharding, tpu_chips, train_setup
 from bert_jax.tools import hlo_bytes
 from bert_jax.tools import step_cost
 from conftest import REPO_ROOT
@@ -91,8 +91,9 @@ def test_aot_report_for_a_small_topology(tmp_path):
   report = json.loads(out.read_text())
   assert report["device_kind"] == "TPU v4" and report["devices"] == report["chips"] == 4
   assert 0 < report["lower_seconds"] < report["compile_seconds"] and "before XLA" in proc.stdout
-  # The compile ran with the first faster malloc installed (host_env.reexec_with_allocator), and says so.
-  installed = [name for name, find in host_env.ALLOCATORS.items() if find() and sys.platform.startswith("linux")]
+  # The compile ran with the first faster malloc installed (malloc.reexec), and says so.
+  linux = sys.platform.startswith("linux")
+  installed = [name for name in malloc.COMMANDS["aot"] if linux and malloc.ALLOCATORS[name][0]() is not None]
   installed.append("system")
   assert report["allocator"] == installed[0] and f"malloc: {report['allocator']}".replace(
       "malloc: system", "malloc: the C library") in proc.stdout

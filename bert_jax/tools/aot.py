@@ -25,7 +25,7 @@ step runs faster than. The first estimate charges on-chip traffic at HBM bandwid
 vector units' work or the collectives' time on ICI.
 
 The compile runs with a faster malloc than glibc's where one is installed (jemalloc, tcmalloc, or TBB's from
-the `tpu` extra; `host_env.reexec_with_allocator`): the compiler allocates small objects by the million,
+the `tpu` extra; `malloc.reexec`): the compiler allocates small objects by the million,
 and BERT-large's phase 1 for v3:8x8 compiles in about three quarters of the time. The report names it;
 `BERT_JAX_MALLOC=system` keeps the C library's.
 
@@ -46,7 +46,7 @@ from ml_collections import config_flags
 
 from bert_jax import config_path
 from bert_jax import failures
-from bert_jax import host_env
+from bert_jax import malloc
 from bert_jax.tpu_chips import CHIPS, GiB, parse_topology  # noqa: F401 (aot.CHIPS, aot.parse_topology)
 from bert_jax.tools import compile_passes as compile_passes_lib
 from bert_jax.tools import hlo_bytes
@@ -124,7 +124,7 @@ def run(config, topology: str, report_top: int = 0, hlo_path: str = "", compile_
       "mesh": dict(zip(sharding.MESH_AXES, sharding.mesh_shape(config.mesh, n))),
       "micro_batches": int(config.micro_batches),
       "global_batch_size": config.global_batch_size, "seq_length": config.data.seq_length,
-      "generation": generation, "allocator": host_env.allocator_in_use(),
+      "generation": generation, "allocator": malloc.in_use(),
   }
   start = time.perf_counter()
   try:
@@ -193,7 +193,7 @@ def _time_per_step(config, compiled, chip, n: int, text: str | None, traffic: di
 
 
 def _compile_note(r: dict[str, Any]) -> str:
-  """What the compile time included, and the malloc it ran with (host_env.reexec_with_allocator)."""
+  """What the compile time included, and the malloc it ran with (`malloc.reexec`)."""
   notes = [f"{r['lower_seconds']:.1f} s of it before XLA: setup, tracing, lowering"] if "lower_seconds" in r else []
   if "allocator" in r:
     notes.append(f"malloc: {'the C library' if r['allocator'] == 'system' else r['allocator']}")

@@ -6,7 +6,8 @@ model (our config's sizes, f32 for the peers; PyTorch on CUDA when it sees a GPU
 batch (written once to an .npz file) with AdamW at our learning-rate schedule, compiles during its
 warm-up steps, and then the systems take turns, one timed step each a round, each round starting one
 system later than the one before. The result holds each system's median step time and tokens/s and the
-ratios of medians; a peer that is not installed is reported so and skipped.
+ratios of medians; a peer that is not installed is reported so and skipped. The peers inherit our
+environment, so they run with the malloc `malloc.reexec` gave us; each system reports its own.
 """
 
 import json
@@ -19,6 +20,7 @@ from typing import Callable
 
 import numpy as np
 
+from bert_jax import malloc
 from bert_jax.tools import bench_peers
 
 OURS = "bert_jax"
@@ -142,7 +144,7 @@ def compare(config, batch: dict[str, np.ndarray], ours_step: Callable[[], float]
     entry = result["systems"].setdefault(p.name, {})
     why = p.info.get("reason") or p.info.get("error")
     entry["status"] = "measured" if p.status == "ready" else f"{p.status}: {why}"
-    entry.update({k: v for k, v in p.info.items() if k in ("versions", "differences")})
-  result["systems"][OURS]["status"] = "measured"
+    entry.update({k: v for k, v in p.info.items() if k in ("versions", "differences", "allocator")})
+  result["systems"][OURS] |= {"status": "measured", "allocator": malloc.in_use()}
   result["peer_python"] = peer_python
   return result

@@ -4,11 +4,11 @@
 
 The peers may need package versions that conflict with ours, so `bench_compare` starts this file by its
 path with any Python (`--peer_python`); it imports only the standard library and numpy at the top, never
-`bert_jax`. Protocol, one JSON object per line:
+`bert_jax` (`bert_jax/malloc.py`, standard library only, it loads by its path). Protocol, one JSON object per line:
 
   stdin  {"model": {...BertConfig fields}, "optimizer": {...}, "batch": "x.npz", "warmup": 2, "seed": 0,
           "dtype": bert_jax's compute dtype}
-  stdout {"status": "ready", "versions": {...}, "differences": [...]}   (after the warm-up steps)
+  stdout {"status": "ready", "versions": {...}, "differences": [...], "allocator": malloc}   (after warm-up)
          or {"status": "not installed", "reason": "..."} or {"status": "failed", "error": "..."}
   stdin  {"steps": n}   ->   stdout {"times": [seconds, ...], "loss": float}   (repeated until stdin closes)
 
@@ -16,6 +16,7 @@ Library output on stdout is moved to stderr so that stdout carries the protocol 
 """
 
 import functools
+import importlib.util
 import json
 import os
 import sys
@@ -238,6 +239,16 @@ def hugging_face_torch(spec, batch):
   return run, versions, differences
 
 
+def _allocator() -> str:
+  """The malloc this process runs with, by `bert_jax/malloc.py` (loaded by its path: this file runs in the
+  peers' environment, which need not have bert_jax)."""
+  path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "malloc.py")
+  spec = importlib.util.spec_from_file_location("bert_jax_malloc", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.in_use()
+
+
 def main(argv) -> None:
   protocol = os.fdopen(os.dup(1), "w", buffering=1)
   os.dup2(2, 1)   # anything a library prints goes to stderr
@@ -263,7 +274,7 @@ def main(argv) -> None:
   except Exception:  # pylint: disable=broad-except
     send(status="failed", error=traceback.format_exc(limit=4))
     return
-  send(status="ready", versions=versions, differences=differences)
+  send(status="ready", versions=versions, differences=differences, allocator=_allocator())
   for line in sys.stdin:
     times, loss = [], None
     for _ in range(json.loads(line)["steps"]):

@@ -35,6 +35,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from bert_jax import failures
+from bert_jax import malloc
 from bert_jax import objectives
 from bert_jax import run_checks
 from bert_jax import sharding
@@ -225,7 +226,7 @@ def benchmark(config: ml_collections.ConfigDict, steps: int, peer_python: str | 
       "global_batch_size": config.global_batch_size, "seq_length": config.data.seq_length,
       "max_predictions_per_seq": config.data.max_predictions_per_seq, "packing": config.data.packing,
       "mlm_all_positions": config.mlm_all_positions, "optimizer": config.optimizer.name,
-      "devices": jax.device_count(), "steps": steps,
+      "devices": jax.device_count(), "steps": steps, "allocator": malloc.in_use(),
       "step_seconds_best": best, "step_seconds_median": median,
       "tokens_per_second": tokens / best, "tokens_per_second_median": tokens / median,
       "model_flops_per_step": step_flops,
