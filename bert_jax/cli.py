@@ -43,7 +43,9 @@ def _usage() -> str:
 
 
 def main(argv=None) -> None:
-  from_command_line = argv is None
+  # The process's own command line (the console script, `python -m bert_jax.cli`), not a caller's argv or a
+  # program that set sys.argv and called us: only that one is run again with another malloc.
+  from_command_line = argv is None and sys.orig_argv[len(sys.orig_argv) - len(sys.argv) + 1:] == sys.argv[1:]
   argv = list(sys.argv if argv is None else argv)
   if len(argv) < 2 or argv[1] in ("-h", "--help", "help"):
     print(_usage())
@@ -57,7 +59,11 @@ def main(argv=None) -> None:
   from bert_jax import host_env  # pylint: disable=g-import-not-at-top
   if from_command_line:   # with a faster malloc where one is installed and helps the command
     from bert_jax import malloc  # pylint: disable=g-import-not-at-top
-    malloc.reexec(name, accelerator=host_env.has_accelerator())
+    try:
+      malloc.reexec(name, accelerator=host_env.has_accelerator())
+    except ValueError as e:   # BERT_JAX_MALLOC names no allocator
+      print(f"bert-jax {name}: {e}", file=sys.stderr)
+      sys.exit(2)
   host_env.configure()   # before JAX or TensorFlow is imported
   from absl import app, flags  # pylint: disable=g-import-not-at-top
   from bert_jax import config_path  # pylint: disable=g-import-not-at-top

@@ -14,13 +14,17 @@ compiler's malloc" and "On this CPU"):
   only where named: it slowed a peer's step that allocates larger arrays.
 
 `reexec(command)` runs the command again as the same process (`execve`: the same PID, arguments and
-open files) with the first installed allocator that helps it, `BERT_JAX_MALLOC`'s if set. The steps only
+standard streams) with the first installed allocator that helps it, or `BERT_JAX_MALLOC`'s if set (one
+line on stderr where that one is not installed or not for the command). A process started with its own
+LD_PRELOAD is left as it is. The steps only
 where no accelerator is attached: only there were they measured. Standard library only: `bench_peers`'
 child loads this file by its path to say which malloc a peer ran with.
 """
 
-import ctypes.util
+from __future__ import annotations   # the peers' Python may be older than ours
+
 import os
+import subprocess
 import sys
 
 VARIABLE = "BERT_JAX_MALLOC"   # an ALLOCATORS name, or "system" for the C library's; unset: the first that helps
@@ -34,9 +38,21 @@ def _tbbmalloc() -> list[str] | None:
   return paths if all(os.path.exists(p) for p in paths) else None
 
 
-def _system_library(name: str) -> list[str] | None:
-  found = ctypes.util.find_library(name)   # a name the dynamic loader finds in its cache
-  return [found] if found else None
+def _system_library(soname: str) -> list[str] | None:
+  """The path of `soname` in the dynamic loader's cache (`ldconfig -p`; a 64-bit build's first), None where
+  it has none."""
+  for ldconfig in ("/sbin/ldconfig", "/usr/sbin/ldconfig", "ldconfig"):
+    try:
+      listing = subprocess.run([ldconfig, "-p"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+      continue
+    found = []   # lines as "\tlibjemalloc.so.2 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
+    for line in listing.splitlines():
+      name, _, path = line.strip().partition(" => ")
+      if name.split(" ")[0] == soname and os.path.exists(path):
+        found.append((("64" in name) != (sys.maxsize > 2**32), path))
+    return [min(found)[1]] if found else None
+  return None
 
 
 _HUGE_PAGES = "glibc.malloc.hugetlb=1"
@@ -57,8 +73,8 @@ def _glibc_huge_pages() -> list[str] | None:
 # name -> (what LD_PRELOAD names to load it, None where it is not installed; its library's file name, or the
 # glibc tunable that turns it on)
 ALLOCATORS = {
-    "jemalloc": (lambda: _system_library("jemalloc"), "libjemalloc"),                # apt-get install libjemalloc2
-    "tcmalloc": (lambda: _system_library("tcmalloc_minimal"), "libtcmalloc"),        # libtcmalloc-minimal4
+    "jemalloc": (lambda: _system_library("libjemalloc.so.2"), "libjemalloc"),        # apt-get install libjemalloc2
+    "tcmalloc": (lambda: _system_library("libtcmalloc_minimal.so.4"), "libtcmalloc"),   # libtcmalloc-minimal4
     "tbbmalloc": (_tbbmalloc, "libtbbmalloc_proxy"),                                 # pip install tbb
     "glibc-huge-pages": (_glibc_huge_pages, _HUGE_PAGES),
 }
@@ -99,12 +115,13 @@ def candidates(command: str, accelerator: bool) -> dict[str, dict[str, str]]:
 def preload(environ, choices: dict[str, dict[str, str]], find=None) -> dict[str, str] | None:
   """The environment to run the command again in, with the first of `choices` (or `BERT_JAX_MALLOC`'s) that
   is installed preloaded; None to run on as it is: not Linux, already run again, `BERT_JAX_MALLOC=system`,
-  a malloc of ALLOCATORS already in use (the user's own LD_PRELOAD), or none installed."""
+  the user's own LD_PRELOAD (a malloc, a sanitizer or a profiler that must come first), or none installed."""
   find = find or (lambda name: ALLOCATORS[name][0]())
   choice = environ.get(VARIABLE, "")
   if choice and choice != "system" and choice not in ALLOCATORS:
-    raise ValueError(f"{VARIABLE}={choice!r}: one of {sorted(ALLOCATORS)} or 'system'")
-  if not sys.platform.startswith("linux") or environ.get(_MARK) or choice == "system" or in_use() != "system":
+    raise ValueError(f"{VARIABLE}={choice!r}: one of {', '.join(ALLOCATORS)} or system")
+  if (not sys.platform.startswith("linux") or environ.get(_MARK) or choice == "system"
+      or environ.get("LD_PRELOAD", "").strip() or in_use() != "system"):
     return None
   for name in [choice] if choice else choices:
     if (libraries := find(name)) is not None:
@@ -112,15 +129,26 @@ def preload(environ, choices: dict[str, dict[str, str]], find=None) -> dict[str,
       if ALLOCATORS[name][1] == _HUGE_PAGES:   # turned on beside the user's own tunables
         env[_TUNABLES] = ":".join([t for t in env.get(_TUNABLES, "").split(":") if t] + [_HUGE_PAGES])
       if libraries:
-        env["LD_PRELOAD"] = " ".join(libraries + environ.get("LD_PRELOAD", "").split())
+        env["LD_PRELOAD"] = " ".join(libraries)
       return env | {_MARK: name}
   return None
 
 
 def reexec(command: str, accelerator: bool) -> None:
   """Runs `command` again, from the start and as the same process, with `preload`'s malloc; returns when
-  there is none to add."""
-  if (choices := candidates(command, accelerator)) and (env := preload(os.environ, choices)) is not None:
-    sys.stdout.flush()
-    sys.stderr.flush()
+  there is none to add, or the process could not be run again (one line on stderr). A `BERT_JAX_MALLOC` that
+  names no allocator is a ValueError."""
+  if not (choices := candidates(command, accelerator)):
+    return
+  env = preload(os.environ, choices)
+  if env is None:
+    if (choice := os.environ.get(VARIABLE, "system")) != "system" and not os.environ.get(_MARK):
+      print(f"{VARIABLE}={choice}: not installed or not for this command; running with the C library's malloc",
+            file=sys.stderr)
+    return
+  sys.stdout.flush()
+  sys.stderr.flush()
+  try:
     os.execve(sys.executable, sys.orig_argv, env)
+  except (OSError, ValueError) as e:   # no interpreter to run again (an embedded one): go on as it is
+    print(f"could not run again with {env[_MARK]}: {e}; running with the C library's malloc", file=sys.stderr)

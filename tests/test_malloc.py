@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from bert_jax import malloc
+from bert_jax import cli, host_env, malloc
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LINUX = sys.platform.startswith("linux")
@@ -28,14 +28,16 @@ def test_which_allocators_help_which_command():
 
 
 @pytest.mark.skipif(not LINUX, reason="LD_PRELOAD is the Linux dynamic loader's")
-def test_the_first_installed_allocator_is_preloaded_before_the_users_own_preloads(monkeypatch):
+def test_the_first_installed_allocator_is_preloaded(monkeypatch):
   monkeypatch.setattr(malloc, "in_use", lambda: "system")
-  env = {"PATH": "/bin", "LD_PRELOAD": "libmine.so"}
+  env = {"PATH": "/bin"}
   installed = {"tcmalloc": ["libtcmalloc_minimal.so.4"], "tbbmalloc": ["/v/lib/libtbbmalloc.so.2", "/v/lib/proxy.so"],
                "jemalloc": ["libjemalloc.so.2"]}
   new = malloc.preload(env, {"tcmalloc": {}, "tbbmalloc": {}}, _finder(installed))
-  assert new["LD_PRELOAD"] == "libtcmalloc_minimal.so.4 libmine.so" and new["PATH"] == "/bin"
-  assert env == {"PATH": "/bin", "LD_PRELOAD": "libmine.so"}   # the caller's mapping is left as it was
+  assert new["LD_PRELOAD"] == "libtcmalloc_minimal.so.4" and new["PATH"] == "/bin"
+  assert env == {"PATH": "/bin"}   # the caller's mapping is left as it was
+  # The user's own preload (a sanitizer or a profiler that must come first, or another malloc): left alone.
+  assert malloc.preload({"LD_PRELOAD": "libasan.so.8"}, {"tcmalloc": {}}, _finder(installed)) is None
   # The process run again has the mark: it never runs itself again, whatever it finds.
   assert malloc.preload(new, {"tcmalloc": {}}, _finder(installed)) is None
   # A choice's environment defaults come with it, unless the user's own environment says otherwise.
@@ -67,7 +69,7 @@ def test_no_preload_when_told_so_or_one_runs_already(monkeypatch):
   monkeypatch.setattr(malloc, "in_use", lambda: "system")
   choices = {"jemalloc": {}}
   assert malloc.preload({malloc.VARIABLE: "system"}, choices, installed) is None
-  with pytest.raises(ValueError, match="BERT_JAX_MALLOC='mimalloc'"):
+  with pytest.raises(ValueError, match="BERT_JAX_MALLOC='mimalloc': one of jemalloc, tcmalloc"):
     malloc.preload({malloc.VARIABLE: "mimalloc"}, choices, installed)
   monkeypatch.setattr(malloc, "in_use", lambda: "tcmalloc")   # e.g. the user's own LD_PRELOAD
   assert malloc.preload({}, choices, installed) is None
@@ -94,6 +96,11 @@ def test_glibcs_huge_pages_are_read_from_its_tunables(tmp_path, monkeypatch):
   assert malloc.in_use(str(maps)) == "system"
 
 
+def _clean_environment() -> dict[str, str]:
+  drop = (malloc.VARIABLE, malloc._MARK, "LD_PRELOAD", "GLIBC_TUNABLES", "MALLOC_CONF")
+  return {k: v for k, v in os.environ.items() if k not in drop}
+
+
 def installed(names=tuple(malloc.COMMANDS["aot"])) -> list[str]:
   """The allocators of `names` (those `bert-jax aot` takes) this machine has, best first."""
   return [name for name in names if LINUX and malloc.ALLOCATORS[name][0]() is not None]
@@ -105,7 +112,7 @@ def test_a_command_runs_again_as_the_same_process_with_the_allocator(command):
     pytest.skip(f"no allocator that helps {command} is installed")
   code = ("import os; from bert_jax import malloc; print(os.getpid(), malloc.in_use(), flush=True); "
           f"malloc.reexec({command!r}, accelerator=False); print(os.getpid(), 'went on')")
-  env = {k: v for k, v in os.environ.items() if k not in (malloc.VARIABLE, "LD_PRELOAD", "GLIBC_TUNABLES")}
+  env = _clean_environment()
   proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
                         timeout=120)
   assert proc.returncode == 0, proc.stderr
@@ -121,9 +128,40 @@ def test_a_command_runs_again_as_the_same_process_with_the_allocator(command):
 @pytest.mark.skipif(not installed(), reason="no allocator of malloc.ALLOCATORS is installed")
 def test_a_peer_of_bench_train_reports_the_malloc_it_inherited():
   # `bench train --compare`'s peers run bench_peers.py by its path in their own environment, inheriting ours.
-  env = malloc.preload({k: v for k, v in os.environ.items() if k != malloc.VARIABLE}, malloc.COMMANDS["aot"])
+  env = malloc.preload(_clean_environment(), malloc.COMMANDS["aot"])
+  if env is None:
+    pytest.skip("this process already runs with an allocator of malloc.ALLOCATORS")
   code = "import sys; sys.path.insert(0, 'bert_jax/tools'); import bench_peers; print(bench_peers._allocator())"
   for environ, expected in ((env, installed()[0]), ({**env, "LD_PRELOAD": ""}, "system")):
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=environ, capture_output=True, text=True,
                           timeout=120)
     assert proc.stdout.split() == [expected], proc.stderr
+
+
+class _Stop(Exception):
+  pass
+
+
+def test_only_the_process_own_command_line_is_run_again(monkeypatch):
+  """A program that sets sys.argv and calls `cli.main()` (or a test) is not run again from its own start."""
+  calls = []
+  monkeypatch.setattr(malloc, "reexec", lambda command, accelerator: calls.append(command))
+  monkeypatch.setattr(host_env, "configure", lambda: (_ for _ in ()).throw(_Stop()))   # stop right after
+  monkeypatch.setattr(sys, "argv", ["bert-jax", "aot", "--topology=v4:2x2x1"])
+  with pytest.raises(_Stop):
+    cli.main()   # sys.orig_argv is pytest's
+  with pytest.raises(_Stop):
+    cli.main(["bert-jax", "aot"])
+  assert calls == []
+  monkeypatch.setattr(sys, "orig_argv", [sys.executable, "/venv/bin/bert-jax", "aot", "--topology=v4:2x2x1"])
+  with pytest.raises(_Stop):
+    cli.main()
+  assert calls == ["aot"]
+
+
+def test_a_malloc_that_is_no_allocator_is_one_line_and_exit_2():
+  proc = subprocess.run([sys.executable, "-m", "bert_jax.cli", "aot", "--helpshort"], cwd=REPO_ROOT,
+                        env={**_clean_environment(), malloc.VARIABLE: "mimalloc"}, capture_output=True, text=True,
+                        timeout=120)
+  assert proc.returncode == 2 and proc.stderr.splitlines() == [
+      "bert-jax aot: BERT_JAX_MALLOC='mimalloc': one of jemalloc, tcmalloc, tbbmalloc, glibc-huge-pages or system"]

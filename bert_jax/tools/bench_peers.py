@@ -245,8 +245,11 @@ def _allocator() -> str:
   path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "malloc.py")
   spec = importlib.util.spec_from_file_location("bert_jax_malloc", path)
   module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.in_use()
+  try:
+    spec.loader.exec_module(module)
+    return module.in_use()
+  except Exception as e:  # pylint: disable=broad-except  (the peers' Python may be older than ours)
+    return f"unknown ({type(e).__name__}: {e})"
 
 
 def main(argv) -> None:
