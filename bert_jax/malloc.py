@@ -91,7 +91,6 @@ _STEPPING = {"jemalloc": _KEEP_PAGES, "tcmalloc": {}}
 # keep the C library's.
 COMMANDS = {"aot": _COMPILING, "bench kernel": _COMPILING, "pretrain": _STEPPING, "finetune": _STEPPING,
             "sweep": _STEPPING, "ablate": _STEPPING, "bench train": _STEPPING}
-_COMPILE_ONLY = ("aot", "bench kernel")
 
 
 def in_use(maps_path: str = "/proc/self/maps") -> str:
@@ -109,7 +108,8 @@ def in_use(maps_path: str = "/proc/self/maps") -> str:
 def candidates(command: str, accelerator: bool) -> dict[str, dict[str, str]]:
   """The allocators that help `command`, best first, with their environment defaults: none for a step on an
   accelerator host."""
-  return COMMANDS.get(command, {}) if command in _COMPILE_ONLY or not accelerator else {}
+  choices = COMMANDS.get(command, {})
+  return choices if choices is _COMPILING or not accelerator else {}
 
 
 def preload(environ, choices: dict[str, dict[str, str]], find=None) -> dict[str, str] | None:
