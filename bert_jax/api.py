@@ -28,6 +28,7 @@ from bert_jax.tools import predict as predict_lib
 from bert_jax.finetune import ner
 from bert_jax.finetune import readers
 from bert_jax.finetune import squad
+from bert_jax.finetune import task_record
 from bert_jax.finetune import trainer
 
 
@@ -91,7 +92,7 @@ class Finetuned(NamedTuple):
 def load(path, **kwargs) -> Model:
   """Any checkpoint `checkpoint_loader` reads as a Model; `kwargs` go to `checkpoint_loader.load`."""
   loaded = checkpoint_loader.load(path, **kwargs)
-  record = trainer.read_task_record(path)
+  record = task_record.read(path)
   predictor = predict_lib.Predictor.from_loaded(loaded, record) if record else None
   return Model(loaded.config, loaded.params, loaded.tokenizer, predictor, checkpoint_loader.saved_pooler(path))
 

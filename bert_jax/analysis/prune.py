@@ -47,7 +47,7 @@ from bert_jax import checkpointing
 from bert_jax import failures
 from bert_jax.analysis import heads as head_stats
 from bert_jax.analysis import prune_report
-from bert_jax.finetune import trainer
+from bert_jax.finetune import task_record
 from bert_jax.finetune import task_model
 from bert_jax.models import pruning
 from bert_jax.tools import predict
@@ -244,8 +244,8 @@ def export(checkpoint: str, predictor: predict.Predictor, heads, export_dir: str
           "holds no empty array); it computes what the layer computes without heads", file=sys.stderr)
   tokenizer = predictor.tokenizer
   checkpoint_loader.write_run_record(export_dir, cfg, tokenizer.source_file, tokenizer.do_lower_case)
-  source = epath.Path(checkpoint_loader.find(checkpoint).directory) / trainer.TASK_FILE   # the same task
-  shutil.copyfile(str(source), os.path.join(export_dir, trainer.TASK_FILE))
+  source = epath.Path(checkpoint_loader.find(checkpoint).directory) / task_record.TASK_FILE   # the same task
+  shutil.copyfile(str(source), os.path.join(export_dir, task_record.TASK_FILE))
   best = checkpointing.Checkpointer(os.path.join(export_dir, "best"), keep=1, async_save=False)
   best.save(0, {"params": jax.tree.map(np.asarray, params)})
   best.close()

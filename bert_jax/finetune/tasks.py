@@ -386,7 +386,7 @@ def get_task(name: str, **options) -> Task:
 
 
 def from_record(record: dict) -> Task:
-  """The task a finetuned workdir's task.json describes (`trainer.TASK_FILE`), its label set included."""
+  """The task a finetuned workdir's task.json describes (`task_record.TASK_FILE`), its label set included."""
   task = get_task(record["task"], **record.get("task_opts", {}))
   if task.kind in ("classification", "tagging") and not task.label_names:
     task = task.with_label_names(record["label_names"])

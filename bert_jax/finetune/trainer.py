@@ -32,26 +32,28 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from etils import epath
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
 from bert_jax import checkpoint_loader
 from bert_jax import checkpointing
 from bert_jax import failures
-from bert_jax import metrics_writer
 from bert_jax import paths
 from bert_jax import sharding
 from bert_jax.finetune import init
 from bert_jax.finetune import task_model
+from bert_jax.finetune import task_record
+from bert_jax.finetune import tracker as tracker_lib
 from bert_jax.finetune import trial_state
 from bert_jax.finetune import tasks as tasks_lib
 
 Config = ml_collections.ConfigDict
 RESULTS_FILE = "results.json"
-TASK_FILE = "task.json"
+TASK_FILE = task_record.TASK_FILE
+write_task_record, read_task_record = task_record.write, task_record.read   # the names callers had
 # Hyperparameters that may differ between trials trained together.
 PER_TRIAL = ("learning_rate", "seed")
+_Tracker = tracker_lib.Tracker   # the name callers had
 
 
 # ------------------------------------------------------------------------------------------------
@@ -96,26 +98,6 @@ def _read_data(task, config: Config, tokenizer):
   return task, featurize(config.train_split, train_examples, training=True), devs, to_predict
 
 
-def write_task_record(workdir: str, task, config: Config) -> None:
-  """task.json: what `tasks.from_record` needs to rebuild the task (its label set included) and its
-  model's head, beside the run record of `checkpoint_loader.write_run_record`."""
-  if jax.process_index() != 0:
-    return
-  task_opts = config.task_opts.to_dict()
-  if "classifier_pooling" in task.options:   # as resolved for this model, so the same head is rebuilt
-    task_opts["classifier_pooling"] = task.options["classifier_pooling"]
-  record = {"task": config.task, "task_opts": task_opts, "kind": task.kind,
-            "label_names": list(task.label_names), "primary_metric": task.primary_metric,
-            "max_seq_length": config.max_seq_length, "scalar_mix": config.scalar_mix}
-  (epath.Path(workdir) / TASK_FILE).write_text(json.dumps(record, indent=1) + "\n")
-
-
-def read_task_record(checkpoint) -> dict | None:
-  """The task.json of the finetuned workdir holding `checkpoint` (the workdir, best/ ...), or None."""
-  record = epath.Path(checkpoint_loader.find(checkpoint).directory) / TASK_FILE
-  return json.loads(record.read_text()) if record.exists() else None
-
-
 def _train_batches(features: dict, seeds, epoch: int, batch_size: int, skip: int):
   """Host batches [T, B, ...] of one epoch from step `skip` on; trial t reads its own permutation."""
   n = len(features["input_ids"])
@@ -147,59 +129,6 @@ def _predict(pred_fn, params, features: dict, batch_size: int, sharded) -> list:
     chunks.append(jax.tree.map(lambda x: np.asarray(x)[:, :real], out))
   outputs = jax.tree.map(lambda *xs: np.concatenate(xs, axis=1), *chunks)
   return [trial_state.trial(outputs, t) for t in range(len(jax.tree.leaves(outputs)[0]))]
-
-
-# ------------------------------------------------------------------------------------------------
-# Per-trial bookkeeping: metrics.jsonl, best evaluation and checkpoint, early stopping.
-
-
-class _Tracker:
-  """One trial's log, best evaluation and patience; saved with `last/` so a continued run keeps them."""
-
-  def __init__(self, workdir: str, primary_metric: str, patience: int, *, echo: bool = True):
-    self.workdir, self.primary, self.patience = workdir, primary_metric, patience
-    self.writer = metrics_writer.MetricWriter(workdir, echo=echo)
-    self.best, self.best_step, self.best_metrics, self.last_metrics = None, -1, {}, {}
-    self.since_best, self.stopped, self.stopped_step = 0, False, None
-    self.peek = None   # the primary metric at an epoch budget between evaluations (`peeked`)
-    path = os.path.join(workdir, "tracker.json")
-    if os.path.isdir(os.path.join(workdir, "last")) and os.path.isfile(path):   # a continued run
-      with open(path) as f:
-        self.__dict__.update(json.load(f))
-    else:   # a new run in this workdir: a finished run's best/ would stand for it (a save at its step is skipped)
-      shutil.rmtree(os.path.join(workdir, "best"), ignore_errors=True)
-
-  def log(self, step: int, scalars: dict) -> None:
-    self.writer.write(step, scalars)
-
-  def evaluated(self, step: int, metrics: dict, on_best) -> None:
-    """Records an evaluation; calls `on_best()` when it is the best so far."""
-    self.log(step, {f"eval/{k}": v for k, v in metrics.items()})
-    self.last_metrics = metrics
-    if self.best is None or metrics[self.primary] > self.best:  # every task's primary metric: higher is better
-      self.best, self.best_step, self.best_metrics, self.since_best = metrics[self.primary], step, metrics, 0
-      on_best()
-    else:
-      self.since_best += 1
-      self.stopped = bool(self.patience) and self.since_best >= self.patience
-      self.stopped_step = step if self.stopped else None
-
-  def peeked(self, step: int, metrics: dict) -> None:
-    """An evaluation at an epoch budget between the regular ones: logged, and its primary metric kept as
-    `peek` (the trial's score there), with no say in the best checkpoint or early stopping."""
-    self.log(step, {f"budget_eval/{k}": v for k, v in metrics.items()})
-    self.peek = metrics[self.primary]
-
-  def score(self) -> float | None:
-    """The best of the evaluations so far, the budget's included (successive halving ranks by it)."""
-    scores = [x for x in (self.best, self.peek) if x is not None]
-    return max(scores) if scores else None
-
-  def save(self) -> None:
-    self.writer.close()
-    keys = ("best", "best_step", "best_metrics", "last_metrics", "since_best", "stopped", "stopped_step")
-    with open(os.path.join(self.workdir, "tracker.json"), "w") as f:
-      json.dump({k: getattr(self, k) for k in keys}, f)
 
 
 def _prediction_file(task, split: str) -> str:
@@ -289,8 +218,8 @@ def _start_trials(workdirs: list, config: Config, task, bert_cfg, tokenizer) -> 
   together (sweeps) log to their files only."""
   for w in workdirs:
     checkpoint_loader.write_run_record(w, bert_cfg, tokenizer.source_file, tokenizer.do_lower_case)
-    write_task_record(w, task, config)
-  return [_Tracker(w, task.primary_metric, config.early_stopping_patience, echo=len(workdirs) == 1)
+    task_record.write(w, task, config)
+  return [tracker_lib.Tracker(w, task.primary_metric, config.early_stopping_patience, echo=len(workdirs) == 1)
           for w in workdirs]
 
 

@@ -33,7 +33,7 @@ from bert_jax import checkpoint_loader
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.interop import checkpoints_hf
 from bert_jax.interop import hf_families
-from bert_jax.finetune import trainer
+from bert_jax.finetune import task_record
 from bert_jax.objectives import electra
 
 FLAGS = flags.FLAGS
@@ -71,7 +71,7 @@ def export(checkpoint, output) -> str:
   """Writes the Hugging Face directory `output` for `checkpoint` (see the module docstring); returns
   its class name."""
   cfg, params, tokenizer = checkpoint_loader.load(checkpoint)
-  record = trainer.read_task_record(checkpoint)
+  record = task_record.read(checkpoint)
   max_length = cfg.max_input_length
   if record is None and is_electra(checkpoint, params):
     return _export_electra(cfg, params, tokenizer, output, max_length)

@@ -38,7 +38,7 @@ from bert_jax.finetune import ner
 from bert_jax.finetune import readers
 from bert_jax.finetune import squad
 from bert_jax.finetune import tasks as tasks_lib
-from bert_jax.finetune import trainer
+from bert_jax.finetune import task_record as task_record_lib
 from bert_jax.finetune import task_model
 
 FLAGS = flags.FLAGS
@@ -149,11 +149,11 @@ class Predictor:
 
 def task_record(path) -> dict:
   """The task.json of the finetuned workdir holding checkpoint `path`; FileNotFoundError without one."""
-  record = trainer.read_task_record(path)
+  record = task_record_lib.read(path)
   if record is None:
     raise FileNotFoundError(
-        f"{path} is not a finetuned workdir: it has no {trainer.TASK_FILE}. `bert-jax predict` needs the workdir "
-        "of `bert-jax finetune` (task.json there names the task, its text columns and label set).")
+        f"{path} is not a finetuned workdir: it has no {task_record_lib.TASK_FILE}. `bert-jax predict` needs the "
+        "workdir of `bert-jax finetune` (task.json there names the task, its text columns and label set).")
   return record
 
 

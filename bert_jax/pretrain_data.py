@@ -1,0 +1,62 @@
+"""A pretraining run's data: the embedded corpus prepared into the workdir, the tokenizer checked against the
+model, the host-local train and eval iterators (bert_jax/data/input_pipeline.py)."""
+
+import os
+
+import jax
+import ml_collections
+
+from bert_jax import objectives
+
+
+def prepared_data_config(config: ml_collections.ConfigDict, workdir: str) -> ml_collections.ConfigDict:
+  """`config.data`, with an embedded corpus ("embedded:<name>") prepared into `<workdir>/data` first."""
+  d = ml_collections.ConfigDict(config.data.to_dict())
+  if not d.train_files.startswith("embedded:"):
+    return d
+  from bert_jax.data import prepare  # pylint: disable=g-import-not-at-top
+
+  out = os.path.join(workdir, "data")
+  done = os.path.join(out, "PREPARED")
+  if jax.process_index() == 0 and not os.path.exists(done):
+    # A vocabulary of the model's size is trained on the corpus; documents are held out for eval.
+    vocab_size = objectives.encoder_config(config).vocab_size
+    prepare.prepare_corpus(d.train_files, out, do_lower_case=d.do_lower_case, train_vocab_size=vocab_size,
+                           eval_fraction=d.eval_fraction)
+    with open(done, "w") as f:
+      f.write(d.train_files + "\n")
+  sync_hosts("prepared data")
+  d.train_files = out   # the tokenizer is read from the same directory
+  return d
+
+
+def sync_hosts(name: str) -> None:
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    multihost_utils.sync_global_devices(name)
+
+
+def load_tokenizer(data_config, config):
+  """The data's tokenizer, checked against the model before anything is compiled: an id past the
+  embedding table would train on garbage (NaN, or silently clipped rows)."""
+  from bert_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
+  tokenizer = input_pipeline.load_tokenizer(data_config)
+  vocab_size = objectives.encoder_config(config).vocab_size
+  if tokenizer.vocab_size > vocab_size:
+    raise ValueError(
+        f"the tokenizer of {data_config.vocab_file or data_config.train_files!r} has {tokenizer.vocab_size} "
+        f"tokens but the model's embedding table has {vocab_size} (model.vocab_size): set "
+        f"--config.model.vocab_size={tokenizer.vocab_size} or use the vocabulary the data was prepared with")
+  return tokenizer
+
+
+def create_iterator(data_config, config, split: str, tokenizer=None):
+  """The host-local batch iterator of `split`: endless and resumable for "train", the same
+  `config.eval_steps` batches on every call for "eval" (bert_jax/data/input_pipeline.py)."""
+  from bert_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
+  if split == "eval":
+    return input_pipeline.create_eval_iterator(data_config, global_batch_size=config.global_batch_size,
+                                               num_batches=config.eval_steps, tokenizer=tokenizer,
+                                               objective=config.objective)
+  return input_pipeline.create_pretrain_iterator(data_config, global_batch_size=config.global_batch_size,
+                                                 tokenizer=tokenizer, objective=config.objective)
