@@ -131,11 +131,12 @@ def _config(**overrides):
   return BertConfig(**{**fields, **overrides})
 
 
-@pytest.mark.parametrize("scan_layers", [False, True])
+@pytest.mark.parametrize("scan_layers", [pytest.param(False, marks=pytest.mark.exhaustive), True])
 @pytest.mark.slow
 def test_encoder_flash_equals_xla_without_dropout_and_its_reference_with(scan_layers):
   """An encoder with "flash_interpret" gives XLA's hidden states and gradients without dropout; with
-  dropout, those of "flash" on this CPU (the reference ops with the same bits)."""
+  dropout, those of "flash" on this CPU (the reference ops with the same bits). The slow run and CI take
+  the scanned layers, as the configs ship them; the unrolled ones are `exhaustive`."""
   _, _, _, mask, _ = _inputs()
   input_mask = (mask.segment_ids > 0).astype(jnp.int32)
   example_ids = jnp.maximum(mask.segment_ids - 1, 0)
