@@ -156,6 +156,7 @@ def test_the_matmul_peak_waits_for_each_product_and_counts_2n3_flops(monkeypatch
   assert peak() == 2 * 64**3 / 0.5
 
 
+@pytest.mark.slow
 def test_a_timed_step_waits_for_the_state_and_the_metrics(monkeypatch):
   timer = bench_train.TrainStepTimer(_config("bert", False), warmup=1)
   clock = _Clock(0.25)
@@ -179,6 +180,7 @@ def test_the_command_refuses_a_config_pretrain_refuses():
   assert "Traceback" not in run.stderr and "step_seconds" not in run.stdout
 
 
+@pytest.mark.slow
 def test_the_command_times_the_dropout_keys_and_bits_it_is_given():
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   run = subprocess.run([sys.executable, "-m", "bert_jax.cli", "bench", "train", "--config=configs/tiny.py",

@@ -40,6 +40,7 @@ def _cases(tmp):
   }
 
 
+@pytest.mark.slow
 def test_each_command_says_a_user_s_mistake_in_one_paragraph(tmp_path):
   (tmp_path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "b"]) + "\n")
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}

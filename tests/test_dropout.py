@@ -78,6 +78,7 @@ def test_hash_bits_are_the_same_on_any_sharding():
     np.testing.assert_array_equal(sharded, whole, err_msg=str(spec))
 
 
+@pytest.mark.slow
 def test_the_encoder_draws_the_configured_bits():
   cfg = model.BertConfig.from_preset("tiny")
   ids = jnp.asarray(np.random.default_rng(0).integers(5, cfg.vocab_size, (2, 16)))

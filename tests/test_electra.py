@@ -305,6 +305,7 @@ def test_trains_and_its_loss_falls(data_dir):  # noqa: F811
     assert math.isfinite(scalars[f"train/{name}"]), scalars
 
 
+@pytest.mark.slow
 def test_generator_attends_as_the_discriminator_does():
   """The generator's layers take the discriminator's attention context. With RoPE (and no position table)
   it sees the tokens' order; with a bare mask, as before, it gave the same logits for permuted tokens. And

@@ -155,6 +155,7 @@ def test_nonfinite_step_is_skipped_and_counted(data_dir):
   assert not np.isfinite(float(metrics["loss"]))
 
 
+@pytest.mark.slow
 def test_loop_stops_after_k_nonfinite_steps_in_a_row(data_dir, tmp_path, monkeypatch):
   create_iterator = train.create_iterator
 
