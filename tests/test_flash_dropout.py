@@ -135,8 +135,8 @@ def _config(**overrides):
 @pytest.mark.slow
 def test_encoder_flash_equals_xla_without_dropout_and_its_reference_with(scan_layers):
   """An encoder with "flash_interpret" gives XLA's hidden states and gradients without dropout; with
-  dropout, those of "flash" on this CPU (the reference ops with the same bits). The slow run and CI take
-  the scanned layers, as the configs ship them; the unrolled ones are `exhaustive`."""
+  dropout, those of "flash" on this CPU (the reference ops with the same bits). The unrolled layers are
+  `exhaustive`: the slow run's `test_flash_kernel_keeps_the_steps_loss` compares them in a whole step."""
   _, _, _, mask, _ = _inputs()
   input_mask = (mask.segment_ids > 0).astype(jnp.int32)
   example_ids = jnp.maximum(mask.segment_ids - 1, 0)
