@@ -75,9 +75,8 @@ def _assert_same_grads(grads, reference):
     np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5 * float(jnp.max(jnp.abs(r))) + 1e-7, err_msg=str(path))
 
 
-@pytest.mark.parametrize("variant", ["unrolled", pytest.param("scanned", marks=pytest.mark.slow),
-                                     pytest.param("remat full", marks=pytest.mark.slow),
-                                     pytest.param("shared layers", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["unrolled", "scanned", "remat full", "shared layers"])
 def test_a_model_with_the_kernel_has_the_plain_gradients(variant):
   assert model.paired_layer_norms(model.BertConfig.from_preset("tiny", layer_norm_kernel="interpret"))
   reference = _grads("xla", variant)

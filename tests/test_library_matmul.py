@@ -106,10 +106,9 @@ def test_tied_decoder_gradients_in_the_library_form():
     np.testing.assert_allclose(np.asarray(ours, np.float32), np.asarray(theirs, np.float32), rtol=2e-2, atol=2e-2)
 
 
-@pytest.mark.parametrize("dtype,scan,fused_qkv", [(jnp.float32, False, False),
-                                                 pytest.param(jnp.bfloat16, False, False, marks=pytest.mark.slow),
-                                                 pytest.param(jnp.float32, True, False, marks=pytest.mark.slow),
-                                                 (jnp.float32, False, True)])
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype,scan,fused_qkv", [(jnp.float32, False, False), (jnp.bfloat16, False, False),
+                                                 (jnp.float32, True, False), (jnp.float32, False, True)])
 def test_pretraining_model_with_library_matmuls_is_the_plain_one(dtype, scan, fused_qkv):
   """The same parameter tree; losses and gradients the plain model's (float32 to 1e-5; bfloat16 to its
   rounding), with dropout (the attention through `softmax_dropout.attend`), scanned layers and the fused
@@ -169,7 +168,8 @@ def test_attention_products_in_the_library_form_give_the_same_values(dtype):
     assert any(t != ("f32", "bf16", "bf16") for t in _dot_types(run(False), q, k, v))
 
 
-@pytest.mark.parametrize("pruned", [pytest.param(False, marks=pytest.mark.slow), True])
+@pytest.mark.slow
+@pytest.mark.parametrize("pruned", [False, True])
 def test_classifier_head_trains_under_library_matmuls(pruned):
   """A finetuning classifier (2 labels, 8 rows: the weight gradient's result [2, H] does not factor) gets the
   plain model's gradients, every kernel a nonzero one; also with every head of a layer pruned, whose
