@@ -7,6 +7,7 @@ the process (a finetuning subprocess beside the test session did, once), so its 
 
 import os
 import pathlib
+import time
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 "
                       "--xla_cpu_collective_call_terminate_timeout_seconds=600 "
@@ -18,6 +19,34 @@ import pytest  # noqa: E402
 
 SHARED_DATA = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+_STARTED = pytest.StashKey[float]()
+# Under a budget these run last, so that a run cut short leaves out the benchmark and analysis commands' tests
+# before the training, resume and multihost ones.
+_LAST_UNDER_A_BUDGET = ("tests/test_bench_", "tests/test_analyze_")
+
+
+def pytest_addoption(parser):
+  parser.addoption("--time-budget", type=float, default=None, metavar="SECONDS",
+                   help="start no test after SECONDS of this run; those not started are reported as skipped "
+                        "(CI gives its slow run what is left of its time limit)")
+
+
+def pytest_sessionstart(session):
+  session.config.stash[_STARTED] = time.monotonic()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+  budget = item.config.getoption("--time-budget")
+  if budget is not None and time.monotonic() - item.config.stash[_STARTED] > budget:
+    pytest.skip(f"not started: this run's --time-budget of {budget:.0f} s was spent")
+
+
+def pytest_collection_modifyitems(config, items):
+  if config.getoption("--time-budget") is not None:
+    items.sort(key=lambda item: item.nodeid.startswith(_LAST_UNDER_A_BUDGET))   # stable: file order otherwise
 
 
 def shared_path(*parts: str) -> pathlib.Path:
@@ -84,3 +113,15 @@ def shipped_bert_large_steps() -> list:
       model["layer_norm_kernel"] = "interpret"
     cases.setdefault((tuple(sorted(model.items())), c.mesh.tensor > 1), f"{topology}:{phase}")
   return [pytest.param(dict(model), tensor, id=name) for (model, tensor), name in cases.items()]
+
+
+def two_shipped_steps_in_ci(params: list) -> list:
+  """`shipped_bert_large_steps`, all but two marked `exhaustive` (left out of the slow run and CI). v5e:8x8's
+  phase 1 has the decoder and the lookup on shards, the fused query-key-value matmul, remat, the stack
+  unrolled and the tensor split; v3:8x8's `phase1_tokens` the hash bits, each weight gathered once and the
+  scanned loop. Each switch of the other seven is in one of those two or is tested on its own, but two: the
+  LayerNorm kernel (a function of its inputs alone; it trains to the plain step's losses on a mesh,
+  tests/test_layer_norm_kernel.py) and v5e phase 2's unconstrained attention layout (a sharding hint, no
+  state). Combinations of switches other than those two steps' are run by `-m exhaustive` only."""
+  kept = ("v5e:8x8:phase1", "v3:8x8:phase1_tokens")
+  return [p if p.id in kept else pytest.param(*p.values, id=p.id, marks=pytest.mark.exhaustive) for p in params]

@@ -9,7 +9,7 @@ import pytest
 
 from bert_jax import sharding, train, train_setup
 from bert_jax.models import config as model_config
-from conftest import shipped_bert_large_steps
+from conftest import shipped_bert_large_steps, two_shipped_steps_in_ci
 from configs import tiny
 
 
@@ -172,7 +172,7 @@ def test_fsdp_divides_state_bytes_per_device(setups):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model, split_tensor", shipped_bert_large_steps())
+@pytest.mark.parametrize("model, split_tensor", two_shipped_steps_in_ci(shipped_bert_large_steps()))
 def test_each_shipped_bert_large_step_keeps_the_plain_losses(model, split_tensor):
   """How a shipped TPU step computes, all at once (`shipped_bert_large_steps`: the decoder and the lookup on
   shards, the fused query-key-value matmul, the LayerNorm kernel in Pallas' interpreter, remat, scanned

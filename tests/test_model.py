@@ -123,6 +123,7 @@ def test_scanned_equals_unscanned_and_layouts_convert():
   jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-5), a, b)
 
 
+@pytest.mark.slow
 def test_scanned_layers_unrolled_over_their_stacked_params():
   """`scan_unroll` num_layers: the scanned layout's params, no loop in the step, the unrolled layers' outputs
   and gradients, and none of a looped stack's recomputation (`scan_recomputed`)."""
@@ -294,6 +295,7 @@ def test_attention_projections_multiply_heads_and_head_size_as_one_axis():
     np.testing.assert_allclose(d_x, e_x, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_fused_qkv_keeps_the_parameters_outputs_and_gradients():
   # model.fused_qkv: one matmul with the query, key and value kernels side by side; the parameter tree is
   # the three projections' and outputs and gradients are those of the three matmuls.

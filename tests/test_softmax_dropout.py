@@ -201,7 +201,8 @@ def test_bfloat16_scores_on_a_real_checkpoint_stay_within_bfloat16_computes_erro
   assert not np.array_equal(outputs["compute"], outputs["float32"])
 
 
-@pytest.mark.parametrize("dtype", [pytest.param("float32", marks=pytest.mark.slow), "bfloat16"])
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_compute_residuals_are_those_of_the_compute_dtype(dtype):
   """attention_residuals "compute" (the pretraining configs' default) keeps the probabilities in the model's
   dtype: the encoder's loss and gradients are those of naming that dtype, to the bit, and in float32 they

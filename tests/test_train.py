@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import compilation_cache_env, shipped_bert_large_steps
+from conftest import compilation_cache_env, shipped_bert_large_steps, two_shipped_steps_in_ci
 from bert_jax.data import prepare
 from bert_jax import sharding
 from bert_jax import train
@@ -365,36 +365,28 @@ def test_exact_resume_with_bfloat16_compute_and_scores(data_dir, tmp_path, compi
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive
 def test_exact_resume_with_each_weight_gathered_once(data_dir, tmp_path, compilation_cache):
   """On an fsdp mesh of the 8 CPU devices, with each weight gathered once (`model.reshard_after_forward`
-  False) and kept through remat, a resumed run replays the uninterrupted one."""
+  False) and kept through remat, a resumed run replays the uninterrupted one. Exhaustive: v3:8x8's
+  `phase1_tokens` resumes with each weight gathered once in CI (without remat)."""
   check_exact_resume_after_sigterm(data_dir, tmp_path, compilation_cache, n=4,
                                    **{"mesh.fsdp": 4, "model.reshard_after_forward": False,
                                       "model.remat_policy": "minimal"})
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive
 def test_exact_resume_with_the_embedding_lookup_on_shards(data_dir, tmp_path, compilation_cache):
   """On an fsdp mesh of the 8 CPU devices, with the word-embedding lookup on each device's shard
-  (`model.embedding_lookup_on_shards`, an all-to-all), a resumed run replays the uninterrupted one."""
+  (`model.embedding_lookup_on_shards`, an all-to-all), a resumed run replays the uninterrupted one.
+  Exhaustive: v5e:8x8's phase 1 resumes with the lookup on shards in CI."""
   check_exact_resume_after_sigterm(data_dir, tmp_path, compilation_cache, n=4,
                                    **{"mesh.fsdp": 4, "model.embedding_lookup_on_shards": True})
 
 
-def _one_shipped_step_in_ci(params: list) -> list:
-  """The shipped steps, all but two marked `exhaustive` (left out of the slow run and CI: 8 minutes more there).
-  v5e:8x8's phase 1 has the decoder and the lookup on shards, the fused query-key-value matmul, remat, the stack
-  unrolled and the tensor split; v3:8x8's `phase1_tokens` the hash bits, each weight gathered once and the
-  scanned loop. Each switch of the other seven is in one of those two or resumes in a test of its own (below),
-  but two: the LayerNorm kernel (a function of its inputs alone; it trains to the plain step's losses on a mesh,
-  tests/test_layer_norm_kernel.py) and v5e phase 2's unconstrained attention layout (a sharding hint, no
-  state). Combinations of switches other than those two steps' are resumed by `-m exhaustive` only."""
-  kept = ("v5e:8x8:phase1", "v3:8x8:phase1_tokens")
-  return [p if p.id in kept else pytest.param(*p.values, id=p.id, marks=pytest.mark.exhaustive) for p in params]
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("model, split_tensor", _one_shipped_step_in_ci(shipped_bert_large_steps()))
+@pytest.mark.parametrize("model, split_tensor", two_shipped_steps_in_ci(shipped_bert_large_steps()))
 def test_exact_resume_with_each_shipped_bert_large_step(data_dir, tmp_path, compilation_cache, model,
                                                          split_tensor):
   """How a shipped TPU step computes, all at once (`shipped_bert_large_steps`: the decoder and the
