@@ -22,9 +22,12 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 _STARTED = pytest.StashKey[float]()
-# Under a budget these run last, so that a run cut short leaves out the benchmark and analysis commands' tests
-# before the training, resume and multihost ones.
+# Under a budget the training, resume, mesh and multihost modules run first and the benchmark and analysis
+# commands' last, so that a run cut short leaves out the latter first.
+_FIRST_UNDER_A_BUDGET = ("tests/test_train.py", "tests/test_multihost.py", "tests/test_mesh.py",
+                         "tests/test_objectives.py", "tests/test_quickstart.py")
 _LAST_UNDER_A_BUDGET = ("tests/test_bench_", "tests/test_analyze_")
+_NOT_STARTED = "not started: this run's --time-budget"
 
 
 def pytest_addoption(parser):
@@ -41,12 +44,20 @@ def pytest_sessionstart(session):
 def pytest_runtest_setup(item):
   budget = item.config.getoption("--time-budget")
   if budget is not None and time.monotonic() - item.config.stash[_STARTED] > budget:
-    pytest.skip(f"not started: this run's --time-budget of {budget:.0f} s was spent")
+    pytest.skip(f"{_NOT_STARTED} of {budget:.0f} s was spent")
+
+
+def pytest_terminal_summary(terminalreporter, config):
+  if config.getoption("--time-budget") is None:
+    return
+  left = [r.nodeid for r in terminalreporter.stats.get("skipped", []) if _NOT_STARTED in str(r.longrepr)]
+  terminalreporter.write_line(f"--time-budget: {len(left)} tests not started" + "".join(f"\n  {n}" for n in left))
 
 
 def pytest_collection_modifyitems(config, items):
   if config.getoption("--time-budget") is not None:
-    items.sort(key=lambda item: item.nodeid.startswith(_LAST_UNDER_A_BUDGET))   # stable: file order otherwise
+    items.sort(key=lambda item: (not item.nodeid.startswith(_FIRST_UNDER_A_BUDGET))
+               + item.nodeid.startswith(_LAST_UNDER_A_BUDGET))   # stable: file order within each group
 
 
 def shared_path(*parts: str) -> pathlib.Path:
@@ -115,13 +126,13 @@ def shipped_bert_large_steps() -> list:
   return [pytest.param(dict(model), tensor, id=name) for (model, tensor), name in cases.items()]
 
 
-def two_shipped_steps_in_ci(params: list) -> list:
-  """`shipped_bert_large_steps`, all but two marked `exhaustive` (left out of the slow run and CI). v5e:8x8's
-  phase 1 has the decoder and the lookup on shards, the fused query-key-value matmul, remat, the stack
-  unrolled and the tensor split; v3:8x8's `phase1_tokens` the hash bits, each weight gathered once and the
-  scanned loop. Each switch of the other seven is in one of those two or is tested on its own, but two: the
-  LayerNorm kernel (a function of its inputs alone; it trains to the plain step's losses on a mesh,
+def shipped_steps_in_ci(params: list, *more: str) -> list:
+  """`shipped_bert_large_steps`, all but two (and `more`) marked `exhaustive` (left out of the slow run and CI).
+  v5e:8x8's phase 1 has the decoder and the lookup on shards, the fused query-key-value matmul, remat, the stack
+  unrolled and the tensor split; v3:8x8's `phase1_tokens` the hash bits, the attention projections gathered
+  once and the scanned loop. Each switch of the other seven is in one of those two or is tested on its own, but
+  two: the LayerNorm kernel (a function of its inputs alone; it trains to the plain step's losses on a mesh,
   tests/test_layer_norm_kernel.py) and v5e phase 2's unconstrained attention layout (a sharding hint, no
-  state). Combinations of switches other than those two steps' are run by `-m exhaustive` only."""
-  kept = ("v5e:8x8:phase1", "v3:8x8:phase1_tokens")
+  state). Combinations of switches other than those steps' are run by `-m exhaustive` only."""
+  kept = ("v5e:8x8:phase1", "v3:8x8:phase1_tokens") + more
   return [p if p.id in kept else pytest.param(*p.values, id=p.id, marks=pytest.mark.exhaustive) for p in params]

@@ -9,7 +9,7 @@ import pytest
 
 from bert_jax import sharding, train, train_setup
 from bert_jax.models import config as model_config
-from conftest import shipped_bert_large_steps, two_shipped_steps_in_ci
+from conftest import shipped_bert_large_steps, shipped_steps_in_ci
 from configs import tiny
 
 
@@ -172,7 +172,7 @@ def test_fsdp_divides_state_bytes_per_device(setups):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model, split_tensor", two_shipped_steps_in_ci(shipped_bert_large_steps()))
+@pytest.mark.parametrize("model, split_tensor", shipped_steps_in_ci(shipped_bert_large_steps(), "v3:8x8:phase1"))
 def test_each_shipped_bert_large_step_keeps_the_plain_losses(model, split_tensor):
   """How a shipped TPU step computes, all at once (`shipped_bert_large_steps`: the decoder and the lookup on
   shards, the fused query-key-value matmul, the LayerNorm kernel in Pallas' interpreter, remat, scanned
@@ -181,7 +181,9 @@ def test_each_shipped_bert_large_step_keeps_the_plain_losses(model, split_tensor
   on, the second step after an update (relative 2e-5). Both draw the entry's dropout bits (the hash's are
   tested against threefry's distribution in tests/test_dropout.py). Scanned layers draw theirs from the
   scan's split of the key, other masks than the unrolled layers', whatever the layers a trip
-  (`scan_unroll`): a scanned entry is compared with the plain step scanned, a loop of one layer a trip."""
+  (`scan_unroll`): a scanned entry is compared with the plain step scanned, a loop of one layer a trip.
+  CI runs v5e:8x8's and v3:8x8's phase 1 (the configs' default step: the LayerNorm kernel, the stack unrolled
+  over its stacked params, each weight gathered once) and v3's `phase1_tokens` (`shipped_steps_in_ci`)."""
   mesh = dict(data=1, fsdp=4, tensor=2) if split_tensor else dict(data=2, fsdp=4, tensor=1)
   defaults = {name: getattr(model_config.BertConfig(), name) for name in model}
   common = dict(num_layers=2)

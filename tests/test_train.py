@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import compilation_cache_env, shipped_bert_large_steps, two_shipped_steps_in_ci
+from conftest import compilation_cache_env, shipped_bert_large_steps, shipped_steps_in_ci
 from bert_jax.data import prepare
 from bert_jax import sharding
 from bert_jax import train
@@ -365,11 +365,9 @@ def test_exact_resume_with_bfloat16_compute_and_scores(data_dir, tmp_path, compi
 
 
 @pytest.mark.slow
-@pytest.mark.exhaustive
 def test_exact_resume_with_each_weight_gathered_once(data_dir, tmp_path, compilation_cache):
   """On an fsdp mesh of the 8 CPU devices, with each weight gathered once (`model.reshard_after_forward`
-  False) and kept through remat, a resumed run replays the uninterrupted one. Exhaustive: v3:8x8's
-  `phase1_tokens` resumes with each weight gathered once in CI (without remat)."""
+  False) and kept through remat, a resumed run replays the uninterrupted one."""
   check_exact_resume_after_sigterm(data_dir, tmp_path, compilation_cache, n=4,
                                    **{"mesh.fsdp": 4, "model.reshard_after_forward": False,
                                       "model.remat_policy": "minimal"})
@@ -386,7 +384,7 @@ def test_exact_resume_with_the_embedding_lookup_on_shards(data_dir, tmp_path, co
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model, split_tensor", two_shipped_steps_in_ci(shipped_bert_large_steps()))
+@pytest.mark.parametrize("model, split_tensor", shipped_steps_in_ci(shipped_bert_large_steps()))
 def test_exact_resume_with_each_shipped_bert_large_step(data_dir, tmp_path, compilation_cache, model,
                                                          split_tensor):
   """How a shipped TPU step computes, all at once (`shipped_bert_large_steps`: the decoder and the
