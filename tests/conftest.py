@@ -126,7 +126,7 @@ def shipped_bert_large_steps() -> list:
   return [pytest.param(dict(model), tensor, id=name) for (model, tensor), name in cases.items()]
 
 
-def shipped_steps_in_ci(params: list, *more: str) -> list:
+def shipped_steps_in_ci(*more: str) -> list:
   """`shipped_bert_large_steps`, all but two (and `more`) marked `exhaustive` (left out of the slow run and CI).
   v5e:8x8's phase 1 has the decoder and the lookup on shards, the fused query-key-value matmul, remat, the stack
   unrolled and the tensor split; v3:8x8's `phase1_tokens` the hash bits, the attention projections gathered
@@ -135,4 +135,5 @@ def shipped_steps_in_ci(params: list, *more: str) -> list:
   tests/test_layer_norm_kernel.py) and v5e phase 2's unconstrained attention layout (a sharding hint, no
   state). Combinations of switches other than those steps' are run by `-m exhaustive` only."""
   kept = ("v5e:8x8:phase1", "v3:8x8:phase1_tokens") + more
-  return [p if p.id in kept else pytest.param(*p.values, id=p.id, marks=pytest.mark.exhaustive) for p in params]
+  return [p if p.id in kept else pytest.param(*p.values, id=p.id, marks=pytest.mark.exhaustive)
+          for p in shipped_bert_large_steps()]

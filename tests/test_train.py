@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import compilation_cache_env, shipped_bert_large_steps, shipped_steps_in_ci
+from conftest import compilation_cache_env, shipped_steps_in_ci
 from bert_jax.data import prepare
 from bert_jax import sharding
 from bert_jax import train
@@ -384,7 +384,7 @@ def test_exact_resume_with_the_embedding_lookup_on_shards(data_dir, tmp_path, co
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model, split_tensor", shipped_steps_in_ci(shipped_bert_large_steps()))
+@pytest.mark.parametrize("model, split_tensor", shipped_steps_in_ci())
 def test_exact_resume_with_each_shipped_bert_large_step(data_dir, tmp_path, compilation_cache, model,
                                                          split_tensor):
   """How a shipped TPU step computes, all at once (`shipped_bert_large_steps`: the decoder and the
