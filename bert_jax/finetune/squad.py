@@ -220,26 +220,10 @@ def featurize(task, examples, tokenizer, max_seq_length, **opts):
     offset = len(layout) - 1   # where the context starts: [CLS] q [SEP] (RoBERTa: <s> q </s></s>)
     spans = _doc_spans(len(sub_tokens), max_seq_length - len(layout), doc_stride)
     for span_index, (start, length) in enumerate(spans):
-      window = sub_tokens[start:start + length]
-      ids, segments = tokenizer.build_inputs(query_ids, tokenizer.convert_tokens_to_ids(window))
-      tokens = tokenizer.convert_ids_to_tokens(ids[:offset]) + window + tokenizer.convert_ids_to_tokens(
-          ids[offset + length:])
-      to_orig = np.full([max_seq_length], -1, np.int32)
-      to_orig[offset:offset + length] = tok_to_orig[start:start + length]
-      max_context = np.zeros([max_seq_length], bool)
-      max_context[offset:offset + length] = [_is_max_context(spans, span_index, start + i)
-                                             for i in range(length)]
-      inside = answer[0] >= start and answer[1] <= start + length - 1
-      positions = (answer[0] - start + offset, answer[1] - start + offset) if inside else (0, 0)
-      rows["input_ids"].append(ids + [tokenizer.pad_id] * (max_seq_length - len(ids)))
-      rows["segment_ids"].append(segments + [0] * (max_seq_length - len(ids)))
-      rows["input_mask"].append([1] * len(ids) + [0] * (max_seq_length - len(ids)))
-      rows["start_positions"].append(positions[0])
-      rows["end_positions"].append(positions[1])
-      rows["example_index"].append(example_index)
-      rows["token_to_orig"].append(to_orig)
-      rows["max_context"].append(max_context)
-      rows["tokens"].append(tokens)
+      row = _window_row(tokenizer, query_ids, sub_tokens, tok_to_orig, answer, spans, span_index, offset,
+                        max_seq_length)
+      for k, v in dict(row, example_index=example_index).items():
+        rows[k].append(v)
   features = {k: np.array(rows[k], np.int32).reshape(-1, max_seq_length)
               for k in ("input_ids", "input_mask", "segment_ids")}
   features.update({k: np.array(rows[k], np.int32) for k in ("start_positions", "end_positions")})
@@ -250,6 +234,28 @@ def featurize(task, examples, tokenizer, max_seq_length, **opts):
           "strip_accents": getattr(tokenizer, "strip_accents", None),
           "decode": None if tokenizer.kind == "wordpiece" else functools.partial(_decoded, tokenizer)}
   return features, meta
+
+
+def _window_row(tokenizer, query_ids, sub_tokens, tok_to_orig, answer, spans, span_index, offset,
+                max_seq_length) -> dict:
+  """One feature row of `featurize`: the question and the context window `spans[span_index]` (its
+  sub-tokens from `offset` on), padded to `max_seq_length`, with the answer's positions in it."""
+  start, length = spans[span_index]
+  window = sub_tokens[start:start + length]
+  ids, segments = tokenizer.build_inputs(query_ids, tokenizer.convert_tokens_to_ids(window))
+  tokens = tokenizer.convert_ids_to_tokens(ids[:offset]) + window + tokenizer.convert_ids_to_tokens(
+      ids[offset + length:])
+  to_orig = np.full([max_seq_length], -1, np.int32)
+  to_orig[offset:offset + length] = tok_to_orig[start:start + length]
+  max_context = np.zeros([max_seq_length], bool)
+  max_context[offset:offset + length] = [_is_max_context(spans, span_index, start + i) for i in range(length)]
+  inside = answer[0] >= start and answer[1] <= start + length - 1
+  positions = (answer[0] - start + offset, answer[1] - start + offset) if inside else (0, 0)
+  pad = max_seq_length - len(ids)
+  return {"input_ids": ids + [tokenizer.pad_id] * pad, "segment_ids": segments + [0] * pad,
+          "input_mask": [1] * len(ids) + [0] * pad, "start_positions": positions[0],
+          "end_positions": positions[1], "token_to_orig": to_orig, "max_context": max_context,
+          "tokens": tokens}
 
 
 # ---------------------------------------------------------------------------------------------
