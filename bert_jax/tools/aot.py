@@ -203,18 +203,7 @@ def _compile_note(r: dict[str, Any]) -> str:
 def format_report(r: dict[str, Any]) -> str:
   """The human-readable part of `bert-jax aot`'s output."""
   m, t = r["memory_per_device"], r["time_per_step"]
-  gib = lambda b: f"{b / GiB:7.2f} GiB"   # noqa: E731
   mesh = " x ".join(f"{axis} {size}" for axis, size in r["mesh"].items())
-  kernel_flops = kernel_bytes = loop_flops = ""
-  if t and t.get("loop_flops"):
-    loop_flops = f"; matmuls, loop bodies per trip, {t['loop_flops'] / 1e12:.2f}"
-  if t and t.get("kernel_flops"):
-    kernel_flops = f" + attention kernel {t['kernel_flops'] / 1e12:.2f}"
-    kernel_bytes = f" + attention kernel's re-reads {t['kernel_bytes'] / 1e9:.2f} GB, estimated,"
-  if t and t.get("kernel_operand_bytes") and t["bytes_source"] == "xla":
-    kernel_bytes = (f": XLA's {t['xla_bytes_accessed'] * t['loop_factor'] / 1e9:.1f} + Pallas kernels' operands and "
-                    f"results {t['kernel_operand_bytes'] * t['loop_factor'] / 1e9:.2f} by op, which XLA counts as "
-                    f"moving nothing{kernel_bytes}")
   lines = [
       f"{r['topology']}: {r['chips']} chips x {r['devices_per_chip']} device(s) = {r['devices']} "
       f"{r['device_kind']} devices; mesh {mesh}; batch {r['global_batch_size']} x {r['seq_length']} "
@@ -228,6 +217,7 @@ def format_report(r: dict[str, Any]) -> str:
     lines += [f"memory per device: DOES NOT FIT: {needed} ({m['hbm_bytes'] / GiB:.0f} GiB HBM)",
               "  more micro_batches, or mesh.fsdp / mesh.tensor > 1, lower it"]
     return "\n".join(lines)
+  gib = lambda b: f"{b / GiB:7.2f} GiB"   # noqa: E731
   lines += [
       "memory per device (XLA buffer assignment):",
       f"  arguments {gib(m['argument_bytes'])}  outputs {gib(m['output_bytes'])}  "
@@ -235,6 +225,34 @@ def format_report(r: dict[str, Any]) -> str:
       f"  temporaries {gib(m['temp_bytes'])}  code {gib(m['generated_code_bytes'])}",
       f"  total {gib(m['total_bytes'])} of {gib(m['hbm_bytes'])} HBM ({100 * m['hbm_fraction']:.0f}%): "
       + ("fits" if m["fits"] else "DOES NOT FIT"),
+  ] + _step_time_lines(r)
+  if r.get("hlo_text_error"):
+    lines.append(f"  the compiled step's HLO could not be read back ({r['hlo_text_error']}): XLA's count "
+                 "alone (a loop body once, Pallas kernels that declare no cost as nothing), no bytes by "
+                 "memory space, no --report or --hlo")
+  if "traffic" in r:
+    lines.append(hlo_bytes.format_summary(r["traffic"], t["xla_bytes_accessed"]))
+  if "compile_passes" in r:
+    lines.append(compile_passes_lib.format_summary(r["compile_passes"]) if "error" not in r["compile_passes"]
+                 else f"compile time: no pass timings ({r['compile_passes']['error']})")
+  return "\n".join(lines)
+
+
+def _step_time_lines(r: dict[str, Any]) -> list[str]:
+  """`format_report`'s estimated step time: compute, memory, the step and, where the step keeps arrays on
+  chip, the same without their traffic."""
+  t = r["time_per_step"]
+  kernel_flops = kernel_bytes = loop_flops = ""
+  if t.get("loop_flops"):
+    loop_flops = f"; matmuls, loop bodies per trip, {t['loop_flops'] / 1e12:.2f}"
+  if t.get("kernel_flops"):
+    kernel_flops = f" + attention kernel {t['kernel_flops'] / 1e12:.2f}"
+    kernel_bytes = f" + attention kernel's re-reads {t['kernel_bytes'] / 1e9:.2f} GB, estimated,"
+  if t.get("kernel_operand_bytes") and t["bytes_source"] == "xla":
+    kernel_bytes = (f": XLA's {t['xla_bytes_accessed'] * t['loop_factor'] / 1e9:.1f} + Pallas kernels' operands and "
+                    f"results {t['kernel_operand_bytes'] * t['loop_factor'] / 1e9:.2f} by op, which XLA counts as "
+                    f"moving nothing{kernel_bytes}")
+  lines = [
       "estimated step time per device:",
       f"  compute {1e3 * t['compute_seconds']:.1f} ms ({t['model_flops'] / 1e12:.2f} model TFLOP, XLA "
       f"{t['xla_flops'] / 1e12:.2f} x{t['loop_factor']:.1f}{kernel_flops}"
@@ -253,16 +271,7 @@ def format_report(r: dict[str, Any]) -> str:
         f"({t['hbm_bound']}-bound), MFU bound {100 * t['hbm_mfu_bound']:.0f}% if on-chip traffic were free "
         "(no faster than this)",
     ]
-  if r.get("hlo_text_error"):
-    lines.append(f"  the compiled step's HLO could not be read back ({r['hlo_text_error']}): XLA's count "
-                 "alone (a loop body once, Pallas kernels that declare no cost as nothing), no bytes by "
-                 "memory space, no --report or --hlo")
-  if "traffic" in r:
-    lines.append(hlo_bytes.format_summary(r["traffic"], t["xla_bytes_accessed"]))
-  if "compile_passes" in r:
-    lines.append(compile_passes_lib.format_summary(r["compile_passes"]) if "error" not in r["compile_passes"]
-                 else f"compile time: no pass timings ({r['compile_passes']['error']})")
-  return "\n".join(lines)
+  return lines
 
 
 FLAGS = flags.FLAGS
