@@ -43,7 +43,8 @@ def pytest_xdist_auto_num_workers(config):
   Whole modules go to a worker (`--dist loadfile`); beyond 8 the longest module bounds the run, and each
   worker is a process of its own with TensorFlow and JAX loaded."""
   del config
-  return max(1, min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 8))
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+  return max(1, min(cores, 8))
 
 
 def pytest_sessionstart(session):
