@@ -61,19 +61,10 @@ def fit(module: nn.Module, x: dict, y: dict, *, shared: bool, learning_rate: flo
   apply = jax.vmap(module.apply, in_axes=in_axes)
   heads = 1 if shared else x["train"].shape[0]
   params = init_params(module, x["train"][:, :1] if shared else x["train"][0, :1], heads, seed)
-  tx = optax.multi_transform(
-      {"kernel": optax.adamw(learning_rate, weight_decay=weight_decay), "other": optax.adam(learning_rate),
-       "mix": optax.adam(learning_rate * mix_rate)},
-      lambda p: jax.tree_util.tree_map_with_path(lambda path, _: _param_group(path), p))
+  tx = _optimizer(learning_rate, weight_decay, mix_rate)
   n = len(y["train"])
   size = min(batch_size, n)
-
-  def losses(p, xs, ys):  # [heads] mean cross-entropy over the labels train has (-1: a label it lacks)
-    logits = apply(p, xs)
-    known = ys >= 0
-    targets = jnp.broadcast_to(jnp.maximum(ys, 0), logits.shape[:-1])
-    ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
-    return (ce * known).sum(-1) / jnp.maximum(known.sum(), 1)
+  losses = functools.partial(_losses, apply)
 
   def epoch(x_train, y_train, x_dev, y_dev, carry):
     e, since, p, opt, best, best_loss, key = carry
@@ -101,6 +92,23 @@ def fit(module: nn.Module, x: dict, y: dict, *, shared: bool, learning_rate: flo
 
   best = train(params, x["train"], y["train"], x["dev"], y["dev"], jax.random.key(seed + 1))
   return best, apply
+
+
+def _optimizer(learning_rate: float, weight_decay: float, mix_rate: float):
+  """AdamW on the kernels, Adam on the biases and, at `mix_rate` times the rate, on the scalar mix."""
+  return optax.multi_transform(
+      {"kernel": optax.adamw(learning_rate, weight_decay=weight_decay), "other": optax.adam(learning_rate),
+       "mix": optax.adam(learning_rate * mix_rate)},
+      lambda p: jax.tree_util.tree_map_with_path(lambda path, _: _param_group(path), p))
+
+
+def _losses(apply, p, xs, ys):
+  """[heads] mean cross-entropy over the labels train has (-1: a label it lacks)."""
+  logits = apply(p, xs)
+  known = ys >= 0
+  targets = jnp.broadcast_to(jnp.maximum(ys, 0), logits.shape[:-1])
+  ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+  return (ce * known).sum(-1) / jnp.maximum(known.sum(), 1)
 
 
 def init_params(module: nn.Module, x, heads: int, seed: int):

@@ -200,22 +200,13 @@ def from_state_dict(cfg: model.BertConfig, state: dict, scan_layers: bool = Fals
       problems.append(f"missing tensor {file_name(name)} (for {'/'.join(path)})")
       continue
     used.add(name)
-    value = state[name]
-    try:
-      value = transforms[kind][0](value)
-    except ValueError:
-      pass  # reshape failed: reported as misshapen below
-    if tuple(value.shape) != shapes[path]:
+    value = _converted(state[name], transforms[kind][0], shapes[path])
+    if value is None:
       problems.append(f"misshapen tensor {file_name(name)}: {state[name].shape}, expected {shapes[path]} "
                       f"as {'/'.join(path)}")
       continue
-    _set(params, path, value.astype(np.float32) if value.dtype != np.float32 else value)
-  for name, target in hf_families.tied(fam).items():
-    if name in state:
-      used.add(name)
-      if target in state and not np.array_equal(state[name], state[target]):
-        problems.append(f"tensor {file_name(name)} is not tied to {file_name(target)}: untied decoders are "
-                        "not supported")
+    _set(params, path, value)
+  problems += _untied(hf_families.tied(fam), state, used, file_name)
   problems += [f"unexpected tensor {file_name(n)} {state[n].shape}" for n in sorted(set(state) - used)]
   if problems:
     raise ValueError(f"checkpoint does not match the {model_type or cfg.model_type} config:\n  "
@@ -223,6 +214,30 @@ def from_state_dict(cfg: model.BertConfig, state: dict, scan_layers: bool = Fals
   if pooler is not None:
     params["bert"]["pooler"] = pooler
   return model.scan_params(params) if scan_layers else params
+
+
+def _converted(value, transform, shape):
+  """`transform(value)` in float32, or None where it is not of `shape` (or the transform cannot reshape it)."""
+  try:
+    value = transform(value)
+  except ValueError:
+    return None
+  if tuple(value.shape) != shape:
+    return None
+  return value.astype(np.float32) if value.dtype != np.float32 else value
+
+
+def _untied(tied: dict, state: dict, used: set, file_name) -> list[str]:
+  """A problem for each tied tensor (name: the one it is tied to) that differs from its target; each one
+  present is added to `used`."""
+  problems = []
+  for name, target in tied.items():
+    if name in state:
+      used.add(name)
+      if target in state and not np.array_equal(state[name], state[target]):
+        problems.append(f"tensor {file_name(name)} is not tied to {file_name(target)}: untied decoders are "
+                        "not supported")
+  return problems
 
 
 def _initial_pooler(cfg: model.BertConfig) -> dict:

@@ -71,51 +71,26 @@ def hugging_face_flax(spec, batch, masked: bool = False):
 
   `masked`: its encoder and heads applied as bert_jax applies its own, the MLM head on the masked
   positions' hidden states only (the same parameters; the work of bert_jax's step)."""
-  try:
-    import transformers  # pylint: disable=g-import-not-at-top
-    import jax, jax.numpy as jnp, optax  # pylint: disable=g-import-not-at-top,multiple-imports
-  except ImportError as e:
-    raise NotInstalled(str(e)) from e
-  if int(transformers.__version__.split(".")[0]) >= 5:
-    raise NotInstalled(f"transformers {transformers.__version__} has no Flax models (transformers<5 has)")
-  m, opt = spec["model"], spec["optimizer"]
-  config = _hugging_face_config(transformers, m)
+  transformers = _transformers_with_flax()
+  import jax, jax.numpy as jnp, optax  # pylint: disable=g-import-not-at-top,multiple-imports
+  config = _hugging_face_config(transformers, spec["model"])
   # `dtype`: the computation's (Hugging Face's Flax mixed precision); the parameters stay float32.
   model = transformers.FlaxBertForPreTraining(config, seed=spec["seed"],
                                               dtype=jnp.bfloat16 if _bfloat16(spec) else jnp.float32)
-  # No decay on biases and LayerNorm parameters, as run_mlm_flax.py and bert_jax.
-  decays = lambda path, _: not any("bias" in str(k) or "LayerNorm" in str(k) for k in path)  # noqa: E731
-  tx = optax.chain(optax.clip_by_global_norm(opt["clip_norm"]),
-                   optax.adamw(lambda s: _schedule_value(s, opt, jnp), opt["b1"], opt["b2"], opt["eps"],
-                               weight_decay=opt["weight_decay"],
-                               mask=lambda p: jax.tree_util.tree_map_with_path(decays, p)))
+  tx = _flax_adamw(spec["optimizer"])
   # A label and a weight at every position, or at the masked ones alone ([rows, masked]).
   labels, weights = (batch["masked_lm_ids"], batch["masked_lm_weights"]) if masked else _mlm_labels(batch)
   inputs = jax.device_put((batch["input_ids"], batch["input_mask"], batch["segment_ids"], labels, weights,
                            batch["next_sentence_labels"], batch["masked_lm_positions"]))
 
-  def heads_at_masked(module, ids, mask, types, masked_positions, deterministic):
-    """`FlaxBertForPreTrainingModule.__call__` with the MLM head on the masked positions alone."""
-    positions = jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape)
-    head_mask = jnp.ones((module.config.num_hidden_layers, module.config.num_attention_heads))
-    hidden, pooled = module.bert(ids, mask, types, positions, head_mask, deterministic=deterministic,
-                                 return_dict=False)[:2]
-    table = (module.bert.variables["params"]["embeddings"]["word_embeddings"]["embedding"]
-             if module.config.tie_word_embeddings else None)
-    hidden = jnp.take_along_axis(hidden, masked_positions[..., None], axis=1)
-    return module.cls(hidden, pooled, shared_embedding=table)
-
   def loss_fn(params, rng, ids, mask, types, labels, weights, nsp_labels, masked_positions):
     if masked:
       mlm_logits, nsp_logits = model.module.apply({"params": params}, ids, mask, types, masked_positions, False,
-                                                  method=heads_at_masked, rngs={"dropout": rng})
+                                                  method=_heads_at_masked, rngs={"dropout": rng})
     else:
       out = model(ids, mask, types, params=params, dropout_rng=rng, train=True)
       mlm_logits, nsp_logits = out.prediction_logits, out.seq_relationship_logits
-    logp = jax.nn.log_softmax(mlm_logits.astype(jnp.float32))
-    mlm = -(jnp.take_along_axis(logp, labels[..., None], -1)[..., 0] * weights).sum() / weights.sum()
-    nsp_logp = jax.nn.log_softmax(nsp_logits.astype(jnp.float32))
-    return mlm - jnp.take_along_axis(nsp_logp, nsp_labels[:, None], -1).mean()
+    return _pretraining_loss(mlm_logits, nsp_logits, labels, weights, nsp_labels)
 
   @functools.partial(jax.jit, donate_argnums=(0, 1))   # as bert_jax's step
   def step(params, opt_state, rng, inputs):
@@ -135,9 +110,53 @@ def hugging_face_flax(spec, batch, masked: bool = False):
   versions = {"transformers": transformers.__version__, "jax": jax.__version__, "optax": optax.__version__}
   logits = (["MLM logits at the masked positions (the model's encoder and heads applied as bert_jax does)"]
             if masked else ["MLM logits at every position (the model's own head), loss read at the masked ones"])
-  differences = _precision(spec) + logits + [
+  return run, versions, _precision(spec) + logits + [
       "optax.adamw: Adam with bias correction whatever bert_jax's optimizer.bias_correction"]
-  return run, versions, differences
+
+
+def _transformers_with_flax():
+  """`transformers` where it and JAX's optax are installed and it has Flax models (before v5), else NotInstalled."""
+  try:
+    import transformers  # pylint: disable=g-import-not-at-top
+    import jax, optax  # noqa: F401  pylint: disable=g-import-not-at-top,multiple-imports,unused-import
+  except ImportError as e:
+    raise NotInstalled(str(e)) from e
+  if int(transformers.__version__.split(".")[0]) >= 5:
+    raise NotInstalled(f"transformers {transformers.__version__} has no Flax models (transformers<5 has)")
+  return transformers
+
+
+def _flax_adamw(opt):
+  """optax AdamW with bert_jax's schedule and clipping, and no decay on biases and LayerNorm parameters (as
+  run_mlm_flax.py and bert_jax)."""
+  import jax, jax.numpy as jnp, optax  # pylint: disable=g-import-not-at-top,multiple-imports
+  decays = lambda path, _: not any("bias" in str(k) or "LayerNorm" in str(k) for k in path)  # noqa: E731
+  return optax.chain(optax.clip_by_global_norm(opt["clip_norm"]),
+                     optax.adamw(lambda s: _schedule_value(s, opt, jnp), opt["b1"], opt["b2"], opt["eps"],
+                                 weight_decay=opt["weight_decay"],
+                                 mask=lambda p: jax.tree_util.tree_map_with_path(decays, p)))
+
+
+def _pretraining_loss(mlm_logits, nsp_logits, labels, weights, nsp_labels):
+  """The MLM loss, a mean over the weighted labels, plus the NSP loss, a mean over the rows."""
+  import jax, jax.numpy as jnp  # pylint: disable=g-import-not-at-top,multiple-imports
+  logp = jax.nn.log_softmax(mlm_logits.astype(jnp.float32))
+  mlm = -(jnp.take_along_axis(logp, labels[..., None], -1)[..., 0] * weights).sum() / weights.sum()
+  nsp_logp = jax.nn.log_softmax(nsp_logits.astype(jnp.float32))
+  return mlm - jnp.take_along_axis(nsp_logp, nsp_labels[:, None], -1).mean()
+
+
+def _heads_at_masked(module, ids, mask, types, masked_positions, deterministic):
+  """`FlaxBertForPreTrainingModule.__call__` with the MLM head on the masked positions alone."""
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  positions = jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape)
+  head_mask = jnp.ones((module.config.num_hidden_layers, module.config.num_attention_heads))
+  hidden, pooled = module.bert(ids, mask, types, positions, head_mask, deterministic=deterministic,
+                               return_dict=False)[:2]
+  table = (module.bert.variables["params"]["embeddings"]["word_embeddings"]["embedding"]
+           if module.config.tie_word_embeddings else None)
+  hidden = jnp.take_along_axis(hidden, masked_positions[..., None], axis=1)
+  return module.cls(hidden, pooled, shared_embedding=table)
 
 
 def hugging_face_flax_masked(spec, batch):

@@ -101,18 +101,24 @@ def time_report(compiled, chip: Chip, model_flops_per_device: float, loop_trips:
       "bound": "compute" if compute_s >= memory_s else "memory",
       "mfu_bound": model_flops_per_device / peak / step_s if step_s else 0.0,
   }
-  if on_chip_share is None:   # not known: no bound with on-chip traffic free
-    return {**report, **dict.fromkeys(("on_chip_share", "on_chip_bytes", "hbm_bytes", "hbm_memory_seconds",
-                                       "hbm_step_seconds", "hbm_bound", "hbm_mfu_bound"))}
-  on_chip_bytes = step_bytes * on_chip_share
-  hbm_bytes = step_bytes - on_chip_bytes + kernel_bytes
+  return {**report, **_on_chip_free(report, on_chip_share)}
+
+
+def _on_chip_free(report: dict, on_chip_share: float | None) -> dict[str, Any]:
+  """`time_report`'s "on_chip_" and "hbm_" fields: the step of `report` with the share of its bytes in on-chip
+  memory moving for free (the kernels' extra reads stay in HBM); None each where the share is not known."""
+  if on_chip_share is None:
+    return dict.fromkeys(("on_chip_share", "on_chip_bytes", "hbm_bytes", "hbm_memory_seconds",
+                          "hbm_step_seconds", "hbm_bound", "hbm_mfu_bound"))
+  compute_s, bandwidth = report["compute_seconds"], report["hbm_bandwidth"]
+  on_chip_bytes = report["step_bytes"] * on_chip_share
+  hbm_bytes = report["step_bytes"] - on_chip_bytes + report["kernel_bytes"]
   hbm_step_s = max(compute_s, hbm_bytes / bandwidth)
   return {
-      **report,
       "on_chip_share": on_chip_share, "on_chip_bytes": on_chip_bytes, "hbm_bytes": hbm_bytes,
       "hbm_memory_seconds": hbm_bytes / bandwidth,
       "hbm_step_seconds": hbm_step_s, "hbm_bound": "compute" if compute_s >= hbm_bytes / bandwidth else "memory",
-      "hbm_mfu_bound": model_flops_per_device / peak / hbm_step_s if hbm_step_s else 0.0,
+      "hbm_mfu_bound": report["model_flops"] / report["peak_flops"] / hbm_step_s if hbm_step_s else 0.0,
   }
 
 
