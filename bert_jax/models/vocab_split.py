@@ -80,6 +80,17 @@ _gather_rows.defvjp(lambda x, axis: (_gather_rows(x, axis), None),
                     lambda axis, _, d_x: (jax.lax.psum_scatter(d_x, axis, scatter_dimension=0, tiled=True),))
 
 
+def _device_rows(shard_VE, bias_V, embed_axis, padded: int, per_device: int):
+  """(rows, bias, slot): whole rows of this device's slice of the vocabulary, [padded, E / fsdp] padded
+  with zero rows -> [per_device, E], their float32 bias (PAD_BIAS in the padding), and the device's place on
+  `embed_axis`."""
+  shard_VE = jnp.pad(shard_VE, ((0, padded - shard_VE.shape[0]), (0, 0)))
+  rows_VE = jax.lax.all_to_all(shard_VE, embed_axis, split_axis=0, concat_axis=1, tiled=True)
+  slot = jax.lax.axis_index(embed_axis)
+  bias_V = jnp.pad(bias_V.astype(jnp.float32), (0, padded - bias_V.shape[0]), constant_values=PAD_BIAS)
+  return rows_VE, jax.lax.dynamic_slice_in_dim(bias_V, slot * per_device, per_device), slot
+
+
 class _Columns(NamedTuple):
   """Which vocabulary rows a device's logits hold: column j is row
   (chunk + j // per_device) * per_tensor + slot * per_device + j % per_device, for j < slices * per_device."""
@@ -124,14 +135,12 @@ def masked_lm_sums(x_BPE, table_VE, bias_V, labels_BP, library: bool = False):
   if plan is None:
     return None
   vocab_axis, embed_axis, batch, (table_spec, bias_spec, rows_spec, out_spec) = plan
-  fsdp = mesh.shape[embed_axis]
+  fsdp, tensor = mesh.shape[embed_axis], mesh.shape[vocab_axis] if vocab_axis else 1
   vocab_axes = (vocab_axis, embed_axis) if vocab_axis else (embed_axis,)
   others = tuple(a for a in batch if a != embed_axis)
-  per_tensor = table_VE.shape[0] // (mesh.shape[vocab_axis] if vocab_axis else 1)
+  per_tensor = table_VE.shape[0] // tensor
   padded = -(-per_tensor // fsdp) * fsdp
   per_device = padded // fsdp
-
-  tensor = mesh.shape[vocab_axis] if vocab_axis else 1
   rows_local = x_BPE.shape[0] // math.prod(mesh.shape[a] for a in batch) * x_BPE.shape[1]
   split_rows = tensor > 1 and rows_local % tensor == 0
   slices = tensor if split_rows else 1    # tensor slices of the vocabulary a device's logits cover
@@ -140,12 +149,7 @@ def masked_lm_sums(x_BPE, table_VE, bias_V, labels_BP, library: bool = False):
   def local(x_BPE, shard_VE, bias_V, labels_BP):
     b, p, e = x_BPE.shape
     m = b * p // slices    # the rows this device takes of its own: all, or its tensor slice's share
-    # Whole rows of this device's slice of the vocabulary: [padded, E / fsdp] -> [padded / fsdp, E].
-    shard_VE = jnp.pad(shard_VE, ((0, padded - per_tensor), (0, 0)))
-    rows_VE = jax.lax.all_to_all(shard_VE, embed_axis, split_axis=0, concat_axis=1, tiled=True)
-    slot = jax.lax.axis_index(embed_axis)
-    bias_V = jnp.pad(bias_V.astype(jnp.float32), (0, padded - per_tensor), constant_values=PAD_BIAS)
-    bias_V = jax.lax.dynamic_slice_in_dim(bias_V, slot * per_device, per_device)
+    rows_VE, bias_V, slot = _device_rows(shard_VE, bias_V, embed_axis, padded, per_device)
     x_ME, labels_M = x_BPE.reshape(b * p, e), labels_BP.reshape(b * p)
     if vocab_axis:   # x is the same on every tensor slice; its gradient is summed over them
       x_ME = jax.lax.pcast(x_ME, vocab_axis, to="varying")
