@@ -168,35 +168,36 @@ class BertLayer(nn.Module):
       # Layer 0 reads the embedding norm's output as it is (ModernBERT's attn_norm is Identity there).
       h = x if first is True else _pick(first, x, layer_norm(cfg, "attention_layer_norm", True)(x))
       x = constrain(x + drop(attention(h, mask, rope, deterministic)))
-      x = constrain(x + drop(self._feed_forward(layer_norm(cfg, "output_layer_norm", True)(x))))
+      x = constrain(x + drop(_feed_forward(self, layer_norm(cfg, "output_layer_norm", True)(x))))
     elif isinstance(x, tuple):   # `paired_layer_norms`: each norm's output handed to its two users apart
       x_in, x_res = x
       h = attention(constrain(x_in), mask, rope, deterministic)
       y_in, y_res = layer_norm(cfg, "attention_layer_norm", True)(x_res + drop(h), pair=True)
-      y_res = y_res + drop(self._feed_forward(constrain(y_in)))
+      y_res = y_res + drop(_feed_forward(self, constrain(y_in)))
       y_in, y_res = layer_norm(cfg, "output_layer_norm", True)(y_res, pair=True)
       x = (constrain(y_in), constrain(y_res))
       return x, (x[0] if output_hidden_states else None, probs[0] if self.output_attentions else None)
     else:
       h = attention(x, mask, rope, deterministic)
       x = constrain(layer_norm(cfg, "attention_layer_norm")(x + drop(h)))
-      x = constrain(layer_norm(cfg, "output_layer_norm")(x + drop(self._feed_forward(x))))
+      x = constrain(layer_norm(cfg, "output_layer_norm")(x + drop(_feed_forward(self, x))))
     return x, (x if output_hidden_states else None, probs[0] if self.output_attentions else None)
 
 
-  def _feed_forward(self, h):
-    """The intermediate dense layer, its GELU (or GeGLU) and the output dense layer."""
-    cfg = self.config
-    layer_dense = functools.partial(dense, cfg, in_layer=True)
-    h = (self.shared_intermediate or layer_dense(cfg.intermediate_size * (2 if cfg.geglu else 1), ("embed", "mlp"),
-                                                 "intermediate"))(h)
-    if cfg.geglu:  # the input half first, then the gate, as Hugging Face's ModernBertMLP
-      h, gate = jnp.split(h, 2, axis=-1)
-      h = scan_recomputed(cfg, lambda h, gate: gelu(cfg, h) * gate)(h, gate)
-    else:
-      h = scan_recomputed(cfg, functools.partial(gelu, cfg))(h)
-    h = _constrain(h, "activation_batch", "activation_length", "activation_mlp")
-    return (self.shared_output or layer_dense(cfg.hidden_size, ("mlp", "embed"), "output"))(h)
+def _feed_forward(layer: nn.Module, h):
+  """`layer`'s intermediate dense layer, its GELU (or GeGLU) and its output dense layer, made in its compact
+  `__call__` (a function rather than a method, which flax would give a name scope of its own in op names)."""
+  cfg = layer.config
+  layer_dense = functools.partial(dense, cfg, in_layer=True)
+  h = (layer.shared_intermediate or layer_dense(cfg.intermediate_size * (2 if cfg.geglu else 1), ("embed", "mlp"),
+                                                "intermediate"))(h)
+  if cfg.geglu:  # the input half first, then the gate, as Hugging Face's ModernBertMLP
+    h, gate = jnp.split(h, 2, axis=-1)
+    h = scan_recomputed(cfg, lambda h, gate: gelu(cfg, h) * gate)(h, gate)
+  else:
+    h = scan_recomputed(cfg, functools.partial(gelu, cfg))(h)
+  h = _constrain(h, "activation_batch", "activation_length", "activation_mlp")
+  return (layer.shared_output or layer_dense(cfg.hidden_size, ("mlp", "embed"), "output"))(h)
 
 
 class BertLayerStack(nn.Module):
