@@ -6,6 +6,7 @@ import os
 import jax
 import ml_collections
 
+from bert_jax import failures
 from bert_jax import objectives
 
 
@@ -43,7 +44,7 @@ def load_tokenizer(data_config, config):
   tokenizer = input_pipeline.load_tokenizer(data_config)
   vocab_size = objectives.encoder_config(config).vocab_size
   if tokenizer.vocab_size > vocab_size:
-    raise ValueError(
+    raise failures.UserError(
         f"the tokenizer of {data_config.vocab_file or data_config.train_files!r} has {tokenizer.vocab_size} "
         f"tokens but the model's embedding table has {vocab_size} (model.vocab_size): set "
         f"--config.model.vocab_size={tokenizer.vocab_size} or use the vocabulary the data was prepared with")

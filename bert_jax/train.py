@@ -227,12 +227,13 @@ def _start(config: ml_collections.ConfigDict, workdir: str) -> tuple[_Run, Train
   tokenizer = load_tokenizer(data_config, config)
   # The model config and tokenizer beside the checkpoints: embed, fill-mask and finetune read them.
   checkpoint_loader.write_run_record(workdir, bert_config(config), tokenizer.source_file, tokenizer.do_lower_case)
+  # The data before the model: a split too small for its format stops here, before anything is compiled.
+  train_iter = create_iterator(data_config, config, "train", tokenizer)
+  eval_iter = create_iterator(data_config, config, "eval", tokenizer) if config.eval_steps > 0 else None
   s = train_setup.load_frozen(train_setup.setup(config, mesh))
   init_rng, dropout_rng = train_setup.rngs(config)
   checkpointer = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"), keep=config.keep_checkpoints,
                                             async_save=config.async_checkpointing)
-  train_iter = create_iterator(data_config, config, "train", tokenizer)
-  eval_iter = create_iterator(data_config, config, "eval", tokenizer) if config.eval_steps > 0 else None
   eval_start = eval_iter.get_state() if eval_iter is not None else None
   state, origin = restore_or_init(s, config, checkpointer, train_iter, init_rng)
   run = _Run(config, workdir, s, tokenizer, checkpointer, train_iter, eval_iter, eval_start, dropout_rng)

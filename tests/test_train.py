@@ -15,6 +15,7 @@ import pytest
 
 from conftest import compilation_cache_env, shipped_steps_in_ci
 from bert_jax.data import prepare
+from bert_jax import failures
 from bert_jax import sharding
 from bert_jax import train
 from bert_jax import train_setup
@@ -284,8 +285,26 @@ def test_tokenizer_larger_than_the_embedding_table_stops_before_compiling(data_d
   compiled = []
   monkeypatch.setattr(train_setup, "setup", lambda *a, **k: compiled.append(1))
   config = tiny_config(data_dir, **{"model.vocab_size": 64})   # the data's vocabulary: about 110 tokens
-  with pytest.raises(ValueError, match=r"has 1[0-9]{2} tokens but the model's embedding table has 64"):
+  with pytest.raises(failures.UserError, match=r"has 1[0-9]{2} tokens but the model's embedding table has 64"):
     train.train_and_evaluate(config, str(tmp_path / "run"))
+  assert not compiled
+
+
+def test_an_eval_split_of_one_document_stops_before_compiling(tmp_path, monkeypatch):
+  """Next-sentence pairs take their random sentence from another document: an eval split that `prepare`
+  held out with one document is the user's to fix (exit 2), not a traceback from the input pipeline."""
+  lines = []
+  for d in range(12):
+    lines += [f"document {d} sentence {i} is here ." for i in range(4)] + [""]
+  (tmp_path / "corpus.txt").write_text("\n".join(lines))
+  out = str(tmp_path / "prepared")
+  prepare.prepare_corpus(str(tmp_path / "corpus.txt"), out, train_vocab_size=64, eval_fraction=0.1,
+                         num_shards=1, num_workers=1)
+  assert json.load(open(os.path.join(out, "stats.json")))["splits"]["eval"]["documents"] == 1
+  compiled = []
+  monkeypatch.setattr(train_setup, "setup", lambda *a, **k: compiled.append(1))
+  with pytest.raises(failures.UserError, match="needs two documents on each host.*the eval split holds 1"):
+    train.train_and_evaluate(tiny_config(out, **{"model.vocab_size": 64}), str(tmp_path / "run"))
   assert not compiled
 
 

@@ -242,7 +242,7 @@ def _split_documents(data_config, split: str, process_index: int, process_count:
   """Documents of `split` for this host: eval shards if there are any, else a held-out fraction."""
   c = data_config
   if c.train_files.startswith("embedded:"):
-    raise ValueError(f"{c.train_files!r} must be prepared first (`bert-jax prepare`); pass the directory")
+    raise failures.UserError(f"{c.train_files!r} must be prepared first (`bert-jax prepare`); pass the directory")
   eval_files = shards.shard_files(c.eval_files, "eval") if c.eval_files else []
   if not eval_files and tf.io.gfile.isdir(c.train_files):
     eval_files = shards.shard_files(c.train_files, "eval")
@@ -253,7 +253,7 @@ def _split_documents(data_config, split: str, process_index: int, process_count:
     raise failures.UserError(f"no prepared shards match data.train_files {c.train_files!r}")
   if eval_files or c.eval_fraction <= 0:
     if split == "eval":
-      raise ValueError("no eval data: set data.eval_files or data.eval_fraction > 0")
+      raise failures.UserError("no eval data: set data.eval_files or data.eval_fraction > 0")
     return shards.load_documents(train_files, process_index, process_count)
   return shards.load_documents(train_files, process_index, process_count, held_out=split == "eval",
                         eval_fraction=c.eval_fraction)
@@ -297,9 +297,15 @@ def load_tokenizer(data_config):
 def _make_batch_maker(data_config, global_batch_size, process_index, process_count, split, tokenizer, objective):
   process_index, process_count = _host(process_index, process_count)
   if global_batch_size % process_count:
-    raise ValueError(f"global batch {global_batch_size} is not divisible by {process_count} hosts")
+    raise failures.UserError(f"global batch {global_batch_size} is not divisible by {process_count} hosts")
   tokenizer = load_tokenizer(data_config) if tokenizer is None else tokenizer
   docs = _split_documents(data_config, split, process_index, process_count)
+  if docs.num_documents < (least := instances.min_documents(data_config.format)):
+    raise failures.UserError(
+        f"data.format {data_config.format!r} needs {'two documents' if least == 2 else 'a document'} on each "
+        f"host, and host {process_index}'s share of the {split} split holds {docs.num_documents}: give that "
+        "split more documents (for the eval split `bert-jax prepare` holds out, a larger --eval_fraction; or "
+        "data.eval_files), or run on fewer hosts")
   return BatchMaker(docs, tokenizer, data_config, global_batch_size // process_count, process_index, objective)
 
 

@@ -99,6 +99,12 @@ class Instances:
     return 2 + self.a_len + np.where(self.b_len > 0, self.b_len + 1, 0)
 
 
+def min_documents(fmt: str) -> int:
+  """The fewest documents a host's share of a split needs in format `fmt`: a random next sentence
+  ("nsp", "sentence_pair") comes from another document."""
+  return 2 if fmt in ("nsp", "sentence_pair") else 1
+
+
 def plan(docs: Documents, fmt: str, seq_length: int, short_seq_prob: float,
          rng: np.random.Generator, separator_id: int | None = None) -> Instances:
   """All instances of one epoch over `docs`.
@@ -153,7 +159,7 @@ def _pair_chunks(docs, fmt, targets, split_u, label_u):
 
 def _plan_pairs(docs, fmt, targets, max_tokens, rng):
   n_docs = docs.num_documents
-  if fmt == "nsp" and n_docs < 2:
+  if n_docs < min_documents(fmt):
     raise ValueError("next-sentence prediction needs at least two documents per host")
   bound = len(targets)
   first, a_end, end, label, doc = _pair_chunks(docs, fmt, targets, rng.random(bound), rng.random(bound))
@@ -184,7 +190,7 @@ def _plan_pairs(docs, fmt, targets, max_tokens, rng):
 def _plan_sentence_pairs(docs, max_tokens, rng):
   """One sentence and the next (label 0) or, with 50%, a sentence of another document (label 1)."""
   n_docs = docs.num_documents
-  if n_docs < 2:
+  if n_docs < min_documents("sentence_pair"):
     raise ValueError("sentence pairs need at least two documents per host (for the random sentences)")
   starts = docs.sentence_starts
   doc_starts = docs.doc_starts.tolist()
