@@ -33,6 +33,19 @@ def absolute(path: str) -> str:
   return os.path.abspath(os.path.expanduser(path))
 
 
+def output_file(path: str) -> str:
+  """An output file flag's `path`, absolute, with its folder made: commands call it before their work, so
+  that `--output=out/preds.jsonl` writes into a new `out/` and a folder that cannot be made stops the
+  command (an OSError, which they end with exit 2) before the work rather than after it."""
+  path = absolute(path)
+  if "://" not in path:
+    try:
+      os.makedirs(os.path.dirname(path), exist_ok=True)
+    except OSError as e:
+      raise OSError(f"cannot write {path}: its folder cannot be made ({e.strerror}: {e.filename})") from e
+  return path
+
+
 def absolute_config(config: ml_collections.ConfigDict, fields) -> ml_collections.ConfigDict:
   """`config` with the dotted `fields` that exist made absolute (in place; returns it)."""
   for dotted in fields:

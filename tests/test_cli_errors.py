@@ -31,6 +31,10 @@ def _cases(tmp):
       ("bench", "train", "--config=configs/tiny_typo.py"): "bert-jax bench train: cannot load --config",
       ("embed", f"--checkpoint={tmp}/nowhere", f"--input={tmp}/x.jsonl", f"--output={tmp}/e.npz"):
           f"bert-jax embed: checkpoint {tmp}/nowhere does not exist",
+      ("embed", f"--checkpoint={tmp}/nowhere", f"--input={tmp}/x.jsonl", f"--output={tmp}/vocab.txt/e.npz"):
+          f"bert-jax embed: cannot write {tmp}/vocab.txt/e.npz: its folder cannot be made (File exists",
+      ("predict", f"--checkpoint={tmp}/nowhere", f"--input={tmp}/x.tsv", f"--output={tmp}/vocab.txt/p.tsv"):
+          f"bert-jax predict: cannot write {tmp}/vocab.txt/p.tsv: its folder cannot be made (File exists",
       ("fill-mask", f"--checkpoint={tmp}/nowhere", "a [MASK] ."):
           f"bert-jax fill-mask: checkpoint {tmp}/nowhere does not exist",
       ("analyze", "attention", f"--checkpoint={tmp}/nowhere", f"--input={tmp}/x.txt", f"--output_dir={tmp}/a"):

@@ -93,8 +93,9 @@ def test_embed_command_reads_a_pretraining_run(tmp_path_factory, tmp_path):
   run = trained_run(tmp_path_factory)
   lines = ['{"text": "the king keeps the crown ."}', '{"input_ids": [2, 7, 3]}']
   (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
-  run_cli(f"--checkpoint={run}/checkpoints/10", f"--input={tmp_path / 'in.jsonl'}", f"--output={tmp_path / 'out.npz'}")
-  out = np.load(tmp_path / "out.npz")
+  run_cli(f"--checkpoint={run}/checkpoints/10", f"--input={tmp_path / 'in.jsonl'}",
+          f"--output={tmp_path / 'new' / 'out.npz'}")   # a folder not there yet
+  out = np.load(tmp_path / "new" / "out.npz")
   cfg, params, tok = checkpoint_loader.load(run)
   expected = embed.embed_examples(cfg, params["bert"], embed.read_examples(lines, tok), batch_size=8)
   assert sorted(out) == sorted(expected) and out["hidden_states_0"].shape == (2, 8, 32)

@@ -87,11 +87,11 @@ def test_command_with_a_relative_checkpoint_path(tmp_path_factory, expected, tmp
   run = trained_run(tmp_path_factory)
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
   command = [sys.executable, "-m", "bert_jax.cli", "fill-mask", f"--checkpoint={os.path.basename(run)}",
-             f"--output={tmp_path / 'out.jsonl'}", *TEXTS]
+             f"--output={tmp_path / 'new' / 'out.jsonl'}", *TEXTS]   # a folder not there yet
   result = subprocess.run(command, cwd=os.path.dirname(run), env=env, capture_output=True, text=True, timeout=600)
   assert result.returncode == 0, result.stderr[-3000:]
   assert result.stdout.splitlines()[0] == TEXTS[0] and result.stdout.count("[MASK] 1:") == 2
-  records = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+  records = [json.loads(line) for line in (tmp_path / "new" / "out.jsonl").read_text().splitlines()]
   assert [r["text"] for r in records] == TEXTS
   for record, masks in zip(records, expected):
     got = [[(c["token"], c["prob"]) for c in candidates] for candidates in record["masks"]]

@@ -20,6 +20,16 @@ def test_absolute_paths_and_the_ones_left_alone(tmp_path, monkeypatch):
     assert paths.absolute(unchanged) == unchanged
 
 
+def test_an_output_file_gets_its_folder_before_the_work(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  assert paths.output_file("out/deeper/preds.jsonl") == str(tmp_path / "out" / "deeper" / "preds.jsonl")
+  assert (tmp_path / "out" / "deeper").is_dir() and not (tmp_path / "out" / "deeper" / "preds.jsonl").exists()
+  assert paths.output_file("here.npz") == str(tmp_path / "here.npz")
+  (tmp_path / "a_file").write_text("")
+  with pytest.raises(OSError, match="cannot write .*a_file/x.tsv: its folder cannot be made"):
+    paths.output_file("a_file/x.tsv")
+
+
 def test_absolute_config_on_a_locked_config(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   c = ml_collections.ConfigDict({"init_from": "runs/p1", "data": {"train_files": "prepared", "vocab_file": ""}})

@@ -30,7 +30,7 @@ def test_predict_gives_the_finetuning_dev_accuracy_on_rotten_tomatoes(tmp_path, 
   data = shared_path("tasks", "rotten_tomatoes")
   run_dir, results = minilm_rotten_tomatoes
   argv = [sys.executable, "-m", "bert_jax.cli", "predict", f"--checkpoint={run_dir}",
-          f"--input={data}/dev.tsv", f"--output={tmp_path}/dev_predictions.tsv"]
+          f"--input={data}/dev.tsv", f"--output={tmp_path}/new/dev_predictions.tsv"]   # a folder not there yet
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   run = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
   assert run.returncode == 0, run.stderr[-3000:]

@@ -47,6 +47,7 @@ from ml_collections import config_flags
 from bert_jax import config_path
 from bert_jax import failures
 from bert_jax import malloc
+from bert_jax import paths
 from bert_jax.tpu_chips import CHIPS, GiB, parse_topology  # noqa: F401 (aot.CHIPS, aot.parse_topology)
 from bert_jax.tools import compile_passes as compile_passes_lib
 from bert_jax.tools import hlo_bytes
@@ -320,7 +321,7 @@ def main(argv) -> None:
     raise failures.UserError("no --topology and the config has no `topology` field")
   for path in (FLAGS.hlo, FLAGS.json):   # their folders before the compile, which can take minutes
     if path:
-      os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+      paths.output_file(path)
   if FLAGS.search_mesh:
     if FLAGS.report or FLAGS.hlo or FLAGS.compile_passes:
       raise failures.UserError("--report, --hlo and --compile_passes describe one compiled step: run them with "

@@ -29,6 +29,7 @@ import numpy as np
 
 from bert_jax import checkpoint_loader
 from bert_jax import failures
+from bert_jax import paths
 from bert_jax.models import encoder as model
 
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Hugging Face directory, Google TF checkpoint, bert_jax "
@@ -165,12 +166,14 @@ def main(argv) -> None:
   for flag in (_CHECKPOINT, _INPUT, _OUTPUT):
     if flag.value is None:
       raise app.UsageError(f"--{flag.name} is required")
-  # A checkpoint, vocabulary or input that is not there or cannot be read: one paragraph, exit 2.
-  with failures.as_user_errors("bert-jax embed", FileNotFoundError, ValueError):
+  # A checkpoint, vocabulary or input that is not there or cannot be read, or an output folder that cannot be
+  # made: one paragraph, exit 2.
+  with failures.as_user_errors("bert-jax embed", OSError, ValueError):
+    output = paths.output_file(_OUTPUT.value)
     cfg, params = checkpoint_loader.load_model(_CHECKPOINT.value, dtype=_DTYPE.value)
     with open(_INPUT.value) as f:
       examples = read_examples(f, _tokenizer(), _MAX_LENGTH.value or longest_input(cfg))
   pool = "pooler" in params["bert"] and checkpoint_loader.saved_pooler(_CHECKPOINT.value)
   arrays = embed_examples(cfg, params["bert"], examples, _BATCH_SIZE.value, pool)
-  np.savez(_OUTPUT.value, **arrays)
-  logging.info("wrote %d examples to %s", len(examples), _OUTPUT.value)
+  np.savez(output, **arrays)
+  logging.info("wrote %d examples to %s", len(examples), output)

@@ -22,6 +22,7 @@ import numpy as np
 
 from bert_jax import checkpoint_loader
 from bert_jax import failures
+from bert_jax import paths
 from bert_jax.models import config as model_config
 from bert_jax.models import heads
 from bert_jax.models import encoder as model
@@ -218,13 +219,14 @@ def main(argv) -> None:
   if FLAGS.checkpoint is None:
     raise app.UsageError("--checkpoint is required")
   texts = _read_texts(argv)
-  # A checkpoint or text that cannot be used: say why, briefly.
-  with failures.as_user_errors("bert-jax fill-mask", ValueError, FileNotFoundError):
+  # A checkpoint, text or output folder that cannot be used: say why, briefly.
+  with failures.as_user_errors("bert-jax fill-mask", ValueError, OSError):
+    output = paths.output_file(FLAGS.output) if FLAGS.output is not None else None
     cfg, params, tokenizer = checkpoint_loader.load(FLAGS.checkpoint, do_lower_case=FLAGS.do_lower_case)
     predictions = predict(cfg, params, tokenizer, texts, FLAGS.top_k, FLAGS.batch_size)
   print(format_predictions(texts, predictions))
-  if FLAGS.output is not None:
-    with open(FLAGS.output, "w", encoding="utf-8") as f:
+  if output is not None:
+    with open(output, "w", encoding="utf-8") as f:
       for text, masks in zip(texts, predictions):
         record = {"text": text, "masks": [[{"token": t, "prob": p} for t, p in c] for c in masks]}
         f.write(json.dumps(record) + "\n")

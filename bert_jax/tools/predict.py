@@ -32,6 +32,7 @@ import numpy as np
 
 from bert_jax import checkpoint_loader
 from bert_jax import failures
+from bert_jax import paths
 from bert_jax.models import encoder as model_lib
 from bert_jax.finetune import metrics
 from bert_jax.finetune import ner
@@ -285,12 +286,13 @@ def main(argv) -> None:
     if FLAGS[name].value is None:
       raise app.UsageError(f"--{name} is required")
   try:
+    output = paths.output_file(FLAGS.output)
     predictor = Predictor.load(FLAGS.checkpoint, FLAGS.text_a, FLAGS.text_b)
     examples = predictor.read(FLAGS.input)
-  except (FileNotFoundError, ValueError) as e:  # the user's files (readers.DataError ...): say which and why
+  except (OSError, ValueError) as e:  # the user's files (readers.DataError ...): say which and why
     failures.say_and_exit(failures.UserError(str(e)), prefix="bert-jax predict")
   results = predictor.predict(examples, FLAGS.batch_size, progress=True)
-  write(FLAGS.output, results)
+  write(output, results)
   scores = predictor.score(examples, results)
-  summary = {"examples": len(results), "output": os.path.abspath(FLAGS.output)}
+  summary = {"examples": len(results), "output": output}
   print(json.dumps(summary | ({"metrics": scores} if scores is not None else {}), indent=1))
