@@ -109,6 +109,25 @@ def test_gzip_globs_directories_and_binary_files(tmp_path):
     _read(str(tmp_path / "nothing-*.txt"))
 
 
+def test_gzip_files_go_whole_to_the_emptiest_parts_and_plain_bytes_level_them():
+  """A .gz file is read whole: several of them spread over the parts, none left empty while files remain;
+  plain files' bytes fill up the parts with fewer .gz bytes; without .gz files, the cuts are at k*T/n."""
+  sized = lambda parts, sizes: [sum((sizes[r.path] if r.end is None else r.end) - r.start  # noqa: E731
+                                    for r in p) for p in parts]
+  gz = {"a.gz": 300, "b.gz": 200, "c.gz": 200, "d.gz": 100}
+  assert sized(corpus._cut_files(list(gz.items()), 2), gz) == [400, 400]
+  assert sized(corpus._cut_files(list(gz.items()), 4), gz) == [300, 200, 200, 100]
+  mixed = {"big.jsonl.gz": 600, "x.txt": 500, "y.txt": 400}
+  parts = corpus._cut_files(list(mixed.items()), 3)
+  assert [r.path for r in parts[0]] == ["big.jsonl.gz"] and sized(parts, mixed) == [600, 450, 450]
+  plain = {"x.txt": 1000, "y.txt": 1001}
+  parts = corpus._cut_files(list(plain.items()), 3)
+  cuts = [k * 2001 // 3 for k in range(4)]
+  assert sized(parts, plain) == [b - a for a, b in zip(cuts, cuts[1:])]
+  assert parts[1] == [corpus.FileRange("x.txt", 667, None), corpus.FileRange("y.txt", 0, 334)]
+  assert sum(not p for p in corpus._cut_files([("only.gz", 10)], 3)) == 2   # and logged
+
+
 def test_absurdly_long_lines_are_skipped_without_reading_them_whole(tmp_path, monkeypatch):
   monkeypatch.setattr(corpus, "MAX_LINE_BYTES", 100)
   path = tmp_path / "corpus.txt"

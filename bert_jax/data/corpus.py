@@ -25,6 +25,8 @@ import os
 import re
 from typing import Iterator
 
+from absl import logging
+
 from bert_jax import failures
 from bert_jax.data import sentence_splitter
 
@@ -300,19 +302,51 @@ def plan(spec: str, num_parts: int, *, data_dir: str | None = None, text_key: st
 
 
 def _cut_files(files: list[tuple[str, int]], num_parts: int) -> list[list[FileRange]]:
-  """Byte ranges so that part k covers bytes [k*T/n, (k+1)*T/n) of the concatenated inputs."""
-  total = sum(size for _, size in files) or 1
-  parts, offset = [[] for _ in range(num_parts)], 0
-  for path, size in files:
-    if path.endswith(".gz"):  # not seekable: whole file to the part where it starts
-      parts[min(offset * num_parts // total, num_parts - 1)].append(FileRange(path))
-    else:
-      for k in range(num_parts):
-        lo, hi = max(k * total // num_parts - offset, 0), min((k + 1) * total // num_parts - offset, size)
-        if lo < hi:
-          parts[k].append(FileRange(path, lo, None if hi >= size else hi))
+  """Parts of about equal bytes. A .gz file cannot be cut (it is not seekable): each goes whole to the part
+  with the fewest bytes so far, the largest first. The other files' bytes, concatenated, are cut at byte
+  offsets to bring the parts to one level: without .gz files part k covers bytes [k*T/n, (k+1)*T/n).
+  A part reads its files in the input's order. With fewer .gz files than parts and nothing else, some parts stay empty (logged)."""
+  parts, loads = [[] for _ in range(num_parts)], [0] * num_parts
+  for path, size in sorted((f for f in files if f[0].endswith(".gz")), key=lambda f: -f[1]):
+    k = min(range(num_parts), key=loads.__getitem__)
+    parts[k].append(FileRange(path))
+    loads[k] += size
+  plain = [f for f in files if not f[0].endswith(".gz")]
+  bounds, offset = _level_bounds(loads, sum(size for _, size in plain)), 0
+  for path, size in plain:
+    for k in range(num_parts):
+      lo, hi = max(bounds[k] - offset, 0), min(bounds[k + 1] - offset, size)
+      if lo < hi:
+        parts[k].append(FileRange(path, lo, None if hi >= size else hi))
     offset += size
+  order = {path: i for i, (path, _) in enumerate(files)}   # each part reads its files in the input's order
+  parts = [sorted(p, key=lambda r: (order[r.path], r.start)) for p in parts]
+  if files and (empty := sum(not p for p in parts)):
+    logging.warning("%d of %d shards get no input: %d .gz files (each read whole) and %d other files for %d "
+                    "shards; give at least as many .gz files as shards, or fewer shards", empty, num_parts,
+                    len(files) - len(plain), len(plain), num_parts)
   return parts
+
+
+def _level_bounds(loads: list[int], total: int) -> list[int]:
+  """Offsets 0 = b_0 <= ... <= b_n = total into `total` bytes such that part k, already holding `loads[k]`,
+  takes bytes [b_k, b_k+1) and the parts end as level as they can (water filling)."""
+  n = len(loads)
+  if len(set(loads)) == 1:
+    return [k * total // n for k in range(n + 1)]
+  level, below, rest = 0.0, 0, total   # raise the level over the lowest loads until `total` is used
+  for i, load in enumerate(sorted(loads)):
+    if i and rest < (load - level) * below:
+      break
+    rest -= (load - level) * below
+    level, below = load, below + 1
+  level += rest / below
+  bounds, taken = [0], 0.0
+  for load in loads:
+    taken += max(level - load, 0.0)
+    bounds.append(min(int(taken), total))
+  bounds[-1] = total
+  return bounds
 
 
 def read_part(part, *, text_key: str = "text", max_sentence_chars: int = MAX_SENTENCE_CHARS,
