@@ -42,8 +42,14 @@ from configs import bert_base
 # topology (docs/performance.md: v3:8x8's phase 1 searched scanned under "Choosing the mesh", its phase 2
 # and phase1_tokens unrolled there too; v5e:8x8 and v6e:8x8 unrolled under "Where the targets stand");
 # data -1 takes what is left of the devices. remat "minimal" against "none", unrolled: none wins for v3
-# phase 2, minimal for v5e's and v6e's phase 1 and phase1_tokens (at 2 x 32 x 1). v3's phase 1 keeps "none" (unrolled 66%, "minimal" 54%, each weight gathered once);
-# v3's phase1_tokens and phase 2 on v5e and v6e keep "none", "minimal" not compiled.
+# phase 2, minimal for v5e's and v6e's phase 1 and phase1_tokens (at 2 x 32 x 1). v3's phase 1 keeps "none"
+# (unrolled 66%, "minimal" 54%, each weight gathered once);
+# v3's phase1_tokens and phase 2 on v5e and v6e keep "none", "minimal" not compiled. "full" (each layer's
+# forward pass again in the backward pass, only its input saved) moves fewer bytes by XLA's count on v5e's
+# phase 1 (13.23 -> 12.4 GB, MFU bound 30.2% -> 32%) and phase1_tokens (30.08 -> 24.35 GB, 53.2% -> 66%),
+# and on v6e's phase 1 (15.16 -> 13.73 GB, 11.5% -> 12.5%), though XLA counts about 1.3 times the FLOPs; more on v5e's phase 2 (36.99 -> 39.3 GB, 45.9% -> 43%) and v6e's
+# phase1_tokens (41.98 -> 43.8 GB, 16.4% -> 16%), which keep theirs. With on-chip traffic free the order turns
+# (phase1_tokens 95% -> 73%, bound by the recomputed FLOPs): on a TPU, time "minimal" too (docs/performance.md).
 # reshard_after_forward: bert_base.py's False (each weight gathered once a step) on v3, where it moves fewer
 # bytes (phase 1 MFU bound 61% -> 66%); on v5e and v6e the gathers again in the backward pass cost fewer by
 # XLA's count (v5e phase 1 23% against 16%, phase1_tokens 49% against 35%, phase 2 42% against 30%; v6e
@@ -115,15 +121,15 @@ MESHES = {
                                                             "layer_norm_kernel": "pallas"}),
     ("v3:8x8", "phase1_tokens"): ((-1, 64, 1), _V3 | {"scan_layers": True}),
     ("v3:8x8", "phase2"): ((-1, 64, 1), _V3 | _STACKED),
-    ("v5e:8x8", "phase1"): ((-1, 16, 2), _LITE | _STACKED | {"remat_policy": "minimal", "fused_qkv": True,
+    ("v5e:8x8", "phase1"): ((-1, 16, 2), _LITE | _STACKED | {"remat_policy": "full", "fused_qkv": True,
                                                               "embedding_lookup_on_shards": True,
                                                               "decoder_on_shards": True}),
-    ("v5e:8x8", "phase1_tokens"): ((-1, 32, 1), _LITE | _STACKED | {"remat_policy": "minimal",
+    ("v5e:8x8", "phase1_tokens"): ((-1, 32, 1), _LITE | _STACKED | {"remat_policy": "full",
                                                                      "decoder_on_shards": True,
                                                                      "embedding_lookup_on_shards": True}),
     ("v5e:8x8", "phase2"): ((-1, 32, 1), _LITE | {"remat_policy": "none", "embedding_lookup_on_shards": True,
                                                    "constrain_attention_matrices": False}),
-    ("v6e:8x8", "phase1"): ((-1, 32, 1), _LITE | {"remat_policy": "minimal", "decoder_on_shards": True}),
+    ("v6e:8x8", "phase1"): ((-1, 32, 1), _LITE | {"remat_policy": "full", "decoder_on_shards": True}),
     ("v6e:8x8", "phase1_tokens"): ((-1, 64, 1), _LITE | _STACKED | {"remat_policy": "minimal"}),
     ("v6e:8x8", "phase2"): ((-1, 32, 1), _LITE | {"remat_policy": "none"}),
 }

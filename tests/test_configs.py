@@ -320,7 +320,7 @@ def test_bert_large_takes_a_topology_and_ships_its_searched_mesh():
   remat policy `aot --search_mesh` ranked first there; the paper's v3:8x8 without one; none for a topology
   not searched."""
   c = _parse(f"--config={REPO}/configs/bert_large.py:phase1,v5e:8x8")
-  assert (c.topology, c.peak_flops_per_device, c.model.remat_policy) == ("v5e:8x8", 197e12, "minimal")
+  assert (c.topology, c.peak_flops_per_device, c.model.remat_policy) == ("v5e:8x8", 197e12, "full")
   assert sharding.mesh_shape(c.mesh, 64) == (2, 16, 2)
   v3 = bert_large.get_config("phase1")
   assert (v3.topology, v3.peak_flops_per_device, v3.model.remat_policy) == ("v3:8x8", 61.5e12, "none")
