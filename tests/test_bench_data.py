@@ -27,3 +27,11 @@ def test_bench_data_prepares_and_times_a_small_corpus(tmp_path):
   records = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
   assert records[0]["tokens_per_s"] > 0   # prepare's
   assert records[1]["seq_length"] == 64 and records[1]["sequences_per_cpu_s"] > 0, records
+
+
+def test_help_lists_the_corpus_flags_it_shares_with_prepare():
+  run = subprocess.run([sys.executable, "-m", "bert_jax.cli", "bench", "data", "--help"], cwd=REPO,
+                       env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}, capture_output=True,
+                       text=True, timeout=300)   # absl's --help exits 1
+  listed = {line.split(":")[0].strip() for line in run.stdout.splitlines() if line.strip().startswith("--")}
+  assert {"--input", "--vocab_file", "--prepare_shards", "--seq_lengths"} <= listed, run.stdout

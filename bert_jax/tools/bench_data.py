@@ -31,8 +31,10 @@ from bert_jax.data import prepare
 _SHARED = pathlib.Path(__file__).resolve().parents[2].parent / "shared" / "data"
 
 # --input and --vocab_file are `prepare`'s own flags (defined when it is imported); here they
-# default to the shared news corpus and the MiniLM vocab.
+# default to the shared news corpus and the MiniLM vocab. Declared key flags here, `--help` lists them.
 FLAGS = flags.FLAGS
+flags.declare_key_flag("input")
+flags.declare_key_flag("vocab_file")
 _NUM_SHARDS = flags.DEFINE_integer("prepare_shards", None, "Shards to prepare into (default: one per core, "
                                    "so that every core tokenizes).")
 _PREPARED_DIR = flags.DEFINE_string("prepared_dir", None, "Already prepared shards: skip the `prepare` timing.")
