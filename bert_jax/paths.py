@@ -37,8 +37,10 @@ def output_file(path: str) -> str:
   """An output file flag's `path`, absolute, with its folder made: commands call it before their work, so
   that `--output=out/preds.jsonl` writes into a new `out/` and a folder that cannot be made stops the
   command (an OSError, which they end with exit 2) before the work rather than after it."""
-  path = absolute(path)
-  if "://" not in path:
+  if "://" in path:
+    return path
+  path = os.path.abspath(os.path.expanduser(path))   # one file: no list, no data spec (`absolute`'s)
+  if os.path.dirname(path):
     try:
       os.makedirs(os.path.dirname(path), exist_ok=True)
     except OSError as e:

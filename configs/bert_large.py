@@ -47,9 +47,10 @@ from configs import bert_base
 # v3's phase1_tokens and phase 2 on v5e and v6e keep "none", "minimal" not compiled. "full" (each layer's
 # forward pass again in the backward pass, only its input saved) moves fewer bytes by XLA's count on v5e's
 # phase 1 (13.23 -> 12.4 GB, MFU bound 30.2% -> 32%) and phase1_tokens (30.08 -> 24.35 GB, 53.2% -> 66%),
-# and on v6e's phase 1 (15.16 -> 13.73 GB, 11.5% -> 12.5%), though XLA counts about 1.3 times the FLOPs; more on v5e's phase 2 (36.99 -> 39.3 GB, 45.9% -> 43%) and v6e's
-# phase1_tokens (41.98 -> 43.8 GB, 16.4% -> 16%), which keep theirs. With on-chip traffic free the order turns
-# (phase1_tokens 95% -> 73%, bound by the recomputed FLOPs): on a TPU, time "minimal" too (docs/performance.md).
+# and on v6e's phase 1 (15.16 -> 13.73 GB, 11.5% -> 12.5%), though XLA counts about 1.3 times the FLOPs;
+# more on v5e's phase 2 (36.99 -> 39.3 GB, 45.9% -> 43%) and v6e's phase1_tokens (41.98 -> 43.8 GB, 16.4% ->
+# 16%), which keep theirs. With on-chip traffic free the order turns (phase1_tokens 95% -> 73%, bound by the
+# recomputed FLOPs): on a TPU, time "minimal" too (docs/performance.md).
 # reshard_after_forward: bert_base.py's False (each weight gathered once a step) on v3, where it moves fewer
 # bytes (phase 1 MFU bound 61% -> 66%); on v5e and v6e the gathers again in the backward pass cost fewer by
 # XLA's count (v5e phase 1 23% against 16%, phase1_tokens 49% against 35%, phase 2 42% against 30%; v6e

@@ -316,8 +316,8 @@ def test_command_line_overrides_any_field():
 
 
 def test_bert_large_takes_a_topology_and_ships_its_searched_mesh():
-  """`:phase,topology` (the config flag splits at the first colon only): the chip's peak and the mesh and
-  remat policy `aot --search_mesh` ranked first there; the paper's v3:8x8 without one; none for a topology
+  """`:phase,topology` (the config flag splits at the first colon only): the chip's peak, the mesh
+  `aot --search_mesh` ranked first there and the remat policy that compiled to fewer bytes; the paper's v3:8x8 without one; none for a topology
   not searched."""
   c = _parse(f"--config={REPO}/configs/bert_large.py:phase1,v5e:8x8")
   assert (c.topology, c.peak_flops_per_device, c.model.remat_policy) == ("v5e:8x8", 197e12, "full")

@@ -125,7 +125,7 @@ def test_gzip_files_go_whole_to_the_emptiest_parts_and_plain_bytes_level_them():
   cuts = [k * 2001 // 3 for k in range(4)]
   assert sized(parts, plain) == [b - a for a, b in zip(cuts, cuts[1:])]
   assert parts[1] == [corpus.FileRange("x.txt", 667, None), corpus.FileRange("y.txt", 0, 334)]
-  assert sum(not p for p in corpus._cut_files([("only.gz", 10)], 3)) == 2   # and logged
+  assert sum(not p for p in corpus._cut_files([("only.gz", 10)], 3)) == 2   # prepare logs them
 
 
 def test_absurdly_long_lines_are_skipped_without_reading_them_whole(tmp_path, monkeypatch):

@@ -25,6 +25,7 @@ def test_an_output_file_gets_its_folder_before_the_work(tmp_path, monkeypatch):
   assert paths.output_file("out/deeper/preds.jsonl") == str(tmp_path / "out" / "deeper" / "preds.jsonl")
   assert (tmp_path / "out" / "deeper").is_dir() and not (tmp_path / "out" / "deeper" / "preds.jsonl").exists()
   assert paths.output_file("here.npz") == str(tmp_path / "here.npz")
+  assert paths.output_file("new/a,b.jsonl") == str(tmp_path / "new" / "a,b.jsonl")   # a name, not a list
   (tmp_path / "a_file").write_text("")
   with pytest.raises(OSError, match="cannot write .*a_file/x.tsv: its folder cannot be made"):
     paths.output_file("a_file/x.tsv")

@@ -104,7 +104,15 @@ def test_rerun_skips_finished_shards(tmp_path, small_corpus, vocab_file):
   third = prepare.prepare_corpus(spec, out, vocab_file=vocab_file, num_shards=3, num_workers=1)
   assert os.stat(shards[0]).st_mtime_ns == mtimes[shards[0]] and os.path.exists(shards[1])
   assert not glob.glob(os.path.join(out, "*.tmp-*"))
-  for stats in (again, third):
+  # A shard whose record says it read another cut of the input (an older version's plan) is written again.
+  progress = os.path.join(out, prepare._PROGRESS_DIR, "train-00002.json")
+  with open(progress) as f:
+    record = json.load(f)
+  with open(progress, "w") as f:
+    json.dump(dict(record, parts="another cut of the input"), f)
+  fourth = prepare.prepare_corpus(spec, out, vocab_file=vocab_file, num_shards=3, num_workers=1)
+  assert os.stat(shards[0]).st_mtime_ns == mtimes[shards[0]] and os.stat(shards[2]).st_mtime_ns != mtimes[shards[2]]
+  for stats in (again, third, fourth):
     assert {k: stats[k] for k in ("documents", "sentences", "tokens", "shards", "bad_input")} == {
         k: first[k] for k in ("documents", "sentences", "tokens", "shards", "bad_input")}
   with pytest.raises(ValueError, match="other settings"):

@@ -25,8 +25,6 @@ import os
 import re
 from typing import Iterator
 
-from absl import logging
-
 from bert_jax import failures
 from bert_jax.data import sentence_splitter
 
@@ -305,7 +303,8 @@ def _cut_files(files: list[tuple[str, int]], num_parts: int) -> list[list[FileRa
   """Parts of about equal bytes. A .gz file cannot be cut (it is not seekable): each goes whole to the part
   with the fewest bytes so far, the largest first. The other files' bytes, concatenated, are cut at byte
   offsets to bring the parts to one level: without .gz files part k covers bytes [k*T/n, (k+1)*T/n).
-  A part reads its files in the input's order. With fewer .gz files than parts and nothing else, some parts stay empty (logged)."""
+  A part reads its files in the input's order. With fewer .gz files than parts and nothing else, some parts
+  stay empty."""
   parts, loads = [[] for _ in range(num_parts)], [0] * num_parts
   for path, size in sorted((f for f in files if f[0].endswith(".gz")), key=lambda f: -f[1]):
     k = min(range(num_parts), key=loads.__getitem__)
@@ -320,12 +319,7 @@ def _cut_files(files: list[tuple[str, int]], num_parts: int) -> list[list[FileRa
         parts[k].append(FileRange(path, lo, None if hi >= size else hi))
     offset += size
   order = {path: i for i, (path, _) in enumerate(files)}   # each part reads its files in the input's order
-  parts = [sorted(p, key=lambda r: (order[r.path], r.start)) for p in parts]
-  if files and (empty := sum(not p for p in parts)):
-    logging.warning("%d of %d shards get no input: %d .gz files (each read whole) and %d other files for %d "
-                    "shards; give at least as many .gz files as shards, or fewer shards", empty, num_parts,
-                    len(files) - len(plain), len(plain), num_parts)
-  return parts
+  return [sorted(p, key=lambda r: (order[r.path], r.start)) for p in parts]
 
 
 def _level_bounds(loads: list[int], total: int) -> list[int]:

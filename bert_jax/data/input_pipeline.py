@@ -148,9 +148,9 @@ class PretrainIterator:
     self.num_parallel_calls, self.prefetch = max(1, num_parallel_calls), prefetch
     self.num_batches = num_batches
     if eval_mode and not maker.num_rows(_EVAL_EPOCH):
-      raise ValueError("this host has no eval documents: add eval shards or raise data.eval_fraction")
+      raise failures.UserError("this host has no eval documents: add eval shards or raise data.eval_fraction")
     if not eval_mode and maker.num_rows(0) < maker.rows_per_batch:
-      raise ValueError(f"an epoch of this host holds {maker.num_rows(0)} rows, fewer than a batch "
+      raise failures.UserError(f"an epoch of this host holds {maker.num_rows(0)} rows, fewer than a batch "
                        f"({maker.rows_per_batch}): too little data")
     if eval_mode and num_batches is None:
       self.num_batches = -(-maker.num_rows(_EVAL_EPOCH) // maker.rows_per_batch)
@@ -304,8 +304,9 @@ def _make_batch_maker(data_config, global_batch_size, process_index, process_cou
     raise failures.UserError(
         f"data.format {data_config.format!r} needs {'two documents' if least == 2 else 'a document'} on each "
         f"host, and host {process_index}'s share of the {split} split holds {docs.num_documents}: give that "
-        "split more documents (for the eval split `bert-jax prepare` holds out, a larger --eval_fraction; or "
-        "data.eval_files), or run on fewer hosts")
+        "split more documents (for the eval split, a larger data.eval_fraction where it is held out at training, "
+        "a larger --eval_fraction of `bert-jax prepare` where it is prepared, or data.eval_files), or run on "
+        "fewer hosts")
   return BatchMaker(docs, tokenizer, data_config, global_batch_size // process_count, process_index, objective)
 
 

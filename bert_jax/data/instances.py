@@ -160,7 +160,7 @@ def _pair_chunks(docs, fmt, targets, split_u, label_u):
 def _plan_pairs(docs, fmt, targets, max_tokens, rng):
   n_docs = docs.num_documents
   if n_docs < min_documents(fmt):
-    raise ValueError("next-sentence prediction needs at least two documents per host")
+    raise ValueError(f"data format {fmt!r} needs at least {min_documents(fmt)} document(s) per host")
   bound = len(targets)
   first, a_end, end, label, doc = _pair_chunks(docs, fmt, targets, rng.random(bound), rng.random(bound))
   n = len(first)

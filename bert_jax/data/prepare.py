@@ -137,6 +137,9 @@ def _tasks(spec, output_dir, num_shards, eval_fraction, eval_spec, common, count
     splits.append(("eval", eval_spec, max(1, num_shards // 16)))
   for split, split_spec, n in splits:
     parts = corpus.plan(split_spec, n, data_dir=data_dir, text_key=text_key, counters=counters)
+    if any(parts) and (empty := sum(not p for p in parts)):
+      logging.warning("%d of the %d %s shards get no input: a .gz file is read whole, by one shard; give at "
+                      "least as many .gz files as shards, or fewer shards (--num_shards)", empty, n, split)
     for k, task_parts in enumerate(parts):
       # The eval input's shards have a name of their own: held-out train shards are eval-<k>-of-<N> too, and
       # with N = 1 the two first shards would be one file. The reader's eval-* takes both.
@@ -197,14 +200,23 @@ def _progress_path(output_dir: str, task_name: str) -> str:
   return os.path.join(output_dir, _PROGRESS_DIR, task_name + ".json")
 
 
+def _parts_key(task) -> str:
+  """What a shard task reads (its parts of the input), as recorded beside its finished shards."""
+  return hashlib.sha256(repr(task["parts"]).encode()).hexdigest()
+
+
 def _finished_results(output_dir, tasks):
-  """Results of tasks whose shards and progress record exist; the other tasks."""
+  """Results of tasks whose shards exist and whose progress record says they read the parts they read now;
+  the other tasks (a record from another cut of the input, or from before cuts were recorded, is redone)."""
   results, todo = [], []
   for task in tasks:
     progress = _progress_path(output_dir, task["name"])
+    record = None
     if os.path.exists(progress) and all(os.path.exists(p) for p in task["outputs"].values()):
       with open(progress) as f:
-        results.append(json.load(f))
+        record = json.load(f)
+    if record is not None and record.get("parts") == _parts_key(task):
+      results.append(record)
     else:
       todo.append(task)
   return results, todo
@@ -216,6 +228,7 @@ def _run(tasks, output_dir, num_workers, do_lower_case) -> list[dict]:
     return []
   num_workers = max(1, min(num_workers or os.cpu_count() or 1, len(tasks)))
   results, tokens, start = [], 0, time.time()
+  keys = {task["name"]: _parts_key(task) for task in tasks}
   with contextlib.ExitStack() as stack:
     if num_workers == 1:
       shard_writing.warm_up(output_dir, do_lower_case)
@@ -224,6 +237,7 @@ def _run(tasks, output_dir, num_workers, do_lower_case) -> list[dict]:
       pool = stack.enter_context(_worker_pool(num_workers, output_dir, do_lower_case))
       finished = pool.imap_unordered(shard_writing.write_shard, tasks)
     for result in finished:
+      result["parts"] = keys[result["task"]]
       with open(_progress_path(output_dir, result["task"]), "w") as f:
         json.dump(result, f)
       results.append(result)

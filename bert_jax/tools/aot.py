@@ -319,9 +319,10 @@ def main(argv) -> None:
   topology = FLAGS.topology or config.get("topology", "")
   if not topology:
     raise failures.UserError("no --topology and the config has no `topology` field")
-  for path in (FLAGS.hlo, FLAGS.json):   # their folders before the compile, which can take minutes
-    if path:
-      paths.output_file(path)
+  with failures.as_user_errors("bert-jax aot", OSError):   # their folders before the compile, which takes minutes
+    for path in (FLAGS.hlo, FLAGS.json):
+      if path:
+        paths.output_file(path)
   if FLAGS.search_mesh:
     if FLAGS.report or FLAGS.hlo or FLAGS.compile_passes:
       raise failures.UserError("--report, --hlo and --compile_passes describe one compiled step: run them with "
