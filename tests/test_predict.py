@@ -38,7 +38,7 @@ def test_predict_gives_the_finetuning_dev_accuracy_on_rotten_tomatoes(tmp_path, 
   print("finetune dev accuracy", results["best_metrics"]["accuracy"], "predict", summary["metrics"]["accuracy"])
   assert summary["examples"] == 1000
   assert summary["metrics"]["accuracy"] == results["best_metrics"]["accuracy"] > 0.6  # above the 0.597 majority
-  rows = readers.read_rows(str(tmp_path / "dev_predictions.tsv"))
+  rows = readers.read_rows(str(tmp_path / "new" / "dev_predictions.tsv"))
   assert len(rows) == 1000 and set(rows[0]) == {"id", "label", "p_0", "p_1"}
   finetuning = readers.read_rows(str(run_dir / "predictions_dev.tsv"))  # the best evaluation's
   assert [r["label"] for r in rows] == [r["prediction"] for r in finetuning]
