@@ -151,7 +151,7 @@ class PretrainIterator:
       raise failures.UserError("this host has no eval documents: add eval shards or raise data.eval_fraction")
     if not eval_mode and maker.num_rows(0) < maker.rows_per_batch:
       raise failures.UserError(f"an epoch of this host holds {maker.num_rows(0)} rows, fewer than a batch "
-                       f"({maker.rows_per_batch}): too little data")
+                               f"({maker.rows_per_batch}): too little data")
     if eval_mode and num_batches is None:
       self.num_batches = -(-maker.num_rows(_EVAL_EPOCH) // maker.rows_per_batch)
     self._position = (_EVAL_EPOCH if eval_mode else 0, 0)
