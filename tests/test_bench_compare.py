@@ -26,6 +26,24 @@ def test_summarize_takes_medians_and_divides_them():
   assert result["tokens_per_second_ratio"] == {"bert_jax/peer": 2.0, "bert_jax/slow": 4.0}
 
 
+def test_the_ratio_interval_pairs_each_rounds_steps():
+  # The machine's speed moves both systems' steps each round; the peer always takes twice ours. Paired by
+  # round, every resample gives 2.0; drawn apart, the ratios would spread from 0.2 to 20.
+  ours = [0.1, 1.0, 0.3, 0.5, 0.2, 0.8, 0.4, 0.6]
+  assert bench_compare.ratio_interval(ours, [2 * t for t in ours]) == pytest.approx([2.0, 2.0])
+  noisy = [t * f for t, f in zip(ours, (1.9, 2.2, 1.8, 2.1, 2.0, 2.3, 1.7, 2.05))]
+  low, high = bench_compare.ratio_interval(ours, noisy)
+  assert 1.7 <= low < 2.0 < high <= 2.3
+  assert bench_compare.ratio_interval(ours, noisy, level=0.5)[1] <= high   # a narrower level, a narrower interval
+  assert bench_compare.ratio_interval(ours, noisy[:-1]) is None   # a peer that stopped part-way
+
+
+def test_summarize_gives_each_ratio_its_interval():
+  times = {"bert_jax": [1.0, 3.0, 2.0], "peer": [2.0, 6.0, 4.0]}
+  result = bench_compare.summarize(times, tokens_per_step=100)
+  assert result["tokens_per_second_ratio_interval"] == {"bert_jax/peer": pytest.approx([2.0, 2.0])}
+
+
 def test_alternate_takes_turns():
   calls = []
   steps = {name: (lambda n=name: calls.append(n) or 1.0) for name in ("ours", "a", "b")}

@@ -6,7 +6,7 @@ model (our config's sizes, f32 for the peers; PyTorch on CUDA when it sees a GPU
 batch (written once to an .npz file) with AdamW at our learning-rate schedule, compiles during its
 warm-up steps, and then the systems take turns, one timed step each a round, each round starting one
 system later than the one before. The result holds each system's median step time and tokens/s and the
-ratios of medians; a peer that is not installed is reported so and skipped. The peers inherit our
+ratios of medians, each with a 90% interval from the rounds resampled (`ratio_interval`); a peer that is not installed is reported so and skipped. The peers inherit our
 environment, so they run with the malloc `malloc.reexec` gave us; each system reports its own.
 """
 
@@ -85,13 +85,30 @@ def alternate(steps: dict[str, Callable[[], float]], rounds: int) -> dict[str, l
 
 
 def summarize(times: dict[str, list[float]], tokens_per_step: int, ours: str = OURS) -> dict:
-  """Per system the median step and tokens/s; `ours / peer` ratios of median tokens/s (> 1: ours is faster)."""
+  """Per system the median step and tokens/s; `ours / peer` ratios of median tokens/s (> 1: ours is faster),
+  each with `ratio_interval`'s 90% interval."""
   systems = {name: {"step_seconds": t, "step_seconds_median": statistics.median(t),
                     "tokens_per_second_median": tokens_per_step / statistics.median(t)}
              for name, t in times.items()}
   ratios = {f"{ours}/{name}": s["step_seconds_median"] / systems[ours]["step_seconds_median"]
             for name, s in systems.items() if name != ours}
-  return {"systems": systems, "tokens_per_second_ratio": ratios}
+  intervals = {f"{ours}/{name}": ratio_interval(times[ours], t) for name, t in times.items() if name != ours}
+  return {"systems": systems, "tokens_per_second_ratio": ratios, "tokens_per_second_ratio_interval": intervals}
+
+
+def ratio_interval(ours: list[float], peer: list[float], level: float = 0.9, resamples: int = 2000,
+                   seed: int = 0) -> list[float] | None:
+  """A bootstrap interval (`level`, percentiles) of median(peer) / median(ours), the rounds resampled with
+  their steps paired: round r's step of each system is drawn together, so what moved both (the machine's
+  load that minute) moves the ratio less than it moves either. None where the two have not run the same
+  rounds (a peer that failed part-way)."""
+  if len(ours) != len(peer) or not ours:
+    return None
+  ours, peer = np.asarray(ours), np.asarray(peer)
+  rounds = np.random.default_rng(seed).integers(0, len(ours), size=(resamples, len(ours)))
+  ratios = np.median(peer[rounds], axis=1) / np.median(ours[rounds], axis=1)
+  low, high = np.quantile(ratios, [(1 - level) / 2, (1 + level) / 2])
+  return [float(low), float(high)]
 
 
 def peer_spec(config, batch_path: str, warmup: int) -> dict:
