@@ -27,6 +27,7 @@ from etils import epath
 import jax
 
 from bert_jax.models import encoder as model
+from bert_jax import failures
 from bert_jax import paths
 from bert_jax.data import tokenizer as tokenizer_lib
 
@@ -290,6 +291,20 @@ def write_run_record(workdir: str, model_config: model.BertConfig, vocab_path: s
       if saved.name != TOKENIZER_CONFIG:
         saved.copy(root / saved.name, overwrite=True)
   (root / TOKENIZER_CONFIG).write_text(json.dumps(settings, indent=2) + "\n")
+
+
+def check_run_model(workdir: str, model_config: model.BertConfig) -> None:
+  """Stops a pretraining run whose workdir holds checkpoints of another model (the `bert_config.json` beside
+  them differs), before the run prepares data or writes its record over that run's (`write_run_record`)."""
+  root = epath.Path(workdir)
+  checkpoints = root / _RUN_CHECKPOINTS[0]
+  if not (root / CONFIG).exists() or not checkpoints.exists() or not any(checkpoints.iterdir()):
+    return
+  theirs, ours = json.loads((root / CONFIG).read_text()), model_config.to_hf_dict()
+  differ = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
+  if differ:
+    raise failures.UserError(f"{workdir} holds the checkpoints of another model ({', '.join(differ[:6])} differ "
+                             f"from its {CONFIG}): give another --workdir, or remove that directory to start over")
 
 
 def tokenizer_settings(directory: str, do_lower_case: bool) -> dict:

@@ -72,17 +72,48 @@ class PeerLost(RunError):
   exit_code = RESTART
 
 
-def load_config(flag, prog: str):
+def load_config(flag, prog: str, kind: str | None = None):
   """The config of an ml_collections `--config` flag (None when not given). A file it could not load (a
   mistyped path, one on another machine, a syntax error) stands as a proxy that raises on first use: here
-  that is a UserError, one line and exit 2, which a supervisor does not restart."""
+  that is a UserError, one line and exit 2, which a supervisor does not restart. With `kind` ("pretrain",
+  "finetune" or "ablation"), a config of another kind is such an error too, naming the command it is for."""
   config = flag.value
   try:
     if config is not None:
       config.keys()
-  except (OSError, SyntaxError, ImportError) as e:
-    say_and_exit(UserError(f"cannot load --config: {e}"), prefix=prog)
+  except _CONFIG_LOAD_ERRORS as e:
+    say_and_exit(config_not_loaded(e), prefix=prog)
+  if config is not None and kind is not None and config_kind(config) != kind:
+    found = config_kind(config)
+    say_and_exit(UserError(f"--config is {_KINDS.get(found, 'no config of bert_jax')}, not {_KINDS[kind]}"
+                           + (f": run it with {_COMMANDS[found]}" if found in _COMMANDS else "")), prefix=prog)
   return config
+
+
+_KINDS = {"pretrain": "a pretraining config (configs/common.py's fields)",
+          "finetune": "a finetuning config (configs/finetune/common.py's fields)",
+          "ablation": "an ablation table's config (configs/ablations/)"}
+_COMMANDS = {"pretrain": "`bert-jax pretrain` (or `aot`, `bench train`)", "finetune": "`bert-jax finetune` or `sweep`",
+             "ablation": "`bert-jax ablate`"}
+
+
+def config_kind(config) -> str | None:
+  """"ablation", "finetune" or "pretrain" by the fields the config holds (None: none of them)."""
+  if "base" in config and "variants" in config:
+    return "ablation"
+  if "init_checkpoint" in config and "task" in config:
+    return "finetune"
+  if all(k in config for k in ("model", "data", "optimizer", "train_steps")):
+    return "pretrain"
+  return None
+
+
+_CONFIG_LOAD_ERRORS = (OSError, SyntaxError, ImportError)
+
+
+def config_not_loaded(error: BaseException) -> UserError:
+  """The UserError of a `--config` file that could not be loaded (`error`, ml_collections' or the file's)."""
+  return UserError(f"cannot load --config: {error}")
 
 
 def parse_flags(argv: list[str], prog: str = "bert-jax") -> list[str]:
@@ -93,6 +124,9 @@ def parse_flags(argv: list[str], prog: str = "bert-jax") -> list[str]:
     return flags.FLAGS(argv)
   except flags.Error as e:
     message = " ".join(str(e).split())
+  except _CONFIG_LOAD_ERRORS as e:   # a `--config.` override applied to a file that could not be loaded
+    say_and_exit(config_not_loaded(e), prefix=prog)
+    return []
   except (AttributeError, KeyError) as e:   # ml_collections: an override of a field the config lacks
     while e.args and isinstance(e.args[0], BaseException):
       e = e.args[0]

@@ -119,7 +119,7 @@ def main(argv) -> None:
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)   # libraries' INFO lines would bury the progress lines
     logging.get_absl_handler().addFilter(_NoLibraryTracebacks())
-  config = failures.load_config(_CONFIG, _PROG)
+  config = failures.load_config(_CONFIG, _PROG, kind="pretrain")
   stop_watching = threading.Event()
   try:
     if _needs_distributed(config.distributed):   # a lost coordinator aborts JAX's client: watch from outside

@@ -221,12 +221,11 @@ def _start(config: ml_collections.ConfigDict, workdir: str) -> tuple[_Run, Train
   config = paths.absolute_config(config.copy_and_resolve_references(), paths.PRETRAIN_FIELDS)
   validate(config)
   check_inputs(config)
+  checkpoint_loader.check_run_model(workdir, bert_config(config))
   os.makedirs(workdir, exist_ok=True)
   mesh = sharding.create_mesh(config.mesh)
   data_config = prepared_data_config(config, workdir)
   tokenizer = load_tokenizer(data_config, config)
-  # The model config and tokenizer beside the checkpoints: embed, fill-mask and finetune read them.
-  checkpoint_loader.write_run_record(workdir, bert_config(config), tokenizer.source_file, tokenizer.do_lower_case)
   # The data before the model: a split too small for its format stops here, before anything is compiled.
   train_iter = create_iterator(data_config, config, "train", tokenizer)
   eval_iter = create_iterator(data_config, config, "eval", tokenizer) if config.eval_steps > 0 else None
@@ -236,6 +235,9 @@ def _start(config: ml_collections.ConfigDict, workdir: str) -> tuple[_Run, Train
                                             async_save=config.async_checkpointing)
   eval_start = eval_iter.get_state() if eval_iter is not None else None
   state, origin = restore_or_init(s, config, checkpointer, train_iter, init_rng)
+  # The model config and tokenizer beside the checkpoints (embed, fill-mask and finetune read them), once the
+  # checkpoints there are known to be this run's: a refused start leaves another run's record as it was.
+  checkpoint_loader.write_run_record(workdir, bert_config(config), tokenizer.source_file, tokenizer.do_lower_case)
   run = _Run(config, workdir, s, tokenizer, checkpointer, train_iter, eval_iter, eval_start, dropout_rng)
   return run, state, origin
 

@@ -476,6 +476,16 @@ def test_aot_notes_a_topology_the_mesh_was_not_chosen_for():
   assert aot.topology_note(tiny.get_config(), "v4:2x2x1") == ""   # no topology of its own
 
 
+def test_aot_without_libtpu_says_how_to_install_it(monkeypatch):
+  import importlib.util   # pylint: disable=g-import-not-at-top
+  from bert_jax import failures   # pylint: disable=g-import-not-at-top
+  from bert_jax.tools import aot   # pylint: disable=g-import-not-at-top
+  find_spec = importlib.util.find_spec
+  monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "libtpu" else find_spec(name, *a))
+  with pytest.raises(failures.UserError, match=r"v4:2x2x1 needs libtpu.*pip install libtpu"):
+    aot.topology_devices("v4:2x2x1")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("reshard_after_forward", [False, True])
 def test_attention_kernels_are_gathered_and_reduced_as_unpadded_matrices(tmp_path, reshard_after_forward):

@@ -29,6 +29,12 @@ def _cases(tmp):
       ("aot", "--config=configs/tiny.py", "--topology=v9:2x2"): "bert-jax aot: topology 'v9:2x2': expected",
       ("aot", "--config=configs/tiny_typo.py", "--topology=v4:2x2x1"): "bert-jax aot: cannot load --config",
       ("bench", "train", "--config=configs/tiny_typo.py"): "bert-jax bench train: cannot load --config",
+      ("pretrain", "--config=configs/tiny_typo.py", f"--workdir={tmp}/t", "--config.train_steps=3"):
+          "bert-jax pretrain: cannot load --config",   # an override applied to a file that is not there
+      ("pretrain", "--config=configs/ablations/devlin_table5.py:small", f"--workdir={tmp}/ab"):
+          "bert-jax pretrain: --config is an ablation table's config (configs/ablations/), not a pretraining config",
+      ("finetune", "--config=configs/tiny.py", f"--workdir={tmp}/ft"):
+          "bert-jax finetune: --config is a pretraining config",
       ("embed", f"--checkpoint={tmp}/nowhere", f"--input={tmp}/x.jsonl", f"--output={tmp}/e.npz"):
           f"bert-jax embed: checkpoint {tmp}/nowhere does not exist",
       ("embed", f"--checkpoint={tmp}/nowhere", f"--input={tmp}/x.jsonl", f"--output={tmp}/vocab.txt/e.npz"):
@@ -56,6 +62,20 @@ def test_each_command_says_a_user_s_mistake_in_one_paragraph(tmp_path):
     assert procs[argv].returncode == failures.USER_ERROR, (argv, err[-3000:])
     assert "Traceback" not in err and message in err, (argv, err[-3000:])
   assert not (tmp_path / "p").exists() and not (tmp_path / "p2").exists()   # nothing written for no corpus
+
+
+def test_each_command_takes_its_kind_of_config(capsys):
+  from configs import tiny   # pylint: disable=g-import-not-at-top
+  from configs.ablations import devlin_table5   # pylint: disable=g-import-not-at-top
+  from configs.finetune import sst2   # pylint: disable=g-import-not-at-top
+  configs = {"pretrain": tiny.get_config(), "finetune": sst2.get_config(), "ablation": devlin_table5.get_config("small")}
+  assert {kind: failures.config_kind(c) for kind, c in configs.items()} == {k: k for k in configs}
+  flag = type("Flag", (), {"value": configs["ablation"]})()
+  assert failures.load_config(flag, "bert-jax ablate", kind="ablation") is configs["ablation"]
+  with pytest.raises(SystemExit) as stopped:
+    failures.load_config(flag, "bert-jax pretrain", kind="pretrain")
+  assert stopped.value.code == failures.USER_ERROR
+  assert "run it with `bert-jax ablate`" in capsys.readouterr().err
 
 
 def test_as_user_errors_turns_only_the_kinds_named(capsys):

@@ -78,6 +78,25 @@ def tiny_config(data_dir, **changes):
   return c
 
 
+def test_a_workdir_holding_another_model_s_checkpoints_is_refused_before_anything_is_written(tmp_path):
+  """Pretraining into the workdir of another run (another model) stops before it prepares data or writes its
+  model config and tokenizer over that run's; the same model resumes, a workdir without checkpoints starts."""
+  workdir = tmp_path / "run"
+  (workdir / "checkpoints" / "20").mkdir(parents=True)
+  theirs = train.bert_config(tiny_config("unused", **{"model.hidden_size": 64}))
+  record = json.dumps(theirs.to_hf_dict(), indent=2) + "\n"
+  (workdir / "bert_config.json").write_text(record)
+  config = tiny.get_config()   # the embedded corpus, prepared into <workdir>/data
+  with pytest.raises(failures.UserError, match=r"holds the checkpoints of another model \(.*hidden_size.*\)"):
+    train.train_and_evaluate(config, str(workdir))
+  assert (workdir / "bert_config.json").read_text() == record and sorted(os.listdir(workdir)) == [
+      "bert_config.json", "checkpoints"]
+  from bert_jax import checkpoint_loader   # pylint: disable=g-import-not-at-top
+  checkpoint_loader.check_run_model(str(workdir), theirs)   # the same model: a resumed run
+  os.rmdir(workdir / "checkpoints" / "20")
+  checkpoint_loader.check_run_model(str(workdir), train.bert_config(config))   # no checkpoints: a fresh start
+
+
 def read_metrics(workdir):
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     return [json.loads(line) for line in f]

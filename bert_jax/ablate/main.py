@@ -48,7 +48,7 @@ def run_and_report(ablation, workdir: str, train: bool = True, only=()) -> str:
 def main(argv) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  config = failures.load_config(finetune_main.CONFIG, "bert-jax ablate")
+  config = failures.load_config(finetune_main.CONFIG, "bert-jax ablate", kind="ablation")
   if config is None:
     raise app.UsageError("--config is required, e.g. --config=configs/ablations/devlin_table5.py:small")
   try:

@@ -36,7 +36,7 @@ flags.mark_flags_as_required(["workdir"])  # and --config, checked in main (`swe
 def main(argv) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  config = failures.load_config(CONFIG, "bert-jax finetune")
+  config = failures.load_config(CONFIG, "bert-jax finetune", kind="finetune")
   if config is None:
     raise app.UsageError("--config is required")
   # The data or a task option (readers.DataError), a data_dir or file that is not there: no traceback.

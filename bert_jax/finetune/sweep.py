@@ -327,7 +327,8 @@ def plot_lr(rows: list[dict], path: str, task: str) -> bool:
 def main(argv) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  config, workdir = failures.load_config(finetune_main.CONFIG, "bert-jax sweep"), finetune_main.WORKDIR.value
+  config = failures.load_config(finetune_main.CONFIG, "bert-jax sweep", kind="finetune")
+  workdir = finetune_main.WORKDIR.value
   if _SUMMARIZE.value:
     os.makedirs(workdir, exist_ok=True)
     print(summarize(_SUMMARIZE.value, os.path.join(workdir, "summary.md")))

@@ -35,6 +35,7 @@ usual case); the report then gives that figure and no time, and the command exit
 
 import contextlib
 import json
+import importlib.util
 import os
 import sys
 import tempfile
@@ -60,6 +61,9 @@ config_path.put_config_root_on_path(sys.argv)   # config files do `from configs 
 def topology_devices(topology: str) -> list[Any]:
   """Compile-only devices of a TPU topology such as "v3:8x8" (no TPU needed, libtpu must be installed)."""
   _, chip, shape = parse_topology(topology)
+  if importlib.util.find_spec("libtpu") is None:   # JAX would say "TPU support not installed", in a traceback
+    raise failures.UserError(f"compiling for {topology} needs libtpu, the TPU compiler: pip install libtpu (or the "
+                             "project's tpu extra: pip install -e '.[tpu]'); no TPU is needed")
   # libtpu takes a process-wide lock unless told other processes may load it too, and warns about
   # the missing TPU VM metadata; neither matters for compiling.
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
@@ -315,7 +319,8 @@ def main(argv) -> None:
   # Compiling for a topology needs no accelerator: keep jax off the (absent) local TPU.
   if not os.environ.get("JAX_PLATFORMS"):
     jax.config.update("jax_platforms", "cpu")
-  config = failures.load_config(FLAGS["config"], "bert-jax aot")   # a file that is not there: one line, exit 2
+  # A file that is not there, or another kind of config: one line, exit 2.
+  config = failures.load_config(FLAGS["config"], "bert-jax aot", kind="pretrain")
   topology = FLAGS.topology or config.get("topology", "")
   if not topology:
     raise failures.UserError("no --topology and the config has no `topology` field")

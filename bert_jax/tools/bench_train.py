@@ -259,7 +259,8 @@ def main(argv) -> None:
   if len(argv) > 1:
     raise ValueError(f"unexpected arguments: {argv[1:]}")
   # The peers take one example per row: so does our step when compared.
-  config = failures.load_config(FLAGS["config"], "bert-jax bench train")   # not there: one line, exit 2
+  # A file that is not there, or another kind of config: one line, exit 2.
+  config = failures.load_config(FLAGS["config"], "bert-jax bench train", kind="pretrain")
   if config is None:
     config = comparison_config(packing=not FLAGS.compare, dtype=FLAGS.dtype)
   if FLAGS.dropout_bits is not None:
