@@ -12,11 +12,20 @@ Every record goes to `<workdir>/metrics.jsonl` as one JSON object (`{"step": ...
 import json
 import numbers
 import os
+import shutil
 
 from absl import logging
 import jax
 
 from bert_jax import host_env
+
+
+def remove_records(workdir: str) -> None:
+  """Removes what a `MetricWriter` wrote into `workdir` (metrics.jsonl, tensorboard/): a run that starts
+  over there writes its records alone, not after those of the run it replaces."""
+  if os.path.exists(os.path.join(workdir, "metrics.jsonl")):
+    os.remove(os.path.join(workdir, "metrics.jsonl"))
+  shutil.rmtree(os.path.join(workdir, "tensorboard"), ignore_errors=True)
 
 
 def _is_scalar(value) -> bool:

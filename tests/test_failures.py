@@ -371,7 +371,9 @@ def test_only_the_failed_restores_late_reads_are_silenced(monkeypatch):
 def test_checkpoints_of_another_config_are_not_taken_for_damaged_ones(data_dir, trained, tmp_path,  # noqa: F811
                                                                      monkeypatch):
   workdir = _copy(trained, tmp_path)
-  config = tiny_config(data_dir, **dict(RUN, train_steps=6), **{"model.intermediate_size": 96})
+  # The same model (another one stops before, checkpoint_loader.check_run_model), another optimizer's state.
+  config = tiny_config(data_dir, **dict(RUN, train_steps=6), **{"optimizer.name": "lamb"})
+  written = os.stat(tmp_path / "run" / "bert_config.json").st_mtime_ns
   unraisable = []
   monkeypatch.setattr(sys, "unraisablehook", lambda u: unraisable.append(repr(u.object)))
   with pytest.raises(failures.UserError, match=r"none of the 2 checkpoints in .* can be restored; the latest, step "
@@ -380,6 +382,8 @@ def test_checkpoints_of_another_config_are_not_taken_for_damaged_ones(data_dir, 
   gc.collect()
   assert not unraisable, (len(unraisable), unraisable[:3])   # the message alone, not each read's traceback
   assert _checkpoints(workdir) == ["2", "4"]   # nothing moved aside
+  # The run record (model config, tokenizer) is written once a checkpoint is restored: not here.
+  assert os.stat(tmp_path / "run" / "bert_config.json").st_mtime_ns == written
 
 
 # ---------------------------------------------------------------------------------------------

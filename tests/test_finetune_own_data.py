@@ -63,6 +63,32 @@ def test_tweets_as_typed_on_the_command_line(tweets, tmp_path):
   record = json.loads((tmp_path / "run" / "task.json").read_text())
   assert record["label_names"] == ["negative", "neutral", "positive"] and record["kind"] == "classification"
   assert json.loads((tmp_path / "run" / "results.json").read_text())["finished"]
+  # Run again, it repeats nothing; with another config in the same workdir, it stops.
+  again = subprocess.run(argv, cwd=ROOT, env=_user_env(), capture_output=True, text=True, timeout=600)
+  assert again.returncode == 0 and "finished: its results follow" in again.stderr, again.stderr[-3000:]
+  assert json.loads(again.stdout) == json.loads((tmp_path / "run" / "results.json").read_text())
+  other = subprocess.run(argv[:-1] + ["--config.num_epochs=2"], cwd=ROOT, env=_user_env(), capture_output=True,
+                         text=True, timeout=600)
+  assert other.returncode == failures.USER_ERROR and "holds a run of another config (num_epochs" in other.stderr
+
+
+def test_a_finetune_workdir_repeats_a_finished_run_restarts_an_unfinished_one_and_keeps_its_config(tmp_path):
+  from bert_jax.finetune import main as finetune_main   # pylint: disable=g-import-not-at-top
+  config, workdir = tweet_config(str(tmp_path / "data")), tmp_path / "run"
+  assert finetune_main._finished(config, str(workdir)) is None   # pylint: disable=protected-access
+  assert (workdir / finetune_main.RUN_CONFIG).is_file()
+  (workdir / "metrics.jsonl").write_text('{"step": 10}\n')   # killed before its end
+  (workdir / "tensorboard").mkdir()
+  assert finetune_main._finished(config, str(workdir)) is None   # pylint: disable=protected-access
+  assert sorted(os.listdir(workdir)) == [finetune_main.RUN_CONFIG]   # its records gone: it starts over
+  (workdir / trainer.RESULTS_FILE).write_text('{"best_metric": 0.5}')
+  assert finetune_main._finished(config, str(workdir)) == {"best_metric": 0.5}   # pylint: disable=protected-access
+  config.learning_rate *= 2
+  with pytest.raises(failures.UserError, match="holds a run of another config \\(learning_rate differ\\)"):
+    finetune_main._finished(config, str(workdir))   # pylint: disable=protected-access
+  os.remove(workdir / finetune_main.RUN_CONFIG)   # a run finished before its config was recorded
+  with pytest.raises(failures.UserError, match="finished finetuning run whose config is not recorded"):
+    finetune_main._finished(config, str(workdir))   # pylint: disable=protected-access
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ UTF-8) stops the command before training with one paragraph naming it, and exit 
 """
 
 import json
+import os
 import sys
 
 from bert_jax import config_path
@@ -19,9 +20,13 @@ config_path.put_config_root_on_path(sys.argv)
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import app
 from absl import flags
+from absl import logging
 from ml_collections import config_flags
 
+from bert_jax import config_record
 from bert_jax import failures
+from bert_jax import metrics_writer
+from bert_jax import paths
 from bert_jax.finetune import trainer
 
 # Also `bert-jax sweep`'s and `bert-jax ablate`'s flags (they import this module).
@@ -31,6 +36,7 @@ CONFIG = config_flags.DEFINE_config_file("config", None, "A finetuning config (f
 WORKDIR = flags.DEFINE_string("workdir", None, "finetune: its metrics, best checkpoint, predictions and results; "
                               "sweep and ablate: a subdirectory per run, and the results tables.")
 flags.mark_flags_as_required(["workdir"])  # and --config, checked in main (`sweep --summarize` needs none)
+RUN_CONFIG = "finetune_config.json"   # the config `bert-jax finetune` recorded on its first run in a workdir
 
 
 def main(argv) -> None:
@@ -41,8 +47,36 @@ def main(argv) -> None:
     raise app.UsageError("--config is required")
   # The data or a task option (readers.DataError), a data_dir or file that is not there: no traceback.
   with failures.as_user_errors("bert-jax finetune", failures.UserError, FileNotFoundError):
-    results = trainer.finetune(config, WORKDIR.value)
+    results = _finished(config, WORKDIR.value)
+    if results is None:
+      results = trainer.finetune(config, WORKDIR.value)
   print(json.dumps(results, indent=1))
+
+
+def _finished(config, workdir: str) -> dict | None:
+  """The results of the run `workdir` holds when it finished with this config (a command run again
+  repeats nothing); None where this run is to train. A workdir of another config stops the command
+  (`config_record.check_same_config`), and so does a finished run recorded before the config was (its
+  config unknown). An unfinished run starts over, its records removed: finetuning saves no state within a
+  run, and two runs' curves in one metrics.jsonl would read as one."""
+  workdir = paths.absolute(workdir)
+  record = os.path.join(workdir, RUN_CONFIG)
+  recorded_before = os.path.isfile(record)
+  os.makedirs(workdir, exist_ok=True)
+  config_record.check_same_config(record, config, paths.FINETUNE_FIELDS)
+  results = config_record.read_marker(os.path.join(workdir, trainer.RESULTS_FILE))
+  if results is not None and not recorded_before:
+    raise failures.UserError(f"{workdir} holds a finished finetuning run whose config is not recorded: give "
+                             "another --workdir, or remove that directory to run it again")
+  if results is not None:
+    logging.warning("%s holds this finetuning run, finished: its results follow (remove the directory to "
+                    "run it again)", workdir)
+    return results
+  if os.path.exists(os.path.join(workdir, "metrics.jsonl")):
+    logging.warning("%s holds this finetuning run, not finished: it starts over (finetuning saves no state "
+                    "within a run)", workdir)
+    metrics_writer.remove_records(workdir)
+  return None
 
 
 if __name__ == "__main__":
