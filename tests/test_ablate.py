@@ -192,18 +192,34 @@ def test_variants_run_apart_or_reported_later_must_share_one_config(tmp_path):
   (`--variants`) or reports (`--report_only`) with another base or task config stops before anything
   runs, instead of putting two experiments in one table."""
   ablation = table("devlin_table5", "tiny")
+  runner.set_field(ablation, "tasks.sst2.data_dir", REPO)   # there (what it holds is not read here)
   first, second = (v.name for v in ablation.variants[:2])
   runner.check_configs(ablation, str(tmp_path), run=[first])
   assert sorted(os.listdir(tmp_path)) == [first]
   runner.check_configs(ablation, str(tmp_path), run=[second])   # the same config: fine
   for field, value in (("base.optimizer.learning_rate", 1e-3), ("tasks.sst2.learning_rate", 3e-3)):
     changed = table("devlin_table5", "tiny")
+    runner.set_field(changed, "tasks.sst2.data_dir", REPO)
     runner.set_field(changed, field, value)
     with pytest.raises(failures.UserError, match=f"{first}(/finetune/sst2)? holds a run of another config"):
       runner.run(changed, str(tmp_path), only=[v.name for v in ablation.variants[2:]])
     with pytest.raises(failures.UserError, match="holds a run of another config"):
       ablate_main.run_and_report(changed, str(tmp_path), train=False)
   assert sorted(os.listdir(tmp_path)) == [first, second]
+
+
+def test_a_task_s_data_dir_unset_or_not_there_stops_the_table_before_anything_runs_or_is_recorded(tmp_path):
+  ablation = table("devlin_table5", "tiny")
+  with pytest.raises(failures.UserError, match=r"tasks.sst2.data_dir is not set: set --config.tasks.sst2.data_dir"):
+    runner.run(ablation, str(tmp_path / "unset"))
+  runner.set_field(ablation, "tasks.sst2.data_dir", str(tmp_path / "rotten_tomatos"))
+  with pytest.raises(failures.UserError, match=r"rotten_tomatos does not exist: set --config.tasks.sst2.data_dir"):
+    runner.run(ablation, str(tmp_path / "typo"))
+  assert not (tmp_path / "unset").exists() and not (tmp_path / "typo").exists()   # nothing recorded
+  # Every variant finetuned already: the task's data is not read again, wherever it has gone.
+  _fake_run(ablation, str(tmp_path / "done"), {v.name: [0.5, 0.6, 0.7] for v in ablation.variants},
+            {v.name: 10.0 for v in ablation.variants}, {v.name: 1000 for v in ablation.variants})
+  runner.check_task_data(ablation, str(tmp_path / "done"), [v.name for v in ablation.variants])
 
 
 def test_create_once_keeps_the_first_writer_s_file(tmp_path):

@@ -30,6 +30,7 @@ from bert_jax import objectives
 from bert_jax import paths
 from bert_jax import train
 from bert_jax import train_setup
+from bert_jax.finetune import readers
 from bert_jax.finetune import sweep
 
 PRETRAINED, EVALUATED, FINETUNED = "PRETRAINED", "EVALUATED", "FINETUNED"
@@ -156,7 +157,9 @@ def run(ablation: ml_collections.ConfigDict, workdir: str, log=print, only=()) -
   if unknown:
     raise failures.UserError(f"{ablation.name} has no variant {', '.join(unknown)}; its variants are "
                              f"{', '.join(v.name for v in ablation.variants)}")
-  check_configs(ablation, workdir, configs, run=[v.name for v in ablation.variants if not only or v.name in only])
+  running = [v.name for v in ablation.variants if not only or v.name in only]
+  check_task_data(ablation, workdir, running)
+  check_configs(ablation, workdir, configs, run=running)
   for v in ablation.variants:
     if only and v.name not in only:
       continue
@@ -186,6 +189,22 @@ def run(ablation: ml_collections.ConfigDict, workdir: str, log=print, only=()) -
         write_marker(os.path.join(fdir, FINETUNED), {
             "task": tc.task, "metric": rows[0]["metric"],
             "seeds": [r["seed"] for r in rows], "scores": [r["best"] for r in rows]})
+
+
+def check_task_data(ablation: ml_collections.ConfigDict, workdir: str, variants) -> None:
+  """Each task's `data_dir` (a local directory or file; TFDS names are read later) is set and there where one
+  of `variants` has the task still to finetune: a missing or mistyped one stops the table before its variants
+  pretrain and before the task configs are recorded, naming the field as the command line sets it."""
+  for task in ablation.tasks:
+    if all(read_marker(os.path.join(workdir, v, "finetune", task, FINETUNED)) for v in variants):
+      continue
+    data_dir, flag = ablation.tasks[task].get("data_dir", ""), f"--config.tasks.{task}.data_dir"
+    if not data_dir:
+      raise failures.UserError(f"tasks.{task}.data_dir is not set: set {flag} to the directory holding the "
+                               "task's files (or to the file itself)")
+    if not readers.is_tfds(data_dir) and not os.path.exists(paths.absolute(data_dir)):
+      raise failures.UserError(f"{data_dir} does not exist: set {flag} to the directory holding the task's "
+                               "files (or to the file itself)")
 
 
 def check_configs(ablation: ml_collections.ConfigDict, workdir: str, configs: dict | None = None,
