@@ -5,6 +5,7 @@ sleeps or loops.
 """
 
 import dataclasses
+import shlex
 import sys
 
 from launch import gcloud
@@ -63,13 +64,23 @@ class Job:
 def setup(run: Runner, tpu: gcloud.Slice, source: Source) -> bool:
   """Installs pinned jax[tpu] and the project on every worker."""
   if source.local_dir:
-    pack = ["tar", "--exclude=.git", "--exclude=__pycache__", "--exclude=*.egg-info",
-            "--exclude=.pytest_cache", "-czf", source.tarball, "-C", source.local_dir, "."]
-    if not run(pack).ok or not run(gcloud.scp_to_all(tpu, source.tarball, remote.TARBALL)).ok:
+    if not run(pack_command(source)).ok or not run(gcloud.scp_to_all(tpu, source.tarball, remote.TARBALL)).ok:
       return False
   script = remote.setup(git_url=source.git_url, git_ref=source.git_ref,
                         jax_version=source.jax_version, python_version=source.python_version)
   return run(gcloud.ssh_all(tpu, script)).ok
+
+
+def pack_command(source: Source) -> list[str]:
+  """The tar of the local checkout: in a git checkout, the files git tracks or would track, so that what
+  .gitignore keeps out (runs/, prepared/, workdir*/, where the docs put a user's outputs) stays home; in
+  another directory, all of it. Either way without VCS data, caches and build metadata."""
+  files = ("git ls-files -z --cached --others --exclude-standard 2>/dev/null || "
+           "find . -path ./.git -prune -o ! -type d -print0")
+  tar = ["tar", "--exclude=.git", "--exclude=__pycache__", "--exclude=*.egg-info", "--exclude=.pytest_cache",
+         "--ignore-failed-read", "--null", "-T", "-", "-czf", source.tarball]   # a tracked file deleted: skipped
+  script = f"cd {shlex.quote(source.local_dir)} && {{ {files}; }} | {shlex.join(tar)}"
+  return ["bash", "-o", "pipefail", "-c", script]
 
 
 def start(run: Runner, tpu: gcloud.Slice, job: Job) -> bool:

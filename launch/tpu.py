@@ -16,6 +16,7 @@ which prints each command, shell-quoted, one per line, instead of running it.
 
 import argparse
 import os
+import tempfile
 import sys
 
 from launch import actions
@@ -61,7 +62,8 @@ def _setup_flags() -> argparse.ArgumentParser:
   src.add_argument("--git-url", help="clone the project from this repository on every worker")
   src.add_argument("--source", help="send this local checkout (e.g. .) to every worker as a tarball")
   p.add_argument("--git-ref", help="branch, tag or commit to check out (with --git-url)")
-  p.add_argument("--tarball", default="/tmp/bert_jax-src.tar.gz", help="local tarball path (--source)")
+  p.add_argument("--tarball", help="local tarball path (--source; default: bert_jax-src-NAME.tar.gz in the "
+                 "temporary directory, one a slice)")
   p.add_argument("--jax-version", default=remote.JAX_VERSION, help="installs jax[tpu]==VERSION")
   p.add_argument("--python", default=remote.PYTHON_VERSION, help="Python of the workers' virtualenv")
   return p
@@ -134,7 +136,8 @@ def _source(a, dry_run: bool = False) -> actions.Source:
   if a.source and not dry_run and not os.path.isdir(a.source):   # before any slice: its tar would fail for hours
     raise ValueError(f"--source {a.source!r} is not a directory")
   local = os.path.abspath(a.source) if a.source else None
-  return actions.Source(git_url=a.git_url, git_ref=a.git_ref, local_dir=local, tarball=a.tarball,
+  tarball = a.tarball or os.path.join(tempfile.gettempdir(), f"bert_jax-src-{a.name}.tar.gz")
+  return actions.Source(git_url=a.git_url, git_ref=a.git_ref, local_dir=local, tarball=tarball,
                         jax_version=a.jax_version, python_version=a.python)
 
 

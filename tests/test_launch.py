@@ -5,6 +5,7 @@ and a Multislice job (2 x v5litepod-256 in one queued resource). Expected lines 
 hand, so a changed flag spelling fails here before it fails on a rented pod.
 """
 
+import os
 import subprocess
 
 import pytest
@@ -15,8 +16,9 @@ SINGLE = ["bert-large", "--zone=ZONE"]
 MULTI = ["big", "--zone=ZONE", "--node-count=2"]
 PHASE1 = ["--", "bert-jax", "pretrain", "--config=configs/bert_large.py:phase1"]
 
-TAR = ("tar --exclude=.git --exclude=__pycache__ '--exclude=*.egg-info' --exclude=.pytest_cache "
-       "-czf /tmp/src.tgz -C /home/me/src .")
+TAR = ("bash -o pipefail -c 'cd /home/me/src && { git ls-files -z --cached --others --exclude-standard "
+       "2>/dev/null || find . -path ./.git -prune -o ! -type d -print0; } | tar --exclude=.git --exclude=__pycache__ "
+       "'\"'\"'--exclude=*.egg-info'\"'\"' --exclude=.pytest_cache --ignore-failed-read --null -T - -czf /tmp/src.tgz'")
 INSTALL = ('{ [ -x "$HOME/.local/bin/uv" ] || curl -LsSf https://astral.sh/uv/install.sh | sh; } && '
            '"$HOME/.local/bin/uv" venv --clear --python 3.11 "$HOME/bert_jax_venv" && '
            '"$HOME/.local/bin/uv" pip install --python "$HOME/bert_jax_venv/bin/python" '
@@ -89,6 +91,30 @@ def test_setup_single_slice_from_local_copy(capsys):
       TAR,
       "gcloud compute tpus tpu-vm scp /tmp/src.tgz bert-large:bert_jax-src.tar.gz --zone=ZONE --quiet --worker=all",
       "gcloud compute tpus tpu-vm ssh bert-large --zone=ZONE --quiet --worker=all '--command=" + UNPACK + INSTALL + "'"]
+
+
+@pytest.mark.parametrize("in_git", [True, False])
+def test_the_local_source_is_packed_without_what_git_ignores(tmp_path, in_git):
+  """What .gitignore keeps out (the docs' output folders) stays home; outside git, all but caches."""
+  from launch import actions   # pylint: disable=g-import-not-at-top
+  src = tmp_path / "src"
+  for name in ("bert_jax/a.py", "bert_jax/__pycache__/a.pyc", "runs/big/ckpt", "configs/mine.py", "old.py"):
+    (src / name).parent.mkdir(parents=True, exist_ok=True)
+    (src / name).write_text("x")
+  (src / ".gitignore").write_text("/runs/\n__pycache__/\n")
+  env = {"GIT_AUTHOR_NAME": "a", "GIT_AUTHOR_EMAIL": "a@b", "GIT_COMMITTER_NAME": "a", "GIT_COMMITTER_EMAIL": "a@b",
+         "PATH": os.environ["PATH"], "HOME": str(tmp_path)}
+  if in_git:
+    for argv in (["git", "init", "-q"], ["git", "add", "bert_jax/a.py", "old.py", ".gitignore"],
+                 ["git", "commit", "-qm", "x"], ["git", "rm", "-q", "old.py"]):   # configs/mine.py: untracked
+      assert subprocess.Popen(argv, cwd=src, env=env).wait() == 0
+  tarball = tmp_path / "src.tgz"
+  source = actions.Source(local_dir=str(src), tarball=str(tarball))
+  assert subprocess.Popen(actions.pack_command(source), env=env).wait() == 0
+  listed = subprocess.Popen(["tar", "-tzf", str(tarball)], stdout=subprocess.PIPE, text=True).communicate()[0]
+  names = sorted(n.removeprefix("./") for n in listed.split() if not n.endswith("/"))
+  kept = [".gitignore", "bert_jax/a.py", "configs/mine.py"]
+  assert names == (kept if in_git else sorted(kept + ["runs/big/ckpt", "old.py"]))
 
 
 def test_setup_multislice_from_git(capsys):
