@@ -222,6 +222,17 @@ def test_a_task_s_data_dir_unset_or_not_there_stops_the_table_before_anything_ru
   runner.check_task_data(ablation, str(tmp_path / "done"), [v.name for v in ablation.variants])
 
 
+def test_another_table_in_a_table_s_workdir_stops_even_its_report(tmp_path):
+  ablation = table("devlin_table5", "tiny")
+  _fake_run(ablation, str(tmp_path), {v.name: [0.5, 0.6, 0.7] for v in ablation.variants},
+            {v.name: 10.0 for v in ablation.variants}, {v.name: 1000 for v in ablation.variants})
+  before = _finished_files(str(tmp_path))
+  other = table("devlin_table6", "tiny")
+  with pytest.raises(failures.UserError, match=r"holds variants of another table \(.*mlm_nsp.*\), not"):
+    ablate_main.run_and_report(other, str(tmp_path), train=False)
+  assert _finished_files(str(tmp_path)) == before
+
+
 def test_create_once_keeps_the_first_writer_s_file(tmp_path):
   from bert_jax import atomic_write  # pylint: disable=g-import-not-at-top
   path = str(tmp_path / "config.json")

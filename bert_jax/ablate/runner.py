@@ -215,6 +215,12 @@ def check_configs(ablation: ml_collections.ConfigDict, workdir: str, configs: di
   (`--report_only`) with another base, task or variant config stop, naming the fields, instead of putting
   two experiments side by side."""
   configs = variant_configs(ablation) if configs is None else configs
+  names = {v.name for v in ablation.variants}
+  others = sorted(d for d in (os.listdir(workdir) if os.path.isdir(workdir) else ()) if d not in names
+                  and any(os.path.isfile(os.path.join(workdir, d, f)) for f in (CONFIG, PRETRAINED)))
+  if others:
+    raise failures.UserError(f"{workdir} holds variants of another table ({', '.join(others[:5])}), not "
+                             f"{ablation.name}'s: give another --workdir")
   for v in ablation.variants:
     record = v.name in run
     vdir = os.path.join(workdir, v.name)
