@@ -47,7 +47,8 @@ def check_same_config(path: str, config: ml_collections.ConfigDict, fields, igno
   ours, theirs = _flat(_without(ours, ignore)), _flat(_without(theirs, ignore))
   differ = sorted(k for k in set(ours) | set(theirs) if not _same(k, ours, theirs))
   if differ:
-    raise failures.UserError(f"{os.path.dirname(path)} holds a run of another config ({', '.join(differ[:5])} "
+    more = f" and {len(differ) - 5} more" if len(differ) > 5 else ""
+    raise failures.UserError(f"{os.path.dirname(path)} holds a run of another config ({', '.join(differ[:5])}{more} "
                              "differ): give another --workdir, or remove that directory to run it again")
 
 

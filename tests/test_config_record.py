@@ -38,3 +38,10 @@ def test_how_a_run_compiles_may_change_between_its_starts(tmp_path):
   other = str(tmp_path / "other.json")
   config_record.check_same_config(other, config(scan_unroll=24), fields=())
   assert "scan_unroll" not in json.load(open(other))["model"]
+
+
+def test_the_fields_that_differ_past_five_are_counted(tmp_path):
+  path = str(tmp_path / "config.json")
+  config_record.check_same_config(path, ml_collections.ConfigDict({f"f{i}": 0 for i in range(8)}), fields=())
+  with pytest.raises(failures.UserError, match=r"\(f0, f1, f2, f3, f4 and 3 more differ\)"):
+    config_record.check_same_config(path, ml_collections.ConfigDict({f"f{i}": 1 for i in range(8)}), fields=())

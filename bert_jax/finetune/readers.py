@@ -44,12 +44,12 @@ def resolve_file(source: str, split: str, extensions=(".tsv",)) -> str:
     path = os.path.join(source, split + ext)
     if os.path.isfile(path):
       return path
+  names = " or ".join(split + ext for ext in extensions)
   if not source:
-    raise DataError(f"no data: set --config.data_dir to the directory holding {split}{extensions[0]} "
-                    "(or to the file itself)")
+    raise DataError(f"no data: set --config.data_dir to the directory holding {names} (or to the file itself)")
   if not os.path.isdir(source):
-    raise FileNotFoundError(f"{source} does not exist: set --config.data_dir to the directory holding "
-                            f"{split}{extensions[0]} (or to the file itself)")
+    raise FileNotFoundError(f"{source} does not exist: set --config.data_dir to the directory holding {names} "
+                            "(or to the file itself)")
   held = ", ".join(sorted(os.listdir(source))[:10]) or "nothing"
   raise FileNotFoundError(f"no {split}{'|'.join(extensions)} in {source!r} (it holds {held})")
 
