@@ -365,7 +365,10 @@ def _report(run: _Run, state: TrainState, step: int, results: dict[str, float]) 
   if "eval/mlm_accuracy" in results:
     _say(f"held-out MLM accuracy {results['eval/mlm_accuracy']:.3f}; always predicting the most frequent "
          f"held-out target: {results['eval/unigram_accuracy']:.3f}")
-  _say(f"done at step {step}: {shown}; checkpoint {run.checkpointer.directory}/{run.checkpointer.latest_step()}, "
+  ended = (f"done at step {step}" if step >= config.train_steps else
+           f"stopped at step {step} of {config.train_steps} (the same command resumes)")
+  _say(f"{ended}{f': {shown}' if shown else ''}; checkpoint "
+       f"{run.checkpointer.directory}/{run.checkpointer.latest_step()}, "
        f"metrics {run.workdir}/metrics.jsonl, TensorBoard {run.workdir}/tensorboard, curves {plot}")
 
 

@@ -253,6 +253,7 @@ def check_exact_resume_after_sigterm(data_dir, tmp_path, compilation_cache, n, *
   assert proc.returncode == 0, out[-3000:]
   assert "preempted: saved checkpoint at step" in out
   killed_at = max(train_losses(b_dir))
+  assert f"stopped at step {killed_at} of 100000 (the same command resumes)" in out, out[-2000:]
   assert n <= killed_at < 2 * n, killed_at
   assert os.listdir(os.path.join(b_dir, "checkpoints")) == [str(killed_at)]
 
