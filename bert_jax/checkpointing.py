@@ -374,8 +374,9 @@ def _restore_params(manager, step: int, abstract_params: Any) -> Any:
 class PreemptionWatcher:
   """Tells the loop when to save and stop after SIGTERM, at a step boundary agreed by all hosts.
 
-  One process: a SIGTERM handler sets a flag. Several processes: JAX's preemption service (started
-  by `jax.distributed.initialize`) spreads the notice and picks the same step on every host.
+  One process: a SIGTERM handler sets a flag, and so does a first Ctrl-C (SIGINT), which says so; a second
+  Ctrl-C stops the run at once, as Python's own handler does. Several processes: JAX's preemption service
+  (started by `jax.distributed.initialize`) spreads the notice and picks the same step on every host.
   """
 
   def __init__(self):
@@ -383,10 +384,18 @@ class PreemptionWatcher:
     self._multihost = jax.process_count() > 1
     if not self._multihost:
       signal.signal(signal.SIGTERM, self._on_sigterm)
+      signal.signal(signal.SIGINT, self._on_sigint)
 
   def _on_sigterm(self, signum, frame):
     del signum, frame
     self._signalled = True
+
+  def _on_sigint(self, signum, frame):
+    del signum, frame
+    self._signalled = True
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    print("Ctrl-C: saving a checkpoint at the next step, then exiting (Ctrl-C again stops at once, unsaved)",
+          file=sys.stderr, flush=True)
 
   def reached(self, step: int) -> bool:
     """True at the step where every host should save and exit. Call it at every step."""
@@ -397,3 +406,4 @@ class PreemptionWatcher:
   def close(self) -> None:
     if not self._multihost:
       signal.signal(signal.SIGTERM, signal.SIG_DFL)
+      signal.signal(signal.SIGINT, signal.default_int_handler)

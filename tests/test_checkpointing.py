@@ -144,6 +144,18 @@ def test_sigterm_sets_the_preemption_flag():
   assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
 
 
+def test_a_first_ctrl_c_saves_and_exits_a_second_stops_at_once(capsys):
+  watcher = checkpointing.PreemptionWatcher()
+  try:
+    os.kill(os.getpid(), signal.SIGINT)
+    assert watcher.reached(1) and "Ctrl-C: saving a checkpoint at the next step" in capsys.readouterr().err
+    with pytest.raises(KeyboardInterrupt):
+      os.kill(os.getpid(), signal.SIGINT)
+  finally:
+    watcher.close()
+  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 def test_split_path():
   assert checkpointing.split_path("/w/checkpoints/") == ("/w/checkpoints", None)
   assert checkpointing.split_path("/w/checkpoints/900000") == ("/w/checkpoints", 900000)
