@@ -178,6 +178,8 @@ def test_command_writes_csv_png_and_summary(tmp_path):
   assert summary["tasks"]["conll:tags"]["num_classes"] == 2
   assert summary["tasks"]["sentlen"]["examples"] == {"train": 96, "dev": 12, "test": 12}
   assert (tmp_path / "out" / "probe.png").stat().st_size > 10_000
+  assert set(json.loads(run.stdout)) == {"sentlen", "conll:tags"}   # stdout is the results alone
+  assert "sentlen: test accuracy per layer" in run.stderr   # progress, on stderr
 
 
 def test_tsv_and_conll_sources_split_what_they_lack(tmp_path):

@@ -34,12 +34,12 @@ import csv
 import functools
 import json
 import os
+import sys
 import time
 import types
 
 from absl import app
 from absl import flags
-from absl import logging
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -294,9 +294,10 @@ def probe_tasks(names) -> dict:
       x[split] = encode(cfg, params["bert"], inputs, FLAGS.batch_size)
     r = probe_fit.probe_task(x, labels, hidden=FLAGS.hidden_size if FLAGS.probe == "mlp" else 0, **train_opts)
     results[task["name"]] = dict(r, examples={s: len(v) for s, v in labels.items()})
-    logging.warning("%s: test accuracy per layer %s, mix %.3f, majority %.3f, expected layer %.2f (%.0f s)",
-                    task["name"], [round(float(a), 3) for a in r["layers"]["test"]], r["mix"]["test"],
-                    r["majority_baseline"], r["expected_layer"], time.time() - started)
+    # Progress on stderr (stdout is the results' JSON), whatever the log verbosity.
+    print(f"{task['name']}: test accuracy per layer {[round(float(a), 3) for a in r['layers']['test']]}, mix "
+          f"{r['mix']['test']:.3f}, majority {r['majority_baseline']:.3f}, expected layer {r['expected_layer']:.2f} "
+          f"({time.time() - started:.0f} s)", file=sys.stderr, flush=True)
   return results
 
 
