@@ -300,7 +300,8 @@ def check_run_model(workdir: str, model_config: model.BertConfig) -> None:
   checkpoints = root / _RUN_CHECKPOINTS[0]
   if not (root / CONFIG).exists() or not checkpoints.exists() or not any(checkpoints.iterdir()):
     return
-  theirs, ours = json.loads((root / CONFIG).read_text()), model_config.to_hf_dict()
+  theirs = json.loads((root / CONFIG).read_text())
+  ours = json.loads(json.dumps(model_config.to_hf_dict()))   # as written: tuples read back as lists
   differ = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
   if differ:
     raise failures.UserError(f"{workdir} holds the checkpoints of another model ({', '.join(differ[:6])} differ "
