@@ -295,17 +295,21 @@ def write_run_record(workdir: str, model_config: model.BertConfig, vocab_path: s
 
 def check_run_model(workdir: str, model_config: model.BertConfig) -> None:
   """Stops a pretraining run whose workdir holds checkpoints of another model (the `bert_config.json` beside
-  them differs), before the run prepares data or writes its record over that run's (`write_run_record`)."""
+  them describes another structure: `_STRUCTURE`'s fields; dropout and initialisation may change on resume),
+  before the run prepares data or writes its record over that run's (`write_run_record`)."""
+  model_config.to_hf_dict()   # a config with no such record stops here, before the data are prepared
   root = epath.Path(workdir)
-  checkpoints = root / _RUN_CHECKPOINTS[0]
-  if not (root / CONFIG).exists() or not checkpoints.exists() or not any(checkpoints.iterdir()):
+  if not (root / CONFIG).exists() or not _has_steps(root / _RUN_CHECKPOINTS[0]):
     return
-  theirs = json.loads((root / CONFIG).read_text())
-  ours = json.loads(json.dumps(model_config.to_hf_dict()))   # as written: tuples read back as lists
-  differ = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
+  try:
+    theirs = model.BertConfig.from_hf_dict(json.loads((root / CONFIG).read_text()))
+  except ValueError:   # a record this version cannot read: the restore decides
+    return
+  differ = [f for f in _STRUCTURE if _structure(theirs, f) != _structure(model_config, f)]
   if differ:
-    raise failures.UserError(f"{workdir} holds the checkpoints of another model ({', '.join(differ[:6])} differ "
-                             f"from its {CONFIG}): give another --workdir, or remove that directory to start over")
+    raise failures.UserError(f"{workdir} holds the checkpoints of another model ({describe(theirs)}; "
+                             f"{', '.join(differ)} differ): give another --workdir, or remove that directory "
+                             "to start over")
 
 
 def tokenizer_settings(directory: str, do_lower_case: bool) -> dict:

@@ -20,6 +20,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -382,9 +383,12 @@ class PreemptionWatcher:
   def __init__(self):
     self._signalled = False
     self._multihost = jax.process_count() > 1
-    if not self._multihost:
-      signal.signal(signal.SIGTERM, self._on_sigterm)
-      signal.signal(signal.SIGINT, self._on_sigint)
+    # Handlers can be set in the main thread only; elsewhere (a library caller's thread) the run has none.
+    self._previous = {}
+    if not self._multihost and threading.current_thread() is threading.main_thread():
+      self._previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, self._on_sigterm)}
+      if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:   # a job started in the background keeps it so
+        self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._on_sigint)
 
   def _on_sigterm(self, signum, frame):
     del signum, frame
@@ -394,8 +398,11 @@ class PreemptionWatcher:
     del signum, frame
     self._signalled = True
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    print("Ctrl-C: saving a checkpoint at the next step, then exiting (Ctrl-C again stops at once, unsaved)",
-          file=sys.stderr, flush=True)
+    try:
+      print("Ctrl-C: saving a checkpoint at the next step, then exiting (Ctrl-C again stops at once, unsaved)",
+            file=sys.stderr, flush=True)
+    except OSError:   # stderr piped into a program the same Ctrl-C ended
+      pass
 
   def reached(self, step: int) -> bool:
     """True at the step where every host should save and exit. Call it at every step."""
@@ -404,6 +411,5 @@ class PreemptionWatcher:
     return self._signalled
 
   def close(self) -> None:
-    if not self._multihost:
-      signal.signal(signal.SIGTERM, signal.SIG_DFL)
-      signal.signal(signal.SIGINT, signal.default_int_handler)
+    for signum, handler in self._previous.items():
+      signal.signal(signum, handler)

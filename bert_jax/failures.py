@@ -85,8 +85,10 @@ def load_config(flag, prog: str, kind: str | None = None):
     say_and_exit(config_not_loaded(e), prefix=prog)
   if config is not None and kind is not None and config_kind(config) != kind:
     found = config_kind(config)
-    say_and_exit(UserError(f"--config is {_KINDS.get(found, 'no config of bert_jax')}, not {_KINDS[kind]}"
-                           + (f": run it with {_COMMANDS[found]}" if found in _COMMANDS else "")), prefix=prog)
+    message = (f"--config is {_KINDS[found]}, not {_KINDS[kind]}: run it with {_COMMANDS[found]}" if found else
+               f"--config has the fields of no pretraining, finetuning or ablation config; this command takes "
+               f"{_KINDS[kind]}")
+    say_and_exit(UserError(message), prefix=prog)
   return config
 
 

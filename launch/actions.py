@@ -74,12 +74,14 @@ def setup(run: Runner, tpu: gcloud.Slice, source: Source) -> bool:
 def pack_command(source: Source) -> list[str]:
   """The tar of the local checkout: in a git checkout, the files git tracks or would track, so that what
   .gitignore keeps out (runs/, prepared/, workdir*/, where the docs put a user's outputs) stays home; in
-  another directory, all of it. Either way without VCS data, caches and build metadata."""
+  another directory, all of it. Either way without VCS data, caches and build metadata, and without a
+  tracked file deleted since (no tar option skips one in both GNU tar and macOS' bsdtar)."""
   files = ("git ls-files -z --cached --others --exclude-standard 2>/dev/null || "
            "find . -path ./.git -prune -o ! -type d -print0")
+  present = "while IFS= read -r -d '' f; do if [ -e \"$f\" ] || [ -L \"$f\" ]; then printf '%s\\0' \"$f\"; fi; done"
   tar = ["tar", "--exclude=.git", "--exclude=__pycache__", "--exclude=*.egg-info", "--exclude=.pytest_cache",
-         "--ignore-failed-read", "--null", "-T", "-", "-czf", source.tarball]   # a tracked file deleted: skipped
-  script = f"cd {shlex.quote(source.local_dir)} && {{ {files}; }} | {shlex.join(tar)}"
+         "--null", "-T", "-", "-czf", source.tarball]
+  script = f"cd {shlex.quote(source.local_dir)} && {{ {files}; }} | {present} | {shlex.join(tar)}"
   return ["bash", "-o", "pipefail", "-c", script]
 
 

@@ -482,6 +482,7 @@ def test_aot_without_libtpu_says_how_to_install_it(monkeypatch):
   from bert_jax.tools import aot   # pylint: disable=g-import-not-at-top
   find_spec = importlib.util.find_spec
   monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "libtpu" else find_spec(name, *a))
+  monkeypatch.delenv("TPU_LIBRARY_PATH", raising=False)   # JAX sets it once it has loaded libtpu in this process
   with pytest.raises(failures.UserError, match=r"v4:2x2x1 needs libtpu.*pip install libtpu"):
     aot.topology_devices("v4:2x2x1")
 

@@ -3,6 +3,7 @@ a save killed mid-write never becoming the latest checkpoint, a failed save, ini
 
 import os
 import signal
+import threading
 import subprocess
 import sys
 import textwrap
@@ -134,6 +135,7 @@ def test_save_killed_mid_write_never_becomes_latest(tmp_path):
 
 
 def test_sigterm_sets_the_preemption_flag():
+  before = signal.getsignal(signal.SIGTERM)
   watcher = checkpointing.PreemptionWatcher()
   try:
     assert not watcher.reached(1)
@@ -141,10 +143,11 @@ def test_sigterm_sets_the_preemption_flag():
     assert watcher.reached(2)
   finally:
     watcher.close()
-  assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+  assert signal.getsignal(signal.SIGTERM) == before   # the handler it found, again
 
 
 def test_a_first_ctrl_c_saves_and_exits_a_second_stops_at_once(capsys):
+  before = signal.getsignal(signal.SIGINT)
   watcher = checkpointing.PreemptionWatcher()
   try:
     os.kill(os.getpid(), signal.SIGINT)
@@ -153,7 +156,23 @@ def test_a_first_ctrl_c_saves_and_exits_a_second_stops_at_once(capsys):
       os.kill(os.getpid(), signal.SIGINT)
   finally:
     watcher.close()
-  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+  assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_an_ignored_ctrl_c_stays_ignored_and_another_thread_sets_no_handler():
+  before = signal.signal(signal.SIGINT, signal.SIG_IGN)   # as a job started in the background has it
+  try:
+    watcher = checkpointing.PreemptionWatcher()
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    watcher.close()
+  finally:
+    signal.signal(signal.SIGINT, before)
+  made = []
+  thread = threading.Thread(target=lambda: made.append(checkpointing.PreemptionWatcher()))
+  thread.start()
+  thread.join()
+  assert len(made) == 1 and not made[0].reached(1)   # no ValueError from signal.signal
+  made[0].close()
 
 
 def test_split_path():

@@ -75,20 +75,23 @@ def test_tweets_as_typed_on_the_command_line(tweets, tmp_path):
 def test_a_finetune_workdir_repeats_a_finished_run_restarts_an_unfinished_one_and_keeps_its_config(tmp_path):
   from bert_jax.finetune import main as finetune_main   # pylint: disable=g-import-not-at-top
   config, workdir = tweet_config(str(tmp_path / "data")), tmp_path / "run"
-  assert finetune_main._finished(config, str(workdir)) is None   # pylint: disable=protected-access
-  assert (workdir / finetune_main.RUN_CONFIG).is_file()
+  finished = lambda c: finetune_main._finished(c, str(workdir))   # pylint: disable=protected-access
+  assert finished(config) is None and (workdir / finetune_main.RUN_CONFIG).is_file()
   (workdir / "metrics.jsonl").write_text('{"step": 10}\n')   # killed before its end
   (workdir / "tensorboard").mkdir()
-  assert finetune_main._finished(config, str(workdir)) is None   # pylint: disable=protected-access
-  assert sorted(os.listdir(workdir)) == [finetune_main.RUN_CONFIG]   # its records gone: it starts over
+  corrected = tweet_config(str(tmp_path / "data"))
+  corrected.batch_size //= 2   # as a message asks after a failed start: it starts over with this config
+  assert finished(corrected) is None
+  assert sorted(os.listdir(workdir)) == [finetune_main.RUN_CONFIG]   # its records gone
   (workdir / trainer.RESULTS_FILE).write_text('{"best_metric": 0.5}')
-  assert finetune_main._finished(config, str(workdir)) == {"best_metric": 0.5}   # pylint: disable=protected-access
-  config.learning_rate *= 2
-  with pytest.raises(failures.UserError, match="holds a run of another config \\(learning_rate differ\\)"):
-    finetune_main._finished(config, str(workdir))   # pylint: disable=protected-access
+  assert finished(corrected) == {"best_metric": 0.5}   # finished: nothing to train
+  with pytest.raises(failures.UserError, match="holds a run of another config \\(batch_size differ\\)"):
+    finished(config)
   os.remove(workdir / finetune_main.RUN_CONFIG)   # a run finished before its config was recorded
-  with pytest.raises(failures.UserError, match="finished finetuning run whose config is not recorded"):
-    finetune_main._finished(config, str(workdir))   # pylint: disable=protected-access
+  for _ in range(2):   # refused, and refused again: the refusal records nothing
+    with pytest.raises(failures.UserError, match="finished finetuning run whose config is not recorded"):
+      finished(corrected)
+
 
 
 @pytest.mark.slow

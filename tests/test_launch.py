@@ -17,8 +17,10 @@ MULTI = ["big", "--zone=ZONE", "--node-count=2"]
 PHASE1 = ["--", "bert-jax", "pretrain", "--config=configs/bert_large.py:phase1"]
 
 TAR = ("bash -o pipefail -c 'cd /home/me/src && { git ls-files -z --cached --others --exclude-standard "
-       "2>/dev/null || find . -path ./.git -prune -o ! -type d -print0; } | tar --exclude=.git --exclude=__pycache__ "
-       "'\"'\"'--exclude=*.egg-info'\"'\"' --exclude=.pytest_cache --ignore-failed-read --null -T - -czf /tmp/src.tgz'")
+       '2>/dev/null || find . -path ./.git -prune -o ! -type d -print0; } | while IFS= read -r -d '
+       '\'"\'"\'\'"\'"\' f; do if [ -e "$f" ] || [ -L "$f" ]; then printf \'"\'"\'%s\\0\'"\'"\' "$f"; fi; done | tar '
+       '--exclude=.git --exclude=__pycache__ \'"\'"\'--exclude=*.egg-info\'"\'"\' --exclude=.pytest_cache '
+       "--null -T - -czf /tmp/src.tgz'")
 INSTALL = ('{ [ -x "$HOME/.local/bin/uv" ] || curl -LsSf https://astral.sh/uv/install.sh | sh; } && '
            '"$HOME/.local/bin/uv" venv --clear --python 3.11 "$HOME/bert_jax_venv" && '
            '"$HOME/.local/bin/uv" pip install --python "$HOME/bert_jax_venv/bin/python" '

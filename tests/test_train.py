@@ -3,6 +3,7 @@ gradient accumulation, and exact resume after a real SIGTERM."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -82,7 +83,7 @@ def test_a_workdir_holding_another_model_s_checkpoints_is_refused_before_anythin
   """Pretraining into the workdir of another run (another model) stops before it prepares data or writes its
   model config and tokenizer over that run's; the same model resumes, a workdir without checkpoints starts."""
   workdir = tmp_path / "run"
-  (workdir / "checkpoints" / "20").mkdir(parents=True)
+  (workdir / "checkpoints" / "20" / "state").mkdir(parents=True)   # a step, as checkpoint_loader sees one
   theirs = train.bert_config(tiny_config("unused", **{"model.hidden_size": 64}))
   record = json.dumps(theirs.to_hf_dict(), indent=2) + "\n"
   (workdir / "bert_config.json").write_text(record)
@@ -93,7 +94,10 @@ def test_a_workdir_holding_another_model_s_checkpoints_is_refused_before_anythin
       "bert_config.json", "checkpoints"]
   from bert_jax import checkpoint_loader   # pylint: disable=g-import-not-at-top
   checkpoint_loader.check_run_model(str(workdir), theirs)   # the same model: a resumed run
-  os.rmdir(workdir / "checkpoints" / "20")
+  import dataclasses   # pylint: disable=g-import-not-at-top
+  # Dropout has no parameters: a run may resume with another rate.
+  checkpoint_loader.check_run_model(str(workdir), dataclasses.replace(theirs, hidden_dropout=0.0))
+  shutil.rmtree(workdir / "checkpoints" / "20")
   checkpoint_loader.check_run_model(str(workdir), train.bert_config(config))   # no checkpoints: a fresh start
 
 

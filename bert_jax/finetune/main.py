@@ -54,28 +54,30 @@ def main(argv) -> None:
 
 
 def _finished(config, workdir: str) -> dict | None:
-  """The results of the run `workdir` holds when it finished with this config (a command run again
-  repeats nothing); None where this run is to train. A workdir of another config stops the command
-  (`config_record.check_same_config`), and so does a finished run recorded before the config was (its
-  config unknown). An unfinished run starts over, its records removed: finetuning saves no state within a
-  run, and two runs' curves in one metrics.jsonl would read as one."""
+  """The results of the run `workdir` holds when it finished with this config (a command run again repeats
+  nothing); None where this run is to train. A finished run of another config stops the command
+  (`config_record.check_same_config`), and so does one finished before its config was recorded. A run that
+  did not finish starts over, whatever its config: its record is replaced and its records removed
+  (finetuning saves no state within a run, and two runs' curves in one metrics.jsonl would read as one)."""
   workdir = paths.absolute(workdir)
   record = os.path.join(workdir, RUN_CONFIG)
-  recorded_before = os.path.isfile(record)
-  os.makedirs(workdir, exist_ok=True)
-  config_record.check_same_config(record, config, paths.FINETUNE_FIELDS)
   results = config_record.read_marker(os.path.join(workdir, trainer.RESULTS_FILE))
-  if results is not None and not recorded_before:
-    raise failures.UserError(f"{workdir} holds a finished finetuning run whose config is not recorded: give "
-                             "another --workdir, or remove that directory to run it again")
   if results is not None:
+    if not os.path.isfile(record):
+      raise failures.UserError(f"{workdir} holds a finished finetuning run whose config is not recorded: give "
+                               "another --workdir, or remove that directory to run it again")
+    config_record.check_same_config(record, config, paths.FINETUNE_FIELDS, record=False)
     logging.warning("%s holds this finetuning run, finished: its results follow (remove the directory to "
                     "run it again)", workdir)
     return results
-  if os.path.exists(os.path.join(workdir, "metrics.jsonl")):
-    logging.warning("%s holds this finetuning run, not finished: it starts over (finetuning saves no state "
-                    "within a run)", workdir)
-    metrics_writer.remove_records(workdir)
+  if os.path.exists(os.path.join(workdir, "metrics.jsonl")) or os.path.exists(os.path.join(workdir, "tensorboard")):
+    logging.warning("%s holds a finetuning run that did not finish: this one starts over (finetuning saves no "
+                    "state within a run)", workdir)
+  metrics_writer.remove_records(workdir)
+  if os.path.isfile(record):
+    os.remove(record)
+  os.makedirs(workdir, exist_ok=True)
+  config_record.check_same_config(record, config, paths.FINETUNE_FIELDS)   # records it
   return None
 
 

@@ -61,7 +61,8 @@ config_path.put_config_root_on_path(sys.argv)   # config files do `from configs 
 def topology_devices(topology: str) -> list[Any]:
   """Compile-only devices of a TPU topology such as "v3:8x8" (no TPU needed, libtpu must be installed)."""
   _, chip, shape = parse_topology(topology)
-  if importlib.util.find_spec("libtpu") is None:   # JAX would say "TPU support not installed", in a traceback
+  if importlib.util.find_spec("libtpu") is None and not os.path.isfile(os.environ.get("TPU_LIBRARY_PATH", "")):
+    # JAX would say "TPU support not installed", in a traceback
     raise failures.UserError(f"compiling for {topology} needs libtpu, the TPU compiler: pip install libtpu (or the "
                              "project's tpu extra: pip install -e '.[tpu]'); no TPU is needed")
   # libtpu takes a process-wide lock unless told other processes may load it too, and warns about

@@ -100,8 +100,8 @@ def ratio_interval(ours: list[float], peer: list[float], level: float = 0.9, res
                    seed: int = 0) -> list[float] | None:
   """A bootstrap interval (`level`, percentiles) of median(peer) / median(ours), the rounds resampled with
   their steps paired: round r's step of each system is drawn together, so what moved both (the machine's
-  load that minute) moves the ratio less than it moves either. None where the two have not run the same
-  rounds (a peer that failed part-way)."""
+  load that minute) moves the ratio less than it moves either. None where the two step lists differ in
+  length (no pairs to draw)."""
   if len(ours) != len(peer) or not ours:
     return None
   ours, peer = np.asarray(ours), np.asarray(peer)
