@@ -147,16 +147,20 @@ def test_sigterm_sets_the_preemption_flag():
 
 
 def test_a_first_ctrl_c_saves_and_exits_a_second_stops_at_once(capsys):
-  before = signal.getsignal(signal.SIGINT)
-  watcher = checkpointing.PreemptionWatcher()
+  # Python's own handler, as at a terminal (a process started in the background, as pytest may be, ignores it).
+  before = signal.signal(signal.SIGINT, signal.default_int_handler)
   try:
-    os.kill(os.getpid(), signal.SIGINT)
-    assert watcher.reached(1) and "Ctrl-C: saving a checkpoint at the next step" in capsys.readouterr().err
-    with pytest.raises(KeyboardInterrupt):
+    watcher = checkpointing.PreemptionWatcher()
+    try:
       os.kill(os.getpid(), signal.SIGINT)
+      assert watcher.reached(1) and "Ctrl-C: saving a checkpoint at the next step" in capsys.readouterr().err
+      with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)
+    finally:
+      watcher.close()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler   # the handler it found, again
   finally:
-    watcher.close()
-  assert signal.getsignal(signal.SIGINT) is before
+    signal.signal(signal.SIGINT, before)
 
 
 def test_an_ignored_ctrl_c_stays_ignored_and_another_thread_sets_no_handler():
