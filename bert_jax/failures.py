@@ -83,8 +83,8 @@ def load_config(flag, prog: str, kind: str | None = None):
       config.keys()
   except _CONFIG_LOAD_ERRORS as e:
     say_and_exit(config_not_loaded(e), prefix=prog)
-  if config is not None and kind is not None and config_kind(config) != kind:
-    found = config_kind(config)
+  found = config_kind(config) if config is not None and kind is not None else kind
+  if found != kind:
     message = (f"--config is {_KINDS[found]}, not {_KINDS[kind]}: run it with {_COMMANDS[found]}" if found else
                f"--config has the fields of no pretraining, finetuning or ablation config; this command takes "
                f"{_KINDS[kind]}")

@@ -20,12 +20,15 @@ import jax
 from bert_jax import host_env
 
 
-def remove_records(workdir: str) -> None:
+def remove_records(workdir: str) -> bool:
   """Removes what a `MetricWriter` wrote into `workdir` (metrics.jsonl, tensorboard/): a run that starts
-  over there writes its records alone, not after those of the run it replaces."""
-  if os.path.exists(os.path.join(workdir, "metrics.jsonl")):
-    os.remove(os.path.join(workdir, "metrics.jsonl"))
-  shutil.rmtree(os.path.join(workdir, "tensorboard"), ignore_errors=True)
+  over there writes its records alone, not after those of the run it replaces. Whether there were any."""
+  jsonl, events = os.path.join(workdir, "metrics.jsonl"), os.path.join(workdir, "tensorboard")
+  found = os.path.exists(jsonl) or os.path.exists(events)
+  if os.path.exists(jsonl):
+    os.remove(jsonl)
+  shutil.rmtree(events, ignore_errors=True)
+  return found
 
 
 def _is_scalar(value) -> bool:

@@ -70,10 +70,9 @@ def _finished(config, workdir: str) -> dict | None:
     logging.warning("%s holds this finetuning run, finished: its results follow (remove the directory to "
                     "run it again)", workdir)
     return results
-  if os.path.exists(os.path.join(workdir, "metrics.jsonl")) or os.path.exists(os.path.join(workdir, "tensorboard")):
-    logging.warning("%s holds a finetuning run that did not finish: this one starts over (finetuning saves no "
+  if metrics_writer.remove_records(workdir):
+    logging.warning("%s held a finetuning run that did not finish: this one starts over (finetuning saves no "
                     "state within a run)", workdir)
-  metrics_writer.remove_records(workdir)
   if os.path.isfile(record):
     os.remove(record)
   os.makedirs(workdir, exist_ok=True)
