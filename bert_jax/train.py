@@ -22,6 +22,7 @@ from bert_jax import failures
 from bert_jax import metrics_writer
 from bert_jax import objectives
 from bert_jax import paths
+from bert_jax import preemption
 from bert_jax import pretrain_data
 from bert_jax import run_checks
 from bert_jax import sharding
@@ -183,10 +184,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
        f"training to step {run.config.train_steps}")
   if (hint := matmuls_hint(bert_config(run.config), run.s.mesh)) is not None:
     _say(hint)
-  writer, preemption = metrics_writer.MetricWriter(run.workdir), checkpointing.PreemptionWatcher()
+  writer, watcher = metrics_writer.MetricWriter(run.workdir), preemption.Watcher()
   peer_lost = False
   try:
-    state, step, results = _loop(run, state, step, writer, preemption)
+    state, step, results = _loop(run, state, step, writer, watcher)
   except failures.PeerLost:
     peer_lost = True   # closing would wait for the lost host in a barrier
     raise
@@ -194,7 +195,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     if not peer_lost:
       run.checkpointer.close()
       writer.close()
-      preemption.close()
+      watcher.close()
   _report(run, state, step, results)
   return results
 
@@ -242,7 +243,7 @@ def _start(config: ml_collections.ConfigDict, workdir: str) -> tuple[_Run, Train
   return run, state, origin
 
 
-def _loop(run: _Run, state: TrainState, step: int, writer, preemption) -> tuple[TrainState, int, dict[str, float]]:
+def _loop(run: _Run, state: TrainState, step: int, writer, watcher) -> tuple[TrainState, int, dict[str, float]]:
   """Steps from `step` to `train_steps`, or to the step all hosts agree on after SIGTERM: logs and evaluates,
   goes back over a loss spike, checkpoints. Returns the state, its step and the scalars last written.
 
@@ -264,7 +265,7 @@ def _loop(run: _Run, state: TrainState, step: int, writer, preemption) -> tuple[
         writer.write(step, scalars)
         results.update(scalars)
       _check_finite(scalars, config, step, run.checkpointer)
-      state, step, preempted = _undo_spike_or_save(run, state, step, scalars, spiked, spikes, writer, preemption)
+      state, step, preempted = _undo_spike_or_save(run, state, step, scalars, spiked, spikes, writer, watcher)
       if preempted:
         break
       if interval.sums is None:   # just logged: time the next interval from here, after eval and saving
@@ -329,7 +330,7 @@ def _scalars(run: _Run, state: TrainState, step: int, interval: _Interval, metri
 
 
 def _undo_spike_or_save(run: _Run, state: TrainState, step: int, scalars: dict, spiked: bool,
-                        spikes: failures.LossSpikeGuard, writer, preemption) -> tuple[TrainState, int, bool]:
+                        spikes: failures.LossSpikeGuard, writer, watcher) -> tuple[TrainState, int, bool]:
   """After a spike, the last checkpoint before its interval (whose batches are then skipped); else a
   checkpoint where one is due: periodically, at the end, and at the step all hosts agree on after SIGTERM.
   Returns (state, step, whether the run was preempted)."""
@@ -340,7 +341,7 @@ def _undo_spike_or_save(run: _Run, state: TrainState, step: int, scalars: dict, 
     writer.write(step, spikes.scalars())
     rolled_back = undone is not None
     state, step = undone or (state, step)
-  preempted = preemption.reached(step)
+  preempted = watcher.reached(step)
   # A spike that found no checkpoint to go back to goes on: its state is saved as any other.
   saved = not rolled_back and (step % config.checkpoint_every == 0 or step == config.train_steps
                                or preempted) and _save(run.checkpointer, step, state, run.train_iter)

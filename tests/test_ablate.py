@@ -340,11 +340,11 @@ def test_killed_ablation_resumes_without_redoing_finished_runs(corpus, tmp_path,
 def test_sigterm_during_pretraining_stops_the_ablation_without_marking_the_variant(
     corpus, tmp_path, compilation_cache, monkeypatch):
   """train saves and returns at a SIGTERM: the variant is not pretrained until a re-run reaches the end."""
-  from bert_jax import checkpointing  # pylint: disable=g-import-not-at-top
+  from bert_jax import preemption  # pylint: disable=g-import-not-at-top
   ablation = table("devlin_table5", "tiny")
   ablation.variants = ablation.variants[:1]
   ablation.base.data.train_files, ablation.tasks.sst2.data_dir = corpus
-  monkeypatch.setattr(checkpointing.PreemptionWatcher, "reached", lambda self, step: step == 2)
+  monkeypatch.setattr(preemption.Watcher, "reached", lambda self, step: step == 2)
   with pytest.raises(failures.Stopped, match="stopped at step 2 of 6"):
     runner.run(ablation, str(tmp_path))
   vdir = tmp_path / ablation.variants[0].name

@@ -1,9 +1,7 @@
-"""Checkpointer: sharded round trip with the data-iterator state, keep-K, restore_params, SIGTERM,
+"""Checkpointer: sharded round trip with the data-iterator state, keep-K, restore_params,
 a save killed mid-write never becoming the latest checkpoint, a failed save, init_from checks."""
 
 import os
-import signal
-import threading
 import subprocess
 import sys
 import textwrap
@@ -132,51 +130,6 @@ def test_save_killed_mid_write_never_becomes_latest(tmp_path):
   assert ckpt.save(2, {"w": jnp.zeros((4,))}, {"batch": 2})
   ckpt.close()
   assert checkpointing.Checkpointer(directory).latest_step() == 2
-
-
-def test_sigterm_sets_the_preemption_flag():
-  before = signal.getsignal(signal.SIGTERM)
-  watcher = checkpointing.PreemptionWatcher()
-  try:
-    assert not watcher.reached(1)
-    os.kill(os.getpid(), signal.SIGTERM)
-    assert watcher.reached(2)
-  finally:
-    watcher.close()
-  assert signal.getsignal(signal.SIGTERM) == before   # the handler it found, again
-
-
-def test_a_first_ctrl_c_saves_and_exits_a_second_stops_at_once(capsys):
-  # Python's own handler, as at a terminal (a process started in the background, as pytest may be, ignores it).
-  before = signal.signal(signal.SIGINT, signal.default_int_handler)
-  try:
-    watcher = checkpointing.PreemptionWatcher()
-    try:
-      os.kill(os.getpid(), signal.SIGINT)
-      assert watcher.reached(1) and "Ctrl-C: saving a checkpoint at the next step" in capsys.readouterr().err
-      with pytest.raises(KeyboardInterrupt):
-        os.kill(os.getpid(), signal.SIGINT)
-    finally:
-      watcher.close()
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler   # the handler it found, again
-  finally:
-    signal.signal(signal.SIGINT, before)
-
-
-def test_an_ignored_ctrl_c_stays_ignored_and_another_thread_sets_no_handler():
-  before = signal.signal(signal.SIGINT, signal.SIG_IGN)   # as a job started in the background has it
-  try:
-    watcher = checkpointing.PreemptionWatcher()
-    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
-    watcher.close()
-  finally:
-    signal.signal(signal.SIGINT, before)
-  made = []
-  thread = threading.Thread(target=lambda: made.append(checkpointing.PreemptionWatcher()))
-  thread.start()
-  thread.join()
-  assert len(made) == 1 and not made[0].reached(1)   # no ValueError from signal.signal
-  made[0].close()
 
 
 def test_split_path():

@@ -1,0 +1,54 @@
+"""preemption.Watcher: SIGTERM and a first Ctrl-C ask for a save; the handlers it found come back."""
+
+import os
+import signal
+import threading
+
+import pytest
+
+from bert_jax import preemption
+
+
+def test_sigterm_sets_the_preemption_flag():
+  before = signal.getsignal(signal.SIGTERM)
+  watcher = preemption.Watcher()
+  try:
+    assert not watcher.reached(1)
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert watcher.reached(2)
+  finally:
+    watcher.close()
+  assert signal.getsignal(signal.SIGTERM) == before   # the handler it found, again
+
+
+def test_a_first_ctrl_c_saves_and_exits_a_second_stops_at_once(capsys):
+  # Python's own handler, as at a terminal (a process started in the background, as pytest may be, ignores it).
+  before = signal.signal(signal.SIGINT, signal.default_int_handler)
+  try:
+    watcher = preemption.Watcher()
+    try:
+      os.kill(os.getpid(), signal.SIGINT)
+      assert watcher.reached(1) and "Ctrl-C: saving a checkpoint at the next step" in capsys.readouterr().err
+      with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)
+    finally:
+      watcher.close()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler   # the handler it found, again
+  finally:
+    signal.signal(signal.SIGINT, before)
+
+
+def test_an_ignored_ctrl_c_stays_ignored_and_another_thread_sets_no_handler():
+  before = signal.signal(signal.SIGINT, signal.SIG_IGN)   # as a job started in the background has it
+  try:
+    watcher = preemption.Watcher()
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    watcher.close()
+  finally:
+    signal.signal(signal.SIGINT, before)
+  made = []
+  thread = threading.Thread(target=lambda: made.append(preemption.Watcher()))
+  thread.start()
+  thread.join()
+  assert len(made) == 1 and not made[0].reached(1)   # no ValueError from signal.signal
+  made[0].close()
