@@ -206,6 +206,14 @@ def test_variants_run_apart_or_reported_later_must_share_one_config(tmp_path):
     with pytest.raises(failures.UserError, match="holds a run of another config"):
       ablate_main.run_and_report(changed, str(tmp_path), train=False)
   assert sorted(os.listdir(tmp_path)) == [first, second]
+  # A report reads no data: data paths its command leaves unset match the recorded ones; one set elsewhere does not.
+  unset = table("devlin_table5", "tiny")
+  ablate_main.run_and_report(unset, str(tmp_path), train=False)
+  with pytest.raises(failures.UserError, match="data_dir differ"):
+    runner.check_configs(unset, str(tmp_path), run=[first])   # a run compares them, set or not
+  runner.set_field(unset, "tasks.sst2.data_dir", str(tmp_path))
+  with pytest.raises(failures.UserError, match="data_dir differ"):
+    ablate_main.run_and_report(unset, str(tmp_path), train=False)
 
 
 def test_a_task_s_data_dir_unset_or_not_there_stops_the_table_before_anything_runs_or_is_recorded(tmp_path):

@@ -8,7 +8,7 @@
 (tests). For each variant it pretrains, reads the held-out evaluation, finetunes every task over the
 seeds, then writes `<workdir>/results.md`, `results.csv` and `results.png` (bert_jax/ablate/report.py).
 Killed and run again, it redoes nothing that finished (bert_jax/ablate/runner.py); `--report_only`
-rebuilds the tables from what is on disk without training; `--variants=a,b` runs only those variants (two
+rebuilds the tables from what is on disk without training (no data flags needed); `--variants=a,b` runs only those variants (two
 processes or hosts with disjoint lists can share one workdir).
 """
 

@@ -208,12 +208,13 @@ def check_task_data(ablation: ml_collections.ConfigDict, workdir: str, variants)
 
 
 def check_configs(ablation: ml_collections.ConfigDict, workdir: str, configs: dict | None = None,
-                  run=()) -> None:
+                  run=(), report: bool = False) -> None:
   """Each variant's pretraining and task configs against those its directories recorded: the variants in
   `run` record theirs on their first run, the others are compared where they have one. One table is one
   experiment: processes that each run some variants (`--variants`) or a report of runs made before
   (`--report_only`) with another base, task or variant config stop, naming the fields, instead of putting
-  two experiments side by side."""
+  two experiments side by side. `report`: the data paths the command leaves unset are not compared (a report
+  reads no data: `--report_only` needs no `--config.base.data.train_files` or task `data_dir`)."""
   configs = variant_configs(ablation) if configs is None else configs
   names = {v.name for v in ablation.variants}
   others = sorted(d for d in (os.listdir(workdir) if os.path.isdir(workdir) else ()) if d not in names
@@ -226,21 +227,23 @@ def check_configs(ablation: ml_collections.ConfigDict, workdir: str, configs: di
     vdir = os.path.join(workdir, v.name)
     if record:
       os.makedirs(vdir, exist_ok=True)
-    check_same_config(os.path.join(vdir, CONFIG), configs[v.name], paths.PRETRAIN_FIELDS, record=record)
+    check_same_config(os.path.join(vdir, CONFIG), configs[v.name], paths.PRETRAIN_FIELDS, record=record,
+                      unset_paths_match=report)
     for task in ablation.tasks:
       fdir = os.path.join(vdir, "finetune", task)
       if record:
         os.makedirs(fdir, exist_ok=True)
       # The checkpoint's path is left out: a moved workdir holds the same experiment.
       check_same_config(os.path.join(fdir, CONFIG), task_config(ablation, task, os.path.join(vdir, "pretrain")),
-                        paths.FINETUNE_FIELDS, ignore=("init_checkpoint",), record=record)
+                        paths.FINETUNE_FIELDS, ignore=("init_checkpoint",), record=record,
+                        unset_paths_match=report)
 
 
 def collect(ablation: ml_collections.ConfigDict, workdir: str) -> list[dict]:
   """What is on disk, one dict per variant (in the config's order); a stage not finished is None. The
   variants' recorded configs must be this ablation's (`check_configs`)."""
   workdir = paths.absolute(workdir)
-  check_configs(ablation, workdir)
+  check_configs(ablation, workdir, report=True)
   rows = []
   for v in ablation.variants:
     vdir = os.path.join(workdir, v.name)
