@@ -149,6 +149,42 @@ def as_user_errors(prog: str, *kinds: type[BaseException]):
     say_and_exit(e if isinstance(e, RunError) else UserError(str(e)), prefix=prog)
 
 
+class _Terminated(BaseException):
+  """SIGTERM, raised in the main thread as Ctrl-C raises KeyboardInterrupt."""
+
+
+@contextlib.contextmanager
+def stop_message(prog: str, what: str):
+  """Inside, SIGTERM or Ctrl-C ends the command with one line saying so and what becomes of the run (`what`), and
+  the shell's exit code for that signal (143, 130), at once, instead of a silent death or a traceback. For commands
+  that save nothing to stop on (finetune, sweep): `bert-jax pretrain` saves and exits (preemption.py) instead."""
+  main = threading.current_thread() is threading.main_thread()
+  previous = signal.getsignal(signal.SIGTERM) if main else None
+
+  def on_sigterm(signum, frame):
+    del signum, frame
+    raise _Terminated()
+
+  if main:
+    signal.signal(signal.SIGTERM, on_sigterm)
+  try:
+    yield
+  except (KeyboardInterrupt, _Terminated) as e:
+    signum = signal.SIGINT if isinstance(e, KeyboardInterrupt) else signal.SIGTERM
+    try:
+      print(f"{prog}: stopped by {'Ctrl-C' if signum == signal.SIGINT else 'SIGTERM'}; {what}", file=sys.stderr,
+            flush=True)
+    except OSError:   # stderr piped into a program the same Ctrl-C ended
+      pass
+    # At once: a normal exit waits for the steps already dispatched (tens of seconds on a CPU), and there is
+    # nothing to save.
+    sys.stdout.flush()
+    os._exit(128 + signum)  # pylint: disable=protected-access
+  finally:
+    if main:
+      signal.signal(signal.SIGTERM, previous)
+
+
 def say_and_exit(error: RunError, prefix: str = "bert-jax") -> None:
   """Prints `error` as one paragraph and ends the process with its exit code.
 

@@ -484,3 +484,28 @@ def test_a_job_in_a_child_process_ends_as_the_child_did_and_an_abort_by_jax_is_a
     proc.send_signal(signal.SIGTERM)
   _, err = proc.communicate(timeout=60)
   assert (proc.returncode, err) == (code, stderr)
+
+
+def test_sigterm_or_ctrl_c_in_a_command_that_saves_nothing_says_so_in_one_line(capsys, monkeypatch):
+  def exit_now(code):
+    raise SystemExit(code)
+
+  monkeypatch.setattr(failures.os, "_exit", exit_now)   # os._exit would end pytest too
+  before = signal.getsignal(signal.SIGTERM)
+  with pytest.raises(SystemExit) as stopped:
+    with failures.stop_message("bert-jax finetune", "the same command starts it over"):
+      os.kill(os.getpid(), signal.SIGTERM)
+      for _ in range(100):   # the handler runs between two bytecodes
+        pass
+      raise AssertionError("SIGTERM did not stop the block")
+  assert stopped.value.code == 143
+  assert capsys.readouterr().err == "bert-jax finetune: stopped by SIGTERM; the same command starts it over\n"
+  assert signal.getsignal(signal.SIGTERM) == before   # the handler it found, again
+  with pytest.raises(SystemExit) as stopped:
+    with failures.stop_message("bert-jax sweep", "the finished trials are kept"):
+      raise KeyboardInterrupt
+  assert stopped.value.code == 130
+  assert capsys.readouterr().err == "bert-jax sweep: stopped by Ctrl-C; the finished trials are kept\n"
+  with failures.stop_message("bert-jax sweep", "kept"):
+    pass   # nothing else changes
+  assert signal.getsignal(signal.SIGTERM) == before and capsys.readouterr().err == ""

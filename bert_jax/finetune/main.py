@@ -6,7 +6,8 @@
 The results (best dev metric, its step, wall time) are printed as JSON and written to
 `<workdir>/results.json`; the per-step log is `<workdir>/metrics.jsonl`. A data file that cannot be used
 (a missing column or label, an empty file, a label the training file does not have, a byte that is not
-UTF-8) stops the command before training with one paragraph naming it, and exit code 2.
+UTF-8) stops the command before training with one paragraph naming it, and exit code 2. SIGTERM or Ctrl-C
+stops it with one line (exit 143 or 130); the same command then starts the run over.
 """
 
 import json
@@ -49,7 +50,9 @@ def main(argv) -> None:
   with failures.as_user_errors("bert-jax finetune", failures.UserError, FileNotFoundError):
     results = _finished(config, WORKDIR.value)
     if results is None:
-      results = trainer.finetune(config, WORKDIR.value)
+      with failures.stop_message("bert-jax finetune", "finetuning saves no state within a run: the same command "
+                                 "starts it over"):
+        results = trainer.finetune(config, WORKDIR.value)
   print(json.dumps(results, indent=1))
 
 

@@ -335,7 +335,9 @@ def main(argv) -> None:
     return
   if config is None:
     raise app.UsageError("--config is required (unless --summarize)")
-  with failures.as_user_errors("bert-jax sweep", FileNotFoundError):   # a data_dir, file or checkpoint
+  with failures.as_user_errors("bert-jax sweep", FileNotFoundError), \
+       failures.stop_message("bert-jax sweep", "the finished trials are kept: the same command runs the others "
+                             "(a trial that did not finish starts over)"):
     rows = run_sweep(config, workdir)
   print(write_tables(rows, workdir, config.task))
   plot_lr(rows, os.path.join(workdir, "lr.png"), config.task)
