@@ -16,7 +16,6 @@ from bert_jax.analysis import heads
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.interop import checkpoints_hf
 from bert_jax.models import encoder as model
-from tests.conftest import REPO_ROOT
 
 WORDS = ["the", "king", "keeps", "a", "crown", "queen", "rides", "north", ".", ","]
 
@@ -136,10 +135,9 @@ def test_command_writes_csv_heat_maps_and_summary(vocab_file, tmp_path):
   docs = [" ".join(sentences[i:] + sentences[:i]) for i in range(3)]
   (tmp_path / "in.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-  argv = [sys.executable, "-m", "bert_jax.cli", "analyze", "heads", f"--checkpoint={tmp_path / 'ckpt'}",
-          f"--input={tmp_path / 'in.jsonl'}", f"--output_dir={tmp_path / 'out'}", "--max_length=12",
-          "--batch_size=2", "--max_examples=5"]
-  result = subprocess.run(argv, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+  argv = [sys.executable, "-m", "bert_jax.cli", "analyze", "heads", "--checkpoint=ckpt", "--input=in.jsonl",
+          "--output_dir=out", "--max_length=12", "--batch_size=2", "--max_examples=5"]   # paths as typed
+  result = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stderr[-3000:]
   with open(tmp_path / "out" / "heads.csv") as f:
     rows = list(csv.DictReader(f))
@@ -150,6 +148,8 @@ def test_command_writes_csv_heat_maps_and_summary(vocab_file, tmp_path):
     assert 0 < float(row["confidence"]) <= 1
   summary = json.loads((tmp_path / "out" / "summary.json").read_text())
   assert summary["inputs"] == 5 and summary["layout"] == "pairs"
+  # Recorded absolute: the summary read from elsewhere still names the checkpoint and input it measured.
+  assert (summary["checkpoint"], summary["input"]) == (str(tmp_path / "ckpt"), str(tmp_path / "in.jsonl"))
   assert len(summary["sep_over_half_per_layer"]) == cfg.num_layers
   for name in heads.STATS:
     assert (tmp_path / "out" / f"heads_{name}.png").stat().st_size > 1000

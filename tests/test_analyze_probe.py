@@ -21,7 +21,6 @@ from bert_jax.finetune import ner
 from bert_jax.finetune import readers
 from bert_jax.interop import checkpoints_hf
 from bert_jax.models import encoder as model
-from tests.conftest import REPO_ROOT
 
 WORDS = ("the king queen walks talks sees a dog cat house garden river runs sleeps big small old new red blue "
          "green happy sad over under near far city town road").split()
@@ -159,11 +158,11 @@ def test_command_writes_csv_png_and_summary(tmp_path):
   conll = "\n\n".join("\n".join(f"{w} {'N' if w in ('dog', 'cat', 'king') else 'O'}" for w in s)
                       for s in corpus(rng, 30))
   (tmp_path / "tags.txt").write_text(conll + "\n")
-  argv = [sys.executable, "-m", "bert_jax.cli", "analyze", "probe", f"--checkpoint={tmp_path / 'ckpt'}",
+  argv = [sys.executable, "-m", "bert_jax.cli", "analyze", "probe", "--checkpoint=ckpt",   # as typed
           f"--task=sentlen,conll:{tmp_path / 'tags.txt'}", f"--corpus={tmp_path / 'corpus.txt'}",
           f"--output_dir={tmp_path / 'out'}", "--max_examples=120", "--max_epochs=5", "--probe=mlp",
           "--hidden_size=8"]
-  run = subprocess.run(argv, cwd=REPO_ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True,
+  run = subprocess.run(argv, cwd=tmp_path, env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True,
                        text=True, timeout=300)
   assert run.returncode == 0, run.stderr[-3000:]
   with open(tmp_path / "out" / "probe.csv") as f:
@@ -173,7 +172,7 @@ def test_command_writes_csv_png_and_summary(tmp_path):
   assert all(0 <= float(r["test_accuracy"]) <= 1 for r in rows)
   assert float(rows[0]["majority_baseline"]) < 0.34  # six balanced bins
   summary = json.loads((tmp_path / "out" / "summary.json").read_text())
-  assert set(summary["tasks"]) == {"sentlen", "conll:tags"}
+  assert set(summary["tasks"]) == {"sentlen", "conll:tags"} and summary["checkpoint"] == str(tmp_path / "ckpt")
   assert 0 <= summary["tasks"]["conll:tags"]["expected_layer"] <= 2
   assert summary["tasks"]["conll:tags"]["num_classes"] == 2
   assert summary["tasks"]["sentlen"]["examples"] == {"train": 96, "dev": 12, "test": 12}

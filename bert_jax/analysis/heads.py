@@ -47,6 +47,7 @@ import numpy as np
 
 from bert_jax import checkpoint_loader
 from bert_jax import failures
+from bert_jax import paths
 from bert_jax.models import encoder as model
 from bert_jax.tools import embed
 
@@ -365,7 +366,8 @@ def main(argv) -> None:
   examples = make_inputs(documents, tokenizer, max_length, f.sentences, f.max_examples)
   kinds = key_kinds(tokenizer, examples)
   stats, sums = head_statistics(cfg, params["bert"], examples, kinds, f.batch_size)
-  extra = {"checkpoint": f.checkpoint, "input": f.input, "layout": "sentences" if f.sentences else "pairs",
+  extra = {"checkpoint": paths.absolute(f.checkpoint), "input": paths.absolute(f.input),
+           "layout": "sentences" if f.sentences else "pairs",
            "max_length": max_length, "seconds": round(time.time() - start, 1)}
   summary = write_outputs(f.output_dir, stats, sums, extra)
   print(json.dumps({k: summary[k] for k in ("inputs", "sep_over_half_per_layer", "positional_heads",

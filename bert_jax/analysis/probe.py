@@ -46,6 +46,7 @@ import numpy as np
 
 from bert_jax import checkpoint_loader
 from bert_jax import failures
+from bert_jax import paths
 from bert_jax.analysis import probe_fit
 from bert_jax.analysis import senteval
 from bert_jax.finetune import ner
@@ -319,7 +320,7 @@ def main(argv) -> None:
   write_csv(os.path.join(FLAGS.output_dir, "probe.csv"), results)
   plot(os.path.join(FLAGS.output_dir, "probe.png"), results,
        f"{FLAGS.probe} probes of {os.path.basename(os.path.normpath(FLAGS.checkpoint))}")
-  record = {"checkpoint": FLAGS.checkpoint, "probe": FLAGS.probe, "pool": FLAGS.pool,
+  record = {"checkpoint": paths.absolute(FLAGS.checkpoint), "probe": FLAGS.probe, "pool": FLAGS.pool,
             "seconds": round(time.time() - started, 1), "tasks": summary(results)}
   with open(os.path.join(FLAGS.output_dir, "summary.json"), "w") as f:
     json.dump(record, f, indent=2)

@@ -45,6 +45,7 @@ import numpy as np
 from bert_jax import checkpoint_loader
 from bert_jax import checkpointing
 from bert_jax import failures
+from bert_jax import paths
 from bert_jax.analysis import heads as head_stats
 from bert_jax.analysis import prune_report
 from bert_jax.finetune import task_record
@@ -326,7 +327,8 @@ def run(checkpoint: str, source: str, output_dir: str, fractions, *, iterative: 
   prune_report.plot_curve(os.path.join(output_dir, "prune.png"), rows, task.primary_metric, total, name)
   head_stats.plot_heatmap(os.path.join(output_dir, "importance.png"), scores,
                           f"head importance (Michel et al. 2019), normalised per layer; {name}")
-  summary = {"checkpoint": checkpoint, "examples": len(dev.examples), "heads": total, "iterative": iterative,
+  summary = {"checkpoint": paths.absolute(checkpoint), "examples": len(dev.examples), "heads": total,
+             "iterative": iterative,
              "metric": task.primary_metric, "curve": [{k: v for k, v in r.items() if k != "heads"} for r in rows]}
   if export_dir:
     masked = [r["heads"] for r in rows if r["fraction"] == export_fraction]   # --iterative's choice, if it made one
