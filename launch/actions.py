@@ -74,10 +74,12 @@ def setup(run: Runner, tpu: gcloud.Slice, source: Source) -> bool:
 def pack_command(source: Source) -> list[str]:
   """The tar of the local checkout: in a git checkout, the files git tracks or would track, so that what
   .gitignore keeps out (runs/, prepared/, workdir*/, where the docs put a user's outputs) stays home; in
-  another directory, all of it. Either way without VCS data, caches and build metadata, and without a
-  tracked file deleted since (no tar option skips one in both GNU tar and macOS' bsdtar)."""
-  files = ("git ls-files -z --cached --others --exclude-standard 2>/dev/null || "
-           "find . -path ./.git -prune -o ! -type d -print0")
+  another directory, all of it (a copy inside another repository that ignores it too: git would list
+  nothing). Either way without VCS data, caches and build metadata, and without a tracked file deleted
+  since (no tar option skips one in both GNU tar and macOS' bsdtar)."""
+  files = ("if git rev-parse --is-inside-work-tree >/dev/null 2>&1 && ! git check-ignore -q . 2>/dev/null; "
+           "then git ls-files -z --cached --others --exclude-standard; "
+           "else find . -path ./.git -prune -o ! -type d -print0; fi")
   present = "while IFS= read -r -d '' f; do if [ -e \"$f\" ] || [ -L \"$f\" ]; then printf '%s\\0' \"$f\"; fi; done"
   tar = ["tar", "--exclude=.git", "--exclude=__pycache__", "--exclude=*.egg-info", "--exclude=.pytest_cache",
          "--null", "-T", "-", "-czf", source.tarball]

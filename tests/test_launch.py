@@ -16,8 +16,9 @@ SINGLE = ["bert-large", "--zone=ZONE"]
 MULTI = ["big", "--zone=ZONE", "--node-count=2"]
 PHASE1 = ["--", "bert-jax", "pretrain", "--config=configs/bert_large.py:phase1"]
 
-TAR = ("bash -o pipefail -c 'cd /home/me/src && { git ls-files -z --cached --others --exclude-standard "
-       '2>/dev/null || find . -path ./.git -prune -o ! -type d -print0; } | while IFS= read -r -d '
+TAR = ("bash -o pipefail -c 'cd /home/me/src && { if git rev-parse --is-inside-work-tree >/dev/null 2>&1 && "
+       "! git check-ignore -q . 2>/dev/null; then git ls-files -z --cached --others --exclude-standard; else find . "
+       "-path ./.git -prune -o ! -type d -print0; fi; } | while IFS= read -r -d "
        '\'"\'"\'\'"\'"\' f; do if [ -e "$f" ] || [ -L "$f" ]; then printf \'"\'"\'%s\\0\'"\'"\' "$f"; fi; done | tar '
        '--exclude=.git --exclude=__pycache__ \'"\'"\'--exclude=*.egg-info\'"\'"\' --exclude=.pytest_cache '
        "--null -T - -czf /tmp/src.tgz'")
@@ -95,9 +96,10 @@ def test_setup_single_slice_from_local_copy(capsys):
       "gcloud compute tpus tpu-vm ssh bert-large --zone=ZONE --quiet --worker=all '--command=" + UNPACK + INSTALL + "'"]
 
 
-@pytest.mark.parametrize("in_git", [True, False])
+@pytest.mark.parametrize("in_git", [True, False, "ignored by the repository around it"])
 def test_the_local_source_is_packed_without_what_git_ignores(tmp_path, in_git):
-  """What .gitignore keeps out (the docs' output folders) stays home; outside git, all but caches."""
+  """What .gitignore keeps out (the docs' output folders) stays home; outside git, all but caches; a copy
+  inside another repository that ignores it, all but caches too (git would list none of it)."""
   from launch import actions   # pylint: disable=g-import-not-at-top
   src = tmp_path / "src"
   for name in ("bert_jax/a.py", "bert_jax/__pycache__/a.pyc", "runs/big/ckpt", "configs/mine.py", "old.py"):
@@ -106,7 +108,10 @@ def test_the_local_source_is_packed_without_what_git_ignores(tmp_path, in_git):
   (src / ".gitignore").write_text("/runs/\n__pycache__/\n")
   env = {"GIT_AUTHOR_NAME": "a", "GIT_AUTHOR_EMAIL": "a@b", "GIT_COMMITTER_NAME": "a", "GIT_COMMITTER_EMAIL": "a@b",
          "PATH": os.environ["PATH"], "HOME": str(tmp_path)}
-  if in_git:
+  if in_git == "ignored by the repository around it":
+    (tmp_path / ".gitignore").write_text("src/\n")
+    assert subprocess.Popen(["git", "init", "-q"], cwd=tmp_path, env=env).wait() == 0
+  elif in_git:
     for argv in (["git", "init", "-q"], ["git", "add", "bert_jax/a.py", "old.py", ".gitignore"],
                  ["git", "commit", "-qm", "x"], ["git", "rm", "-q", "old.py"]):   # configs/mine.py: untracked
       assert subprocess.Popen(argv, cwd=src, env=env).wait() == 0
@@ -116,7 +121,7 @@ def test_the_local_source_is_packed_without_what_git_ignores(tmp_path, in_git):
   listed = subprocess.Popen(["tar", "-tzf", str(tarball)], stdout=subprocess.PIPE, text=True).communicate()[0]
   names = sorted(n.removeprefix("./") for n in listed.split() if not n.endswith("/"))
   kept = [".gitignore", "bert_jax/a.py", "configs/mine.py"]
-  assert names == (kept if in_git else sorted(kept + ["runs/big/ckpt", "old.py"]))
+  assert names == (kept if in_git is True else sorted(kept + ["runs/big/ckpt", "old.py"]))
 
 
 def test_setup_multislice_from_git(capsys):
