@@ -154,10 +154,12 @@ class _Terminated(BaseException):
 
 
 @contextlib.contextmanager
-def stop_message(prog: str, what: str):
+def stop_message(prog: str, what: str, at_once: bool = True):
   """Inside, SIGTERM or Ctrl-C ends the command with one line saying so and what becomes of the run (`what`), and
-  the shell's exit code for that signal (143, 130), at once, instead of a silent death or a traceback. For commands
-  that save nothing to stop on (finetune, sweep): `bert-jax pretrain` saves and exits (preemption.py) instead."""
+  the shell's exit code for that signal (143, 130), instead of a silent death or a traceback. For commands that
+  save nothing to stop on (finetune, sweep, prepare): `bert-jax pretrain` saves and exits (preemption.py) instead.
+  `at_once`: without the interpreter's exit, which waits for the JAX steps already dispatched (tens of seconds on
+  a CPU); False where that exit has work to do (multiprocessing's semaphores to release)."""
   main = threading.current_thread() is threading.main_thread()
   previous = signal.getsignal(signal.SIGTERM) if main else None
 
@@ -176,10 +178,10 @@ def stop_message(prog: str, what: str):
             flush=True)
     except OSError:   # stderr piped into a program the same Ctrl-C ended
       pass
-    # At once: a normal exit waits for the steps already dispatched (tens of seconds on a CPU), and there is
-    # nothing to save.
-    sys.stdout.flush()
-    os._exit(128 + signum)  # pylint: disable=protected-access
+    if at_once:
+      sys.stdout.flush()
+      os._exit(128 + signum)  # pylint: disable=protected-access
+    sys.exit(128 + signum)
   finally:
     if main:
       signal.signal(signal.SIGTERM, previous)

@@ -506,6 +506,10 @@ def test_sigterm_or_ctrl_c_in_a_command_that_saves_nothing_says_so_in_one_line(c
       raise KeyboardInterrupt
   assert stopped.value.code == 130
   assert capsys.readouterr().err == "bert-jax sweep: stopped by Ctrl-C; the finished trials are kept\n"
+  with pytest.raises(SystemExit) as stopped:   # sys.exit: the interpreter's exit runs
+    with failures.stop_message("bert-jax prepare", "kept", at_once=False):
+      raise KeyboardInterrupt
+  assert stopped.value.code == 130 and capsys.readouterr().err == "bert-jax prepare: stopped by Ctrl-C; kept\n"
   with failures.stop_message("bert-jax sweep", "kept"):
     pass   # nothing else changes
   assert signal.getsignal(signal.SIGTERM) == before and capsys.readouterr().err == ""

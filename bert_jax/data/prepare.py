@@ -321,7 +321,9 @@ def main(argv) -> None:
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.INFO)   # this command's own progress lines ([k/n shards] ...)
   # The input, a TFDS dataset, the vocabulary or the output directory: one paragraph, not a traceback.
-  with failures.as_user_errors("bert-jax prepare", FileNotFoundError, ValueError):
+  with failures.as_user_errors("bert-jax prepare", FileNotFoundError, ValueError), \
+       failures.stop_message("bert-jax prepare", "the shard tasks that finished are kept: the same command "
+                             "prepares the others", at_once=False):
     stats = prepare_corpus(
         paths.absolute(_INPUT.value), paths.absolute(_OUTPUT_DIR.value), vocab_file=_VOCAB_FILE.value,
         do_lower_case=_DO_LOWER_CASE.value, train_vocab_size=_VOCAB_SIZE.value, vocab_model=_VOCAB_MODEL.value,
