@@ -85,7 +85,8 @@ def main(argv=None) -> None:
 
 def _run(command_main, prog: str, argv) -> None:
   """The command, with library INFO logs (orbax writes dozens per checkpoint) off unless --verbosity; a
-  `failures.UserError` (a config, path or data the person can fix) ends it in one paragraph and exit 2."""
+  `failures.UserError` (a config, path or data the person can fix) ends it in one paragraph and exit 2, a
+  Ctrl-C the command does not handle itself in one line and exit 130, not a traceback."""
   from absl import flags, logging  # pylint: disable=g-import-not-at-top
   from bert_jax import failures  # pylint: disable=g-import-not-at-top
   if not flags.FLAGS["verbosity"].present:
@@ -94,6 +95,9 @@ def _run(command_main, prog: str, argv) -> None:
     command_main(argv)
   except failures.UserError as e:
     failures.say_and_exit(e, prefix=prog)
+  except KeyboardInterrupt:
+    print(f"{prog}: stopped by Ctrl-C", file=sys.stderr, flush=True)
+    sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -65,3 +65,15 @@ print(api._config("classification", [{{"text": "a", "label": "x"}}], ["x"]).task
   run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, env=env,
                        timeout=300, check=False)
   assert run.returncode == 0 and run.stdout.split()[-2:] == ["mini", "generic"], run.stderr[-2000:]
+
+
+def test_a_ctrl_c_no_command_handles_is_one_line_and_exit_130(capsys):
+  from bert_jax import cli  # pylint: disable=g-import-not-at-top
+
+  def interrupted(argv):
+    del argv
+    raise KeyboardInterrupt
+
+  with pytest.raises(SystemExit) as stopped:
+    cli._run(interrupted, "bert-jax embed", ["bert-jax embed"])  # pylint: disable=protected-access
+  assert stopped.value.code == 130 and capsys.readouterr().err == "bert-jax embed: stopped by Ctrl-C\n"
