@@ -4,6 +4,7 @@ import json
 import os
 import shutil
 
+from bert_jax import atomic_write
 from bert_jax import metrics_writer
 
 
@@ -52,5 +53,5 @@ class Tracker:
   def save(self) -> None:
     self.writer.close()
     keys = ("best", "best_step", "best_metrics", "last_metrics", "since_best", "stopped", "stopped_step")
-    with open(os.path.join(self.workdir, "tracker.json"), "w") as f:
-      json.dump({k: getattr(self, k) for k in keys}, f)
+    with atomic_write.replacing(os.path.join(self.workdir, "tracker.json")) as tmp, open(tmp, "w") as f:
+      json.dump({k: getattr(self, k) for k in keys}, f)   # whole or absent: a continued run reads it

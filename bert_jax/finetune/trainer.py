@@ -35,6 +35,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
+from bert_jax import atomic_write
 from bert_jax import checkpoint_loader
 from bert_jax import checkpointing
 from bert_jax import failures
@@ -344,6 +345,7 @@ def _results(tracker, config, task, step, steps_per_epoch, total_steps, finished
              "total_steps": total_steps, "stopped_early": tracker.stopped, "finished": finished,
              "seconds": round(seconds, 1), "learning_rate": config.learning_rate,
              "batch_size": config.batch_size, "num_epochs": config.num_epochs, "seed": config.seed}
-  with open(os.path.join(tracker.workdir, RESULTS_FILE), "w") as f:
+  # Whole or absent: it marks the run finished (`bert-jax finetune` run again prints it instead of training).
+  with atomic_write.replacing(os.path.join(tracker.workdir, RESULTS_FILE)) as tmp, open(tmp, "w") as f:
     json.dump(results, f, indent=1)
   return results
