@@ -218,3 +218,31 @@ def test_sentences_are_spelled_as_in_the_running_text(family):
   [(ids, lengths)] = list(shard_writing._encode_documents(  # pylint: disable=protected-access
       tok, [document], counters))
   assert ids.tolist() == tok.encode(" ".join(document)) and len(lengths) == 3 and lengths.sum() == len(ids)
+
+
+def test_a_corpus_without_text_stops_before_a_vocabulary_or_shards_are_written(tmp_path):
+  """An empty file, or JSON lines without the --text_key field: one error, not a vocabulary of the special
+  tokens alone (which no worker can build a tokenizer from) or a prepared corpus of no documents."""
+  (tmp_path / "empty.jsonl").write_text("")
+  (tmp_path / "news.jsonl").write_text("".join(json.dumps({"body": f"Text {i}. More text."}) + "\n" for i in range(9)))
+  for name in ("empty.jsonl", "news.jsonl"):
+    out = tmp_path / f"out_{name}"
+    with pytest.raises(ValueError, match=f"{name} holds no text: no JSON line with a string field 'text'"):
+      prepare.prepare_corpus(str(tmp_path / name), str(out), train_vocab_size=400, num_shards=2, num_workers=1)
+    assert not glob.glob(str(out / "*"))   # no vocabulary, no shards
+  out = tmp_path / "with_vocab"
+  vocab = tmp_path / "vocab.txt"
+  vocab.write_text("\n".join(list(tokenization.SPECIAL_TOKENS) + ["text", "more", "."]) + "\n")
+  with pytest.raises(ValueError, match=r"news.jsonl holds no text: .* \(skipped: \{'missing_text_field': 9\}\)"):
+    prepare.prepare_corpus(str(tmp_path / "news.jsonl"), str(out), vocab_file=str(vocab), num_shards=1,
+                           num_workers=1)
+  assert not (out / prepare.STATS_FILE).exists()
+
+
+def test_a_worker_that_cannot_start_fails_the_pool_instead_of_being_restarted_forever(tmp_path):
+  (tmp_path / "vocab.txt").write_text("\n".join(tokenization.SPECIAL_TOKENS) + "\n")   # no tokenizer builds on it
+  code = ("from bert_jax.data import prepare; prepare._run([{'name': f't{i}', 'parts': []} for i in range(2)], "
+          f"{str(tmp_path)!r}, num_workers=2, do_lower_case=True)")
+  # In a process of its own, with a time limit: before the fix this never returned.
+  run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240, check=False)
+  assert run.returncode == 1 and "RuntimeError: No valid vocab tokens" in run.stderr, run.stderr[-2000:]

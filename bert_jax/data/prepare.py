@@ -85,7 +85,13 @@ def _ensure_tokenizer(spec, output_dir, vocab_file, do_lower_case, vocab_size, v
   logging.info("Training a %s vocabulary of %d on up to %d sentences of %s", vocab_model, vocab_size,
                sample_sentences, spec)
   sample = _sample_sentences(spec, data_dir, text_key, sample_sentences)
+  if not sample:   # a vocabulary of the special tokens alone, which no worker can build a tokenizer from
+    raise ValueError(_NO_TEXT.format(spec=spec, text_key=text_key))
   return vocab_training.train(vocab_model, sample, vocab_size, output_dir, do_lower_case)
+
+
+_NO_TEXT = ("{spec} holds no text: no JSON line with a string field '{text_key}' (--text_key) and no non-blank "
+            "line of plain text")
 
 
 def _sample_sentences(spec, data_dir, text_key, limit) -> list[str]:
@@ -185,6 +191,9 @@ def prepare_corpus(spec: str, output_dir: str, *, vocab_file: str | None = None,
   logging.info("%d shard tasks, %d already done", len(tasks), len(tasks) - len(todo))
   results += _run(todo, output_dir, num_workers, do_lower_case)
   stats = _summarize(results, counters, tokenizer_file, do_lower_case, settings)
+  if not stats["documents"]:
+    bad = {k: v for k, v in stats["bad_input"].items() if v}
+    raise ValueError(_NO_TEXT.format(spec=spec, text_key=text_key) + (f" (skipped: {bad})" if bad else ""))
   stats["seconds"] = round(time.time() - start, 3)
   with open(os.path.join(output_dir, STATS_FILE), "w") as f:
     json.dump(stats, f, indent=1)

@@ -33,11 +33,20 @@ def _tokenizer(path: str, do_lower_case: bool):
   return _WORKER_TOKENIZERS[key]
 
 
-def warm_up(tokenizer_dir: str, do_lower_case: bool) -> None:
-  """Pool initializer: pays for importing TensorFlow and building the tokenizer before timing starts."""
-  host_env.import_tensorflow()
+_WARM_UP_ERROR = []   # what warm_up raised in this worker
 
-  _tokenizer(tokenizer_dir, do_lower_case).encode_batch(["warm up"])
+
+def warm_up(tokenizer_dir: str, do_lower_case: bool) -> None:
+  """Pool initializer: pays for importing TensorFlow and building the tokenizer before timing starts.
+
+  A pool whose initializer raises starts a new worker in its place, forever: the error is kept instead, and
+  the worker's first task raises it, which ends the pool and reaches the caller.
+  """
+  try:
+    host_env.import_tensorflow()
+    _tokenizer(tokenizer_dir, do_lower_case).encode_batch(["warm up"])
+  except Exception as e:  # pylint: disable=broad-exception-caught
+    _WARM_UP_ERROR.append(e)
 
 
 def _serialize(features: dict) -> bytes:
@@ -94,6 +103,8 @@ def _encode_documents(tok, documents, counters):
 
 def write_shard(task) -> dict:
   """Writes the task's train (and eval) shard; returns its counts. Runs in a worker process."""
+  if _WARM_UP_ERROR:
+    raise _WARM_UP_ERROR[0]
   tf = host_env.import_tensorflow()
 
   start, cpu_start = time.time(), time.process_time()
