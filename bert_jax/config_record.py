@@ -27,6 +27,21 @@ def read_marker(path: str) -> dict | None:
     return json.load(f)
 
 
+# What each kind of run leaves in its workdir from its start: a workdir holding one kind's is refused by the
+# others (a pretraining run's checkpoints/ beside a finetuned task.json: neither `export` nor `predict` reads it).
+_RUN_KINDS = {"pretraining": ("checkpoints",), "finetuning": ("task.json", "finetune_config.json"),
+              "sweep": ("sweep_config.json",)}
+
+
+def check_workdir_kind(workdir: str, kind: str) -> None:
+  """Stops a run of `kind` ("pretraining", "finetuning", "sweep") in a `workdir` that holds another kind of run."""
+  for other, names in _RUN_KINDS.items():
+    found = [n for n in names if other != kind and os.path.exists(os.path.join(workdir, n))]
+    if found:
+      raise failures.UserError(f"{workdir} holds a {other} run ({found[0]}), not a {kind} run: give another "
+                               "--workdir")
+
+
 # Fields that choose how a run compiles, not what it computes: left out of every record, so a later start may
 # change them (`model.scan_unroll`: the same layers, dropout keys and updates, with or without a loop).
 COMPILE_ONLY = ("model.scan_unroll",)

@@ -17,6 +17,7 @@ import numpy as np
 
 from bert_jax import checkpoint_loader
 from bert_jax import checkpointing
+from bert_jax import config_record
 from bert_jax import curves
 from bert_jax import failures
 from bert_jax import metrics_writer
@@ -222,6 +223,7 @@ def _start(config: ml_collections.ConfigDict, workdir: str) -> tuple[_Run, Train
   config = paths.absolute_config(config.copy_and_resolve_references(), paths.PRETRAIN_FIELDS)
   validate(config)
   check_inputs(config)
+  config_record.check_workdir_kind(workdir, "pretraining")
   checkpoint_loader.check_run_model(workdir, bert_config(config))
   os.makedirs(workdir, exist_ok=True)
   mesh = sharding.create_mesh(config.mesh)

@@ -45,3 +45,23 @@ def test_the_fields_that_differ_past_five_are_counted(tmp_path):
   config_record.check_same_config(path, ml_collections.ConfigDict({f"f{i}": 0 for i in range(8)}), fields=())
   with pytest.raises(failures.UserError, match=r"\(f0, f1, f2, f3, f4 and 3 more differ\)"):
     config_record.check_same_config(path, ml_collections.ConfigDict({f"f{i}": 1 for i in range(8)}), fields=())
+
+
+def test_a_workdir_of_one_kind_of_run_is_refused_by_the_others(tmp_path):
+  from bert_jax.finetune import main as finetune_main, sweep, task_record  # pylint: disable=g-import-not-at-top
+  # The names each kind is known by are its owners' own.
+  assert config_record._RUN_KINDS == {  # pylint: disable=protected-access
+      "pretraining": ("checkpoints",), "finetuning": (task_record.TASK_FILE, finetune_main.RUN_CONFIG),
+      "sweep": (sweep.CONFIG,)}
+  for kind, mark in (("pretraining", "checkpoints"), ("finetuning", "task.json"),
+                     ("finetuning", "finetune_config.json"), ("sweep", "sweep_config.json")):
+    workdir = tmp_path / mark
+    workdir.mkdir()
+    (workdir / mark).mkdir() if mark == "checkpoints" else (workdir / mark).write_text("{}")
+    (workdir / "metrics.jsonl").write_text("")   # every kind writes one: no kind's mark
+    config_record.check_workdir_kind(str(workdir), kind)   # its own kind: fine
+    for other in {"pretraining", "finetuning", "sweep"} - {kind}:
+      with pytest.raises(failures.UserError, match=f"holds a {kind} run \\({mark}\\), not a {other} run: give "
+                         "another --workdir"):
+        config_record.check_workdir_kind(str(workdir), other)
+  config_record.check_workdir_kind(str(tmp_path / "new"), "pretraining")   # not there yet: fine

@@ -91,6 +91,11 @@ def test_a_finetune_workdir_repeats_a_finished_run_restarts_an_unfinished_one_an
   for _ in range(2):   # refused, and refused again: the refusal records nothing
     with pytest.raises(failures.UserError, match="finished finetuning run whose config is not recorded"):
       finished(corrected)
+  pretrained = tmp_path / "pretrained"   # a pretraining run's workdir: refused before anything is written there
+  (pretrained / "checkpoints").mkdir(parents=True)
+  with pytest.raises(failures.UserError, match="holds a pretraining run \\(checkpoints\\), not a finetuning run"):
+    finetune_main._finished(config, str(pretrained))  # pylint: disable=protected-access
+  assert os.listdir(pretrained) == ["checkpoints"]
 
 
 

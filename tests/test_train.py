@@ -99,6 +99,12 @@ def test_a_workdir_holding_another_model_s_checkpoints_is_refused_before_anythin
   checkpoint_loader.check_run_model(str(workdir), dataclasses.replace(theirs, hidden_dropout=0.0))
   shutil.rmtree(workdir / "checkpoints" / "20")
   checkpoint_loader.check_run_model(str(workdir), train.bert_config(config))   # no checkpoints: a fresh start
+  finetuned = tmp_path / "finetuned"   # a finetuning run's workdir: refused before anything is written there
+  finetuned.mkdir()
+  (finetuned / "task.json").write_text("{}")
+  with pytest.raises(failures.UserError, match="holds a finetuning run \\(task.json\\), not a pretraining run"):
+    train.train_and_evaluate(config, str(finetuned))
+  assert os.listdir(finetuned) == ["task.json"]
 
 
 def read_metrics(workdir):

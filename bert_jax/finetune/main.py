@@ -63,6 +63,7 @@ def _finished(config, workdir: str) -> dict | None:
   did not finish starts over, whatever its config: its record is replaced and its records removed
   (finetuning saves no state within a run, and two runs' curves in one metrics.jsonl would read as one)."""
   workdir = paths.absolute(workdir)
+  config_record.check_workdir_kind(workdir, "finetuning")
   record = os.path.join(workdir, RUN_CONFIG)
   results = config_record.read_marker(os.path.join(workdir, trainer.RESULTS_FILE))
   if results is not None:

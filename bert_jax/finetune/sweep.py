@@ -144,6 +144,8 @@ def run_sweep(config, workdir: str, check_config: bool = True) -> list[dict]:
   checks (`bert-jax ablate`, its own record beside).
   """
   trials = make_trials(config)
+  if check_config:
+    config_record.check_workdir_kind(workdir, "sweep")
   trial_dir = lambda t: os.path.join(workdir, "trials", trial_name(t))
   os.makedirs(os.path.join(workdir, "trials"), exist_ok=True)
 
