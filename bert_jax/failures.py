@@ -6,8 +6,8 @@
   2   USER_ERROR  the config, a path or the data is wrong: a restart would fail the same way
   3   DIVERGED    non-finite steps in a row: a restart would replay them from the same checkpoint
   75  RESTART     another host of the job died (EX_TEMPFAIL): restart the whole job, it resumes
-  143 STOPPED     SIGTERM before the end (128 + 15): `bert-jax ablate` saved the run and stopped; the same
-                  command resumes it (`pretrain` itself saves and exits 0, as a preempted job should)
+  143 STOPPED     SIGTERM (or a first Ctrl-C) before the end (128 + 15): `bert-jax pretrain` or `ablate` saved
+                  the run and stopped; the same command resumes it
   1   anything else, e.g. a checkpoint that could not be written: restarted
 
 The optional loss-spike guard (`LossSpikeGuard`) keeps a run going instead: it goes back to the last

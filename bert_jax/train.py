@@ -174,6 +174,16 @@ def _perf_scalars(config, num_steps: int, seconds: float, step: int, flops: floa
 # ---------------------------------------------------------------------------------------------
 
 
+def last_saved_step(workdir: str) -> int | None:
+  """The newest checkpoint's step in a pretraining `workdir` (None: none): below `train_steps` after a run that
+  SIGTERM or Ctrl-C stopped (`bert-jax pretrain` then exits with `failures.STOPPED`)."""
+  checkpointer = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"), async_save=False)
+  try:
+    return checkpointer.latest_step()
+  finally:
+    checkpointer.close()
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   """Trains until `config.train_steps` (or SIGTERM), resuming from `<workdir>/checkpoints` if any.
 
@@ -370,6 +380,8 @@ def _report(run: _Run, state: TrainState, step: int, results: dict[str, float]) 
          f"held-out target: {results['eval/unigram_accuracy']:.3f}")
   ended = (f"done at step {step}" if step >= config.train_steps else
            f"stopped at step {step} of {config.train_steps} (the same command resumes)")
+  if shown and step < config.train_steps:   # evaluated at the last multiple of eval_every, not where it stopped
+    shown = f"held-out at step {step - step % config.eval_every}: {shown}"
   _say(f"{ended}{f': {shown}' if shown else ''}; checkpoint "
        f"{run.checkpointer.directory}/{run.checkpointer.latest_step()}, "
        f"metrics {run.workdir}/metrics.jsonl, TensorBoard {run.workdir}/tensorboard, curves {plot}")

@@ -95,7 +95,7 @@ def _job_alive(job: str) -> str:
 
 
 def stop(job: str = "train") -> str:
-  """SIGTERM to the job: it saves a checkpoint and exits cleanly."""
+  """SIGTERM to the job: it saves a checkpoint and exits with 143 (stopped, not finished)."""
   pid = _dq(f"{LOGS}/{check_job_name(job)}.pid")
   return f"if {_job_alive(job)}; then kill -TERM $(cat {pid}); fi"
 

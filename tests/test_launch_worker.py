@@ -19,10 +19,10 @@ from launch import gcloud
 from launch import remote
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-# A job that checkpoints on SIGTERM and exits 0, like `bert-jax pretrain`.
+# A job that checkpoints on SIGTERM and exits 143 (stopped, not finished), like `bert-jax pretrain`.
 JOB = [sys.executable, "-c",
        "import signal, sys, time\n"
-       "signal.signal(signal.SIGTERM, lambda *_: (print('saved', flush=True), sys.exit(0)))\n"
+       "signal.signal(signal.SIGTERM, lambda *_: (print('saved', flush=True), sys.exit(143)))\n"
        "print('step 1', flush=True)\n"
        "time.sleep(60)"]
 
@@ -55,7 +55,7 @@ def worker(tmp_path):
       pass
 
 
-def test_run_detaches_then_stop_checkpoints_and_exits_0(worker):
+def test_run_detaches_then_stop_checkpoints_and_exits_143(worker):
   home, sh, wait_for = worker
   started = time.time()
   sh(remote.run(JOB, env={"MY_FLAG": "a b"}))
@@ -63,7 +63,7 @@ def test_run_detaches_then_stop_checkpoints_and_exits_0(worker):
   assert wait_for(remote.job_state(), "running") == "running"
   assert wait_for("tail -n 1 $HOME/bert_jax_logs/train.log", "step 1") == "step 1"  # handler is set
   sh(remote.stop())
-  assert wait_for(remote.job_state(), "exit 0") == "exit 0"
+  assert wait_for(remote.job_state(), "exit 143") == "exit 143"
   log = (home / "bert_jax_logs" / "train.log").read_text()
   assert log.startswith("=== ") and "train starts" in log and log.endswith("step 1\nsaved\n")
 
@@ -96,7 +96,7 @@ def test_a_failing_job_reports_its_status_and_a_new_run_clears_it(worker):
   assert wait_for(remote.job_state(), "running") == "running"
   assert wait_for("tail -n 1 $HOME/bert_jax_logs/train.log", "step 1") == "step 1"  # handler is set
   sh(remote.stop())
-  assert wait_for(remote.job_state(), "exit 0") == "exit 0"
+  assert wait_for(remote.job_state(), "exit 143") == "exit 143"
 
 
 def test_a_new_run_ends_a_hung_previous_instance_first(worker):
@@ -113,7 +113,7 @@ def test_a_new_run_ends_a_hung_previous_instance_first(worker):
     os.kill(first, 0)
   assert f"killing the previous train (pid {first})" in (home / "bert_jax_logs" / "train.log").read_text()
   sh(remote.stop())
-  assert wait_for(remote.job_state(), "exit 0") == "exit 0"
+  assert wait_for(remote.job_state(), "exit 143") == "exit 143"
 
 
 def test_a_new_run_over_a_live_job_reads_running_not_the_old_job_s_kill(worker):
@@ -131,7 +131,7 @@ def test_a_new_run_over_a_live_job_reads_running_not_the_old_job_s_kill(worker):
   time.sleep(0.5)   # the killed job's wrapper has long returned from its wait
   assert sh(remote.job_state()) == "running"
   sh(remote.stop())
-  assert wait_for(remote.job_state(), "exit 0") == "exit 0"
+  assert wait_for(remote.job_state(), "exit 143") == "exit 143"
 
 
 def test_a_reused_pid_is_neither_stopped_nor_taken_for_the_job(worker):

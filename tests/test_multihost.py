@@ -201,14 +201,15 @@ def test_survivor_of_a_dead_peer_exits_for_a_restart_within_the_bound(how, victi
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_sigterm_to_one_process_saves_both_at_one_step_and_exits_0(data_dir, tmp_path):  # noqa: F811
+def test_sigterm_to_one_process_saves_both_at_one_step_and_exits_143(data_dir, tmp_path):  # noqa: F811
   """A supervisor's SIGTERM reaches the job process under `bert-jax pretrain`: JAX's preemption service
-  picks one step for both processes, they save it and exit 0 (the one that ends first is no lost peer)."""
+  picks one step for both processes, they save it and exit 143, stopped (the one that ends first is no lost
+  peer)."""
   workdir = str(tmp_path / "run")
   with _cli_pair(data_dir, workdir, heartbeat_s=10) as procs:
     procs[1].send_signal(signal.SIGTERM)   # to the pid of `bert-jax pretrain` only, not its child
     outputs = [p.communicate(timeout=TIMEOUT_S) for p in procs]
-  assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outputs]
+  assert [p.returncode for p in procs] == [143, 143], [err[-2000:] for _, err in outputs]
   assert not [l for _, err in outputs for l in err.splitlines() if l.startswith("bert-jax")], outputs
   saved = max(_logged_steps(workdir))
   assert f"preempted: saved checkpoint at step {saved}, exiting" in outputs[0][0]

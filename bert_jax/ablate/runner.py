@@ -23,7 +23,6 @@ import os
 import jax
 import ml_collections
 
-from bert_jax import checkpointing
 from bert_jax import config_record
 from bert_jax import failures
 from bert_jax import objectives
@@ -122,12 +121,7 @@ read_marker = config_record.read_marker
 check_same_config = config_record.check_same_config
 
 
-def last_checkpoint_step(pretrain_dir: str) -> int | None:
-  checkpointer = checkpointing.Checkpointer(os.path.join(pretrain_dir, "checkpoints"), async_save=False)
-  try:
-    return checkpointer.latest_step()
-  finally:
-    checkpointer.close()
+last_checkpoint_step = train.last_saved_step
 
 
 def final_evaluation(pretrain_dir: str, step: int) -> dict[str, float]:
