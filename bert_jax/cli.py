@@ -85,9 +85,10 @@ def main(argv=None) -> None:
 
 def _run(command_main, prog: str, argv) -> None:
   """The command, with library INFO logs (orbax writes dozens per checkpoint) off unless --verbosity; a
-  `failures.UserError` (a config, path or data the person can fix) ends it in one paragraph and exit 2, a
-  Ctrl-C the command does not handle itself in one line and exit 130, not a traceback."""
-  from absl import flags, logging  # pylint: disable=g-import-not-at-top
+  `failures.UserError` (a config, path or data the person can fix) or a usage error (a required flag not given)
+  ends it in one paragraph and exit 2 (`--help` lists the flags), a Ctrl-C the command does not handle itself in
+  one line and exit 130, not a traceback."""
+  from absl import app, flags, logging  # pylint: disable=g-import-not-at-top
   from bert_jax import failures  # pylint: disable=g-import-not-at-top
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
@@ -95,6 +96,8 @@ def _run(command_main, prog: str, argv) -> None:
     command_main(argv)
   except failures.UserError as e:
     failures.say_and_exit(e, prefix=prog)
+  except app.UsageError as e:   # absl's own handling prints the whole --help before it, and exits 1
+    failures.say_and_exit(failures.UserError(f"{e} (--help lists the flags)"), prefix=prog)
   except KeyboardInterrupt:
     print(f"{prog}: stopped by Ctrl-C", file=sys.stderr, flush=True)
     sys.exit(130)

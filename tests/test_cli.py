@@ -77,3 +77,32 @@ def test_a_ctrl_c_no_command_handles_is_one_line_and_exit_130(capsys):
   with pytest.raises(SystemExit) as stopped:
     cli._run(interrupted, "bert-jax embed", ["bert-jax embed"])  # pylint: disable=protected-access
   assert stopped.value.code == 130 and capsys.readouterr().err == "bert-jax embed: stopped by Ctrl-C\n"
+
+
+def test_a_required_flag_not_given_is_one_line_and_exit_2_in_every_command(tmp_path):
+  """absl's UsageError would print the command's whole --help, then the message, and exit 1."""
+  for command in (["embed", "--checkpoint=x"], ["analyze", "heads", "--checkpoint=x", "--input=y"]):
+    run = subprocess.run([sys.executable, "-m", "bert_jax.cli", *command], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert run.stderr.strip().splitlines()[-1].endswith("is required (--help lists the flags)"), run.stderr[-2000:]
+    assert len(run.stderr.strip().splitlines()) == 1, run.stderr[-2000:]
+
+
+def test_fill_mask_with_an_input_file_of_no_texts_or_none_is_one_message_and_exit_2(tmp_path):
+  (tmp_path / "empty.txt").write_text("\n  \n")
+  command = [sys.executable, "-m", "bert_jax.cli", "fill-mask", "--checkpoint=nowhere", "--input=empty.txt"]
+  result = subprocess.run(command, cwd=tmp_path, env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True,
+                          text=True, timeout=120)
+  assert result.returncode == 2 and "empty.txt holds no texts" in result.stderr, result.stderr[-3000:]
+  missing = subprocess.run(command[:-1] + ["--input=typo.txt"], cwd=tmp_path, capture_output=True, text=True,
+                           env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=120)
+  assert missing.returncode == 2 and "Traceback" not in missing.stderr, missing.stderr[-3000:]
+
+
+def test_export_of_a_checkpoint_that_is_not_there_is_one_message_and_exit_2(tmp_path):
+  run = subprocess.run([sys.executable, "-m", "bert_jax.cli", "export", "--checkpoint=runs/typo", "--output=out"],
+                       cwd=tmp_path, env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True, text=True,
+                       timeout=120)
+  assert run.returncode == 2 and run.stderr.startswith("bert-jax export: "), run.stderr[-3000:]
+  assert "Traceback" not in run.stderr and not (tmp_path / "out").exists()

@@ -69,6 +69,23 @@ def test_read_examples_errors_and_defaults():
     embed.read_examples(['{"input_ids": [1, 2, 3]}'], max_length=2)
   with pytest.raises(ValueError, match="3 input_ids but 2 token_type_ids"):
     embed.read_examples(['{"input_ids": [1, 2, 3], "token_type_ids": [0, 0]}'])
+  with pytest.raises(ValueError, match=r"line 2: not JSON \(Expecting value\); each line is a JSON object"):
+    embed.read_examples(['{"input_ids": [1]}', "plain text"])
+  with pytest.raises(ValueError, match="line 1: a JSON list, not an object"):
+    embed.read_examples(["[1, 2]"])
+
+
+def test_an_input_with_no_examples_or_a_bad_line_is_one_message_naming_the_file(tmp_path):
+  (tmp_path / "empty.jsonl").write_text("\n\n")
+  (tmp_path / "bad.jsonl").write_text('{"input_ids": [101, 102]}\nnot json\n')
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  for name, message in (("empty.jsonl", "empty.jsonl holds no examples (JSON lines with `text` or `input_ids`)"),
+                        ("bad.jsonl", "bad.jsonl, line 2: not JSON")):
+    result = subprocess.run([sys.executable, "-m", "bert_jax.cli", "embed", f"--checkpoint={shared_path('minilm')}",
+                             f"--input={name}", "--output=out.npz"], cwd=tmp_path, env=env, capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 2 and message in result.stderr, result.stderr[-3000:]
+    assert not (tmp_path / "out.npz").exists()
 
 
 def test_embed_examples_match_unpadded_forward_near_the_position_limit():

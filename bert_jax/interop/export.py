@@ -30,6 +30,7 @@ from absl import app
 from absl import flags
 
 from bert_jax import checkpoint_loader
+from bert_jax import failures
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.interop import checkpoints_hf
 from bert_jax.interop import hf_families
@@ -177,10 +178,9 @@ def main(argv) -> None:
   for name in ("checkpoint", "output"):
     if FLAGS[name].value is None:
       raise app.UsageError(f"--{name} is required")
-  try:
+  # A checkpoint that is not there or cannot be exported: one paragraph, exit 2, as in every command.
+  with failures.as_user_errors("bert-jax export", ValueError, FileNotFoundError):
     architecture = export(FLAGS.checkpoint, FLAGS.output)
-  except (ValueError, FileNotFoundError) as e:
-    raise SystemExit(f"bert-jax export: {e}") from None
   print(f"wrote {architecture} to {FLAGS.output}")
   if (pathlib.Path(FLAGS.output) / ELECTRA_GENERATOR / "config.json").exists():
     print(f"wrote ElectraForMaskedLM (the generator) to {pathlib.Path(FLAGS.output) / ELECTRA_GENERATOR}")

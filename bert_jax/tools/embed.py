@@ -71,7 +71,12 @@ def read_examples(lines, tokenizer=None, max_length: int = 512, truncate: bool =
   for n, line in enumerate(lines, 1):
     if not line.strip():
       continue
-    record = json.loads(line)
+    try:
+      record = json.loads(line)
+    except json.JSONDecodeError as e:
+      raise ValueError(f"line {n}: not JSON ({e.msg}); each line is a JSON object with `text` or `input_ids`") from e
+    if not isinstance(record, dict):
+      raise ValueError(f"line {n}: a JSON {type(record).__name__}, not an object with `text` or `input_ids`")
     if "input_ids" in record:
       ids = record["input_ids"]
       types = record.get("token_type_ids", [0] * len(ids))
@@ -172,7 +177,12 @@ def main(argv) -> None:
     output = paths.output_file(_OUTPUT.value)
     cfg, params = checkpoint_loader.load_model(_CHECKPOINT.value, dtype=_DTYPE.value)
     with open(_INPUT.value) as f:
-      examples = read_examples(f, _tokenizer(), _MAX_LENGTH.value or longest_input(cfg))
+      try:
+        examples = read_examples(f, _tokenizer(), _MAX_LENGTH.value or longest_input(cfg))
+      except ValueError as e:   # "line N: ...": which file
+        raise ValueError(f"{_INPUT.value}, {e}") from e
+    if not examples:
+      raise ValueError(f"{_INPUT.value} holds no examples (JSON lines with `text` or `input_ids`)")
   pool = "pooler" in params["bert"] and checkpoint_loader.saved_pooler(_CHECKPOINT.value)
   arrays = embed_examples(cfg, params["bert"], examples, _BATCH_SIZE.value, pool)
   np.savez(output, **arrays)

@@ -144,7 +144,10 @@ def _read_texts(argv) -> list[str]:
       raise app.UsageError('give texts with [MASK] as arguments ("the [MASK] sat .") or --input=FILE')
     return argv[1:]
   with open(FLAGS.input, encoding="utf-8") as f:
-    return [line.rstrip("\n") for line in f if line.strip()]
+    texts = [line.rstrip("\n") for line in f if line.strip()]
+  if not texts:
+    raise failures.UserError(f"{FLAGS.input} holds no texts (a line each, with [MASK] where a word goes)")
+  return texts
 
 
 def held_out_examples(cfg: model.BertConfig, params, tokenizer, eval_iter, eval_start, count: int) -> str:
@@ -218,9 +221,9 @@ def main(argv) -> None:
   """`bert-jax fill-mask`: prints the predictions (see the module docstring)."""
   if FLAGS.checkpoint is None:
     raise app.UsageError("--checkpoint is required")
-  texts = _read_texts(argv)
   # A checkpoint, text or output folder that cannot be used: say why, briefly.
   with failures.as_user_errors("bert-jax fill-mask", ValueError, OSError):
+    texts = _read_texts(argv)
     output = paths.output_file(FLAGS.output) if FLAGS.output is not None else None
     cfg, params, tokenizer = checkpoint_loader.load(FLAGS.checkpoint, do_lower_case=FLAGS.do_lower_case)
     predictions = predict(cfg, params, tokenizer, texts, FLAGS.top_k, FLAGS.batch_size)
