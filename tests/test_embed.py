@@ -69,7 +69,7 @@ def test_read_examples_errors_and_defaults():
     embed.read_examples(['{"input_ids": [1, 2, 3]}'], max_length=2)
   with pytest.raises(ValueError, match="3 input_ids but 2 token_type_ids"):
     embed.read_examples(['{"input_ids": [1, 2, 3], "token_type_ids": [0, 0]}'])
-  with pytest.raises(ValueError, match=r"line 2: not JSON \(Expecting value\); each line is a JSON object"):
+  with pytest.raises(ValueError, match=r"input, line 2: not JSON \(Expecting value\)"):
     embed.read_examples(['{"input_ids": [1]}', "plain text"])
   with pytest.raises(ValueError, match="line 1: a JSON list, not an object"):
     embed.read_examples(["[1, 2]"])

@@ -92,7 +92,7 @@ def read_rows(path: str, delimiter: str | None = None) -> list[dict]:
                     "line (JSON lines: one object a line).")
   if path.endswith((".jsonl", ".json")):
     # Lines end at "\n" only: str.splitlines also splits at U+2028 and U+0085, which JSON strings may hold.
-    return [_json_row(path, n, line) for n, line in enumerate(text.split("\n"), 1) if line.strip()]
+    return [json_row(path, n, line) for n, line in enumerate(text.split("\n"), 1) if line.strip()]
   if delimiter is None:
     delimiter = "," if path.endswith(".csv") else "\t"
   f = io.StringIO(text, newline="")
@@ -116,7 +116,8 @@ def read_rows(path: str, delimiter: str | None = None) -> list[dict]:
   return rows
 
 
-def _json_row(path: str, n: int, line: str) -> dict:
+def json_row(path: str, n: int, line: str) -> dict:
+  """Line `n` of the JSON lines file `path` as an object; a DataError naming the file and line otherwise."""
   try:
     row = json.loads(line)
   except json.JSONDecodeError as e:

@@ -18,7 +18,6 @@ discriminator or generator, DistilBERT), a Google TF checkpoint, a bert_jax pret
 workdir.
 """
 
-import json
 from typing import NamedTuple
 
 from absl import app
@@ -30,6 +29,7 @@ import numpy as np
 from bert_jax import checkpoint_loader
 from bert_jax import failures
 from bert_jax import paths
+from bert_jax.finetune import readers
 from bert_jax.models import encoder as model
 
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Hugging Face directory, Google TF checkpoint, bert_jax "
@@ -64,19 +64,16 @@ def longest_input(cfg: model.BertConfig) -> int:
   return cfg.max_input_length
 
 
-def read_examples(lines, tokenizer=None, max_length: int = 512, truncate: bool = False) -> list[Example]:
-  """JSON lines -> Examples; text needs a tokenizer. `input_ids` longer than `max_length` are an error, or
-  with `truncate` cut to their first `max_length` (text is always truncated as `encode_pair` does)."""
+def read_examples(lines, tokenizer=None, max_length: int = 512, truncate: bool = False,
+                  path: str = "input") -> list[Example]:
+  """JSON lines (of the file `path`, for messages) -> Examples; text needs a tokenizer. `input_ids` longer than
+  `max_length` are an error, or with `truncate` cut to their first `max_length` (text is always truncated as
+  `encode_pair` does)."""
   examples = []
   for n, line in enumerate(lines, 1):
     if not line.strip():
       continue
-    try:
-      record = json.loads(line)
-    except json.JSONDecodeError as e:
-      raise ValueError(f"line {n}: not JSON ({e.msg}); each line is a JSON object with `text` or `input_ids`") from e
-    if not isinstance(record, dict):
-      raise ValueError(f"line {n}: a JSON {type(record).__name__}, not an object with `text` or `input_ids`")
+    record = readers.json_row(path, n, line)
     if "input_ids" in record:
       ids = record["input_ids"]
       types = record.get("token_type_ids", [0] * len(ids))
@@ -84,18 +81,18 @@ def read_examples(lines, tokenizer=None, max_length: int = 512, truncate: bool =
       if len(ids) > max_length and truncate:
         ids, types, mask = ids[:max_length], types[:max_length], mask[:max_length]
       elif len(ids) > max_length:
-        raise ValueError(f"line {n}: {len(ids)} input_ids, more than max_length {max_length}")
+        raise ValueError(f"{path}, line {n}: {len(ids)} input_ids, more than max_length {max_length}")
     elif "text" in record:
       if tokenizer is None:
-        raise ValueError(f"line {n}: text input needs a vocabulary (--vocab, or the checkpoint's vocab.txt, "
-                         "SentencePiece *.model or vocab.json + merges.txt)")
+        raise ValueError(f"{path}, line {n}: text input needs a vocabulary (--vocab, or the checkpoint's "
+                         "vocab.txt, SentencePiece *.model or vocab.json + merges.txt)")
       ids, types = tokenizer.encode_pair(record["text"], record.get("text_b"), max_length=max_length)
       mask = [1] * len(ids)
     else:
-      raise ValueError(f"line {n}: expected a `text` or an `input_ids` field, got {sorted(record)}")
+      raise ValueError(f"{path}, line {n}: expected a `text` or an `input_ids` field, got {sorted(record)}")
     for name, values in (("token_type_ids", types), ("attention_mask", mask)):
       if len(values) != len(ids):
-        raise ValueError(f"line {n}: {len(ids)} input_ids but {len(values)} {name}")
+        raise ValueError(f"{path}, line {n}: {len(ids)} input_ids but {len(values)} {name}")
     examples.append(Example(*(np.asarray(x, np.int32) for x in (ids, types, mask))))
   return examples
 
@@ -177,10 +174,7 @@ def main(argv) -> None:
     output = paths.output_file(_OUTPUT.value)
     cfg, params = checkpoint_loader.load_model(_CHECKPOINT.value, dtype=_DTYPE.value)
     with open(_INPUT.value) as f:
-      try:
-        examples = read_examples(f, _tokenizer(), _MAX_LENGTH.value or longest_input(cfg))
-      except ValueError as e:   # "line N: ...": which file
-        raise ValueError(f"{_INPUT.value}, {e}") from e
+      examples = read_examples(f, _tokenizer(), _MAX_LENGTH.value or longest_input(cfg), path=_INPUT.value)
     if not examples:
       raise ValueError(f"{_INPUT.value} holds no examples (JSON lines with `text` or `input_ids`)")
   pool = "pooler" in params["bert"] and checkpoint_loader.saved_pooler(_CHECKPOINT.value)
