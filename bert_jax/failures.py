@@ -83,13 +83,20 @@ def load_config(flag, prog: str, kind: str | None = None):
       config.keys()
   except _CONFIG_LOAD_ERRORS as e:
     say_and_exit(config_not_loaded(e), prefix=prog)
-  found = config_kind(config) if config is not None and kind is not None else kind
-  if found != kind:
-    message = (f"--config is {_KINDS[found]}, not {_KINDS[kind]}: run it with {_COMMANDS[found]}" if found else
-               f"--config has the fields of no pretraining, finetuning or ablation config; this command takes "
-               f"{_KINDS[kind]}")
+  message = _another_kind(config, kind)
+  if message is not None:
     say_and_exit(UserError(message), prefix=prog)
   return config
+
+
+def _another_kind(config, kind: str | None) -> str | None:
+  """Why `config` (loaded) is not a config of `kind`; None where it is, or where either is unknown."""
+  found = config_kind(config) if config is not None and kind is not None else kind
+  if found == kind:
+    return None
+  return (f"--config is {_KINDS[found]}, not {_KINDS[kind]}: run it with {_COMMANDS[found]}" if found else
+          f"--config has the fields of no pretraining, finetuning or ablation config; this command takes "
+          f"{_KINDS[kind]}")
 
 
 _KINDS = {"pretrain": "a pretraining config (configs/common.py's fields)",
@@ -97,6 +104,9 @@ _KINDS = {"pretrain": "a pretraining config (configs/common.py's fields)",
           "ablation": "an ablation table's config (configs/ablations/)"}
 _COMMANDS = {"pretrain": "`bert-jax pretrain` (or `aot`, `bench train`)", "finetune": "`bert-jax finetune` or `sweep`",
              "ablation": "`bert-jax ablate`"}
+# The kind of --config each command takes (their `load_config(kind=...)`), for flag errors found before it runs.
+_COMMAND_KINDS = {"bert-jax pretrain": "pretrain", "bert-jax aot": "pretrain", "bert-jax bench train": "pretrain",
+                  "bert-jax finetune": "finetune", "bert-jax sweep": "finetune", "bert-jax ablate": "ablation"}
 
 
 def config_kind(config) -> str | None:
@@ -135,7 +145,15 @@ def parse_flags(argv: list[str], prog: str = "bert-jax") -> list[str]:
     text = ". ".join(" ".join(line.split()) for line in str(e.args[0] if e.args else e).splitlines() if line.strip())
     message = (f"unknown config field {text} The fields are those the config file defines (configs/common.py's "
                "for pretraining, configs/finetune/common.py's for finetuning, the ablation's own for ablate).")
-  say_and_exit(UserError(message), prefix=prog)
+  # An override of a field the config lacks, on a config of another kind (`finetune --config=configs/tiny.py
+  # --config.init_checkpoint=...`): the wrong config is the mistake to name.
+  given = [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
+  try:   # the file alone, without the overrides that failed
+    loaded = flags.FLAGS["config"].parser.parse(given[-1]) if given and "config" in flags.FLAGS else None
+    wrong = _another_kind(loaded, _COMMAND_KINDS.get(prog)) if loaded is not None else None
+  except Exception:  # pylint: disable=broad-exception-caught  (the file did not load: the message above stands)
+    wrong = None
+  say_and_exit(UserError(wrong or message), prefix=prog)
   return []
 
 

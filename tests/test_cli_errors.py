@@ -35,6 +35,11 @@ def _cases(tmp):
           "bert-jax pretrain: --config is an ablation table's config (configs/ablations/), not a pretraining config",
       ("finetune", "--config=configs/tiny.py", f"--workdir={tmp}/ft"):
           "bert-jax finetune: --config is a pretraining config",
+      # With an override of a field only the right kind has: the kind is named, not the field.
+      ("finetune", "--config=configs/tiny.py", f"--workdir={tmp}/ft2", "--config.init_checkpoint=x"):
+          "bert-jax finetune: --config is a pretraining config",
+      ("pretrain", "--config=configs/finetune/sst2.py", f"--workdir={tmp}/pt", "--config.train_steps=3"):
+          "bert-jax pretrain: --config is a finetuning config",
       ("embed", f"--checkpoint={tmp}/nowhere", f"--input={tmp}/x.jsonl", f"--output={tmp}/e.npz"):
           f"bert-jax embed: checkpoint {tmp}/nowhere does not exist",
       ("embed", f"--checkpoint={tmp}/nowhere", f"--input={tmp}/x.jsonl", f"--output={tmp}/vocab.txt/e.npz"):
