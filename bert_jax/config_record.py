@@ -48,14 +48,14 @@ COMPILE_ONLY = ("model.scan_unroll",)
 
 
 def check_same_config(path: str, config: ml_collections.ConfigDict, fields, ignore=(), record: bool = True,
-                      unset_paths_match: bool = False) -> None:
+                      unset_match=()) -> None:
   """Records `config` (its path `fields` absolute, `ignore`'s and COMPILE_ONLY's fields left out, dotted names
   for nested ones) in `path` on the first run of a stage; a later run of the stage with a different config is
   an error naming the fields, not a silent mix of two experiments. `record` False: only compares, where a
-  record exists. `unset_paths_match`: a path field left empty in `config` matches any recorded one (a report
+  record exists. `unset_match`: fields (dotted) that, left empty in `config`, match any recorded value (a report
   of finished runs reads no data, so its command need not name the data again)."""
   ours = json.loads(paths.absolute_config(config.copy_and_resolve_references(), fields).to_json())
-  unset = tuple(f for f in fields if unset_paths_match and not _flat(ours).get(f))
+  unset = tuple(f for f in unset_match if not _flat(ours).get(f))
   ignore = (*ignore, *COMPILE_ONLY, *unset)
   if record and atomic_write.create_once(path, json.dumps(_without(ours, ignore), indent=1, sort_keys=True)):
     return   # the first run (of two processes starting at once, one records and the other compares)

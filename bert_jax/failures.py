@@ -179,7 +179,7 @@ def stop_message(prog: str, what: str, at_once: bool = True):
   `at_once`: without the interpreter's exit, which waits for the JAX steps already dispatched (tens of seconds on
   a CPU); False where that exit has work to do (multiprocessing's semaphores to release)."""
   main = threading.current_thread() is threading.main_thread()
-  previous = signal.getsignal(signal.SIGTERM) if main else None
+  previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)} if main else {}
 
   def on_sigterm(signum, frame):
     del signum, frame
@@ -190,6 +190,9 @@ def stop_message(prog: str, what: str, at_once: bool = True):
   try:
     yield
   except (KeyboardInterrupt, _Terminated) as e:
+    if main:   # a second signal while it ends is not a traceback
+      signal.signal(signal.SIGTERM, signal.SIG_IGN)
+      signal.signal(signal.SIGINT, signal.SIG_IGN)
     signum = signal.SIGINT if isinstance(e, KeyboardInterrupt) else signal.SIGTERM
     try:
       print(f"{prog}: stopped by {'Ctrl-C' if signum == signal.SIGINT else 'SIGTERM'}; {what}", file=sys.stderr,
@@ -201,8 +204,8 @@ def stop_message(prog: str, what: str, at_once: bool = True):
       os._exit(128 + signum)  # pylint: disable=protected-access
     sys.exit(128 + signum)
   finally:
-    if main:
-      signal.signal(signal.SIGTERM, previous)
+    for s, handler in previous.items():
+      signal.signal(s, handler)
 
 
 def say_and_exit(error: RunError, prefix: str = "bert-jax") -> None:

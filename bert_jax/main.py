@@ -30,7 +30,6 @@ import jax
 from ml_collections import config_flags
 
 from bert_jax import failures
-from bert_jax import paths
 from bert_jax import train
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/tiny.py or configs/bert_large.py:phase2.",
@@ -127,9 +126,9 @@ def main(argv) -> None:
       failures.run_in_child_process(prefix=f"{_PROG} ({_this_process(config.distributed)})")
     stop_watching = initialize_distributed(config.distributed)
     logging.info("process %d/%d, %d devices", jax.process_index(), jax.process_count(), jax.device_count())
-    train.train_and_evaluate(config, _WORKDIR.value)   # checks config and inputs before compiling
+    _, ended = train.train_to_end(config, _WORKDIR.value)   # checks config and inputs before compiling
     leave_distributed(stop_watching, config.distributed.heartbeat_timeout_seconds)
-    if (train.last_saved_step(paths.absolute(_WORKDIR.value)) or 0) < config.train_steps:
+    if ended < config.train_steps:
       # Saved, not finished (its last line says so): `bert-jax pretrain ... && next` stops here.
       sys.stdout.flush()
       sys.exit(failures.STOPPED)

@@ -174,21 +174,17 @@ def _perf_scalars(config, num_steps: int, seconds: float, step: int, flops: floa
 # ---------------------------------------------------------------------------------------------
 
 
-def last_saved_step(workdir: str) -> int | None:
-  """The newest checkpoint's step in a pretraining `workdir` (None: none): below `train_steps` after a run that
-  SIGTERM or Ctrl-C stopped (`bert-jax pretrain` then exits with `failures.STOPPED`)."""
-  checkpointer = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"), async_save=False)
-  try:
-    return checkpointer.latest_step()
-  finally:
-    checkpointer.close()
-
-
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   """Trains until `config.train_steps` (or SIGTERM), resuming from `<workdir>/checkpoints` if any.
 
   Returns the scalars of the last log step and evaluation.
   """
+  return train_to_end(config, workdir)[0]
+
+
+def train_to_end(config: ml_collections.ConfigDict, workdir: str) -> tuple[dict[str, float], int]:
+  """`train_and_evaluate`, and the step the run ended at: below `train_steps` where SIGTERM or Ctrl-C stopped it
+  (`bert-jax pretrain` then exits with `failures.STOPPED`)."""
   run, state, origin = _start(config, workdir)
   step = int(state.step)   # the one host sync before the loop: a host-side step counter from here on
   _say(f"mesh {dict(run.s.mesh.shape)} over {jax.device_count()} devices; {origin} at step {step}; "
@@ -198,7 +194,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   writer, watcher = metrics_writer.MetricWriter(run.workdir), preemption.Watcher()
   peer_lost = False
   try:
-    state, step, results = _loop(run, state, step, writer, watcher)
+    state, step, results, evaluated_at = _loop(run, state, step, writer, watcher)
   except failures.PeerLost:
     peer_lost = True   # closing would wait for the lost host in a barrier
     raise
@@ -207,8 +203,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       run.checkpointer.close()
       writer.close()
       watcher.close()
-  _report(run, state, step, results)
-  return results
+  _report(run, state, step, results, evaluated_at)
+  return results, step
 
 
 @dataclasses.dataclass
@@ -255,16 +251,18 @@ def _start(config: ml_collections.ConfigDict, workdir: str) -> tuple[_Run, Train
   return run, state, origin
 
 
-def _loop(run: _Run, state: TrainState, step: int, writer, watcher) -> tuple[TrainState, int, dict[str, float]]:
+def _loop(run: _Run, state: TrainState, step: int, writer,
+          watcher) -> tuple[TrainState, int, dict[str, float], int | None]:
   """Steps from `step` to `train_steps`, or to the step all hosts agree on after SIGTERM: logs and evaluates,
-  goes back over a loss spike, checkpoints. Returns the state, its step and the scalars last written.
+  goes back over a loss spike, checkpoints. Returns the state, its step, the scalars last written and the step
+  of the last evaluation among them (None: none).
 
   A failed collective in a job of several processes raises `failures.PeerLost`.
   """
   config = run.config
   interval = _Interval(objectives.train_flops_per_step(config))
   spikes = failures.LossSpikeGuard(config.loss_spike_factor, config.max_loss_spikes)
-  results = {}
+  results, evaluated_at = {}, None
   try:
     while step < config.train_steps:
       if interval.sums is None:
@@ -276,6 +274,7 @@ def _loop(run: _Run, state: TrainState, step: int, writer, watcher) -> tuple[Tra
       if scalars:
         writer.write(step, scalars)
         results.update(scalars)
+        evaluated_at = step if any(k.startswith("eval/") for k in scalars) else evaluated_at
       _check_finite(scalars, config, step, run.checkpointer)
       state, step, preempted = _undo_spike_or_save(run, state, step, scalars, spiked, spikes, writer, watcher)
       if preempted:
@@ -289,7 +288,7 @@ def _loop(run: _Run, state: TrainState, step: int, writer, watcher) -> tuple[Tra
         f"a collective failed after step {step} ({str(e).splitlines()[0][:300]}): another host of the job "
         f"has died. Exiting with code {failures.RESTART} so that the supervisor restarts the whole job; it "
         f"resumes from {run.checkpointer.directory}/{run.checkpointer.latest_step()}.") from e
-  return state, step, results
+  return state, step, results, evaluated_at
 
 
 def _train_step(run: _Run, state: TrainState, step: int, spikes: failures.LossSpikeGuard):
@@ -363,7 +362,7 @@ def _undo_spike_or_save(run: _Run, state: TrainState, step: int, scalars: dict, 
   return state, step, preempted
 
 
-def _report(run: _Run, state: TrainState, step: int, results: dict[str, float]) -> None:
+def _report(run: _Run, state: TrainState, step: int, results: dict[str, float], evaluated_at: int | None) -> None:
   """The run's last lines: the curves, a fill-mask preview on held-out lines, the held-out accuracy
   against the unigram baseline's, and where the checkpoint and metrics are."""
   config, s = run.config, run.s
@@ -380,8 +379,8 @@ def _report(run: _Run, state: TrainState, step: int, results: dict[str, float]) 
          f"held-out target: {results['eval/unigram_accuracy']:.3f}")
   ended = (f"done at step {step}" if step >= config.train_steps else
            f"stopped at step {step} of {config.train_steps} (the same command resumes)")
-  if shown and step < config.train_steps:   # evaluated at the last multiple of eval_every, not where it stopped
-    shown = f"held-out at step {step - step % config.eval_every}: {shown}"
+  if shown and evaluated_at != step:   # a stopped run's last evaluation came before its last step
+    shown = f"held-out at step {evaluated_at}: {shown}"
   _say(f"{ended}{f': {shown}' if shown else ''}; checkpoint "
        f"{run.checkpointer.directory}/{run.checkpointer.latest_step()}, "
        f"metrics {run.workdir}/metrics.jsonl, TensorBoard {run.workdir}/tensorboard, curves {plot}")

@@ -5,8 +5,8 @@ worker 0). When the slice is gone, PREEMPTED or TERMINATED (a queued resource: S
 it deletes and recreates it, sets the workers up again and restarts the same command; the job then
 resumes from the latest checkpoint in its GCS workdir by itself. A job that exits with an error (or
 "preempted", or RESTART_EXIT_CODE: a peer host died) on a slice that is still up is restarted in place.
-It stops when the job exits with status 0, with STOPPED_EXIT_CODE (`stop` sent it SIGTERM: saved, left
-stopped), with a code that a restart cannot fix (FINAL_EXIT_CODES: a
+It stops when the job exits with status 0, with STOPPED_EXIT_CODE (a SIGTERM to the job, as `stop` sends:
+left stopped), with a code that a restart cannot fix (FINAL_EXIT_CODES: a
 user error, a diverged run), or after `max_restarts` restarts or more failed steps in a row (a create,
 setup or start that failed, or gcloud unable to read the slice's or the job's state: an expired login
 would otherwise be polled for ever), each failed step backed off. Clock and sleep are injected, so tests never wait.
@@ -23,7 +23,7 @@ from launch.runner import DryRun, Runner
 
 # Exit codes of `bert-jax pretrain` (bert_jax/failures.py; a test keeps the two in step).
 RESTART_EXIT_CODE = 75          # a peer host of the job died: restart the whole job, it resumes
-STOPPED_EXIT_CODE = 143         # SIGTERM from `stop` (the job's own, not the VM's): saved, and left stopped
+STOPPED_EXIT_CODE = 143         # SIGTERM to the job itself (as `stop` sends; the VM's reads "preempted"): left stopped
 FINAL_EXIT_CODES = {2: "a config, path or data error", 3: "the run diverged (non-finite steps)"}
 
 UP = {"READY", "ACTIVE"}
@@ -122,8 +122,8 @@ class Supervisor:
       return 0
     code = _exit_code(status)
     if code == STOPPED_EXIT_CODE:
-      self.log(f"job {self.job.name} stopped ({status}: SIGTERM, as `stop` sends); it saved a checkpoint, and "
-               "`run` again resumes it: not restarting")
+      self.log(f"job {self.job.name} stopped ({status}: a SIGTERM to the job, as `stop` sends; a pretraining run "
+               "saves a checkpoint first, and `run` again resumes it): not restarting")
       return code
     if code in FINAL_EXIT_CODES:
       self.log(f"job {self.job.name} ended ({status}: {FINAL_EXIT_CODES[code]}); a restart would fail the same "

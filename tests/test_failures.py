@@ -447,7 +447,7 @@ def test_supervisor_restarts_after_a_lost_peer_and_not_after_a_user_error():
   fake = FakeGcloud(states=["READY"] * 2, jobs=["running", f"exit {failures.STOPPED}"])
   sup, _, logs = make(SINGLE, V3, fake)
   assert sup.supervise() == failures.STOPPED and sup.restarts == 0
-  assert "`run` again resumes it: not restarting" in logs[-1]
+  assert "`run` again resumes it): not restarting" in logs[-1]
 
 
 # How JAX's client ends a process whose coordinator died (the lines as jaxlib 0.10.2 logs them).

@@ -22,8 +22,12 @@ def test_sigterm_sets_the_preemption_flag():
 
 
 def test_a_first_ctrl_c_saves_and_exits_a_second_stops_at_once(capsys):
-  # Python's own handler, as at a terminal (a process started in the background, as pytest may be, ignores it).
-  before = signal.signal(signal.SIGINT, signal.default_int_handler)
+  # A handler of the caller's own, raising as Python's does at a terminal (a process started in the background,
+  # as pytest may be, ignores SIGINT).
+  def callers(signum, frame):
+    signal.default_int_handler(signum, frame)
+
+  before = signal.signal(signal.SIGINT, callers)
   try:
     watcher = preemption.Watcher()
     try:
@@ -33,7 +37,7 @@ def test_a_first_ctrl_c_saves_and_exits_a_second_stops_at_once(capsys):
         os.kill(os.getpid(), signal.SIGINT)
     finally:
       watcher.close()
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler   # the handler it found, again
+    assert signal.getsignal(signal.SIGINT) is callers   # the handler it found, again
   finally:
     signal.signal(signal.SIGINT, before)
 

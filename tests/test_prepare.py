@@ -233,10 +233,13 @@ def test_a_corpus_without_text_stops_before_a_vocabulary_or_shards_are_written(t
   out = tmp_path / "with_vocab"
   vocab = tmp_path / "vocab.txt"
   vocab.write_text("\n".join(list(tokenization.SPECIAL_TOKENS) + ["text", "more", "."]) + "\n")
-  with pytest.raises(ValueError, match=r"news.jsonl holds no text: .* \(skipped: \{'missing_text_field': 9\}\)"):
+  with pytest.raises(ValueError, match=r"news.jsonl holds no text: no JSON line with a string field 'text'"):
     prepare.prepare_corpus(str(tmp_path / "news.jsonl"), str(out), vocab_file=str(vocab), num_shards=1,
                            num_workers=1)
-  assert not (out / prepare.STATS_FILE).exists()
+  assert not out.exists()   # nothing written: the same --output_dir takes the corrected command
+  stats = prepare.prepare_corpus(str(tmp_path / "news.jsonl"), str(out), vocab_file=str(vocab), num_shards=1,
+                                 num_workers=1, text_key="body")
+  assert stats["documents"] == 9
 
 
 def test_a_worker_that_cannot_start_fails_the_pool_instead_of_being_restarted_forever(tmp_path):

@@ -23,6 +23,7 @@ import os
 import jax
 import ml_collections
 
+from bert_jax import checkpointing
 from bert_jax import config_record
 from bert_jax import failures
 from bert_jax import objectives
@@ -121,7 +122,12 @@ read_marker = config_record.read_marker
 check_same_config = config_record.check_same_config
 
 
-last_checkpoint_step = train.last_saved_step
+def last_checkpoint_step(pretrain_dir: str) -> int | None:
+  checkpointer = checkpointing.Checkpointer(os.path.join(pretrain_dir, "checkpoints"), async_save=False)
+  try:
+    return checkpointer.latest_step()
+  finally:
+    checkpointer.close()
 
 
 def final_evaluation(pretrain_dir: str, step: int) -> dict[str, float]:
@@ -201,6 +207,12 @@ def check_task_data(ablation: ml_collections.ConfigDict, workdir: str, variants)
                                "files (or to the file itself)")
 
 
+# The data paths a report's command may leave unset (`--report_only` reads no data); a model's (init_from, a
+# teacher) stay compared.
+_PRETRAIN_DATA = ("data.train_files", "data.eval_files", "data.vocab_file")
+_TASK_DATA = ("data_dir", "task_opts.tfds_data_dir", "vocab_file")
+
+
 def check_configs(ablation: ml_collections.ConfigDict, workdir: str, configs: dict | None = None,
                   run=(), report: bool = False) -> None:
   """Each variant's pretraining and task configs against those its directories recorded: the variants in
@@ -222,7 +234,7 @@ def check_configs(ablation: ml_collections.ConfigDict, workdir: str, configs: di
     if record:
       os.makedirs(vdir, exist_ok=True)
     check_same_config(os.path.join(vdir, CONFIG), configs[v.name], paths.PRETRAIN_FIELDS, record=record,
-                      unset_paths_match=report)
+                      unset_match=_PRETRAIN_DATA if report else ())
     for task in ablation.tasks:
       fdir = os.path.join(vdir, "finetune", task)
       if record:
@@ -230,7 +242,7 @@ def check_configs(ablation: ml_collections.ConfigDict, workdir: str, configs: di
       # The checkpoint's path is left out: a moved workdir holds the same experiment.
       check_same_config(os.path.join(fdir, CONFIG), task_config(ablation, task, os.path.join(vdir, "pretrain")),
                         paths.FINETUNE_FIELDS, ignore=("init_checkpoint",), record=record,
-                        unset_paths_match=report)
+                        unset_match=_TASK_DATA if report else ())
 
 
 def collect(ablation: ml_collections.ConfigDict, workdir: str) -> list[dict]:

@@ -94,6 +94,12 @@ _NO_TEXT = ("{spec} holds no text: no JSON line with a string field '{text_key}'
             "line of plain text")
 
 
+def _has_text(spec, data_dir, text_key) -> bool:
+  """Whether the corpus holds a document with a sentence (read up to the first one)."""
+  parts = [p for group in corpus.plan(spec, 1, data_dir=data_dir, text_key=text_key) for p in group]
+  return any(any(corpus.read_part(p, text_key=text_key)) for p in parts)
+
+
 def _sample_sentences(spec, data_dir, text_key, limit) -> list[str]:
   """Sentences from the corpus's parts in turn, so the sample spans the whole corpus."""
   parts = [p for group in corpus.plan(spec, 16, data_dir=data_dir, text_key=text_key) for p in group]
@@ -176,6 +182,8 @@ def prepare_corpus(spec: str, output_dir: str, *, vocab_file: str | None = None,
   # nothing is written or trained for a corpus that is not there.
   default_shards = _default_num_shards(spec, data_dir)
   num_shards = num_shards or default_shards
+  if not _has_text(spec, data_dir, text_key):   # before anything is written: a corrected rerun may use the folder
+    raise ValueError(_NO_TEXT.format(spec=spec, text_key=text_key))
   os.makedirs(os.path.join(output_dir, _PROGRESS_DIR), exist_ok=True)
   tokenizer_file = _ensure_tokenizer(spec, output_dir, vocab_file, do_lower_case, train_vocab_size or 30522,
                                      vocab_model, data_dir, text_key, vocab_sample_sentences)
@@ -266,7 +274,7 @@ def _worker_pool(num_workers: int, output_dir: str, do_lower_case: bool):
   context = multiprocessing.get_context("forkserver")
   context.set_forkserver_preload(["bert_jax.data.quiet_tensorflow", "bert_jax.data.prepare"])
   try:
-    with context.Pool(num_workers, shard_writing.warm_up, (output_dir, do_lower_case)) as pool:
+    with context.Pool(num_workers, shard_writing.warm_up_worker, (output_dir, do_lower_case)) as pool:
       yield pool
   finally:
     # Otherwise the server, and the GB of TensorFlow it holds, lives as long as this process: a

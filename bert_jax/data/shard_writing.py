@@ -33,18 +33,20 @@ def _tokenizer(path: str, do_lower_case: bool):
   return _WORKER_TOKENIZERS[key]
 
 
-_WARM_UP_ERROR = []   # what warm_up raised in this worker
+_WARM_UP_ERROR = []   # what warm_up raised in this pool worker
 
 
 def warm_up(tokenizer_dir: str, do_lower_case: bool) -> None:
-  """Pool initializer: pays for importing TensorFlow and building the tokenizer before timing starts.
+  """Pays for importing TensorFlow and building the tokenizer before timing starts."""
+  host_env.import_tensorflow()
+  _tokenizer(tokenizer_dir, do_lower_case).encode_batch(["warm up"])
 
-  A pool whose initializer raises starts a new worker in its place, forever: the error is kept instead, and
-  the worker's first task raises it, which ends the pool and reaches the caller.
-  """
+
+def warm_up_worker(tokenizer_dir: str, do_lower_case: bool) -> None:
+  """`warm_up` as a pool's initializer. A pool whose initializer raises starts a new worker in its place,
+  forever: the error is kept instead, and the worker's first task raises it, which ends the pool."""
   try:
-    host_env.import_tensorflow()
-    _tokenizer(tokenizer_dir, do_lower_case).encode_batch(["warm up"])
+    warm_up(tokenizer_dir, do_lower_case)
   except Exception as e:  # pylint: disable=broad-exception-caught
     _WARM_UP_ERROR.append(e)
 
