@@ -37,7 +37,7 @@ _RUN_KINDS = {"pretraining": ("checkpoints",), "finetuning": ("task.json", "fine
 def check_workdir_kind(workdir: str, kind: str) -> None:
   """Stops a run of `kind` ("pretraining", "finetuning", "sweep") in a `workdir` that holds another kind of run."""
   for other, names in _RUN_KINDS.items():
-    found = [n for n in names if other != kind and (epath.Path(workdir) / n).exists()]   # gs:// too
+    found = [] if other == kind else [n for n in names if (epath.Path(workdir) / n).exists()]   # gs:// too
     if found:
       raise failures.UserError(f"{workdir} holds a {other} run ({found[0]}), not a {kind} run: give another "
                                "--workdir")

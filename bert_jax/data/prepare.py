@@ -84,9 +84,7 @@ def _ensure_tokenizer(spec, output_dir, vocab_file, do_lower_case, vocab_size, v
       return os.path.join(output_dir, name)
   logging.info("Training a %s vocabulary of %d on up to %d sentences of %s", vocab_model, vocab_size,
                sample_sentences, spec)
-  sample = _sample_sentences(spec, data_dir, text_key, sample_sentences)
-  if not sample:   # a vocabulary of the special tokens alone, which no worker can build a tokenizer from
-    raise ValueError(_NO_TEXT.format(spec=spec, text_key=text_key))
+  sample = _sample_sentences(spec, data_dir, text_key, sample_sentences)   # not empty: `_has_text` came first
   return vocab_training.train(vocab_model, sample, vocab_size, output_dir, do_lower_case)
 
 
@@ -182,7 +180,9 @@ def prepare_corpus(spec: str, output_dir: str, *, vocab_file: str | None = None,
   # nothing is written or trained for a corpus that is not there.
   default_shards = _default_num_shards(spec, data_dir)
   num_shards = num_shards or default_shards
-  if not _has_text(spec, data_dir, text_key):   # before anything is written: a corrected rerun may use the folder
+  # Before anything is written (a corrected rerun may use the folder), and before a vocabulary is trained on no
+  # sentences: one of the special tokens alone, which no worker can build a tokenizer from.
+  if not _has_text(spec, data_dir, text_key):
     raise ValueError(_NO_TEXT.format(spec=spec, text_key=text_key))
   os.makedirs(os.path.join(output_dir, _PROGRESS_DIR), exist_ok=True)
   tokenizer_file = _ensure_tokenizer(spec, output_dir, vocab_file, do_lower_case, train_vocab_size or 30522,
