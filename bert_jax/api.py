@@ -22,11 +22,14 @@ import numpy as np
 
 from bert_jax import checkpoint_loader
 from bert_jax import config_path
+from bert_jax import failures
+from bert_jax import paths
 from bert_jax.tools import fill_mask as fill_mask_lib
 from bert_jax.models import encoder as model_lib
 from bert_jax.tools import predict as predict_lib
 from bert_jax.finetune import ner
 from bert_jax.finetune import readers
+from bert_jax.finetune import run_workdir
 from bert_jax.finetune import squad
 from bert_jax.finetune import task_record
 from bert_jax.finetune import trainer
@@ -105,7 +108,9 @@ def fit(checkpoint, train, dev=None, *, workdir, task: str | None = None, labels
     train, dev: (texts, labels) or (texts, texts_b, labels); a list of dicts or a pandas DataFrame with
       columns `text` (and `text_b`) and `label`; for tagging, lists of words and lists of tags (or
       `tokens`/`tags` columns). Without `dev`, the last tenth of `train` is held out.
-    workdir: where the data, checkpoints, metrics and task.json go.
+    workdir: where the data, checkpoints, metrics and task.json go. As `bert-jax finetune`'s: a finished run of
+      the same data and config there is not trained again (its results are returned), one that did not finish
+      starts over, and a finished run of other data or another config is refused.
     task: "classification", "regression" or "tagging"; default: tagging when the texts are lists of
       words, regression when every label is a non-integer number, else classification.
     labels: the label set in id order; default: the training labels, sorted.
@@ -119,14 +124,24 @@ def fit(checkpoint, train, dev=None, *, workdir, task: str | None = None, labels
   else:
     dev_rows = _rows(dev)
   task = task or _guess_task(train_rows)
-  data_dir = os.path.join(os.path.abspath(workdir), "data")
+  workdir = paths.absolute(workdir)
+  data_dir = os.path.join(workdir, "data")
   config = _config(task, train_rows, labels)
   config.init_checkpoint, config.data_dir = str(checkpoint) if checkpoint else "", data_dir
   _override(config, overrides)
-  os.makedirs(data_dir, exist_ok=True)
-  for split, rows in (("train", train_rows), ("dev", dev_rows)):
-    _write(os.path.join(data_dir, split), rows, task)
-  results = trainer.finetune(config, workdir)
+  files = {os.path.join(data_dir, f"{split}{_suffix(task)}"): _text(rows, task)
+           for split, rows in (("train", train_rows), ("dev", dev_rows))}
+  finished = os.path.isfile(os.path.join(workdir, trainer.RESULTS_FILE))
+  if finished and any(_read(path) != text for path, text in files.items()):
+    raise failures.UserError(f"{workdir} holds a finished finetuning run of other data: give another workdir, or "
+                             "remove that directory to run it again")
+  results = run_workdir.finished(config, workdir)   # the same data: the same config is the same run
+  if results is None:
+    os.makedirs(data_dir, exist_ok=True)
+    for path, text in files.items():
+      with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+    results = trainer.finetune(config, workdir)
   return Finetuned(results["best_metrics"], load(workdir))
 
 
@@ -187,17 +202,24 @@ def _override(config, overrides: dict) -> None:
       setattr(config, key, value)
 
 
-def _write(stem: str, rows, task: str) -> None:
+def _suffix(task: str) -> str:
+  return ".txt" if task == "tagging" else ".jsonl"
+
+
+def _text(rows, task: str) -> str:
+  """`rows` as the generic task's file reads them: CoNLL-style lines for tagging, else JSON lines."""
   if task == "tagging":
-    with open(stem + ".txt", "w", encoding="utf-8") as f:
-      for r in rows:
-        f.writelines(f"{w} {t}\n" for w, t in zip(r["text"], r["label"], strict=True))
-        f.write("\n")
-    return
-  with open(stem + ".jsonl", "w", encoding="utf-8") as f:
-    for r in rows:
-      label = float(r["label"]) if task == "regression" else str(r["label"])
-      f.write(json.dumps({"text": str(r["text"]), "text_b": r.get("text_b"), "label": label}) + "\n")
+    return "".join("".join(f"{w} {t}\n" for w, t in zip(r["text"], r["label"], strict=True)) + "\n" for r in rows)
+  return "".join(json.dumps({"text": str(r["text"]), "text_b": r.get("text_b"),
+                             "label": float(r["label"]) if task == "regression" else str(r["label"])}) + "\n"
+                 for r in rows)
+
+
+def _read(path: str) -> str | None:
+  if not os.path.isfile(path):
+    return None
+  with open(path, encoding="utf-8") as f:
+    return f.read()
 
 
 def _examples(kind: str, texts, texts_b=None) -> list:

@@ -61,10 +61,10 @@ def find(path, kind: str = "auto") -> Found:
     path: a checkpoint as the module docstring lists.
     kind: "auto" (detect), or one of KINDS to skip detection.
   Raises:
-    FileNotFoundError: `path` does not exist. ValueError: it is none of the kinds.
+    FileNotFoundError: `path` does not exist. failures.UserError (a ValueError): it is none of the kinds.
   """
   if kind not in ("auto",) + KINDS:
-    raise ValueError(f"checkpoint kind {kind!r}: one of auto, {', '.join(KINDS)}")
+    raise failures.UserError(f"checkpoint kind {kind!r}: one of auto, {', '.join(KINDS)}")
   path = paths.absolute(str(path))   # orbax wants absolute paths
   p = epath.Path(path)
   tf_prefix = epath.Path(path + ".index").exists()
@@ -76,7 +76,7 @@ def find(path, kind: str = "auto") -> Found:
     return Found("tf", path, path if p.is_dir() else str(p.parent))
   orbax = _orbax_checkpoint(p)
   if orbax is None:
-    raise ValueError(f"{path} is not a checkpoint: looked for {_LOOKED_FOR}")
+    raise failures.UserError(f"{path} is not a checkpoint: looked for {_LOOKED_FOR}")
   steps = orbax if not _is_step(orbax) else orbax.parent
   directory = next((d for d in (steps, steps.parent) if (d / CONFIG).exists()), steps.parent)
   return Found("bert_jax", str(orbax), str(directory))

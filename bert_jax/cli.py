@@ -76,11 +76,11 @@ def main(argv=None) -> None:
   # `--help` describes the key flags of the module named sys.argv[0]: make it the command's flags.
   for flag in flags.FLAGS.get_key_flags_for_module(module):
     flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
-  from bert_jax import failures  # pylint: disable=g-import-not-at-top
+  from bert_jax import config_loading  # pylint: disable=g-import-not-at-top
   prog = f"bert-jax {name}"
   # A misspelt flag or config field is one line and exit 2 in every command, not a traceback.
   app.run(functools.partial(_run, module.main, prog), argv=[prog] + rest,
-          flags_parser=functools.partial(failures.parse_flags, prog=prog))
+          flags_parser=functools.partial(config_loading.parse_flags, prog=prog))
 
 
 def _run(command_main, prog: str, argv) -> None:
@@ -101,6 +101,15 @@ def _run(command_main, prog: str, argv) -> None:
   except KeyboardInterrupt:
     print(f"{prog}: stopped by Ctrl-C", file=sys.stderr, flush=True)
     sys.exit(130)
+
+
+def run_module(command_main, prog: str) -> None:
+  """`python -m <a command's module>`: the command as `bert-jax` runs it (a misspelt flag or config field, a usage
+  error and a config, path or data mistake each in one paragraph and exit 2; Ctrl-C as exit 130)."""
+  from absl import app  # pylint: disable=g-import-not-at-top
+  from bert_jax import config_loading  # pylint: disable=g-import-not-at-top
+  app.run(functools.partial(_run, command_main, prog),
+          flags_parser=functools.partial(config_loading.parse_flags, prog=prog))
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ held-out unigram baseline (always the most frequent target) as a dashed line whe
 import json
 import os
 
+from bert_jax import atomic_write
+
 
 def read_metrics(path: str) -> list[dict]:
   """The records of a metrics.jsonl, in file order (a resumed run appends to the same file)."""
@@ -49,6 +51,7 @@ def plot_pretraining(workdir: str, filename: str = "curves.png", term: str = "ml
       ax.legend()
   fig.tight_layout()
   path = os.path.join(workdir, filename)
-  fig.savefig(path, dpi=100)
+  with atomic_write.replacing(path) as tmp:   # whole or absent: a signal while it is drawn leaves the last one
+    fig.savefig(tmp, dpi=100, format="png")
   plt.close(fig)
   return path

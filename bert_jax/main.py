@@ -9,6 +9,7 @@ code 2, before anything is compiled; the other exit codes are listed in bert_jax
 of several processes trains in a child process of the command (`failures.run_in_child_process`).
 """
 
+import contextlib
 import logging as python_logging
 import os
 import socket
@@ -29,6 +30,8 @@ from absl import logging
 import jax
 from ml_collections import config_flags
 
+from bert_jax import cli
+from bert_jax import config_loading
 from bert_jax import failures
 from bert_jax import train
 
@@ -37,12 +40,14 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. con
 _WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, metrics.jsonl and TensorBoard logs go here.")
 flags.mark_flags_as_required(["config", "workdir"])
 _PROG = "bert-jax pretrain"
+_STOPPED_OUTSIDE_THE_LOOP = ("the checkpoints saved before are kept: the same command resumes from the latest one "
+                             "(or starts afresh where there is none)")
 _END_SKEW_S = 600   # how long after this process the others may end training (process 0 draws the curves)
 
 
 def parse_flags(argv: list[str]) -> list[str]:
-  """absl's flag parsing, a misspelt `--config.` field as one line (exit 2): `failures.parse_flags`."""
-  return failures.parse_flags(argv, prog=_PROG)
+  """absl's flag parsing, a misspelt `--config.` field as one line (exit 2): `config_loading.parse_flags`."""
+  return config_loading.parse_flags(argv, prog=_PROG)
 
 
 class _NoLibraryTracebacks(python_logging.Filter):
@@ -119,14 +124,20 @@ def main(argv) -> None:
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)   # libraries' INFO lines would bury the progress lines
     logging.get_absl_handler().addFilter(_NoLibraryTracebacks())
-  config = failures.load_config(_CONFIG, _PROG, kind="pretrain")
+  config = config_loading.load_config(_CONFIG, _PROG, kind="pretrain")
   stop_watching = threading.Event()
   try:
     if _needs_distributed(config.distributed):   # a lost coordinator aborts JAX's client: watch from outside
       failures.run_in_child_process(prefix=f"{_PROG} ({_this_process(config.distributed)})")
     stop_watching = initialize_distributed(config.distributed)
     logging.info("process %d/%d, %d devices", jax.process_index(), jax.process_count(), jax.device_count())
-    _, ended = train.train_to_end(config, _WORKDIR.value)   # checks config and inputs before compiling
+    # One process: a SIGTERM while the run sets up or compiles (before the loop's own handler, which saves), or while
+    # it ends, is one line and exit 143 too; while a finished run draws its report, one line and exit 0 (done,
+    # `failures.cut_short_by_sigterm`). Several: JAX's preemption service takes SIGTERM from here on.
+    stopping = (failures.stop_message(_PROG, _STOPPED_OUTSIDE_THE_LOOP) if jax.process_count() == 1
+                else contextlib.nullcontext())
+    with stopping:
+      _, ended = train.train_to_end(config, _WORKDIR.value)   # checks config and inputs before compiling
     leave_distributed(stop_watching, config.distributed.heartbeat_timeout_seconds)
     if ended < config.train_steps:
       # Saved, not finished (its last line says so): `bert-jax pretrain ... && next` stops here.
@@ -139,4 +150,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=parse_flags)
+  cli.run_module(main, _PROG)

@@ -20,10 +20,13 @@ import jax
 from bert_jax import host_env
 
 
+JSONL = "metrics.jsonl"
+
+
 def remove_records(workdir: str) -> bool:
   """Removes what a `MetricWriter` wrote into `workdir` (metrics.jsonl, tensorboard/): a run that starts
   over there writes its records alone, not after those of the run it replaces. Whether there were any."""
-  jsonl, events = os.path.join(workdir, "metrics.jsonl"), os.path.join(workdir, "tensorboard")
+  jsonl, events = os.path.join(workdir, JSONL), os.path.join(workdir, "tensorboard")
   found = os.path.exists(jsonl) or os.path.exists(events)
   if os.path.exists(jsonl):
     os.remove(jsonl)
@@ -44,7 +47,7 @@ class MetricWriter:
     if not self.enabled:
       return
     os.makedirs(workdir, exist_ok=True)
-    self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a")
+    self._jsonl = open(os.path.join(workdir, JSONL), "a")
     self._summary = None
     if tensorboard:
       try:

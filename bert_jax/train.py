@@ -4,6 +4,7 @@
 """
 
 import collections
+import contextlib
 import dataclasses
 import os
 import time
@@ -29,6 +30,7 @@ from bert_jax import run_checks
 from bert_jax import sharding
 from bert_jax import steps
 from bert_jax import train_setup
+from bert_jax.models import library_matmul
 
 TrainState = steps.TrainState
 bert_config = objectives.encoder_config   # the encoder a pretraining config describes
@@ -189,7 +191,7 @@ def train_to_end(config: ml_collections.ConfigDict, workdir: str) -> tuple[dict[
   step = int(state.step)   # the one host sync before the loop: a host-side step counter from here on
   _say(f"mesh {dict(run.s.mesh.shape)} over {jax.device_count()} devices; {origin} at step {step}; "
        f"training to step {run.config.train_steps}")
-  if (hint := matmuls_hint(bert_config(run.config), run.s.mesh)) is not None:
+  if (hint := library_matmul.matmuls_hint(bert_config(run.config), run.s.mesh)) is not None:
     _say(hint)
   writer, watcher = metrics_writer.MetricWriter(run.workdir), preemption.Watcher()
   peer_lost = False
@@ -203,7 +205,11 @@ def train_to_end(config: ml_collections.ConfigDict, workdir: str) -> tuple[dict[
       run.checkpointer.close()
       writer.close()
       watcher.close()
-  _report(run, state, step, results, evaluated_at)
+  done = (failures.cut_short_by_sigterm("bert-jax pretrain", f"the run is done at step {step}, its checkpoint and "
+                                       f"metrics saved in {run.workdir}; its report was cut short")
+          if step >= run.config.train_steps else contextlib.nullcontext())
+  with done:   # done and saved: a SIGTERM now cuts the report short, the run stays done
+    _report(run, state, step, results, evaluated_at)
   return results, step
 
 
@@ -384,15 +390,6 @@ def _report(run: _Run, state: TrainState, step: int, results: dict[str, float], 
   _say(f"{ended}{f': {shown}' if shown else ''}; checkpoint "
        f"{run.checkpointer.directory}/{run.checkpointer.latest_step()}, "
        f"metrics {run.workdir}/metrics.jsonl, TensorBoard {run.workdir}/tensorboard, curves {plot}")
-
-
-def matmuls_hint(cfg, mesh) -> str | None:
-  """A line for a bfloat16 run on CPUs whose matmuls keep XLA's layout, which XLA:CPU computes in float32
-  (`model.matmuls`, models/library_matmul.py); None otherwise."""
-  if cfg.dtype != jnp.bfloat16 or cfg.library_matmuls or mesh.devices.flat[0].platform != "cpu":
-    return None
-  return ("bfloat16 on CPUs: XLA:CPU computes these matmuls in float32; --config.model.matmuls=library writes "
-          "them in the form its matrix library runs in bfloat16 (AMX; README, 'Training in bfloat16 on a CPU')")
 
 
 def _say(message: str) -> None:

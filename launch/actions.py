@@ -109,6 +109,19 @@ def job_state(run: Runner, tpu: gcloud.Slice, job_name: str) -> str:
   return lines[-1].strip() if result.ok and lines else _unknown(result)
 
 
+def preempted_anywhere(run: Runner, tpu: gcloud.Slice, job_name: str) -> bool | None:
+  """Whether a worker of any slice says the job was preempted (launch/job.sh's "exit preempted": its VM shut down).
+  In a job of several hosts JAX's preemption service stops the others too, saved, with 143: on worker 0 that
+  reads as `stop`'s SIGTERM. None where gcloud could not ask every worker."""
+  result = run(gcloud.ssh_all(tpu, remote.job_state(job_name)), capture=True)
+  if any(line.strip().endswith("exit preempted") for line in (result.stdout or "").splitlines()):
+    return True   # even where another worker (say the preempted one, still down) could not be reached
+  if not result.ok:
+    _unknown(result)
+    return None
+  return False
+
+
 def _unknown(result) -> str:
   """UNKNOWN, with gcloud's reason on stderr: a lasting one (an expired login, a missing permission, another
   project) would otherwise only show as a supervisor polling without end. A dry run's command was printed,

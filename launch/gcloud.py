@@ -26,6 +26,10 @@ RUNTIME_VERSIONS = {
 }
 # v2, v3, v4 and v5p accelerator types count TensorCores (two per chip); v5e and v6e count chips.
 _CORES_PER_CHIP = {"v2": 2, "v3": 2, "v4": 2, "v5p": 2, "v5litepod": 1, "v6e": 1}
+# The slice sizes each generation's accelerator types name (cloud.google.com/tpu/docs/v2 ... /v6e): v2, v3, v5e and
+# v6e come in these sizes only; v4 and v5p slices are any whole number of 4-chip hosts (8 TensorCores each).
+_SLICE_SIZES = {"v2": (8, 32, 128, 256, 512), "v3": (8, 32, 64, 128, 256, 512, 1024, 2048),
+                "v5litepod": (1, 4, 8, 16, 32, 64, 128, 256), "v6e": (1, 4, 8, 16, 32, 64, 128, 256)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +83,9 @@ class Hardware:
       raise ValueError("give either accelerator_type, or tpu_type and topology")
     if self.spot and self.preemptible:
       raise ValueError("--spot and --preemptible exclude each other")
+    if self.accelerator_type:
+      check_accelerator_type(self.accelerator_type)
+      object.__setattr__(self, "accelerator_type", self.accelerator_type.lower())   # gcloud's spelling
 
   @property
   def generation(self) -> str:
@@ -101,17 +108,35 @@ class Hardware:
     return [f"--type={self.tpu_type}", f"--topology={self.topology}"]
 
 
+def check_accelerator_type(accelerator_type: str) -> tuple[str, int]:
+  """(generation, size) of an accelerator type ("v3-128" -> ("v3", 128)); a ValueError for a type without a size
+  (v3), or of a size that a generation known here does not come in (v3-100, v4-12, v5litepod-2), before gcloud is
+  asked. The sizes of a generation not known here are left to gcloud (its runtime then needs --version)."""
+  match = re.fullmatch(r"([a-z0-9]+)-(\d+)", accelerator_type.lower())
+  if not match:
+    raise ValueError(f"accelerator type {accelerator_type!r}: give GENERATION-SIZE, e.g. v3-128, v4-128, "
+                     "v5litepod-256, v6e-256")
+  generation, size = match.group(1), int(match.group(2))
+  if generation in _SLICE_SIZES and size not in _SLICE_SIZES[generation]:
+    raise ValueError(f"accelerator type {accelerator_type!r}: {generation} slices come as "
+                     f"{', '.join(f'{generation}-{n}' for n in _SLICE_SIZES[generation])}")
+  if generation in ("v4", "v5p") and (size < 8 or size % 8):
+    raise ValueError(f"accelerator type {accelerator_type!r}: {generation} sizes count TensorCores, 8 a host "
+                     f"(e.g. {generation}-8, {generation}-128)")
+  return generation, size
+
+
 def chips_and_hosts(accelerator_type: str) -> tuple[int, int]:
   """(chips, hosts) of one slice, e.g. "v3-128" -> (64, 16), "v5litepod-256" -> (256, 64).
 
   Hosts hold 4 chips, except single-host v5e/v6e slices of up to 8 chips
   (cloud.google.com/tpu/docs/v3, /v4, /v5e, /v6e).
   """
-  match = re.fullmatch(r"(v\d+[a-z]*)-(\d+)", accelerator_type)
-  if not match or match.group(1) not in _CORES_PER_CHIP:
+  generation, size = check_accelerator_type(accelerator_type)
+  if generation not in _CORES_PER_CHIP:
     raise ValueError(f"unknown accelerator type {accelerator_type!r}")
-  chips = int(match.group(2)) // _CORES_PER_CHIP[match.group(1)]
-  single_host_chips = 8 if _CORES_PER_CHIP[match.group(1)] == 1 else 4
+  chips = size // _CORES_PER_CHIP[generation]
+  single_host_chips = 8 if _CORES_PER_CHIP[generation] == 1 else 4
   return chips, 1 if chips <= single_host_chips else chips // 4
 
 

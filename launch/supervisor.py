@@ -6,7 +6,8 @@ it deletes and recreates it, sets the workers up again and restarts the same com
 resumes from the latest checkpoint in its GCS workdir by itself. A job that exits with an error (or
 "preempted", or RESTART_EXIT_CODE: a peer host died) on a slice that is still up is restarted in place.
 It stops when the job exits with status 0, with STOPPED_EXIT_CODE (a SIGTERM to the job, as `stop` sends:
-left stopped), with a code that a restart cannot fix (FINAL_EXIT_CODES: a
+left stopped, unless a worker says it was preempted: JAX's preemption service then stops the others with it,
+and the job is restarted), with a code that a restart cannot fix (FINAL_EXIT_CODES: a
 user error, a diverged run), or after `max_restarts` restarts or more failed steps in a row (a create,
 setup or start that failed, or gcloud unable to read the slice's or the job's state: an expired login
 would otherwise be polled for ever), each failed step backed off. Clock and sleep are injected, so tests never wait.
@@ -122,6 +123,15 @@ class Supervisor:
       return 0
     code = _exit_code(status)
     if code == STOPPED_EXIT_CODE:
+      preempted = actions.preempted_anywhere(self.run, self.tpu, self.job.name)
+      if preempted is None:   # ask again at the next poll
+        self.job_unknown = True
+        return None
+      if preempted:
+        if not self._count_restart(f"job {self.job.name} stopped ({status}) as another worker was preempted"):
+          return 1
+        self._launch()
+        return None
       self.log(f"job {self.job.name} stopped ({status}: a SIGTERM to the job, as `stop` sends; a pretraining run "
                "saves a checkpoint first, and `run` again resumes it): not restarting")
       return code

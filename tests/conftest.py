@@ -7,6 +7,8 @@ the process (a finetuning subprocess beside the test session did, once), so its 
 
 import os
 import pathlib
+import subprocess
+import sys
 import time
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 "
@@ -97,6 +99,17 @@ def shared_path(*parts: str) -> pathlib.Path:
   if not path.exists():
     pytest.skip(f"{path} not available (real-data test)")
   return path
+
+
+def assert_one_line_errors(command: list[str], cases: dict, cwd, common: tuple = ()) -> None:
+  """Runs `python -m bert_jax.cli *command *common *argv` for each `argv` of `cases` at once, in `cwd` on the CPU;
+  each must exit 2 with one line on stderr that starts with its message (a user's mistake, no traceback)."""
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  procs = {argv: subprocess.Popen([sys.executable, "-m", "bert_jax.cli", *command, *common, *argv], cwd=cwd, env=env,
+                                  stderr=subprocess.PIPE, text=True) for argv in cases}
+  for argv, message in cases.items():
+    _, err = procs[argv].communicate(timeout=300)
+    assert procs[argv].returncode == 2 and err.startswith(message) and err.count("\n") == 1, (argv, err[-3000:])
 
 
 @pytest.fixture(scope="session")

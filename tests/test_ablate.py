@@ -193,6 +193,7 @@ def test_variants_run_apart_or_reported_later_must_share_one_config(tmp_path):
   runs, instead of putting two experiments in one table."""
   ablation = table("devlin_table5", "tiny")
   runner.set_field(ablation, "tasks.sst2.data_dir", REPO)   # there (what it holds is not read here)
+  runner.set_field(ablation, "base.data.train_files", "embedded:shakespeare")
   first, second = (v.name for v in ablation.variants[:2])
   runner.check_configs(ablation, str(tmp_path), run=[first])
   assert sorted(os.listdir(tmp_path)) == [first]
@@ -200,6 +201,7 @@ def test_variants_run_apart_or_reported_later_must_share_one_config(tmp_path):
   for field, value in (("base.optimizer.learning_rate", 1e-3), ("tasks.sst2.learning_rate", 3e-3)):
     changed = table("devlin_table5", "tiny")
     runner.set_field(changed, "tasks.sst2.data_dir", REPO)
+    runner.set_field(changed, "base.data.train_files", "embedded:shakespeare")
     runner.set_field(changed, field, value)
     with pytest.raises(failures.UserError, match=f"{first}(/finetune/sst2)? holds a run of another config"):
       runner.run(changed, str(tmp_path), only=[v.name for v in ablation.variants[2:]])
@@ -209,6 +211,7 @@ def test_variants_run_apart_or_reported_later_must_share_one_config(tmp_path):
   # A report reads no data: data paths its command leaves unset match the recorded ones; one set elsewhere does not.
   unset = table("devlin_table5", "tiny")
   ablate_main.run_and_report(unset, str(tmp_path), train=False)
+  runner.set_field(unset, "base.data.train_files", "embedded:shakespeare")   # the task's data_dir alone unset
   with pytest.raises(failures.UserError, match="data_dir differ"):
     runner.check_configs(unset, str(tmp_path), run=[first])   # a run compares them, set or not
   runner.set_field(unset, "tasks.sst2.data_dir", str(tmp_path))
@@ -224,6 +227,19 @@ def test_a_task_s_data_dir_unset_or_not_there_stops_the_table_before_anything_ru
   with pytest.raises(failures.UserError, match=r"rotten_tomatos does not exist: set --config.tasks.sst2.data_dir"):
     runner.run(ablation, str(tmp_path / "typo"))
   assert not (tmp_path / "unset").exists() and not (tmp_path / "typo").exists()   # nothing recorded
+  # The pretraining corpus mistyped: stopped before anything is recorded, named as the command line sets it.
+  runner.set_field(ablation, "tasks.sst2.data_dir", str(tmp_path))
+  runner.set_field(ablation, "base.data.train_files", str(tmp_path / "prepared" / "nwes"))
+  with pytest.raises(failures.UserError, match=r"variant mlm_nsp's pretraining config .*\n  data.train_files "
+                                               r"'[^']*/prepared/nwes' holds no prepared shards"):
+    runner.run(ablation, str(tmp_path / "corpus"))
+  assert not (tmp_path / "corpus").exists()
+  # A task's field out of range: named as this command line sets it, before anything runs or is recorded.
+  runner.set_field(ablation, "tasks.sst2.learning_rate", 0.0)
+  with pytest.raises(failures.UserError, match=r"invalid config of task sst2:\n  learning_rate 0.0: above 0 "
+                                               r"\(--config.tasks.sst2.learning_rate\)"):
+    runner.run(ablation, str(tmp_path / "task"))
+  assert not (tmp_path / "task").exists()
   # Every variant finetuned already: the task's data is not read again, wherever it has gone.
   _fake_run(ablation, str(tmp_path / "done"), {v.name: [0.5, 0.6, 0.7] for v in ablation.variants},
             {v.name: 10.0 for v in ablation.variants}, {v.name: 1000 for v in ablation.variants})
@@ -386,3 +402,9 @@ def test_variants_runs_only_the_named_ones_and_rejects_unknown_names(corpus, tmp
   rows = {line.split(" | ")[0][2:]: line for line in text.splitlines() if line.startswith("| ") and "heldout" not in line}
   labels = [v.label for v in ablation.variants[:2]]
   assert "not run" in rows[labels[0]] and "not run" not in rows[labels[1]]
+
+
+def test_a_report_of_a_workdir_that_is_not_there_is_a_user_error(tmp_path):
+  with pytest.raises(failures.UserError, match=r"--report_only: .*nothere does not exist"):
+    ablate_main.run_and_report(table("devlin_table5", "tiny"), str(tmp_path / "nothere"), train=False)
+  assert not (tmp_path / "nothere").exists()

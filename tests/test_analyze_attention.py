@@ -21,6 +21,7 @@ from bert_jax.models import encoder as model
 from bert_jax.models import modernbert_keys
 from test_readme_api import write_tiny_checkpoint
 from tests.conftest import REPO_ROOT
+from tests.conftest import assert_one_line_errors
 from tests.conftest import compilation_cache_env
 from tests.conftest import shared_path
 
@@ -262,3 +263,24 @@ def test_input_ids_longer_than_max_length_are_truncated(tmp_path):
   params = jax.tree.map(lambda s: np.zeros(s.shape, np.float32), nn.unbox(shapes))
   [m] = attention.compute(cfg, params, wordpiece(tmp_path), [{"input_ids": list(range(5, 25))}], max_length=8)
   assert len(m.tokens) == 8 and m.attentions.shape[-1] == 8
+
+
+def test_an_input_line_without_text_names_the_file(tmp_path):
+  (tmp_path / "notext.jsonl").write_text('{"text": "the king"}\n\n{"title": "a"}\n')
+  with pytest.raises(ValueError, match=r"^.*notext.jsonl, line 3: expected a `text` or an `input_ids` field"):
+    attention.read_records(str(tmp_path / "notext.jsonl"))
+
+
+@pytest.mark.slow
+def test_command_mistakes_are_one_line_and_exit_2(tmp_path):
+  """An input without text (the checkpoint loaded), a flag out of its range, an --output_dir that is a file."""
+  write_tiny_checkpoint(tmp_path / "tiny", "the king")
+  (tmp_path / "README.md").write_text("a file\n")
+  (tmp_path / "notext.jsonl").write_text('{"title": "a"}\n')
+  cases = {("--checkpoint=tiny", "--input=notext.jsonl", "--output_dir=out"):
+               "bert-jax analyze attention: notext.jsonl, line 1: expected a `text` or an `input_ids` field",
+           ("--checkpoint=tiny", "--input=notext.jsonl", "--output_dir=out", "--max_length=0"):
+               "bert-jax analyze attention: flag --max_length=0: 0 is not integer >= 8",
+           ("--checkpoint=tiny", "--input=notext.jsonl", "--output_dir=README.md"):
+               f"bert-jax analyze attention: cannot write {tmp_path}/README.md/index.html: its folder cannot be made"}
+  assert_one_line_errors(["analyze", "attention"], cases, tmp_path)

@@ -16,6 +16,7 @@ from bert_jax.analysis import heads
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.interop import checkpoints_hf
 from bert_jax.models import encoder as model
+from conftest import assert_one_line_errors
 
 WORDS = ["the", "king", "keeps", "a", "crown", "queen", "rides", "north", ".", ","]
 
@@ -174,3 +175,23 @@ def test_heads_removed_by_pruning_have_no_statistics():
   assert not np.isnan(stats["entropy"][0]).any() and not np.isnan(stats["entropy"][1, 3])
   share = heads.summarize(stats, heads.labels(stats), sums)["sep_over_half_per_layer"]
   assert share[1] in (0.0, 1.0)   # of its one head, not of four
+
+
+def test_a_json_line_without_its_text_names_the_file_the_line_and_the_flag():
+  with pytest.raises(heads.readers.DataError, match=r"^news.jsonl, line 2: no 'body' field \(its fields: id, "
+                     r"title\)\. Name the field that holds the text with --text_key=FIELD\.$"):
+    heads.read_documents(['{"body": "a"}\n', '{"title": "b", "id": 1}\n'], "body", path="news.jsonl")
+  with pytest.raises(heads.readers.DataError, match="news.jsonl, line 3: not JSON"):
+    heads.read_documents(['{"body": "a"}\n', "\n", "{body}\n"], "body", path="news.jsonl")
+
+
+@pytest.mark.slow
+def test_command_mistakes_are_one_line_and_exit_2(tmp_path):
+  """A missing --text_key field, a flag out of its range, an --output_dir that is a file: no traceback."""
+  (tmp_path / "README.md").write_text("a file\n")
+  (tmp_path / "news.jsonl").write_text('{"title": "a"}\n')
+  cases = {("--checkpoint=nowhere", "--input=news.jsonl", "--output_dir=out", "--batch_size=0"):
+               "bert-jax analyze heads: flag --batch_size=0: 0 is not a positive integer",
+           ("--checkpoint=nowhere", "--input=news.jsonl", "--output_dir=README.md"):
+               f"bert-jax analyze heads: cannot write {tmp_path}/README.md/summary.json: its folder cannot be made"}
+  assert_one_line_errors(["analyze", "heads"], cases, tmp_path)

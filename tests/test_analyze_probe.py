@@ -21,6 +21,7 @@ from bert_jax.finetune import ner
 from bert_jax.finetune import readers
 from bert_jax.interop import checkpoints_hf
 from bert_jax.models import encoder as model
+from conftest import assert_one_line_errors
 
 WORDS = ("the king queen walks talks sees a dog cat house garden river runs sleeps big small old new red blue "
          "green happy sad over under near far city town road").split()
@@ -200,6 +201,9 @@ def test_tsv_and_conll_sources_split_what_they_lack(tmp_path):
   (tmp_path / "two.txt").write_text("a X\n\nb Y\n")
   with pytest.raises(ValueError, match="too few examples"):
     probe.load_task(f"conll:{tmp_path / 'two.txt'}", 100, 0, opts={"tag_column": -1})
+  # A tag column the file lacks names the probe's own flag.
+  with pytest.raises(readers.DataError, match=r"column 5; set --tag_column\)"):
+    probe.load_task(f"conll:{tmp_path / 'tags.txt'}", 100, 0, opts={"tag_column": 5})
 
 
 def test_inputs_longer_than_the_position_table_are_cut_to_it(tmp_path):
@@ -212,3 +216,34 @@ def test_inputs_longer_than_the_position_table_are_cut_to_it(tmp_path):
   assert probe.encode(cfg, params, inputs, batch_size=2).shape == (3, 1, 16)
   inputs, labels = probe.task_inputs(cfg, tok, "token", [ner.NerExample("0", words, ("N",) * 100)], 128)
   assert len(inputs[0][0]) == 64 and len(labels) == 62
+
+
+def test_a_corpus_line_without_its_text_field_is_named(tmp_path):
+  """Not "the corpus has no sentence for this task": the field is missing, and --text_key names another."""
+  (tmp_path / "notext.jsonl").write_text('{"body": "The king rides north to the sea."}\n{"title": "a"}\n')
+  with pytest.raises(readers.DataError, match=r"notext.jsonl, line 1: no 'text' field \(its fields: body\)\. "
+                     r"Name the field that holds the text with --text_key=FIELD"):
+    senteval.read_sentences(str(tmp_path / "notext.jsonl"))
+  with pytest.raises(readers.DataError, match=r"notext.jsonl, line 2: no 'body' field \(its fields: title\)"):
+    senteval.read_sentences(str(tmp_path / "notext.jsonl"), "body")
+
+
+@pytest.mark.slow
+def test_command_mistakes_are_one_line_and_exit_2(tmp_path):
+  """A flag out of its range, an --output_dir that is a file: one line, exit 2, before any work."""
+  (tmp_path / "README.md").write_text("a file\n")
+  (tmp_path / "corpus.txt").write_text("The king rides north to the sea.\n")
+  cases = {("--learning_rate=0",): "bert-jax analyze probe: flag --learning_rate=0.0: --learning_rate must be above 0",
+           ("--max_epochs=0",): "bert-jax analyze probe: flag --max_epochs=0: 0 is not a positive integer",
+           ("--output_dir=README.md",):
+               f"bert-jax analyze probe: cannot write {tmp_path}/README.md/summary.json: its folder cannot be made"}
+  assert_one_line_errors(["analyze", "probe"], cases, tmp_path,
+                         common=("--checkpoint=nowhere", "--task=sentlen", "--corpus=corpus.txt", "--output_dir=out"))
+
+
+def test_a_tsv_source_without_its_columns_names_the_probe_flags(tmp_path):
+  (tmp_path / "train.tsv").write_text("text\tlabel\na film\t1\n")
+  with pytest.raises(readers.DataError, match=r"no text column 'sentence' .* with --text_column=COLUMN\.$"):
+    probe.load_task(f"tsv:{tmp_path / 'train.tsv'}", 40, 0, opts={"text_column": "sentence", "label_column": "label"})
+  with pytest.raises(readers.DataError, match=r"no label column 'y' .* with --label_column=COLUMN\.$"):
+    probe.load_task(f"tsv:{tmp_path / 'train.tsv'}", 40, 0, opts={"text_column": "text", "label_column": "y"})

@@ -24,6 +24,7 @@ from bert_jax.models import encoder as model_lib
 from bert_jax.models import heads
 from bert_jax.tools import predict
 from test_finetune_train import make_sentiment_data, tiny_config
+from conftest import assert_one_line_errors
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAYERS, HEADS = 2, 4
@@ -193,3 +194,14 @@ def test_a_layer_that_loses_every_head_is_exported_with_one_silenced(tmp_path):
   saver = checkpointing.Checkpointer(str(tmp_path / "best"), keep=1, async_save=False)
   saver.save(0, {"params": jax.tree.map(np.asarray, pruned)})
   saver.close()
+
+
+@pytest.mark.slow
+def test_command_mistakes_are_one_line_and_exit_2(tmp_path):
+  """A flag out of its range, an --output_dir that is a file: no traceback, before anything is read."""
+  (tmp_path / "README.md").write_text("a file\n")
+  cases = {("--checkpoint=nowhere", "--input=dev.tsv", "--output_dir=out", "--timing_repeats=0"):
+               "bert-jax analyze prune: flag --timing_repeats=0: 0 is not a positive integer",
+           ("--checkpoint=nowhere", "--input=dev.tsv", "--output_dir=README.md"):
+               f"bert-jax analyze prune: cannot write {tmp_path}/README.md/prune.csv: its folder cannot be made"}
+  assert_one_line_errors(["analyze", "prune"], cases, tmp_path)

@@ -1,5 +1,7 @@
 """The Python API (bert_jax/api.py): any checkpoint's encode and fill_mask, finetuning on in-memory data."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -86,3 +88,29 @@ def test_long_texts_are_cut_to_the_longest_input_and_no_pooler_is_made_up():
   with pytest.raises(ValueError, match=f"more than the model's {model.config.max_input_length} positions"):
     model.fill_mask("<mask> " + "word " * 400)
   assert bert_jax.load(shared_path("minilm")).saved_pooler
+
+
+def test_fit_into_a_workdir_follows_the_command_s_one_run_rule(tiny, tmp_path, monkeypatch):
+  """As `bert-jax finetune`: the same data and config again is the finished run's results, not a second run in its
+  metrics.jsonl; other data or another config is refused; a run that did not finish starts over."""
+  from bert_jax import failures  # pylint: disable=g-import-not-at-top
+  trained = []
+
+  def finetune(config, workdir):
+    trained.append(config.num_epochs)
+    results = {"best_metrics": {"accuracy": 0.5 + len(trained)}}
+    (tmp_path / "run" / "results.json").write_text(json.dumps(results))
+    return results
+
+  monkeypatch.setattr(api.trainer, "finetune", finetune)
+  monkeypatch.setattr(api, "load", lambda path: path)
+  train = (["the king is dead", "long live the queen"] * 4, ["neg", "pos"] * 4)
+  fit = lambda data, **overrides: bert_jax.fit(tiny, train=data, workdir=str(tmp_path / "run"), **overrides)
+  assert fit(train, num_epochs=2).metrics == {"accuracy": 1.5} and trained == [2]
+  assert fit(train, num_epochs=2).metrics == {"accuracy": 1.5} and trained == [2]   # finished: not trained again
+  with pytest.raises(failures.UserError, match="holds a finished finetuning run of other data"):
+    fit((["the king lives"] * 8, ["pos", "neg"] * 4), num_epochs=2)
+  with pytest.raises(failures.UserError, match=r"another config \(num_epochs differ\)"):
+    fit(train, num_epochs=3)
+  (tmp_path / "run" / "results.json").unlink()   # a run that did not finish
+  assert fit(train, num_epochs=3).metrics == {"accuracy": 2.5} and trained == [2, 3]

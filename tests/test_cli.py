@@ -89,6 +89,19 @@ def test_a_required_flag_not_given_is_one_line_and_exit_2_in_every_command(tmp_p
     assert len(run.stderr.strip().splitlines()) == 1, run.stderr[-2000:]
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("module,prog", [("bert_jax.main", "pretrain"), ("bert_jax.finetune.main", "finetune"),
+                                         ("bert_jax.finetune.sweep", "sweep"), ("bert_jax.ablate.main", "ablate")])
+def test_a_usage_error_by_python_m_is_one_line_and_exit_2(tmp_path, module, prog):
+  """`python -m <module>` runs the command as `bert-jax` does: an unexpected argument is one line, not absl's whole
+  --help and exit 1."""
+  run = subprocess.run([sys.executable, "-m", module, "--config=x.py", "--workdir=w", "extra"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120)
+  assert run.returncode == 2, run.stderr[-2000:]
+  assert run.stderr.strip().splitlines() == [f"bert-jax {prog}: unexpected arguments: ['extra'] (--help lists the "
+                                             "flags)"], run.stderr[-2000:]
+
+
 def test_fill_mask_with_an_input_file_of_no_texts_or_none_is_one_message_and_exit_2(tmp_path):
   (tmp_path / "empty.txt").write_text("\n  \n")
   command = [sys.executable, "-m", "bert_jax.cli", "fill-mask", "--checkpoint=nowhere", "--input=empty.txt"]

@@ -1,5 +1,5 @@
 """Every command ends a mistake its user can fix (a misspelt config field, a path that is not there) with one
-paragraph on stderr and exit code 2: no traceback, whichever command it is (cli.py, failures.py)."""
+paragraph on stderr and exit code 2: no traceback, whichever command it is (cli.py, config_loading.py, failures.py)."""
 
 import os
 import subprocess
@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from bert_jax import config_loading
 from bert_jax import failures
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -30,7 +31,12 @@ def _cases(tmp):
       ("aot", "--config=configs/tiny_typo.py", "--topology=v4:2x2x1"): "bert-jax aot: cannot load --config",
       ("bench", "train", "--config=configs/tiny_typo.py"): "bert-jax bench train: cannot load --config",
       ("pretrain", "--config=configs/tiny_typo.py", f"--workdir={tmp}/t", "--config.train_steps=3"):
-          "bert-jax pretrain: cannot load --config",   # an override applied to a file that is not there
+          # an override applied to a file that is not there
+          f"bert-jax pretrain: cannot load --config: configs/tiny_typo.py does not exist (a relative path is taken "
+          f"from {REPO})\n",
+      ("finetune", "--config=configs/finetune/generic.py:pairs", f"--workdir={tmp}/g"):   # a variant the file lacks
+          "bert-jax finetune: flag --config=configs/finetune/generic.py:pairs: Error whilst parsing config file: "
+          "unknown variant 'pairs'; use 'single', 'pair' or 'tagging'\n",
       ("pretrain", "--config=configs/ablations/devlin_table5.py:small", f"--workdir={tmp}/ab"):
           "bert-jax pretrain: --config is an ablation table's config (configs/ablations/), not a pretraining config",
       ("finetune", "--config=configs/tiny.py", f"--workdir={tmp}/ft"):
@@ -74,11 +80,11 @@ def test_each_command_takes_its_kind_of_config(capsys):
   from configs.ablations import devlin_table5   # pylint: disable=g-import-not-at-top
   from configs.finetune import sst2   # pylint: disable=g-import-not-at-top
   configs = {"pretrain": tiny.get_config(), "finetune": sst2.get_config(), "ablation": devlin_table5.get_config("small")}
-  assert {kind: failures.config_kind(c) for kind, c in configs.items()} == {k: k for k in configs}
+  assert {kind: config_loading.config_kind(c) for kind, c in configs.items()} == {k: k for k in configs}
   flag = type("Flag", (), {"value": configs["ablation"]})()
-  assert failures.load_config(flag, "bert-jax ablate", kind="ablation") is configs["ablation"]
+  assert config_loading.load_config(flag, "bert-jax ablate", kind="ablation") is configs["ablation"]
   with pytest.raises(SystemExit) as stopped:
-    failures.load_config(flag, "bert-jax pretrain", kind="pretrain")
+    config_loading.load_config(flag, "bert-jax pretrain", kind="pretrain")
   assert stopped.value.code == failures.USER_ERROR
   assert "run it with `bert-jax ablate`" in capsys.readouterr().err
 

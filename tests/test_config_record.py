@@ -48,10 +48,10 @@ def test_the_fields_that_differ_past_five_are_counted(tmp_path):
 
 
 def test_a_workdir_of_one_kind_of_run_is_refused_by_the_others(tmp_path):
-  from bert_jax.finetune import main as finetune_main, sweep, task_record  # pylint: disable=g-import-not-at-top
+  from bert_jax.finetune import run_workdir, sweep, task_record  # pylint: disable=g-import-not-at-top
   # The names each kind is known by are its owners' own.
   assert config_record._RUN_KINDS == {  # pylint: disable=protected-access
-      "pretraining": ("checkpoints",), "finetuning": (task_record.TASK_FILE, finetune_main.RUN_CONFIG),
+      "pretraining": ("checkpoints",), "finetuning": (task_record.TASK_FILE, run_workdir.RUN_CONFIG),
       "sweep": (sweep.CONFIG,)}
   for kind, mark in (("pretraining", "checkpoints"), ("finetuning", "task.json"),
                      ("finetuning", "finetune_config.json"), ("sweep", "sweep_config.json")):

@@ -16,6 +16,7 @@ from bert_jax.tools import embed
 from bert_jax.models import encoder as model
 from test_checkpoint_loader import trained_run
 from tests.conftest import REPO_ROOT
+from tests.conftest import assert_one_line_errors
 from tests.conftest import shared_path
 
 TOLERANCE = 1e-4
@@ -210,3 +211,12 @@ def test_embed_command_on_pooler_less_directories(family, tmp_path):
     errors.append(np.abs(out[f"hidden_states_{i}"][:, real] - ref[f"{name}/hidden_states"][row][:, real]).max())
   assert len(errors) == 6 and max(errors) <= TOLERANCE, errors
   print(f"{family}: max |hidden_states - transformers| = {max(errors):.2e} over {len(errors)} examples")
+
+
+@pytest.mark.slow
+def test_flags_out_of_range_and_an_output_folder_are_one_line_and_exit_2(tmp_path):
+  (tmp_path / "out").mkdir()
+  cases = {("--output=e.npz", "--batch_size=0"): "bert-jax embed: flag --batch_size=0: 0 is not a positive integer",
+           ("--output=e.npz", "--max_length=2"): "bert-jax embed: flag --max_length=2: 2 is not integer >= 8",
+           ("--output=out",): "bert-jax embed: --output=out is a folder: give the .npz file to write"}
+  assert_one_line_errors(["embed"], cases, tmp_path, common=("--checkpoint=nowhere", "--input=in.jsonl"))

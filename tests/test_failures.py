@@ -444,7 +444,8 @@ def test_supervisor_restarts_after_a_lost_peer_and_not_after_a_user_error():
     assert "a restart would fail the same way: not restarting" in logs[-1]
   # `stop` (SIGTERM to the job, not the VM's shutdown): saved and stopped, not restarted, not "finished".
   assert supervisor.STOPPED_EXIT_CODE == failures.STOPPED
-  fake = FakeGcloud(states=["READY"] * 2, jobs=["running", f"exit {failures.STOPPED}"])
+  # Every worker asked: none was preempted.
+  fake = FakeGcloud(states=["READY"] * 2, jobs=["running", f"exit {failures.STOPPED}", f"exit {failures.STOPPED}"])
   sup, _, logs = make(SINGLE, V3, fake)
   assert sup.supervise() == failures.STOPPED and sup.restarts == 0
   assert "`run` again resumes it): not restarting" in logs[-1]
@@ -519,3 +520,17 @@ def test_sigterm_or_ctrl_c_in_a_command_that_saves_nothing_says_so_in_one_line(c
   with failures.stop_message("bert-jax sweep", "kept"):
     pass   # nothing else changes
   assert signal.getsignal(signal.SIGTERM) == before and capsys.readouterr().err == ""
+  # A finished run's report, cut short by SIGTERM: one line, and the command goes on (to exit 0).
+  with failures.stop_message("bert-jax pretrain", "kept"):
+    with failures.cut_short_by_sigterm("bert-jax pretrain", "the run is done"):
+      os.kill(os.getpid(), signal.SIGTERM)
+      for _ in range(100):
+        pass
+      raise AssertionError("SIGTERM did not end the block")
+    went_on = True
+  assert went_on and capsys.readouterr().err == "bert-jax pretrain: SIGTERM; the run is done\n"
+  with pytest.raises(SystemExit) as stopped:   # Ctrl-C there still stops the command
+    with failures.stop_message("bert-jax pretrain", "kept"):
+      with failures.cut_short_by_sigterm("bert-jax pretrain", "the run is done"):
+        raise KeyboardInterrupt
+  assert stopped.value.code == 130

@@ -122,6 +122,9 @@ def test_squad_scores_max_over_gold_and_no_answer():
   assert result["exact_match"] == pytest.approx(2 / 3)  # q1 and q2 exact, q3 not
   assert result["f1"] == pytest.approx((1.0 + 1.0 + 2 * 0.5 * 1 / 1.5) / 3)
   assert result["HasAns_total"] == 2 and result["NoAns_total"] == 1 and result["NoAns_f1"] == 1.0
+  # As the official script: no NoAns scores where no question is unanswerable (they would read as zeros earned).
+  answerable = metrics.squad_scores({"q1": "Broncos"}, {"q1": gold["q1"]}, "v2.0")
+  assert answerable["HasAns_total"] == 1 and not any(k.startswith("NoAns") for k in answerable)
   with pytest.raises(ValueError, match="no prediction"):
     metrics.squad_scores({"q1": "x"}, gold, "v2.0")
 

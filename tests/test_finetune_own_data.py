@@ -11,6 +11,7 @@ import pytest
 
 from bert_jax import failures
 from bert_jax.finetune import readers
+from bert_jax.finetune import run_workdir
 from bert_jax.finetune import trainer
 from configs.finetune import generic
 from test_finetune_train import WORDS, tiny_config, write_vocab
@@ -73,28 +74,31 @@ def test_tweets_as_typed_on_the_command_line(tweets, tmp_path):
 
 
 def test_a_finetune_workdir_repeats_a_finished_run_restarts_an_unfinished_one_and_keeps_its_config(tmp_path):
-  from bert_jax.finetune import main as finetune_main   # pylint: disable=g-import-not-at-top
   config, workdir = tweet_config(str(tmp_path / "data")), tmp_path / "run"
-  finished = lambda c: finetune_main._finished(c, str(workdir))   # pylint: disable=protected-access
-  assert finished(config) is None and (workdir / finetune_main.RUN_CONFIG).is_file()
+  finished = lambda c: run_workdir.finished(c, str(workdir))
+  assert finished(config) is None and (workdir / run_workdir.RUN_CONFIG).is_file()
   (workdir / "metrics.jsonl").write_text('{"step": 10}\n')   # killed before its end
   (workdir / "tensorboard").mkdir()
+  (workdir / "predictions_dev.tsv").write_text("index\tprediction\n")   # of its best evaluation so far
+  (workdir / "predictions_new.jsonl").write_text("{}\n")   # `bert-jax predict`'s, the user's: kept
   corrected = tweet_config(str(tmp_path / "data"))
   corrected.batch_size //= 2   # as a message asks after a failed start: it starts over with this config
   assert finished(corrected) is None
-  assert sorted(os.listdir(workdir)) == [finetune_main.RUN_CONFIG]   # its records gone
+  assert sorted(os.listdir(workdir)) == [run_workdir.RUN_CONFIG, "predictions_new.jsonl"]   # its records gone
   (workdir / trainer.RESULTS_FILE).write_text('{"best_metric": 0.5}')
   assert finished(corrected) == {"best_metric": 0.5}   # finished: nothing to train
+  corrected.log_every_steps += 1   # logged otherwise: the same results
+  assert finished(corrected) == {"best_metric": 0.5}
   with pytest.raises(failures.UserError, match="holds a run of another config \\(batch_size differ\\)"):
     finished(config)
-  os.remove(workdir / finetune_main.RUN_CONFIG)   # a run finished before its config was recorded
+  os.remove(workdir / run_workdir.RUN_CONFIG)   # a run finished before its config was recorded
   for _ in range(2):   # refused, and refused again: the refusal records nothing
     with pytest.raises(failures.UserError, match="finished finetuning run whose config is not recorded"):
       finished(corrected)
   pretrained = tmp_path / "pretrained"   # a pretraining run's workdir: refused before anything is written there
   (pretrained / "checkpoints").mkdir(parents=True)
   with pytest.raises(failures.UserError, match="holds a pretraining run \\(checkpoints\\), not a finetuning run"):
-    finetune_main._finished(config, str(pretrained))  # pylint: disable=protected-access
+    run_workdir.finished(config, str(pretrained))
   assert os.listdir(pretrained) == ["checkpoints"]
 
 
@@ -149,7 +153,7 @@ def _bad_files(tweets):
       "latin1_byte": ({"dev_csv": dev_bytes.replace(b"movie", b"caf\xe9", 1)}, {},
                       r"dev.csv, line 2: byte 0xe9 is not UTF-8.*iconv"),
       "dev_label_unseen": ({"dev_csv": dev_bytes.replace(b"neutral", b"angry", 1)}, {},
-                           r"dev.csv: label 'angry' is not one the model was trained for"),
+                           r"dev.csv: label 'angry' is not in the label set"),
   }
 
 
@@ -183,3 +187,48 @@ def test_the_command_prints_the_paragraph_without_a_traceback(tweets, tmp_path):
   assert run.returncode == 2
   assert "Traceback" not in run.stderr
   assert run.stderr.strip().splitlines()[-1].startswith("bert-jax finetune: ") and "dev.csv has a header" in run.stderr
+
+
+def test_a_cased_tokenization_of_an_uncased_vocabulary_is_refused(tmp_path):
+  """CoNLL-2003's config tokenizes cased; on an uncased checkpoint every capitalised word would be [UNK]."""
+  from bert_jax.finetune import init  # pylint: disable=import-outside-toplevel
+  from configs.finetune import conll2003  # pylint: disable=import-outside-toplevel
+  write_vocab(tmp_path / "uncased")
+  c = conll2003.get_config()
+  c.vocab_file = str(tmp_path / "uncased" / "vocab.txt")
+  with pytest.raises(failures.UserError, match="uncased .*set --config.do_lower_case=True"):
+    init.load_tokenizer(c)
+  c.do_lower_case = True
+  assert init.load_tokenizer(c).tokenize("The movie") == ["the", "movie"]
+  (tmp_path / "cased").mkdir()
+  (tmp_path / "cased" / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nThe\nmovie\n")
+  c.vocab_file, c.do_lower_case = str(tmp_path / "cased" / "vocab.txt"), False
+  assert init.load_tokenizer(c).tokenize("The movie") == ["The", "movie"]
+  (tmp_path / "caseless").mkdir()   # a script without case: neither cased nor uncased
+  (tmp_path / "caseless" / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n\u0e01\u0e02\n")
+  c.vocab_file = str(tmp_path / "caseless" / "vocab.txt")
+  assert init.load_tokenizer(c).tokenize("\u0e01\u0e02") == ["\u0e01\u0e02"]
+
+
+@pytest.mark.parametrize("field, value", [("max_seq_length", 0), ("max_seq_length", -1), ("batch_size", 0),
+                                          ("num_epochs", 0), ("log_every_steps", 0), ("eval_batch_size", -4),
+                                          ("eval_every_steps", -1), ("warmup_fraction", 1.5)])
+def test_a_finetuning_field_out_of_range_is_named_before_anything_is_read(tmp_path, field, value):
+  c = generic.get_config("single")
+  c.data_dir = str(tmp_path / "not_read")
+  c[field] = value
+  with pytest.raises(failures.UserError, match=rf"invalid finetuning config:\n  {field} {value!r}: .*--config.{field}"):
+    trainer.finetune(c, str(tmp_path / "run"))
+  assert not (tmp_path / "run").exists()
+
+
+def test_an_unknown_task_and_a_sequence_longer_than_the_positions_are_user_errors(tweets, tmp_path):
+  c = tweet_config(tweets)
+  c.task = "sst3"
+  with pytest.raises(failures.UserError, match="config.task 'sst3': unknown task"):
+    trainer.finetune(c, str(tmp_path / "task"))
+  c = tweet_config(tweets)
+  c.max_seq_length = c.model.max_position_embeddings + 1
+  with pytest.raises(failures.UserError, match=rf"max_seq_length {c.max_seq_length} is longer than the model's "
+                                               rf"position table holds \({c.max_seq_length - 1} tokens"):
+    trainer.finetune(c, str(tmp_path / "positions"))

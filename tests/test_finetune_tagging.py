@@ -58,7 +58,7 @@ def test_unusable_tagging_files_name_the_line_or_the_tag(tmp_path):
   (tmp_path / "dev.txt").write_text("Bob B-PER\n", encoding="utf-8")
   task = tasks.get_task("tagging")
   task = task.with_labels_from(task.read("train", str(tmp_path)), "train.txt")
-  with pytest.raises(readers.DataError, match=r"dev.txt: label 'B-PER' is not one the model was trained for"):
+  with pytest.raises(readers.DataError, match=r"dev.txt: label 'B-PER' is not in the label set"):
     task.check_labelled(task.read("dev", str(tmp_path)), task.file("dev", str(tmp_path)))
 
 

@@ -219,7 +219,7 @@ def test_generic_labels_come_from_the_training_file(tmp_path):
   resolved = task.with_labels_from(train, path)
   assert resolved.label_names == ("negative", "neutral", "positive") and resolved.num_labels == 3  # sorted
   assert resolved.primary_metric == "accuracy"
-  with pytest.raises(DataError, match=r"dev.csv: label 'angry' is not one the model was trained for"):
+  with pytest.raises(DataError, match=r"dev.csv: label 'angry' is not in the label set"):
     resolved.check_labelled(dev, task.file("dev", str(tmp_path)))
   # Counted against num_labels when that is given; given labels keep their order.
   assert tasks.get_task("generic", text_a="text", label="sentiment", num_labels=3).with_labels_from(
@@ -228,7 +228,7 @@ def test_generic_labels_come_from_the_training_file(tmp_path):
     tasks.get_task("generic", text_a="text", label="sentiment", num_labels=2).with_labels_from(train, path)
   given = tasks.get_task("generic", text_a="text", label="sentiment", labels="positive,negative,neutral")
   assert given.with_labels_from(train, path).label_names == ("positive", "negative", "neutral")
-  with pytest.raises(DataError, match="'neutral' is not one"):
+  with pytest.raises(DataError, match="'neutral' is not in the label set"):
     tasks.get_task("generic", text_a="text", label="sentiment", labels=["positive", "negative"]).with_labels_from(
         train, path)
   numbers = [tasks.readers.PairExample(str(i), "x", label=y) for i, y in enumerate(["10", "2", "1"])]

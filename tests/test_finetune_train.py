@@ -222,6 +222,7 @@ def test_span_and_tagging_tasks_train_end_to_end(tmp_path, task, sample, metric)
   (tmp_path / sample).write_text(text, encoding="utf-8")
   c.data_dir = str(tmp_path / sample)
   c.vocab_file = str(shared_path("minilm", "vocab.txt"))
+  c.do_lower_case = True   # an uncased vocabulary (conll2003.py's cased tokenization refuses it)
   c.model.preset = "tiny"
   c.model.max_position_embeddings = 128
   c.max_seq_length = 128

@@ -169,6 +169,22 @@ def test_preempted_exit_marker_is_not_success():
   assert fake.kinds()[:6] == ["state", "job", "state", "job", "setup", "start"]
 
 
+def test_a_job_stopped_with_143_is_restarted_where_another_worker_was_preempted():
+  """Worker 0's 143 after JAX's preemption service spread another worker's shutdown: every worker is asked, one
+  says "preempted", and the job restarts; where gcloud cannot ask them all, it asks again at the next poll."""
+  fake = FakeGcloud(states=["READY"] * 4, jobs=["running", "exit 143", "UNREACHABLE", "exit 143",
+                                                "exit 143\nexit preempted\nexit 143\nexit 143", "exit 0"])
+  # A preempted worker's line counts even where another could not be reached (gcloud failed for it).
+  run = lambda argv, capture=False: Result(255, "exit 143\nexit preempted\n", "ssh: connect: timed out")
+  assert actions.preempted_anywhere(run, MULTI, "train") is True
+  sup, _, logs = make(MULTI, V5E, fake)
+  assert sup.supervise() == 0 and sup.restarts == 1
+  assert fake.kinds() == ["state", "job", "state", "job", "job", "state", "job", "job", "setup", "start",
+                          "state", "job"]
+  assert "job train stopped (exit 143) as another worker was preempted: restart 1/20" in logs
+  assert all("--worker=all" in fake.calls[i] for i in (4, 7))
+
+
 def test_gives_up_after_max_restarts():
   fake = FakeGcloud(states=["PREEMPTED", "PREEMPTED", "PREEMPTED"], jobs=[])
   sup, _, logs = make(SINGLE, V3, fake, max_restarts=2)

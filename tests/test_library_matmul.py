@@ -197,9 +197,8 @@ def test_classifier_head_trains_under_library_matmuls(pruned):
 
 
 def test_a_bfloat16_cpu_run_is_told_of_the_library_form():
-  from bert_jax import train  # pylint: disable=g-import-not-at-top
   mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
   cfg = model.BertConfig.from_preset("tiny", dtype=jnp.bfloat16)
-  assert "matmuls=library" in train.matmuls_hint(cfg, mesh)
-  assert train.matmuls_hint(dataclasses.replace(cfg, matmuls="library"), mesh) is None
-  assert train.matmuls_hint(dataclasses.replace(cfg, dtype=jnp.float32), mesh) is None
+  assert "matmuls=library" in library_matmul.matmuls_hint(cfg, mesh)
+  assert library_matmul.matmuls_hint(dataclasses.replace(cfg, matmuls="library"), mesh) is None
+  assert library_matmul.matmuls_hint(dataclasses.replace(cfg, dtype=jnp.float32), mesh) is None

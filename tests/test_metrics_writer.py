@@ -38,3 +38,10 @@ def test_finetuning_logs_through_the_same_writer(tmp_path):
   tracker.evaluated(10, {"accuracy": 0.75}, on_best=lambda: None)
   tracker.save()
   assert tensorboard_scalars(tmp_path) == {"train/loss": [(10, 0.5)], "eval/accuracy": [(10, 0.75)]}
+
+
+def test_a_named_trial_prints_its_lines_after_its_name(tmp_path, capsys):
+  tracker = trainer._Tracker(str(tmp_path), "accuracy", patience=0, name="bs16_lr2e-05_ep3_seed0")
+  tracker.log(10, {"train/loss": 0.5})
+  tracker.save()
+  assert capsys.readouterr().out == "[bs16_lr2e-05_ep3_seed0] step 10: train/loss=0.5\n"

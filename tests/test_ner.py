@@ -105,3 +105,13 @@ def test_reads_a_conll_directory(tmp_path, sample):
   assert len(tasks.get_task("conll2003").read("dev", str(tmp_path))) == 2
   with pytest.raises(FileNotFoundError):
     tasks.get_task("conll2003").read("test", str(tmp_path))
+
+
+def test_a_line_without_its_tag_names_the_option_of_the_reader(tmp_path):
+  """CoNLL-2003 reads its last column (no option to set); a generic tagging task names its config field."""
+  (tmp_path / "train.txt").write_text("EU B-ORG\nrejects\n")
+  from bert_jax.finetune import readers  # pylint: disable=g-import-not-at-top
+  with pytest.raises(readers.DataError, match=r"line 2: 1 column.*CoNLL-2003's tag is its last column"):
+    tasks.get_task("conll2003").read("train", str(tmp_path))
+  with pytest.raises(readers.DataError, match=r"line 2: 1 column.*set --config\.task_opts\.tag_column\)"):
+    ner.read_columns("train", str(tmp_path))

@@ -2,16 +2,18 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
 import pytest
 
+from bert_jax import failures
 from bert_jax.tools import predict
 from bert_jax.finetune import readers
 from bert_jax.finetune import trainer
 from configs.finetune import generic, squad_v1
-from conftest import shared_path
+from conftest import assert_one_line_errors, shared_path
 from test_finetune_tagging import make_tagging_data
 from test_finetune_train import tiny_config
 
@@ -46,7 +48,7 @@ def test_predict_gives_the_finetuning_dev_accuracy_on_rotten_tomatoes(tmp_path, 
 
 
 @pytest.mark.slow
-def test_predict_writes_tags_per_word_on_a_tagging_workdir(tmp_path):
+def test_predict_writes_tags_per_word_on_a_tagging_workdir(tmp_path, capsys):
   data = make_tagging_data(tmp_path / "data")
   c = _tiny_on_minilm_vocab(generic.get_config("tagging"), data, 32)
   c.batch_size, c.num_epochs, c.learning_rate = 8, 4, 3e-3
@@ -66,6 +68,21 @@ def test_predict_writes_tags_per_word_on_a_tagging_workdir(tmp_path):
   assert scores["token_accuracy"] == pytest.approx(results["last_metrics"]["token_accuracy"])
   predict.write(str(tmp_path / "tags.tsv"), out)
   assert (tmp_path / "tags.tsv").read_text().splitlines()[0] == "id\twords\ttags"
+  # A run that did not finish: its best checkpoint so far, said; none yet, said so.
+  capsys.readouterr()
+  results = (tmp_path / "run" / trainer.RESULTS_FILE).read_text()
+  (tmp_path / "run" / trainer.RESULTS_FILE).unlink()
+  predict.task_record(str(tmp_path / "run" / "best"))
+  assert "holds a finetuning run that did not finish" in capsys.readouterr().err
+  (tmp_path / "run" / "metrics.jsonl").unlink()   # as an export (prune's): no run's log, no results, no warning
+  predict.task_record(str(tmp_path / "run"))
+  assert capsys.readouterr().err == ""
+  shutil.rmtree(tmp_path / "run" / "best")
+  with pytest.raises(FileNotFoundError, match="holds a finetuning run that saved no checkpoint yet"):
+    predict.task_record(str(tmp_path / "run"))
+  (tmp_path / "run" / trainer.RESULTS_FILE).write_text(results)
+  with pytest.raises(FileNotFoundError, match=r"finished without keeping a checkpoint \(keep_best_checkpoint False"):
+    predict.task_record(str(tmp_path / "run"))
 
 
 @pytest.mark.slow
@@ -157,3 +174,54 @@ def test_a_squad_v2_file_with_unanswerable_questions_is_scored(tmp_path):
   del qas[1]["is_impossible"]
   (tmp_path / "dev.json").write_text(json.dumps(squad), encoding="utf-8")
   assert predictor.score(predictor.read(str(tmp_path / "dev.json")), [{"answer": "Paris"}, {"answer": ""}]) is None
+
+
+def test_quora_pairs_without_a_header_or_label_are_predicted_and_no_example_is_an_error(tmp_path):
+  """A headerless file of two questions a row is unlabelled pairs; a file that leaves no example to predict is a
+  DataError naming it and the format (not the argmax of an empty batch)."""
+  from bert_jax.finetune import tasks  # pylint: disable=g-import-not-at-top
+  predictor = _predictor(tasks.get_task("qqp"))
+  (tmp_path / "q2.tsv").write_text("How do I root a phone?\tHow to root android?\n")
+  (ex,) = predictor.read(str(tmp_path / "q2.tsv"))
+  assert (ex.text_a, ex.text_b, ex.label) == ("How do I root a phone?", "How to root android?", None)
+  (tmp_path / "q1.tsv").write_text("How do I root a phone?\n")
+  with pytest.raises(readers.DataError, match=r"q1.tsv: no row has the headerless Quora fields is_duplicate, "
+                     r"question1, question2\[, id\].*a header line naming the columns question1 and question2"):
+    predictor.read(str(tmp_path / "q1.tsv"))
+  # SNLI's examples without annotator consensus ("-") are skipped: here, every one.
+  (tmp_path / "snli.jsonl").write_text(json.dumps({"sentence1": "a", "sentence2": "b", "gold_label": "-"}) + "\n")
+  with pytest.raises(readers.DataError, match="snli.jsonl holds no example to predict"):
+    _predictor(tasks.get_task("snli")).read(str(tmp_path / "snli.jsonl"))
+
+
+def test_qa_input_columns_are_named_by_the_flags_the_message_names(tmp_path):
+  """JSON lines with another context column: the message names predict's --context, and that flag reads it."""
+  import types  # pylint: disable=g-import-not-at-top
+  loaded = types.SimpleNamespace(config=None, params=None, tokenizer=None)
+  record = {"task": "squad_v1", "task_opts": {}, "max_seq_length": 64}
+  (tmp_path / "qa.jsonl").write_text(json.dumps({"question": "Where?", "text": "In Paris."}) + "\n")
+  with pytest.raises(readers.DataError, match=r"no text column 'context' .* with --context=COLUMN\.$"):
+    predict.Predictor.from_loaded(loaded, record).read(str(tmp_path / "qa.jsonl"))
+  (ex,) = predict.Predictor.from_loaded(loaded, record, context="text").read(str(tmp_path / "qa.jsonl"))
+  assert (ex.question_text, ex.doc_tokens) == ("Where?", ("In", "Paris."))
+  with pytest.raises(failures.UserError, match="--text_a names a column of a sentence task's input.*--question"):
+    predict.Predictor.from_loaded(loaded, record, text_a="text")
+  run = subprocess.run([sys.executable, "-m", "bert_jax.cli", "predict", "--help"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300)
+  assert "--context" in run.stdout and "--question" in run.stdout
+
+
+def test_an_output_of_another_format_is_refused(tmp_path):
+  assert [predict.output_format(p) for p in ("a.jsonl", "b.TSV", "c.csv", "/dev/stdout")] == [
+      "jsonl", "tsv", "csv", "jsonl"]
+  with pytest.raises(failures.UserError, match=r"p.xlsx: predict writes JSON lines \(.jsonl\), TSV"):
+    predict.write(str(tmp_path / "p.xlsx"), [{"id": "0", "value": 1.0}])
+  assert not (tmp_path / "p.xlsx").exists()
+
+
+@pytest.mark.slow
+def test_command_flags_out_of_range_and_unknown_formats_are_one_line_and_exit_2(tmp_path):
+  cases = {("--output=p.jsonl", "--batch_size=0"): "bert-jax predict: flag --batch_size=0: 0 is not a positive integer",
+           ("--output=p.xlsx",): "bert-jax predict: --output=p.xlsx: predict writes JSON lines (.jsonl), TSV (.tsv)"}
+  assert_one_line_errors(["predict"], cases, tmp_path, common=("--checkpoint=nowhere", "--input=in.tsv"))
+  assert not (tmp_path / "p.xlsx").exists()

@@ -2,11 +2,14 @@
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 
 import pytest
 
 from bert_jax import preemption
+from conftest import REPO_ROOT
 
 
 def test_sigterm_sets_the_preemption_flag():
@@ -56,3 +59,23 @@ def test_an_ignored_ctrl_c_stays_ignored_and_another_thread_sets_no_handler():
   thread.join()
   assert len(made) == 1 and not made[0].reached(1)   # no ValueError from signal.signal
   made[0].close()
+
+
+def test_a_sigterm_before_pretraining_loop_is_one_line_and_exit_143(tmp_path):
+  """Before the loop's handler is set (the data, the model and the step being set up), `bert-jax pretrain` ends on
+  SIGTERM with one line and 143, as it does after saving, not silently."""
+  script = f"""
+import os, signal, sys, time
+sys.argv = ["bert-jax pretrain", "--config={REPO_ROOT}/configs/tiny.py", "--workdir=w"]
+from bert_jax import cli, main, train
+def setting_up(config, workdir):
+  os.kill(os.getpid(), signal.SIGTERM)
+  time.sleep(60)
+train.train_to_end = setting_up
+cli.run_module(main.main, "bert-jax pretrain")
+"""
+  run = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+  assert run.returncode == 143, run.stderr[-2000:]
+  assert run.stderr.strip().splitlines() == [
+      "bert-jax pretrain: stopped by SIGTERM; the checkpoints saved before are kept: the same command resumes from "
+      "the latest one (or starts afresh where there is none)"], run.stderr[-2000:]

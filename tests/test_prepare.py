@@ -249,3 +249,21 @@ def test_a_worker_that_cannot_start_fails_the_pool_instead_of_being_restarted_fo
   # In a process of its own, with a time limit: before the fix this never returned.
   run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240, check=False)
   assert run.returncode == 1 and "RuntimeError: No valid vocab tokens" in run.stderr, run.stderr[-2000:]
+
+
+def test_a_split_too_small_for_a_pretraining_format_is_said_when_it_is_prepared(tmp_path, vocab_file, caplog):
+  """Pretraining refuses a host's split of one document in the nsp format at its start; prepare says so first."""
+  assert prepare.few_documents({"train": {"documents": 2}, "eval": {"documents": 2}}) == []
+  spec = tmp_path / "one.jsonl"
+  spec.write_text(json.dumps({"text": "One document. It has two sentences."}) + "\n")
+  with caplog.at_level("WARNING"):
+    stats = prepare.prepare_corpus(str(spec), str(tmp_path / "out"), vocab_file=vocab_file, num_shards=1,
+                                   num_workers=1, eval_fraction=0.5)
+  assert stats["documents"] == 1
+  said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+  held_out = stats["splits"]["eval"]["documents"]
+  empty, one = ("train", "eval") if held_out else ("eval", "train")
+  assert said == prepare.few_documents(stats["splits"]) and len(said) == 2, said
+  assert any(w.startswith(f"the {empty} split holds no document") for w in said), said
+  assert any(w.startswith(f"the {one} split holds 1 document: data.format 'nsp' and 'sentence_pair' need at least 2")
+             for w in said), said

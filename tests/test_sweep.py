@@ -52,7 +52,7 @@ def test_random_search_draws_distinct_configurations():
 def _fake_trials(score, stops=()):
   """`trainer.finetune_trials` without training: dev score `score[(lr, seed)]`; a trial in `stops` stops
   early (done) in its first call."""
-  def finetune_trials(configs, workdirs, max_epochs=None):
+  def finetune_trials(configs, workdirs, max_epochs=None, names=None):
     for w in workdirs:
       os.makedirs(w, exist_ok=True)
     return [{"primary_metric": "accuracy", "best": score[(c.learning_rate, c.seed)], "seconds": 0.0,
@@ -82,6 +82,16 @@ def test_successive_halving_ranks_configurations_by_their_mean_over_seeds(tmp_pa
   assert best["learning_rate"] == 2e-5 and best["n"] == 3
 
 
+def test_the_sweep_says_what_it_trains_and_prunes(tmp_path, monkeypatch, capsys):
+  score = {(3e-5, 0): 0.80, (2e-5, 0): 0.90}
+  monkeypatch.setattr(sweep.trainer, "finetune_trials", _fake_trials(score))
+  sweep.run_sweep(_halving_config((3e-5, 2e-5), (0,), 2), str(tmp_path))
+  a, b = "bs16_lr3e-05_ep2_seed0", "bs16_lr2e-05_ep2_seed0"
+  assert capsys.readouterr().out.splitlines() == [
+      f"sweep: training {a}, {b} to epoch 1", f"sweep: {a} best 0.8; {b} best 0.9", f"sweep: {a} pruned after rung 0",
+      f"sweep: training {b} to epoch 2", f"sweep: {b} best 0.9"]
+
+
 def test_a_seed_that_stopped_early_keeps_its_configuration_s_score(tmp_path, monkeypatch):
   """The best configuration's seed 1 stops early in the first rung: its final score stands for it later."""
   lrs = (4e-5, 3e-5, 2e-5, 1e-5)
@@ -102,7 +112,12 @@ def test_a_pruned_configuration_is_not_best_on_the_seed_that_stopped_early(tmp_p
       (3e-5, 0): "done", (3e-5, 1): "pruned"}
   [best] = sweep.aggregate(rows)
   assert best["learning_rate"] == 2e-5 and best["n"] == 2
-  assert "| 16 | 2e-05 | 3 | 2 | 0.8500 **best** |" in sweep.write_tables(rows, str(tmp_path), "sst2")
+  table = sweep.write_tables(rows, str(tmp_path), "sst2")
+  assert "| 16 | 2e-05 | 3 | 2 | 0.8500 **best** |" in table and "finetuned workdir" not in table   # none kept
+  (tmp_path / "trials" / "bs16_lr2e-05_ep3_seed0" / "best").mkdir()
+  table = sweep.write_tables(rows, str(tmp_path), "sst2")
+  assert (f"finetuned workdir (`bert-jax predict --checkpoint=...`, `export`): {tmp_path}/trials/bs16_lr2e-05_ep3_seed0 "
+          "(accuracy 0.8500, seed 0)") in table, table
 
 
 def test_a_sweep_run_again_with_another_config_stops(tmp_path, monkeypatch):
@@ -122,6 +137,28 @@ def test_a_sweep_run_again_with_another_config_stops(tmp_path, monkeypatch):
     changed[field] = value
     with pytest.raises(failures.UserError, match=f"another config.*{field}"):
       sweep.run_sweep(changed, str(tmp_path))
+
+
+def test_a_sweep_that_trained_nothing_takes_a_corrected_command(tmp_path, monkeypatch):
+  """A first attempt stopped on a mistyped data_dir before any trial trained: the same workdir takes the corrected
+  command. Once a trial finished, another data_dir stops it."""
+  from bert_jax import failures  # pylint: disable=g-import-not-at-top
+
+  def mistyped(configs, workdirs, max_epochs=None, names=None):
+    raise failures.UserError(f"{configs[0].data_dir} does not exist")
+
+  c = sst2.get_config()
+  c.sweep.grid.batch_size, c.sweep.grid.num_epochs, c.sweep.grid.learning_rate = (16,), (2,), (3e-5,)
+  c.sweep.seeds, c.init_checkpoint, c.data_dir = (0,), "runs/a", "data/rotten_tomato"
+  monkeypatch.setattr(sweep.trainer, "finetune_trials", mistyped)
+  with pytest.raises(failures.UserError, match="does not exist"):
+    sweep.run_sweep(c, str(tmp_path))
+  monkeypatch.setattr(sweep.trainer, "finetune_trials", _fake_trials({(3e-5, 0): 0.5}))
+  c.data_dir = "data/rotten_tomatoes"
+  assert [r["status"] for r in sweep.run_sweep(c, str(tmp_path))] == ["done"]
+  c.data_dir = "data/other"
+  with pytest.raises(failures.UserError, match="another config.*data_dir"):
+    sweep.run_sweep(c, str(tmp_path))
 
 
 def test_aggregate_mean_and_std_over_seeds():
@@ -155,7 +192,7 @@ def _stamp(path):
 
 
 @pytest.mark.slow
-def test_sweep_killed_midway_resumes_without_rerunning_finished_trials(tmp_path):
+def test_sweep_killed_midway_resumes_without_rerunning_finished_trials(tmp_path, capsys):
   data_dir = make_sentiment_data(tmp_path / "data", n_train=64, n_dev=32)
   config_file = tmp_path / "sweep_config.py"
   config_file.write_text(f"import sys\nsys.path.insert(0, {str(REPO_ROOT / 'tests')!r})\n"
@@ -180,7 +217,17 @@ def test_sweep_killed_midway_resumes_without_rerunning_finished_trials(tmp_path)
   assert not os.path.exists(os.path.join(workdir, "results.md"))
 
   config = sweep_test_config(data_dir)
+  capsys.readouterr()
+  logged_before = len(_events(workdir))
   rows = sweep.run_sweep(config, workdir)
+  # Every trial of a group trained together prints its progress, each line after its name.
+  printed = capsys.readouterr().out.splitlines()
+  names = {sweep.trial_name(r) for r in rows}
+  progress = [line for line in printed if " step " in line or line.startswith("step ")]
+  assert progress and all(line.split("] ")[0].lstrip("[") in names for line in progress), printed
+  trained = {t for e in _events(workdir)[logged_before:] if e["event"] == "start" for t in e["trials"]}
+  assert {line.split("] ")[0].lstrip("[") for line in progress} == trained and len(trained) > 1, printed
+  assert any(line.startswith("sweep: training ") for line in printed), printed
   sweep.write_tables(rows, workdir, config.task)
   assert sweep.plot_lr(rows, os.path.join(workdir, "lr.png"), config.task) == (
       __import__("importlib").util.find_spec("matplotlib") is not None)
@@ -200,4 +247,31 @@ def test_sweep_killed_midway_resumes_without_rerunning_finished_trials(tmp_path)
   assert "| 16 |" in table and "**best**" in table and "2 done, 2 stopped by successive halving" in table
   assert len(open(os.path.join(workdir, "trials.csv")).read().splitlines()) == 5
   summary = sweep.summarize([workdir], str(tmp_path / "summary.md")).splitlines()
-  assert len(summary) == 3 and summary[2].startswith("| sst2 | accuracy | 16 |")
+  assert len(summary) == 3 and summary[2].startswith(f"| {workdir} | sst2 | accuracy | 16 |")
+
+
+def test_a_sweep_field_out_of_range_is_named_before_anything_runs(tmp_path):
+  from bert_jax import failures  # pylint: disable=g-import-not-at-top
+  for field, value in (("max_trials_per_group", 0), ("grid.learning_rate", ()), ("grid.batch_size", (16, 0)),
+                       ("seeds", ())):
+    c = sst2.get_config()
+    node, name = (c.sweep.grid, field.split(".")[1]) if "." in field else (c.sweep, field)
+    node[name] = value
+    with pytest.raises(failures.UserError, match=rf"sweep.{field} .*--config.sweep.{field}\)"):
+      sweep.run_sweep(c, str(tmp_path / "sweep"))
+  assert not (tmp_path / "sweep").exists()
+
+
+def test_summarize_names_each_sweep_and_refuses_a_directory_without_results(tmp_path):
+  from bert_jax import failures  # pylint: disable=g-import-not-at-top
+  rows = [{"batch_size": 16, "learning_rate": 2e-5, "num_epochs": 3, "seed": s, "status": "done", "best": b}
+          for s, b in ((0, 0.8), (1, 0.9))]
+  for name in ("a", "b"):
+    (tmp_path / name).mkdir()
+    sweep.write_tables(rows, str(tmp_path / name), "sst2")
+  text = sweep.summarize([str(tmp_path / "a"), str(tmp_path / "b")], str(tmp_path / "summary.md"))
+  assert f"| {tmp_path / 'a'} | sst2 | metric | 16 | 2e-05 | 3 | 2 | 0.8500 |" in text, text
+  assert f"| {tmp_path / 'b'} | sst2 |" in text
+  with pytest.raises(failures.UserError, match=r"nothere holds no results.csv"):
+    sweep.summarize([str(tmp_path / "a"), str(tmp_path / "nothere")], str(tmp_path / "again.md"))
+  assert not (tmp_path / "again.md").exists()

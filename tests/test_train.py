@@ -276,6 +276,24 @@ def check_exact_resume_after_sigterm(data_dir, tmp_path, compilation_cache, n, *
   assert b == a
 
 
+@pytest.mark.slow
+def test_sigterm_during_a_finished_runs_report_leaves_it_done(data_dir, tmp_path, compilation_cache):
+  """The run has trained and saved its last step; a SIGTERM while its curves are drawn cuts the report short, in one
+  line, and the command exits 0 (done), not 143 (stopped: a supervisor would leave the job stopped)."""
+  script = ("import os, signal, time\nfrom bert_jax import cli, curves, main\n"
+            "def plot(*args, **kwargs):\n  os.kill(os.getpid(), signal.SIGTERM)\n  time.sleep(60)\n"
+            "curves.plot_pretraining = plot\ncli.run_module(main.main, 'bert-jax pretrain')\n")
+  env = dict(os.environ, **compilation_cache_env(compilation_cache))
+  workdir = str(tmp_path / "run")
+  run = subprocess.run([sys.executable, "-c", script, f"--config={REPO}/configs/tiny.py", f"--workdir={workdir}",
+                        *_cli_overrides({**TINY, "data.train_files": data_dir, "train_steps": 2})],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+  assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+  assert run.stderr.splitlines()[-1] == (f"bert-jax pretrain: SIGTERM; the run is done at step 2, its checkpoint and "
+                                         f"metrics saved in {workdir}; its report was cut short"), run.stderr[-2000:]
+  assert os.listdir(os.path.join(workdir, "checkpoints")) == ["2"] and "done at step" not in run.stdout
+
+
 def test_embedded_corpus_is_prepared_once_into_the_workdir(tmp_path, monkeypatch):
   calls = []
 

@@ -12,6 +12,7 @@ rebuilds the tables from what is on disk without training (no data flags needed)
 processes or hosts with disjoint lists can share one workdir).
 """
 
+import os
 import sys
 
 from bert_jax import config_path
@@ -22,6 +23,8 @@ config_path.put_config_root_on_path(sys.argv)
 from absl import app
 from absl import flags
 
+from bert_jax import cli
+from bert_jax import config_loading
 from bert_jax import failures
 from bert_jax import paths
 from bert_jax.ablate import report
@@ -42,13 +45,16 @@ def run_and_report(ablation, workdir: str, train: bool = True, only=()) -> str:
   workdir = paths.absolute(workdir)
   if train:
     runner.run(ablation, workdir, only=only)
+  elif not os.path.isdir(workdir):
+    raise failures.UserError(f"--report_only: {workdir} does not exist; give the --workdir the table ran in (or "
+                             "run it there first, without --report_only)")
   return report.write_all(ablation, runner.collect(ablation, workdir), workdir)
 
 
 def main(argv) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  config = failures.load_config(finetune_main.CONFIG, "bert-jax ablate", kind="ablation")
+  config = config_loading.load_config(finetune_main.CONFIG, "bert-jax ablate", kind="ablation")
   if config is None:
     raise app.UsageError("--config is required, e.g. --config=configs/ablations/devlin_table5.py:small")
   try:
@@ -59,4 +65,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run_module(main, "bert-jax ablate")

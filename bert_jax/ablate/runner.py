@@ -28,8 +28,10 @@ from bert_jax import config_record
 from bert_jax import failures
 from bert_jax import objectives
 from bert_jax import paths
+from bert_jax import run_checks
 from bert_jax import train
 from bert_jax import train_setup
+from bert_jax.finetune import config_checks
 from bert_jax.finetune import readers
 from bert_jax.finetune import sweep
 
@@ -159,6 +161,8 @@ def run(ablation: ml_collections.ConfigDict, workdir: str, log=print, only=()) -
                              f"{', '.join(v.name for v in ablation.variants)}")
   running = [v.name for v in ablation.variants if not only or v.name in only]
   check_task_data(ablation, workdir, running)
+  check_task_configs(ablation, workdir, running)
+  check_pretraining(configs, workdir, running)
   check_configs(ablation, workdir, configs, run=running)
   for v in ablation.variants:
     if only and v.name not in only:
@@ -189,6 +193,35 @@ def run(ablation: ml_collections.ConfigDict, workdir: str, log=print, only=()) -
         write_marker(os.path.join(fdir, FINETUNED), {
             "task": tc.task, "metric": rows[0]["metric"],
             "seeds": [r["seed"] for r in rows], "scores": [r["best"] for r in rows]})
+
+
+def check_pretraining(configs: dict, workdir: str, variants) -> None:
+  """The pretraining config and inputs (`run_checks`, as `bert-jax pretrain` checks them) of each of `variants` still
+  to pretrain: a mistyped corpus or a field out of range stops the table before its configs are recorded, and the
+  corrected command takes the workdir."""
+  for name in variants:
+    if read_marker(os.path.join(workdir, name, PRETRAINED)) is None:
+      config = paths.absolute_config(configs[name].copy_and_resolve_references(), paths.PRETRAIN_FIELDS)
+      try:
+        run_checks.validate(config)
+        run_checks.check_inputs(config)
+      except failures.UserError as e:   # its fields as this command line sets them: under `base`
+        raise failures.UserError(f"variant {name}'s pretraining config (the table's base with the variant's "
+                                 f"overrides; a field F is --config.base.F here): "
+                                 + str(e).replace("--config.", "--config.base.")) from None
+
+
+def check_task_configs(ablation: ml_collections.ConfigDict, workdir: str, variants) -> None:
+  """Each task config's fields (`finetune.config_checks`) where one of `variants` has the task still to finetune:
+  a field out of range stops the table before its variants pretrain and before the configs are recorded."""
+  for task in ablation.tasks:
+    if all(read_marker(os.path.join(workdir, v, "finetune", task, FINETUNED)) for v in variants):
+      continue
+    c = task_config(ablation, task, "")
+    said = config_checks.problems(c) + config_checks.sweep_problems(c, grid=False)
+    if said:
+      raise failures.UserError(f"invalid config of task {task}:\n  "
+                               + "\n  ".join(p.replace("--config.", f"--config.tasks.{task}.") for p in said))
 
 
 def check_task_data(ablation: ml_collections.ConfigDict, workdir: str, variants) -> None:

@@ -30,7 +30,9 @@ import numpy as np
 
 from bert_jax import checkpoint_loader
 from bert_jax import failures
+from bert_jax import paths
 from bert_jax.analysis import forward
+from bert_jax.finetune import readers
 from bert_jax.tools import embed
 
 _MAX_TOKENS = 48   # tokens a grid panel shows at most: past this the tick labels stop being readable
@@ -54,23 +56,31 @@ def define_flags() -> None:
                       "input per line, a tab between a pair's texts.", allow_override=True)
   flags.DEFINE_string("output_dir", None, "Where attention_{i}.png, attention_{i}.html and index.html go.",
                       allow_override=True)
-  flags.DEFINE_integer("max_length", 128, "Truncate each input to this many tokens.", allow_override=True)
+  flags.DEFINE_integer("max_length", 128, "Truncate each input to this many tokens (at least 8: the special "
+                       "tokens and some text).", allow_override=True, lower_bound=8)
   flags.DEFINE_list("layers", None, "Layers to show (from 0); default: all.", allow_override=True)
-  flags.DEFINE_integer("max_tokens", _MAX_TOKENS, "Tokens a PNG panel shows at most (the page shows all).")
-  flags.DEFINE_integer("batch_size", 8, "Examples per forward pass.", allow_override=True)
+  flags.DEFINE_integer("max_tokens", _MAX_TOKENS, "Tokens a PNG panel shows at most (the page shows all).",
+                       lower_bound=1)
+  flags.DEFINE_integer("batch_size", 8, "Examples per forward pass.", allow_override=True, lower_bound=1)
   flags.mark_flags_as_required(["checkpoint", "input", "output_dir"])
 
 
 # ---------------------------------------------------------------------------------------------------- input
 
 def read_records(path: str) -> list[dict]:
-  """The input file as records {"text", "text_b"?} (JSON lines: as written); see the module docstring."""
-  with open(path, encoding="utf-8") as f:
-    lines = [line.rstrip("\n") for line in f if line.strip()]
+  """The input file as records {"text", "text_b"?} (JSON lines: as written); see the module docstring. A JSON
+  line that is not an object with a `text` or `input_ids` is a DataError naming the file and the line."""
+  # Lines end at "\n" only: str.splitlines also splits at U+2028 and U+0085, which JSON strings may hold.
+  lines = [line.rstrip("\r") for line in readers.read_text(path).split("\n")]
   if path.endswith((".jsonl", ".json")):
-    return [json.loads(line) for line in lines]
+    records = []
+    for n, line in enumerate(lines, 1):
+      if line.strip():
+        records.append(readers.json_row(path, n, line))
+        embed.input_kind(path, n, records[-1])   # a DataError when the line gives no input
+    return records
   records = []
-  for line in lines:
+  for line in filter(str.strip, lines):
     text, _, text_b = line.partition("\t")
     records.append({"text": text, "text_b": text_b} if text_b else {"text": text})
   return records
@@ -295,10 +305,17 @@ render();
 
 # ---------------------------------------------------------------------------------------------------- main
 
-def compute(cfg, params, tokenizer, records: list[dict], max_length: int = 128, batch_size: int = 8) -> list[Map]:
-  """Every record's attention over all layers; `params` are the encoder's (a checkpoint's params["bert"])."""
+def inputs(cfg, tokenizer, records: list[dict], max_length: int = 128, path: str = "input") -> list[embed.Example]:
+  """The records tokenized, truncated to `max_length` and to the position table; a ValueError naming `path`."""
   max_length = min(max_length, embed.longest_input(cfg))
-  examples = embed.read_examples([json.dumps(r) for r in records], tokenizer, max_length, truncate=True)
+  return embed.read_examples([json.dumps(r) for r in records], tokenizer, max_length, truncate=True, path=path)
+
+
+def compute(cfg, params, tokenizer, records: list[dict], max_length: int = 128, batch_size: int = 8,
+            examples=None) -> list[Map]:
+  """Every record's attention over all layers; `params` are the encoder's (a checkpoint's params["bert"]);
+  `examples`: the records' `inputs` where already made."""
+  examples = inputs(cfg, tokenizer, records, max_length) if examples is None else examples
   results = forward.encode(cfg, params, examples, batch_size=batch_size, output_attentions=True)
   maps = []
   for record, example, result in zip(records, examples, results):
@@ -339,10 +356,15 @@ def main(argv) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   values = flags.FLAGS
-  with failures.as_user_errors("bert-jax analyze attention", FileNotFoundError, ValueError):   # checkpoint, input
+  # The checkpoint, the input, an --output_dir that cannot be made: one paragraph, exit 2.
+  with failures.as_user_errors("bert-jax analyze attention", OSError, ValueError):
+    paths.output_file(os.path.join(values.output_dir, "index.html"))   # makes the folder, before the work
     cfg, params, tokenizer = checkpoint_loader.load(values.checkpoint)
     layers = pick_layers(values.layers, cfg.num_layers)
     records = read_records(values.input)
-  maps = compute(cfg, params["bert"], tokenizer, records, values.max_length, values.batch_size)
+    if not records:
+      raise readers.DataError(f"{values.input} holds no input (see `bert-jax analyze attention --help`)")
+    examples = inputs(cfg, tokenizer, records, values.max_length, path=values.input)
+  maps = compute(cfg, params["bert"], tokenizer, records, values.max_length, values.batch_size, examples)
   write_maps(values.output_dir, maps, layers, values.max_tokens)
   print(f"wrote {len(maps)} inputs' attention maps (layers {layers}): {os.path.join(values.output_dir, 'index.html')}")

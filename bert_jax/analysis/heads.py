@@ -33,6 +33,7 @@ Layers and heads are numbered from 0. Outputs in --output_dir: heads.csv (a row 
 """
 
 import csv
+import io
 import json
 import os
 import re
@@ -48,6 +49,7 @@ import numpy as np
 from bert_jax import checkpoint_loader
 from bert_jax import failures
 from bert_jax import paths
+from bert_jax.finetune import readers
 from bert_jax.models import encoder as model
 from bert_jax.tools import embed
 
@@ -70,23 +72,27 @@ def define_flags() -> None:
   flags.DEFINE_string("input", None, "JSON lines with a text field, or plain text (blank lines between "
                       "documents).", allow_override=True)
   flags.DEFINE_string("output_dir", None, "Where heads.csv, heads_*.png and summary.json go.", allow_override=True)
-  flags.DEFINE_integer("max_examples", 1000, "Inputs to analyse, from the start of the file.", allow_override=True)
-  flags.DEFINE_integer("max_length", 128, "Tokens per input, special tokens included.", allow_override=True)
+  flags.DEFINE_integer("max_examples", 1000, "Inputs to analyse, from the start of the file.", allow_override=True,
+                       lower_bound=1)
+  flags.DEFINE_integer("max_length", 128, "Tokens per input, special tokens included (at least 8: room for "
+                       "text beside them).", allow_override=True, lower_bound=8)
   flags.DEFINE_string("text_key", "text", "The text field of JSON lines.", allow_override=True)
   flags.DEFINE_bool("sentences", False, "One sentence per input instead of [CLS] A [SEP] B [SEP] segments.",
                     allow_override=True)
-  flags.DEFINE_integer("batch_size", 16, "Inputs per forward pass.", allow_override=True)
+  flags.DEFINE_integer("batch_size", 16, "Inputs per forward pass.", allow_override=True, lower_bound=1)
 
 
 # ------------------------------------------------------------------------------------------------
 # Corpus -> inputs.
 
-def read_documents(lines, text_key: str = "text") -> list[str]:
-  """JSON lines (the `text_key` field of each) or plain text (blank lines between documents)."""
+def read_documents(lines, text_key: str = "text", path: str = "input") -> list[str]:
+  """JSON lines (the `text_key` field of each) or plain text (blank lines between documents); a DataError
+  naming the file `path` and the line when a JSON line is not an object with that text."""
   lines = list(lines)
   first = next((line for line in lines if line.strip()), "")
   if first.lstrip().startswith("{"):
-    return [json.loads(line)[text_key] for line in lines if line.strip()]
+    return [readers.json_text(path, n, line, text_key, "--text_key") for n, line in enumerate(lines, 1)
+            if line.strip()]
   return [d.strip() for d in re.split(r"\n\s*\n", "".join(lines)) if d.strip()]
 
 
@@ -358,12 +364,16 @@ def main(argv) -> None:
     if f[name].value is None:
       raise app.UsageError(f"--{name} is required")
   start = time.time()
-  with failures.as_user_errors("bert-jax analyze heads", FileNotFoundError, ValueError):   # checkpoint, input
+  # The checkpoint, the input, an --output_dir that cannot be made: one paragraph, exit 2.
+  with failures.as_user_errors("bert-jax analyze heads", OSError, ValueError):
+    paths.output_file(os.path.join(f.output_dir, "summary.json"))   # makes the folder, before the work
     cfg, params, tokenizer = checkpoint_loader.load(f.checkpoint)
-    with open(f.input) as file:
-      documents = read_documents(file, f.text_key)
+    documents = read_documents(io.StringIO(readers.read_text(f.input)), f.text_key, f.input)
   max_length = min(f.max_length, embed.longest_input(cfg))
   examples = make_inputs(documents, tokenizer, max_length, f.sentences, f.max_examples)
+  if not examples:
+    raise readers.DataError(f"{f.input} holds no text to analyse: give JSON lines with a `{f.text_key}` field "
+                            "(--text_key names another), or plain text")
   kinds = key_kinds(tokenizer, examples)
   stats, sums = head_statistics(cfg, params["bert"], examples, kinds, f.batch_size)
   extra = {"checkpoint": paths.absolute(f.checkpoint), "input": paths.absolute(f.input),

@@ -21,8 +21,9 @@ Adam and decoupled weight decay on the kernels, kept at the epoch of best dev lo
 epochs without one; one training run fits every layer (vmap over the layer axis). Beside them, the scalar-mix
 probe of Tenney et al. 2019 ("BERT rediscovers the classical NLP pipeline"): softmax weights s_l over all layers
 and a scale gamma (`finetune.scalar_mix.ScalarMix`) feed the same classifier; its expected layer is
-E[l] = sum_l l * s_l. The mix logits learn 10x faster than the classifier (`probe_fit.fit`'s `mix_rate`): at the same rate
-early stopping leaves them near uniform (E[l] near the middle layer whatever the task), with an MLP probe most.
+E[l] = sum_l l * s_l. The mix logits learn 10x faster than the classifier (`probe_fit.fit`'s `mix_rate`): at the
+same rate early stopping leaves them near uniform (E[l] near the middle layer whatever the task), with an MLP probe
+most.
 The majority baseline is the test accuracy of always answering train's most frequent label.
 
 Writes to `--output_dir`: probe.csv (task, layer, train/dev/test accuracy, majority baseline; layer "mix" is
@@ -66,20 +67,27 @@ def define_flags() -> None:
   flags.DEFINE_string("output_dir", None, "Where probe.csv, probe.png and summary.json go.", **shared)
   flags.DEFINE_enum("probe", "linear", ["linear", "mlp"], "Linear softmax classifier, or one ReLU hidden layer.")
   flags.DEFINE_integer("max_examples", 3000, "Examples per task (sentences; tagging: sentences, whose words are "
-                       "the items), split 80/10/10.", **shared)
-  flags.DEFINE_string("corpus", None, "JSON lines (`text`) or plain text for sentlen, wc and bshift.", **shared)
+                       "the items), split 80/10/10.", lower_bound=1, **shared)
+  flags.DEFINE_string("corpus", None, "JSON lines (`--text_key`) or plain text for sentlen, wc and bshift.",
+                      **shared)
+  flags.DEFINE_string("text_key", "text", "The text field of a JSON lines --corpus.", **shared)
   flags.DEFINE_integer("tag_column", -1, "conll: the tag's column (POS 1, chunks 2, NER -1).", **shared)
   flags.DEFINE_string("text_column", "sentence", "tsv: the text column.", **shared)
   flags.DEFINE_string("label_column", "label", "tsv: the label column.", **shared)
   flags.DEFINE_enum("pool", "mean", ["mean", "cls"], "Sentence features: mean of word pieces, or [CLS].")
-  flags.DEFINE_integer("hidden_size", 256, "mlp: hidden units.")
-  flags.DEFINE_integer("batch_size", 64, "Sentences per forward pass of the encoder.", **shared)
-  flags.DEFINE_integer("max_length", 128, "Word pieces per sentence, [CLS] and [SEP] included.", **shared)
-  flags.DEFINE_float("learning_rate", 3e-3, "Adam learning rate of the probes.", **shared)
-  flags.DEFINE_float("weight_decay", 1e-2, "Decoupled weight decay of the probes' kernels.", **shared)
-  flags.DEFINE_integer("max_epochs", 100, "Epochs at most.", **shared)
-  flags.DEFINE_integer("patience", 8, "Epochs without a better dev loss before training stops.", **shared)
-  flags.DEFINE_integer("seed", 0, "Seed of the task building, splits and probe initialisation.", **shared)
+  flags.DEFINE_integer("hidden_size", 256, "mlp: hidden units.", lower_bound=1)
+  flags.DEFINE_integer("batch_size", 64, "Sentences per forward pass of the encoder.", lower_bound=1, **shared)
+  flags.DEFINE_integer("max_length", 128, "Word pieces per sentence, [CLS] and [SEP] included (at least 8).",
+                       lower_bound=8, **shared)
+  flags.DEFINE_float("learning_rate", 3e-3, "Adam learning rate of the probes (above 0).", **shared)
+  flags.register_validator("learning_rate", lambda rate: rate > 0, "--learning_rate must be above 0")
+  flags.DEFINE_float("weight_decay", 1e-2, "Decoupled weight decay of the probes' kernels.", lower_bound=0.0,
+                     **shared)
+  flags.DEFINE_integer("max_epochs", 100, "Epochs at most.", lower_bound=1, **shared)
+  flags.DEFINE_integer("patience", 8, "Epochs without a better dev loss before training stops.", lower_bound=1,
+                       **shared)
+  flags.DEFINE_integer("seed", 0, "Seed of the task building, splits and probe initialisation.", lower_bound=0,
+                       **shared)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -89,18 +97,24 @@ def define_flags() -> None:
 def load_task(name: str, max_examples: int, seed: int, sentences=None, opts=None) -> dict:
   """{"name", "kind": "sentence"|"token", "splits": {split: examples}} of one `--task` entry."""
   if name in senteval.BUILDERS:
-    return {"name": name, "kind": "sentence", "splits": senteval.build(name, sentences, max_examples, seed)}
+    splits = senteval.build(name, sentences, max_examples, seed)
+    if not all(splits.values()):
+      sizes = ", ".join(f"{s} {len(v)}" for s, v in splits.items())
+      raise readers.DataError(f"{name}: too few examples to probe ({sizes}); raise --max_examples or give a "
+                              "larger --corpus")
+    return {"name": name, "kind": "sentence", "splits": splits}
   kind, _, source = name.partition(":")
   opts = opts or {}
   if kind == "tsv" and source:
     def read(path):
       rows = readers.read_rows(path)
-      readers.check_columns(path, rows, {"text_a": opts["text_column"]}, opts["label_column"], True)
+      readers.check_columns(path, rows, {"text_a": opts["text_column"]}, opts["label_column"], True,
+                            options={"text_a": "--text_column", "label": "--label_column"})
       return readers.examples_from_rows(rows, opts["text_column"], None, opts["label_column"], path=path)
     locate, label_of = lambda split: readers.resolve_file(source, split, (".tsv", ".csv", ".jsonl")), _label
   elif kind == "conll" and source:
     def read(path):
-      return ner.parse_conll(readers.read_text(path).splitlines(), "", opts["tag_column"], path)
+      return ner.parse_conll(readers.read_text(path).splitlines(), "", opts["tag_column"], path, tag_flag="--tag_column")
     locate, label_of = lambda split: ner.locate(split, source), None
   else:
     raise readers.DataError(f"unknown task {name!r}: give sentlen, wc, bshift, tsv:PATH or conll:PATH")
@@ -283,7 +297,7 @@ def probe_tasks(names) -> dict:
   """{task name: `probe_task` results + the examples per split} of the `--task` entries, as the flags say."""
   started = time.time()
   cfg, params, tokenizer = checkpoint_loader.load(FLAGS.checkpoint)
-  sentences = senteval.read_sentences(FLAGS.corpus) if FLAGS.corpus else None
+  sentences = senteval.read_sentences(FLAGS.corpus, FLAGS.text_key) if FLAGS.corpus else None
   opts = {"tag_column": FLAGS.tag_column, "text_column": FLAGS.text_column, "label_column": FLAGS.label_column}
   tasks = [load_task(name, FLAGS.max_examples, FLAGS.seed, sentences, opts) for name in names]  # errors first
   train_opts = {k: FLAGS[k].value for k in ("learning_rate", "weight_decay", "max_epochs", "patience", "seed")}
@@ -314,9 +328,9 @@ def main(argv) -> None:
     raise app.UsageError(f"--corpus is required by {', '.join(sorted(set(names) & set(senteval.BUILDERS)))}")
   started = time.time()
   # The data or a task option (readers.DataError), a file that is not there: no traceback.
-  with failures.as_user_errors("bert-jax analyze probe", failures.UserError, FileNotFoundError):
+  with failures.as_user_errors("bert-jax analyze probe", failures.UserError, OSError):
+    paths.output_file(os.path.join(FLAGS.output_dir, "summary.json"))   # makes the folder, before the work
     results = probe_tasks(names)
-  os.makedirs(FLAGS.output_dir, exist_ok=True)
   write_csv(os.path.join(FLAGS.output_dir, "probe.csv"), results)
   plot(os.path.join(FLAGS.output_dir, "probe.png"), results,
        f"{FLAGS.probe} probes of {os.path.basename(os.path.normpath(FLAGS.checkpoint))}")

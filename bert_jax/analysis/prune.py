@@ -70,9 +70,10 @@ def define_flags() -> None:
   flags.DEFINE_bool("iterative", False, "Recompute the importance on the masked model after every fraction.")
   flags.DEFINE_float("export_fraction", 0.4, "The fraction of heads removed from the exported model.")
   flags.DEFINE_string("export_dir", None, "Where the pruned finetuned workdir goes (none: no export).")
-  flags.DEFINE_integer("batch_size", 32, "Examples per forward pass.", allow_override=True)
-  flags.DEFINE_integer("timing_repeats", 7, "Timed forward passes of each model (alternating; medians).")
-  flags.DEFINE_integer("timing_batches", 8, "Dev batches in one timed forward pass (0: all).")
+  flags.DEFINE_integer("batch_size", 32, "Examples per forward pass.", allow_override=True, lower_bound=1)
+  flags.DEFINE_integer("timing_repeats", 7, "Timed forward passes of each model (alternating; medians).",
+                       lower_bound=1)
+  flags.DEFINE_integer("timing_batches", 8, "Dev batches in one timed forward pass (0: all).", lower_bound=0)
 
 
 @dataclasses.dataclass
@@ -351,7 +352,9 @@ def main(argv) -> None:
     if FLAGS[name].value is None:
       raise app.UsageError(f"--{name} is required")
   # The user's files, task or fractions: say which and why.
-  with failures.as_user_errors("bert-jax analyze prune", FileNotFoundError, ValueError):
+  # An --output_dir that cannot be made (a file there) too, before the work.
+  with failures.as_user_errors("bert-jax analyze prune", OSError, ValueError):
+    paths.output_file(os.path.join(FLAGS.output_dir, "prune.csv"))
     fractions = [float(f) for f in FLAGS.fractions]
     for f in fractions + ([FLAGS.export_fraction] if FLAGS.export_dir else []):
       num_pruned(f, 1)   # in [0, 1), else ValueError

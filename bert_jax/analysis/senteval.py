@@ -23,7 +23,6 @@ Splits are 80/10/10 per class (the paper's 100k/10k/10k is 83/8.5/8.5), from a s
 """
 
 import collections
-import json
 import re
 
 import numpy as np
@@ -51,15 +50,18 @@ def tokenize(sentence: str) -> tuple[str, ...]:
   return tuple(_TOKEN.findall(sentence))
 
 
-def read_sentences(path: str, field: str = "text", word_range=WORD_RANGE) -> list[tuple[str, ...]]:
-  """The distinct tokenized sentences of `word_range` tokens of a JSON lines (`field`) or plain-text corpus."""
+def read_sentences(path: str, field: str = "text", word_range=WORD_RANGE,
+                   flag: str = "--text_key") -> list[tuple[str, ...]]:
+  """The distinct tokenized sentences of `word_range` tokens of a JSON lines (`field`) or plain-text corpus; a
+  JSON line without its text is a DataError naming the file, the line and `flag` (the option naming `field`)."""
   text = readers.read_text(path)
   is_json = path.endswith((".jsonl", ".json"))
   seen, sentences = set(), []
-  for line in text.splitlines():
+  # JSON lines end at "\n" only: str.splitlines also splits at U+2028 and U+0085, which JSON strings may hold.
+  for n, line in enumerate(text.split("\n") if is_json else text.splitlines(), 1):
     if not line.strip():
       continue
-    document = json.loads(line).get(field, "") if is_json else line
+    document = readers.json_text(path, n, line, field, flag) if is_json else line
     for sentence in split_sentences(document):
       tokens = tokenize(sentence)
       if word_range[0] <= len(tokens) <= word_range[1] and tokens not in seen:

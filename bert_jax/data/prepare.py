@@ -37,6 +37,7 @@ from absl import logging
 from bert_jax import failures
 from bert_jax import paths
 from bert_jax.data import corpus
+from bert_jax.data import instances
 from bert_jax.data import shard_writing
 from bert_jax.data import tokenizer as tokenization
 from bert_jax.data import vocab_training
@@ -208,9 +209,29 @@ def prepare_corpus(spec: str, output_dir: str, *, vocab_file: str | None = None,
   bad = {k: v for k, v in stats["bad_input"].items() if v}
   if bad:
     logging.warning("Bad input (skipped or repaired, see %s): %s", STATS_FILE, bad)
+  for warning in few_documents(stats["splits"]):
+    logging.warning("%s", warning)
   logging.info("%d documents, %d sentences, %d tokens in %.1f s", stats["documents"], stats["sentences"],
                stats["tokens"], stats["seconds"])
   return stats
+
+
+def few_documents(splits: dict) -> list[str]:
+  """What a split of `stats.json` is too small for (`instances.min_documents`), which pretraining would only say
+  once it starts on it."""
+  said = []
+  for name, split in splits.items():
+    n = split["documents"]
+    short = [f for f in instances.FORMATS if n < instances.min_documents(f)]
+    if not n:
+      said.append(f"the {name} split holds no document: a pretraining run that reads it stops at its start"
+                  + ("; hold out more with --eval_fraction, or give --eval_input" if name == "eval" else ""))
+    elif short:
+      least = max(instances.min_documents(f) for f in short)
+      said.append(f"the {name} split holds {n} document{'s' * (n > 1)}: data.format {' and '.join(map(repr, short))} "
+                  f"need{'s' * (len(short) == 1)} at least {least} on each host pretraining runs on (a random next "
+                  "sentence comes from another document); the other formats take it")
+  return said
 
 
 def _progress_path(output_dir: str, task_name: str) -> str:

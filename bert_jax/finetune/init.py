@@ -51,12 +51,29 @@ def load_encoder(config: Config) -> tuple[model_lib.BertConfig, dict | None]:
 
 
 def load_tokenizer(config: Config):
-  """`config.vocab_file`'s tokenizer, else the one beside `init_checkpoint`, with `config.do_lower_case`."""
+  """`config.vocab_file`'s tokenizer, else the one beside `init_checkpoint`, with `config.do_lower_case`. A cased
+  tokenization (CoNLL-2003's config) of an uncased WordPiece vocabulary, which holds no capital letter, is refused:
+  every capitalised word would be [UNK], the named entities first."""
   if config.vocab_file:
-    return tokenizer_lib.load_tokenizer(config.vocab_file, config.do_lower_case)
-  if not config.init_checkpoint:
+    tokenizer, source = tokenizer_lib.load_tokenizer(config.vocab_file, config.do_lower_case), "config.vocab_file"
+  elif not config.init_checkpoint:
     raise failures.UserError("set config.vocab_file (or init_checkpoint, whose directory holds the vocabulary)")
-  return checkpoint_loader.load_tokenizer(config.init_checkpoint, config.do_lower_case)
+  else:
+    tokenizer = checkpoint_loader.load_tokenizer(config.init_checkpoint, config.do_lower_case)
+    source = "config.init_checkpoint"
+  if tokenizer.kind == "wordpiece" and not tokenizer.do_lower_case and _uncased(tokenizer.inv_vocab):
+    raise failures.UserError(
+        f"config.do_lower_case is False but the vocabulary of {source} ({tokenizer.source_file}) is uncased (no "
+        "token with a capital letter): every capitalised word would be [UNK]. Finetune a cased checkpoint (the "
+        "paper's NER results are BERT cased's), or set --config.do_lower_case=True")
+  return tokenizer
+
+
+def _uncased(tokens) -> bool:
+  """Whether a WordPiece vocabulary is an uncased one: Latin letters, none of them capital, outside its bracketed
+  special tokens (a vocabulary of scripts without case is neither)."""
+  words = [t for t in tokens if not (t.startswith("[") and t.endswith("]"))]
+  return any(c in "abcdefghijklmnopqrstuvwxyz" for t in words for c in t) and all(t == t.lower() for t in words)
 
 
 def classifier_pooling(config: Config, bert_cfg: model_lib.BertConfig) -> str:

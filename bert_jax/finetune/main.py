@@ -11,7 +11,6 @@ stops it with one line (exit 143 or 130); the same command then starts the run o
 """
 
 import json
-import os
 import sys
 
 from bert_jax import config_path
@@ -21,13 +20,12 @@ config_path.put_config_root_on_path(sys.argv)
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import app
 from absl import flags
-from absl import logging
 from ml_collections import config_flags
 
-from bert_jax import config_record
+from bert_jax import cli
+from bert_jax import config_loading
 from bert_jax import failures
-from bert_jax import metrics_writer
-from bert_jax import paths
+from bert_jax.finetune import run_workdir
 from bert_jax.finetune import trainer
 
 # Also `bert-jax sweep`'s and `bert-jax ablate`'s flags (they import this module).
@@ -37,18 +35,17 @@ CONFIG = config_flags.DEFINE_config_file("config", None, "A finetuning config (f
 WORKDIR = flags.DEFINE_string("workdir", None, "finetune: its metrics, best checkpoint, predictions and results; "
                               "sweep and ablate: a subdirectory per run, and the results tables.")
 flags.mark_flags_as_required(["workdir"])  # and --config, checked in main (`sweep --summarize` needs none)
-RUN_CONFIG = "finetune_config.json"   # the config `bert-jax finetune` recorded on its first run in a workdir
 
 
 def main(argv) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  config = failures.load_config(CONFIG, "bert-jax finetune", kind="finetune")
+  config = config_loading.load_config(CONFIG, "bert-jax finetune", kind="finetune")
   if config is None:
     raise app.UsageError("--config is required")
   # The data or a task option (readers.DataError), a data_dir or file that is not there: no traceback.
   with failures.as_user_errors("bert-jax finetune", failures.UserError, FileNotFoundError):
-    results = _finished(config, WORKDIR.value)
+    results = run_workdir.finished(config, WORKDIR.value)
     if results is None:
       with failures.stop_message("bert-jax finetune", "finetuning saves no state within a run: the same command "
                                  "starts it over"):
@@ -56,33 +53,5 @@ def main(argv) -> None:
   print(json.dumps(results, indent=1))
 
 
-def _finished(config, workdir: str) -> dict | None:
-  """The results of the run `workdir` holds when it finished with this config (a command run again repeats
-  nothing); None where this run is to train. A finished run of another config stops the command
-  (`config_record.check_same_config`), and so does one finished before its config was recorded. A run that
-  did not finish starts over, whatever its config: its record is replaced and its records removed
-  (finetuning saves no state within a run, and two runs' curves in one metrics.jsonl would read as one)."""
-  workdir = paths.absolute(workdir)
-  config_record.check_workdir_kind(workdir, "finetuning")
-  record = os.path.join(workdir, RUN_CONFIG)
-  results = config_record.read_marker(os.path.join(workdir, trainer.RESULTS_FILE))
-  if results is not None:
-    if not os.path.isfile(record):
-      raise failures.UserError(f"{workdir} holds a finished finetuning run whose config is not recorded: give "
-                               "another --workdir, or remove that directory to run it again")
-    config_record.check_same_config(record, config, paths.FINETUNE_FIELDS, record=False)
-    logging.warning("%s holds this finetuning run, finished: its results follow (remove the directory to "
-                    "run it again)", workdir)
-    return results
-  if metrics_writer.remove_records(workdir):
-    logging.warning("%s held a finetuning run that did not finish: this one starts over (finetuning saves no "
-                    "state within a run)", workdir)
-  if os.path.isfile(record):
-    os.remove(record)
-  os.makedirs(workdir, exist_ok=True)
-  config_record.check_same_config(record, config, paths.FINETUNE_FIELDS)   # records it
-  return None
-
-
 if __name__ == "__main__":
-  app.run(main)
+  cli.run_module(main, "bert-jax finetune")

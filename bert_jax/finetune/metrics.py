@@ -139,15 +139,17 @@ def squad_scores(predictions: dict, gold_answers: dict, version: str = "v1.1") -
     gold_answers: {qid: [gold texts]}; in v2.0 an empty list (or only empty texts) is "no answer".
     version: "v1.1" or "v2.0".
   Returns:
-    {"exact_match", "f1"} and, for v2.0, the same split into "HasAns_*" and "NoAns_*" with counts.
+    {"exact_match", "f1"} and, for v2.0, the same split into "HasAns_*" and "NoAns_*" with counts, each where the
+    set has such questions (as the official evaluate-v2.0.py: no zero scores for a category with no question).
   """
   exact, f1, has_answer = squad_raw_scores(predictions, gold_answers, version)
   result = {"exact_match": _mean(exact.values()), "f1": _mean(f1.values()), "total": len(exact)}
   if version == "v2.0":
     for prefix, want in (("HasAns", True), ("NoAns", False)):
       qids = [q for q in exact if has_answer[q] == want]
-      result.update({f"{prefix}_exact_match": _mean(exact[q] for q in qids),
-                     f"{prefix}_f1": _mean(f1[q] for q in qids), f"{prefix}_total": len(qids)})
+      if qids:
+        result.update({f"{prefix}_exact_match": _mean(exact[q] for q in qids),
+                       f"{prefix}_f1": _mean(f1[q] for q in qids), f"{prefix}_total": len(qids)})
   return result
 
 

@@ -56,11 +56,13 @@ def is_bio(tags) -> bool:
   return bool(tags) and all(len(t) > 2 and t[:2] in ("B-", "I-", "E-", "S-") for t in tags)
 
 
-def parse_conll(lines, scheme: str = "bio", tag_column: int = -1, path: str = "<text>") -> list[NerExample]:
+def parse_conll(lines, scheme: str = "bio", tag_column: int = -1, path: str = "<text>",
+                tag_flag: str = "--config.task_opts.tag_column") -> list[NerExample]:
   """Sentences of CoNLL text: first column the word, column `tag_column` (default the last) the tag.
 
   `scheme` "bio" converts IOB1 tags to BIO, "iob1" or "" keeps them as written. A line with one column
-  only, or without the tag column, is a DataError naming `path` and the line.
+  only, or without the tag column, is a DataError naming `path`, the line and `tag_flag` (the caller's option
+  that sets the column).
   """
   sentences, words, tags = [], [], []
   for n, line in enumerate(list(lines) + [""], 1):
@@ -75,7 +77,7 @@ def parse_conll(lines, scheme: str = "bio", tag_column: int = -1, path: str = "<
     if len(columns) < 2 or not -len(columns) < tag_column < len(columns) or tag_column == 0:
       raise readers.DataError(
           f"{path}, line {n}: {len(columns)} column(s) {columns[:4]}; each line needs the token (first column) "
-          f"and its tag (column {tag_column}; set --config.task_opts.tag_column), a blank line between sentences.")
+          f"and its tag (column {tag_column}; set {tag_flag}), a blank line between sentences.")
     words.append(columns[0])
     tags.append(columns[tag_column])
   return sentences
@@ -105,7 +107,9 @@ def read(split: str, source: str, data_dir: str | None = None, scheme: str = "bi
   if readers.is_tfds(source):
     raise ValueError("conll2003 reads the original text files; give their path")
   path = locate(split, source)
-  return parse_conll(readers.read_text(path).splitlines(), scheme, path=path)
+  return parse_conll(readers.read_text(path).splitlines(), scheme, path=path,
+                     tag_flag="CoNLL-2003's tag is its last column; a generic tagging task (`tagging:`) takes "
+                              "--config.task_opts.tag_column")
 
 
 def read_columns(split: str, source: str, data_dir: str | None = None, tag_column: int = -1):

@@ -127,12 +127,27 @@ def json_row(path: str, n: int, line: str) -> dict:
   return row
 
 
-def check_columns(path: str, rows, columns: dict, label: str | None, labelled: bool) -> None:
+def json_text(path: str, n: int, line: str, field: str, flag: str) -> str:
+  """The text in `field` of line `n` of the JSON lines file `path`; a DataError naming the file, the line and
+  `flag` (the option that names the field, e.g. "--text_key") when the line has no such text."""
+  row = json_row(path, n, line)
+  if field not in row:
+    raise DataError(f"{path}, line {n}: no {field!r} field (its fields: {', '.join(sorted(row)) or 'none'}). "
+                    f"Name the field that holds the text with {flag}=FIELD.")
+  if not isinstance(row[field], str):
+    raise DataError(f"{path}, line {n}: {field!r} is a JSON {type(row[field]).__name__}, not a text.")
+  return row[field]
+
+
+def check_columns(path: str, rows, columns: dict, label: str | None, labelled: bool,
+                  options: dict | None = None) -> None:
   """Raises a DataError when `rows` (of `path`) is empty or lacks a named column.
 
   Args:
     columns: {task option: column name} of the text columns every row needs (e.g. {"text_a": "sentence"}).
     label: the label column; needed when `labelled` (training and dev files), optional otherwise.
+    options: {task option: the flag that names its column} where a command names columns otherwise (say
+      {"context": "--context"}); by default finetuning's `--config.task_opts.<option>` and predict's `--<option>`.
   """
   if not rows:
     raise DataError(f"{path} has a header line but no examples: give it at least one example a line.")
@@ -141,11 +156,11 @@ def check_columns(path: str, rows, columns: dict, label: str | None, labelled: b
   for option, name in need.items():
     if name not in present:
       what = "label" if option == "label" else "text"
-      raise DataError(
-          f"{path} has no {what} column {name!r} (its columns: {', '.join(sorted(present))}). Name the "
-          f"column that holds the {what} with --config.task_opts.{option}=COLUMN"
-          + (", or give a file with its labels: training and dev files need them." if what == "label" else
-             f" (`bert-jax predict`: --{option}=COLUMN)."))
+      how = (f"{options[option]}=COLUMN." if options else f"--config.task_opts.{option}=COLUMN"
+             + (", or give a file with its labels: training and dev files need them." if what == "label" else
+                f" (`bert-jax predict`: --{option}=COLUMN)."))
+      raise DataError(f"{path} has no {what} column {name!r} (its columns: {', '.join(sorted(present))}). Name "
+                      f"the column that holds the {what} with {how}")
 
 
 def examples_from_rows(rows, text_a: str, text_b: str | None, label: str | None,
@@ -193,14 +208,22 @@ def read_cola(path: str) -> list[PairExample]:
 
 def read_quora(path: str) -> list[PairExample]:
   """QQP: GLUE's TSV (header `id qid1 qid2 question1 question2 is_duplicate`, or `id question1
-  question2` for test), or the headerless Quora release `is_duplicate question1 question2 id`."""
+  question2` for test), or the headerless Quora release `is_duplicate question1 question2 id`; a headerless
+  file whose every row is two questions is unlabelled pairs (new text to predict)."""
   text = read_text(path)
   first = text.split("\n", 1)[0].rstrip("\r").split("\t")
   if "question1" in first:
     label = "is_duplicate" if "is_duplicate" in first else None
     return examples_from_rows(read_rows(path), "question1", "question2", label, guid="id", path=path)
   rows = [r for r in csv.reader(io.StringIO(text, newline=""), delimiter="\t", quoting=csv.QUOTE_NONE) if r]
+  if rows and all(len(r) == 2 for r in rows):
+    return [PairExample(guid=str(i), text_a=r[0], text_b=r[1]) for i, r in enumerate(rows)]
   short = sum(len(r) < 3 for r in rows)
+  if short == len(rows):
+    raise DataError(f"{path}: no row has the headerless Quora fields is_duplicate, question1, question2[, id] "
+                    "(a tab between them). Give them, two questions a row (unlabelled), or a header line naming "
+                    "the columns question1 and question2 (--config.task_opts.text_a/text_b, or predict's "
+                    "--text_a/--text_b, name others).")
   if short:   # as the GLUE header's rows with a missing field (`read_rows`), and Hugging Face's QqpProcessor
     logging.warning("%s: skipped %d rows with fewer than 3 fields", path, short)
   return [PairExample(guid=r[3] if len(r) > 3 else str(i), text_a=r[1], text_b=r[2], label=r[0])

@@ -21,6 +21,7 @@ rate {5e-5, 3e-5, 2e-5}, epochs {2, 3, 4}, each with every seed of `config.sweep
 """
 
 import csv
+import glob
 import itertools
 import json
 import math
@@ -35,11 +36,16 @@ from absl import flags
 from absl import logging
 
 from bert_jax import atomic_write
+from bert_jax import cli
+from bert_jax import config_loading
 from bert_jax import config_record
 from bert_jax import failures
 from bert_jax import paths
 # The --config and --workdir flags of `bert-jax finetune` (importing it also puts `configs/` on sys.path).
+from bert_jax.finetune import config_checks
 from bert_jax.finetune import main as finetune_main
+from bert_jax.finetune import run_workdir
+from bert_jax.finetune import task_record
 from bert_jax.finetune import trainer
 
 _SUMMARIZE = flags.DEFINE_list("summarize", [], "Sweep directories: write <workdir>/summary.md, the best "
@@ -50,8 +56,8 @@ CONFIG = "sweep_config.json"
 # Fields a finished trial's result does not depend on: each trial's own hyperparameters, which trials the
 # sweep makes and how it groups them, logging and the device layout.
 RESULT_FREE = (*HPARAMS, "seed", "sweep.grid", "sweep.seeds", "sweep.mode", "sweep.num_random_trials",
-               "sweep.random_seed", "sweep.vmap_trials", "sweep.max_trials_per_group", "log_every_steps",
-               "trials_over_devices", "mesh", "logical_axis_rules")
+               "sweep.random_seed", "sweep.vmap_trials", "sweep.max_trials_per_group",
+               *run_workdir.LOGGING_AND_LAYOUT)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -129,10 +135,31 @@ def _run_group(config, group: list[dict], trial_dir, max_epochs: int | None, log
   if fresh:
     for d in dirs:  # drop whatever an interrupted attempt left
       shutil.rmtree(d, ignore_errors=True)
-  log({"event": "start", "trials": [trial_name(t) for t in group], "max_epochs": max_epochs})
-  results = trainer.finetune_trials([_trial_config(config, t) for t in group], dirs, max_epochs=max_epochs)
-  log({"event": "end", "trials": [trial_name(t) for t in group], "best": [r["best"] for r in results]})
+  names = [trial_name(t) for t in group]
+  log({"event": "start", "trials": names, "max_epochs": max_epochs})
+  results = trainer.finetune_trials([_trial_config(config, t) for t in group], dirs, max_epochs=max_epochs,
+                                    names=names)
+  log({"event": "end", "trials": names, "best": [r["best"] for r in results]})
   return results
+
+
+def _trained_any(workdir: str) -> bool:
+  """Whether a trial in `workdir` started training (its task.json, written once its data and checkpoint were read),
+  finished or reached a rung: results a run of another config would stand beside, or a sweep still running.
+  Without one, the recorded config stands for nothing, and a corrected command takes the workdir."""
+  trials = os.path.join(glob.escape(workdir), "trials", "*")
+  return any(glob.glob(os.path.join(trials, name)) for name in (DONE, "rung_*.json", task_record.TASK_FILE))
+
+
+def _in_words(record: dict) -> str:
+  """A `sweep_log.jsonl` record as the line the sweep prints."""
+  if record["event"] == "start":
+    budget = f" to epoch {record['max_epochs']}" if record["max_epochs"] is not None else ""
+    return f"training {', '.join(record['trials'])}{budget}"
+  if record["event"] == "end":
+    return "; ".join(f"{name} best {best:.4g}" if best is not None else f"{name} not evaluated"
+                     for name, best in zip(record["trials"], record["best"]))
+  return f"{record['trial']} pruned after rung {record['rung']}"
 
 
 def run_sweep(config, workdir: str, check_config: bool = True) -> list[dict]:
@@ -143,6 +170,7 @@ def run_sweep(config, workdir: str, check_config: bool = True) -> list[dict]:
   the fields; the grid, seeds and search may change (`RESULT_FREE`). `check_config` False: the caller
   checks (`bert-jax ablate`, its own record beside).
   """
+  config_checks.validate(config, sweep=True)
   trials = make_trials(config)
   if check_config:
     config_record.check_workdir_kind(workdir, "sweep")
@@ -152,10 +180,13 @@ def run_sweep(config, workdir: str, check_config: bool = True) -> list[dict]:
   def log(record):
     with open(os.path.join(workdir, "sweep_log.jsonl"), "a") as f:
       f.write(json.dumps({"time": round(time.time(), 1), **record}) + "\n")
-    logging.info("sweep: %s", record)
+    print(f"sweep: {_in_words(record)}", flush=True)
 
   if check_config:
-    config_record.check_same_config(os.path.join(workdir, CONFIG), config, paths.FINETUNE_FIELDS, ignore=RESULT_FREE)
+    record = os.path.join(workdir, CONFIG)
+    if os.path.isfile(record) and not _trained_any(workdir):   # say a first attempt stopped on a mistyped path
+      os.remove(record)
+    config_record.check_same_config(record, config, paths.FINETUNE_FIELDS, ignore=RESULT_FREE)
   is_done = lambda t: os.path.isfile(os.path.join(trial_dir(t), DONE))
   s = config.sweep
   if not s.successive_halving:
@@ -272,6 +303,13 @@ def write_tables(rows: list[dict], workdir: str, task: str) -> str:
     b = agg[0]
     lines += ["", f"Best for {task}: batch {b['batch_size']}, lr {b['learning_rate']:g}, "
               f"{b['num_epochs']} epochs: {metric} {b['mean']:.4f} +- {b['std']:.4f} (n={b['n']})."]
+    seeds = [r for r in rows if r["status"] == "done" and r.get("best") is not None
+             and all(r[k] == b[k] for k in HPARAMS)]
+    top = max(seeds, key=lambda r: r["best"]) if seeds else None
+    top_dir = os.path.join(paths.absolute(workdir), "trials", trial_name(top)) if top else ""
+    if top and os.path.isdir(os.path.join(top_dir, "best")):   # kept (keep_best_checkpoint)
+      lines += ["", f"Its best seed's finetuned workdir (`bert-jax predict --checkpoint=...`, `export`): "
+                f"{top_dir} ({metric} {top['best']:.4f}, seed {top['seed']})."]
   text = "\n".join(lines) + "\n"
   with open(os.path.join(workdir, "results.md"), "w") as f:
     f.write(text)
@@ -279,14 +317,22 @@ def write_tables(rows: list[dict], workdir: str, task: str) -> str:
 
 
 def summarize(sweep_dirs: list[str], path: str) -> str:
-  """The best configuration per task over several sweeps (their `results.csv`) as Markdown in `path`."""
-  lines = ["| task | dev metric | batch | lr | epochs | seeds | mean | std |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+  """The best configuration per task over several sweeps (their `results.csv`) as Markdown in `path`, a row
+  each, named by its directory. A directory without `results.csv` (no sweep, or one that never wrote its tables) is
+  a `failures.UserError`, before anything is written."""
+  missing = [d for d in sweep_dirs if not os.path.isfile(os.path.join(d, "results.csv"))]
+  if missing:
+    raise failures.UserError(f"--summarize: {', '.join(missing)} hold{'s' * (len(missing) == 1)} no results.csv: "
+                             "give the --workdir of `bert-jax sweep` runs that wrote their tables")
+  lines = ["| sweep | task | dev metric | batch | lr | epochs | seeds | mean | std |",
+           "|---|---|---|---:|---:|---:|---:|---:|---:|"]
   for d in sweep_dirs:
     with open(os.path.join(d, "results.csv")) as f:
       best = next(csv.DictReader(f), None)  # rows are sorted best first
     if best:
-      lines.append(f"| {best['task']} | {best['metric']} | {best['batch_size']} | {float(best['learning_rate']):g} | "
-                   f"{best['num_epochs']} | {best['n']} | {float(best['mean']):.4f} | {float(best['std']):.4f} |")
+      lines.append(f"| {d} | {best['task']} | {best['metric']} | {best['batch_size']} | "
+                   f"{float(best['learning_rate']):g} | {best['num_epochs']} | {best['n']} | {float(best['mean']):.4f} "
+                   f"| {float(best['std']):.4f} |")
   text = "\n".join(lines) + "\n"
   with open(path, "w") as f:
     f.write(text)
@@ -329,11 +375,12 @@ def plot_lr(rows: list[dict], path: str, task: str) -> bool:
 def main(argv) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  config = failures.load_config(finetune_main.CONFIG, "bert-jax sweep", kind="finetune")
+  config = config_loading.load_config(finetune_main.CONFIG, "bert-jax sweep", kind="finetune")
   workdir = finetune_main.WORKDIR.value
   if _SUMMARIZE.value:
-    os.makedirs(workdir, exist_ok=True)
-    print(summarize(_SUMMARIZE.value, os.path.join(workdir, "summary.md")))
+    with failures.as_user_errors("bert-jax sweep", failures.UserError, OSError):
+      os.makedirs(workdir, exist_ok=True)
+      print(summarize(_SUMMARIZE.value, os.path.join(workdir, "summary.md")))
     return
   if config is None:
     raise app.UsageError("--config is required (unless --summarize)")
@@ -346,4 +393,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run_module(main, "bert-jax sweep")

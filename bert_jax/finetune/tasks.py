@@ -124,9 +124,9 @@ class Task:
         raise readers.DataError(
             f"{path}: label {unknown[0]!r}" + (f" (and {len(unknown) - 1} more: {unknown[1:6]})" if len(unknown) > 1
                                               else "")
-            + f" is not one the model was trained for {list(self.label_names)[:20]}. The label set is the "
-            "training file's: add examples of it there, fix the label, or give every label with "
-            "--config.task_opts.labels=a,b,c.")
+            + f" is not in the label set {list(self.label_names)[:20]}: fix the label (a generic task's set is "
+            "its training file's, or every label named with --config.task_opts.labels=a,b,c; a finetuned model's "
+            "the one it was trained with).")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,9 +11,11 @@ from bert_jax import metrics_writer
 class Tracker:
   """One trial's log, best evaluation and patience; saved with `last/` so a continued run keeps them."""
 
-  def __init__(self, workdir: str, primary_metric: str, patience: int, *, echo: bool = True):
+  def __init__(self, workdir: str, primary_metric: str, patience: int, *, echo: bool = True, name: str = ""):
+    """`echo`: its log lines on stdout too, each after `[name] ` where a name is given (a sweep's trial)."""
     self.workdir, self.primary, self.patience = workdir, primary_metric, patience
     self.writer = metrics_writer.MetricWriter(workdir, echo=echo)
+    self._prefix = f"[{name}] " if name else ""
     self.best, self.best_step, self.best_metrics, self.last_metrics = None, -1, {}, {}
     self.since_best, self.stopped, self.stopped_step = 0, False, None
     self.peek = None   # the primary metric at an epoch budget between evaluations (`peeked`)
@@ -25,7 +27,7 @@ class Tracker:
       shutil.rmtree(os.path.join(workdir, "best"), ignore_errors=True)
 
   def log(self, step: int, scalars: dict) -> None:
-    self.writer.write(step, scalars)
+    self.writer.write(step, scalars, prefix=self._prefix)
 
   def evaluated(self, step: int, metrics: dict, on_best) -> None:
     """Records an evaluation; calls `on_best()` when it is the best so far."""

@@ -21,6 +21,7 @@ checkpoint is loaded or anything compiles; a problem is a `readers.DataError` na
 
 import dataclasses
 import functools
+import glob
 import json
 import math
 import os
@@ -41,6 +42,7 @@ from bert_jax import checkpointing
 from bert_jax import failures
 from bert_jax import paths
 from bert_jax import sharding
+from bert_jax.finetune import config_checks
 from bert_jax.finetune import init
 from bert_jax.finetune import task_model
 from bert_jax.finetune import task_record
@@ -132,8 +134,17 @@ def _predict(pred_fn, params, features: dict, batch_size: int, sharded) -> list:
   return [trial_state.trial(outputs, t) for t in range(len(jax.tree.leaves(outputs)[0]))]
 
 
+_PREDICTION_EXTENSIONS = {"span": "json", "tagging": "txt", "": "tsv"}   # by the task's kind, else tsv
+
+
 def _prediction_file(task, split: str) -> str:
-  return f"predictions_{split}." + {"span": "json", "tagging": "txt"}.get(task.kind, "tsv")
+  return f"predictions_{split}." + _PREDICTION_EXTENSIONS.get(task.kind, _PREDICTION_EXTENSIONS[""])
+
+
+def prediction_files(workdir: str) -> list[str]:
+  """The prediction files a run wrote into `workdir` (`_prediction_file`'s names)."""
+  return sorted(p for ext in set(_PREDICTION_EXTENSIONS.values())
+                for p in glob.glob(os.path.join(glob.escape(workdir), f"predictions_*.{ext}")))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -153,7 +164,8 @@ def _check_group(configs) -> None:
       raise failures.UserError(f"trials trained together may differ only in {PER_TRIAL}, not in {diff}")
 
 
-def finetune_trials(configs: list, workdirs: list, *, max_epochs: int | None = None) -> list:
+def finetune_trials(configs: list, workdirs: list, *, max_epochs: int | None = None,
+                    names: list[str] | None = None) -> list:
   """Finetunes len(configs) trials at once on the same data (each its own learning rate and seed).
 
   Args:
@@ -161,9 +173,13 @@ def finetune_trials(configs: list, workdirs: list, *, max_epochs: int | None = N
     workdirs: one directory per trial.
     max_epochs: stop after this many epochs in total (successive halving's budget), leaving the full
       state in `last/`; a later call with a larger budget continues from it. None: `num_epochs`.
+    names: each trial's name (a sweep's): every trial prints its progress, each line after its name. None: one
+      trial prints its own, trials trained together none (their files have it).
   Returns:
     One results dict per trial (also `<workdir>/results.json`).
   """
+  for c in configs:   # before anything is read
+    config_checks.validate(c)
   # Orbax and every writer get absolute paths, whatever the caller typed (paths.py).
   workdirs = [paths.absolute(w) for w in workdirs]
   configs = [paths.absolute_config(c.copy_and_resolve_references(), paths.FINETUNE_FIELDS) for c in configs]
@@ -175,7 +191,7 @@ def finetune_trials(configs: list, workdirs: list, *, max_epochs: int | None = N
   schedule = _Schedule.of(config, len(train.features["input_ids"]), max_epochs)
   model = task_model.build_model(bert_cfg, task, config.scalar_mix)
   tx = task_model.build_optimizer(config, schedule.total_steps, bert_cfg.num_layers)
-  trackers = _start_trials(workdirs, config, task, bert_cfg, tokenizer)
+  trackers = _start_trials(workdirs, config, task, bert_cfg, tokenizer, names)
   batch_sharding = NamedSharding(mesh, PartitionSpec(trial_axis, batch_axes))
   eval_sharding = NamedSharding(mesh, PartitionSpec(batch_axes))
   eval_batch_size = config.eval_batch_size or config.batch_size
@@ -203,25 +219,35 @@ def finetune_trials(configs: list, workdirs: list, *, max_epochs: int | None = N
 def _task_and_encoder(config: Config) -> tuple:
   """(task, tokenizer, its data as `_read_data` gives it, (encoder config, encoder params)): every data file
   is read and checked before the checkpoint is loaded."""
-  task = tasks_lib.get_task(config.task, **config.task_opts)
+  try:
+    task = tasks_lib.get_task(config.task, **config.task_opts)
+  except failures.UserError:
+    raise
+  except ValueError as e:   # an unknown task or task option
+    raise failures.UserError(f"config.task {config.task!r}: {e}") from None
   tokenizer = init.load_tokenizer(config)
   task, *data = _read_data(task, config, tokenizer)
   bert_cfg, encoder_params = init.load_encoder(config)
+  if config.max_seq_length > bert_cfg.max_input_length:
+    raise failures.UserError(f"max_seq_length {config.max_seq_length} is longer than the model's position table "
+                             f"holds ({bert_cfg.max_input_length} tokens, max_position_embeddings): set "
+                             f"--config.max_seq_length={bert_cfg.max_input_length} or less")
   if task.kind in ("classification", "regression"):   # the pooling goes into task.json with the task's options
     task = dataclasses.replace(task, options={**task.options,
                                               "classifier_pooling": init.classifier_pooling(config, bert_cfg)})
   return task, tokenizer, tuple(data), (bert_cfg, encoder_params)
 
 
-def _start_trials(workdirs: list, config: Config, task, bert_cfg, tokenizer) -> list:
+def _start_trials(workdirs: list, config: Config, task, bert_cfg, tokenizer, names: list[str] | None) -> list:
   """Each trial's records beside its checkpoints (model config, vocabulary, lower-casing and the task: what
-  checkpoint_loader and `predict` read back) and its tracker. One trial prints its progress; trials trained
-  together (sweeps) log to their files only."""
+  checkpoint_loader and `predict` read back) and its tracker. Named trials (a sweep's) print their progress, each
+  line after its name; else one trial prints its own, and trials trained together log to their files only."""
   for w in workdirs:
     checkpoint_loader.write_run_record(w, bert_cfg, tokenizer.source_file, tokenizer.do_lower_case)
     task_record.write(w, task, config)
-  return [tracker_lib.Tracker(w, task.primary_metric, config.early_stopping_patience, echo=len(workdirs) == 1)
-          for w in workdirs]
+  echo = names is not None or len(workdirs) == 1
+  return [tracker_lib.Tracker(w, task.primary_metric, config.early_stopping_patience, echo=echo, name=name)
+          for w, name in zip(workdirs, names or [""] * len(workdirs))]
 
 
 def _jitted_steps(model, tx, task, config: Config, shardings, batch_sharding) -> tuple:

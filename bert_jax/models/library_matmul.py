@@ -120,3 +120,12 @@ class Dense(nn.Module):
     bias = self.param("bias", self.bias_init, (self.features,), self.param_dtype) if self.use_bias else None
     x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=self.dtype)
     return matmul(x, self.prepare_kernel(kernel) if self.prepare_kernel else kernel, bias)
+
+
+def matmuls_hint(cfg, mesh) -> str | None:
+  """A line for a bfloat16 run on CPUs whose matmuls keep XLA's layout, which XLA:CPU computes in float32
+  (`model.matmuls`: this module's form); None otherwise."""
+  if cfg.dtype != jnp.bfloat16 or cfg.library_matmuls or mesh.devices.flat[0].platform != "cpu":
+    return None
+  return ("bfloat16 on CPUs: XLA:CPU computes these matmuls in float32; --config.model.matmuls=library writes "
+          "them in the form its matrix library runs in bfloat16 (AMX; README, 'Training in bfloat16 on a CPU')")

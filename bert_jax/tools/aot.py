@@ -45,6 +45,7 @@ from typing import Any
 from absl import flags
 from ml_collections import config_flags
 
+from bert_jax import config_loading
 from bert_jax import config_path
 from bert_jax import failures
 from bert_jax import malloc
@@ -321,7 +322,7 @@ def main(argv) -> None:
   if not os.environ.get("JAX_PLATFORMS"):
     jax.config.update("jax_platforms", "cpu")
   # A file that is not there, or another kind of config: one line, exit 2.
-  config = failures.load_config(FLAGS["config"], "bert-jax aot", kind="pretrain")
+  config = config_loading.load_config(FLAGS["config"], "bert-jax aot", kind="pretrain")
   topology = FLAGS.topology or config.get("topology", "")
   if not topology:
     raise failures.UserError("no --topology and the config has no `topology` field")

@@ -34,7 +34,7 @@ import numpy as np
 from absl import flags
 from ml_collections import config_flags
 
-from bert_jax import failures
+from bert_jax import config_loading
 from bert_jax import malloc
 from bert_jax import objectives
 from bert_jax import run_checks
@@ -260,7 +260,7 @@ def main(argv) -> None:
     raise ValueError(f"unexpected arguments: {argv[1:]}")
   # The peers take one example per row: so does our step when compared.
   # A file that is not there, or another kind of config: one line, exit 2.
-  config = failures.load_config(FLAGS["config"], "bert-jax bench train", kind="pretrain")
+  config = config_loading.load_config(FLAGS["config"], "bert-jax bench train", kind="pretrain")
   if config is None:
     config = comparison_config(packing=not FLAGS.compare, dtype=FLAGS.dtype)
   if FLAGS.dropout_bits is not None:

@@ -18,6 +18,7 @@ discriminator or generator, DistilBERT), a Google TF checkpoint, a bert_jax pret
 workdir.
 """
 
+import os
 from typing import NamedTuple
 
 from absl import app
@@ -44,9 +45,10 @@ _VOCAB = flags.DEFINE_string("vocab", None, "Tokenizer for text input (vocab.txt
 _DO_LOWER_CASE = flags.DEFINE_bool("do_lower_case", True, "Lowercase text input (uncased models); default: "
                                    "the checkpoint's tokenizer_config.json if it says, else True.",
                                    allow_override=True)
-_MAX_LENGTH = flags.DEFINE_integer("max_length", None, "Truncate text input; default: what the position "
-                                   "table holds (`longest_input`).")
-_BATCH_SIZE = flags.DEFINE_integer("batch_size", 8, "Examples per forward pass.")
+_MAX_LENGTH = flags.DEFINE_integer("max_length", None, "Truncate text input (at least 8 tokens: the special "
+                                   "tokens and some text); default and at most: what the position table holds "
+                                   "(`longest_input`).", lower_bound=8)
+_BATCH_SIZE = flags.DEFINE_integer("batch_size", 8, "Examples per forward pass.", lower_bound=1)
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype.")
 
 _LENGTH_BUCKET = 16  # pad batches to a multiple of this: few shapes, few compilations
@@ -74,7 +76,7 @@ def read_examples(lines, tokenizer=None, max_length: int = 512, truncate: bool =
     if not line.strip():
       continue
     record = readers.json_row(path, n, line)
-    if "input_ids" in record:
+    if input_kind(path, n, record) == "input_ids":
       ids = record["input_ids"]
       types = record.get("token_type_ids", [0] * len(ids))
       mask = record.get("attention_mask", [1] * len(ids))
@@ -82,19 +84,26 @@ def read_examples(lines, tokenizer=None, max_length: int = 512, truncate: bool =
         ids, types, mask = ids[:max_length], types[:max_length], mask[:max_length]
       elif len(ids) > max_length:
         raise ValueError(f"{path}, line {n}: {len(ids)} input_ids, more than max_length {max_length}")
-    elif "text" in record:
+    else:
       if tokenizer is None:
         raise ValueError(f"{path}, line {n}: text input needs a vocabulary (--vocab, or the checkpoint's "
                          "vocab.txt, SentencePiece *.model or vocab.json + merges.txt)")
       ids, types = tokenizer.encode_pair(record["text"], record.get("text_b"), max_length=max_length)
       mask = [1] * len(ids)
-    else:
-      raise ValueError(f"{path}, line {n}: expected a `text` or an `input_ids` field, got {sorted(record)}")
     for name, values in (("token_type_ids", types), ("attention_mask", mask)):
       if len(values) != len(ids):
         raise ValueError(f"{path}, line {n}: {len(ids)} input_ids but {len(values)} {name}")
     examples.append(Example(*(np.asarray(x, np.int32) for x in (ids, types, mask))))
   return examples
+
+
+def input_kind(path: str, n: int, record: dict) -> str:
+  """"input_ids" or "text": which input line `n` of the JSON lines file `path` gives; a DataError naming the file
+  and the line when it gives neither."""
+  for kind in ("input_ids", "text"):
+    if kind in record:
+      return kind
+  raise readers.DataError(f"{path}, line {n}: expected a `text` or an `input_ids` field, got {sorted(record)}")
 
 
 def padded_batches(cfg: model.BertConfig, examples: list, batch_size: int):
@@ -172,9 +181,12 @@ def main(argv) -> None:
   # made: one paragraph, exit 2.
   with failures.as_user_errors("bert-jax embed", OSError, ValueError):
     output = paths.output_file(_OUTPUT.value)
+    if os.path.isdir(output):
+      raise IsADirectoryError(f"--output={_OUTPUT.value} is a folder: give the .npz file to write")
     cfg, params = checkpoint_loader.load_model(_CHECKPOINT.value, dtype=_DTYPE.value)
+    max_length = min(_MAX_LENGTH.value or longest_input(cfg), longest_input(cfg))
     with open(_INPUT.value) as f:
-      examples = read_examples(f, _tokenizer(), _MAX_LENGTH.value or longest_input(cfg), path=_INPUT.value)
+      examples = read_examples(f, _tokenizer(), max_length, path=_INPUT.value)
     if not examples:
       raise ValueError(f"{_INPUT.value} holds no examples (JSON lines with `text` or `input_ids`)")
   pool = "pooler" in params["bert"] and checkpoint_loader.saved_pooler(_CHECKPOINT.value)

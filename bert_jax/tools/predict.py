@@ -6,8 +6,10 @@ The checkpoint is a finetuned workdir (or its `best/`): its `task.json` names th
 and label set, so the input is read as the training files were (the same text columns) and the ids
 map back to the same labels. Input: JSON lines, TSV or CSV with the task's text columns (or those named
 by `--text_a`/`--text_b`); for tagging, `tokens` (a list of words) or `text` (split on whitespace), or
-CoNLL-style lines; for question answering, `question` and `context` (and an `id`), or a SQuAD JSON file.
-Output, one record per input example, as JSON lines or (by the extension of `--output`) TSV/CSV:
+CoNLL-style lines; for question answering, `question` and `context` (or the columns named by
+`--question`/`--context`) and an optional `id`, or a SQuAD JSON file.
+Output, one record per input example, as JSON lines (`--output` ending in .jsonl, or with no extension) or
+TSV/CSV (.tsv, .csv); another extension is refused:
 
   classification  {"id", "label", "probabilities": {label: p}}
   regression      {"id", "value"}
@@ -32,6 +34,7 @@ import numpy as np
 
 from bert_jax import checkpoint_loader
 from bert_jax import failures
+from bert_jax import metrics_writer
 from bert_jax import paths
 from bert_jax.models import encoder as model_lib
 from bert_jax.finetune import metrics
@@ -41,6 +44,7 @@ from bert_jax.finetune import squad
 from bert_jax.finetune import tasks as tasks_lib
 from bert_jax.finetune import task_record as task_record_lib
 from bert_jax.finetune import task_model
+from bert_jax.finetune import trainer
 
 FLAGS = flags.FLAGS
 _CHUNK = 2048          # examples featurized at a time: memory stays flat on large files
@@ -51,10 +55,19 @@ def define_flags() -> None:
   """The command's flags, defined when the CLI runs it: importing `predict` defines none."""
   flags.DEFINE_string("checkpoint", None, "A finetuned workdir (bert-jax finetune), or its best/.")
   flags.DEFINE_string("input", None, "JSON lines, TSV or CSV (tagging: also CoNLL-style; QA: also SQuAD JSON).")
-  flags.DEFINE_string("output", None, "Where the predictions go: .jsonl (default), .tsv or .csv.")
-  flags.DEFINE_integer("batch_size", 64, "Examples per forward pass.")
+  flags.DEFINE_string("output", None, "Where the predictions go: .jsonl (or no extension), .tsv or .csv.")
+  flags.DEFINE_integer("batch_size", 64, "Examples per forward pass.", lower_bound=1)
   flags.DEFINE_string("text_a", None, "The input's text column, if not the training files' one.")
   flags.DEFINE_string("text_b", None, "The input's second text column (sentence pairs), if not the training files'.")
+  flags.DEFINE_string("question", None, "Question answering: the input's question column, if not `question`.")
+  flags.DEFINE_string("context", None, "Question answering: the input's context column, if not `context`.")
+
+
+OUTPUT_FORMATS = {".jsonl": "jsonl", "": "jsonl", ".tsv": "tsv", ".csv": "csv"}   # by the extension of --output
+# The options that name an input's text columns, and the kinds of task that read them.
+_COLUMN_OPTIONS = {"text_a": ("classification", "regression"), "text_b": ("classification", "regression"),
+                   "question": ("span",), "context": ("span",)}
+_KIND_WORDS = {"span": "question answering"}
 
 
 @dataclasses.dataclass
@@ -69,31 +82,46 @@ class Predictor:
   scalar_mix: bool = False
 
   @classmethod
-  def load(cls, path, text_a: str | None = None, text_b: str | None = None) -> "Predictor":
-    """The finetuned checkpoint at `path` (a workdir or its best/); `text_a`/`text_b` rename the text columns."""
-    return cls.from_loaded(checkpoint_loader.load(path), task_record(path), text_a, text_b)
+  def load(cls, path, text_a: str | None = None, text_b: str | None = None, **columns) -> "Predictor":
+    """The finetuned checkpoint at `path` (a workdir or its best/); `text_a`/`text_b` (sentence tasks) or
+    `question`/`context` (question answering) rename the text columns."""
+    record = task_record(path)
+    _check_columns(record, dict(columns, text_a=text_a, text_b=text_b))   # before the slow part
+    return cls.from_loaded(checkpoint_loader.load(path), record, text_a, text_b, **columns)
 
   @classmethod
-  def from_loaded(cls, loaded: checkpoint_loader.Loaded, record: dict, text_a=None, text_b=None) -> "Predictor":
+  def from_loaded(cls, loaded: checkpoint_loader.Loaded, record: dict, text_a=None, text_b=None,
+                  **columns) -> "Predictor":
     """From what `checkpoint_loader.load` gave and the workdir's task.json (`task_record`)."""
-    opts = dict(record.get("task_opts", {}))
-    opts.update({k: v for k, v in (("text_a", text_a), ("text_b", text_b)) if v is not None})
+    columns = {k: v for k, v in dict(columns, text_a=text_a, text_b=text_b).items() if v is not None}
+    _check_columns(record, columns)
+    opts = dict(record.get("task_opts", {}), **columns)
     task = tasks_lib.from_record(dict(record, task_opts=opts))
     return cls(task, loaded.config, loaded.params, loaded.tokenizer, record["max_seq_length"],
                record.get("scalar_mix", False))
 
   def read(self, path: str) -> list:
-    """The examples of an input file (see the module docstring)."""
+    """The examples of an input file (see the module docstring); a DataError when it holds none."""
     path = os.path.abspath(os.path.expanduser(path))
     if not os.path.isfile(path):
       raise FileNotFoundError(f"input {path} does not exist")
+    examples = self._read(path)
+    if not examples:   # rows a reader skipped (a warning says why), or none at all
+      columns = "" if self.task.kind in ("tagging", "span") else (
+          " named in a header line (--text_a/--text_b name others)")
+      raise readers.DataError(f"{path} holds no example to predict: give one a line, with the task's text "
+                              f"columns{columns}.")
+    return examples
+
+  def _read(self, path: str) -> list:
     if self.task.kind == "tagging":
       # The gold tags as finetuning read them: CoNLL-2003's IOB1 as BIO (its `tag_scheme`).
       scheme = self.task.options.get("tag_scheme", "bio") if self.task.name == "conll2003" else ""
       return self._scoreable(read_words(path, self.task.options.get("tag_column", -1), scheme), path)
     if self.task.kind == "span" and path.endswith((".jsonl", ".tsv", ".csv")):
-      return [squad.make_example(r.get("id", str(i)), r["question"], r["context"], [], [])
-              for i, r in enumerate(_rows_with(path, ("question", "context")))]
+      question, context = (self.task.options.get(k) or k for k in ("question", "context"))
+      return [squad.make_example(r.get("id", str(i)), r[question], r[context], [], [])
+              for i, r in enumerate(_rows_with(path, {"question": question, "context": context}))]
     return self._scoreable(self.task.read("predict", path), path)
 
   def _scoreable(self, examples: list, path: str) -> list:
@@ -107,8 +135,9 @@ class Predictor:
     unknown = sorted(str(g) for g in found - set(self.task.label_names))
     if not unknown:
       return examples
-    print(f"warning: {path} has {'labels' if field == 'label' else 'tags'} the model does not know ({', '.join(map(repr, unknown[:5]))}; it knows "
-          f"{list(self.task.label_names)}): predicting without scoring", file=sys.stderr)
+    print(f"warning: {path} has {'labels' if field == 'label' else 'tags'} the model does not know "
+          f"({', '.join(map(repr, unknown[:5]))}; it knows {list(self.task.label_names)}): predicting without "
+          "scoring", file=sys.stderr)
     return [dataclasses.replace(e, **{field: None}) for e in examples]
 
   def predict(self, examples, batch_size: int = 64, progress: bool = False) -> list[dict]:
@@ -149,12 +178,30 @@ class Predictor:
 
 
 def task_record(path) -> dict:
-  """The task.json of the finetuned workdir holding checkpoint `path`; FileNotFoundError without one."""
-  record = task_record_lib.read(path)
+  """The task.json of the finetuned workdir holding checkpoint `path`; FileNotFoundError without one, or where
+  its run saved no checkpoint yet. A run that did not finish (no results.json) is used with a warning: its best
+  checkpoint so far."""
+  try:
+    record = task_record_lib.read(path)
+  except failures.UserError:   # no checkpoint there
+    workdir = paths.absolute(str(path))
+    if os.path.isfile(os.path.join(workdir, task_record_lib.TASK_FILE)):
+      if os.path.isfile(os.path.join(workdir, trainer.RESULTS_FILE)):
+        raise FileNotFoundError(f"{path} holds a finetuning run that finished without keeping a checkpoint "
+                                "(keep_best_checkpoint False): finetune again with it True") from None
+      raise FileNotFoundError(f"{path} holds a finetuning run that saved no checkpoint yet (its best/ comes with "
+                              "its first evaluation): run it again with `bert-jax finetune`") from None
+    raise
   if record is None:
     raise FileNotFoundError(
-        f"{path} is not a finetuned workdir: it has no {task_record_lib.TASK_FILE}. `bert-jax predict` needs the "
-        "workdir of `bert-jax finetune` (task.json there names the task, its text columns and label set).")
+        f"{path} is not a finetuned workdir: it has no {task_record_lib.TASK_FILE}. A finetuned model is needed "
+        "here: the workdir of `bert-jax finetune` (task.json there names the task, its text columns and label set).")
+  workdir = checkpoint_loader.find(path).directory
+  # A finetuning run's workdir (its log) without its results; not an export (prune's), which has neither.
+  if (os.path.isfile(os.path.join(workdir, metrics_writer.JSONL))
+      and not os.path.isfile(os.path.join(workdir, trainer.RESULTS_FILE))):
+    print(f"warning: {workdir} holds a finetuning run that did not finish (no {trainer.RESULTS_FILE}): its best "
+          "checkpoint so far is used", file=sys.stderr)
   return record
 
 
@@ -162,9 +209,27 @@ def task_record(path) -> dict:
 # Reading, running, decoding.
 
 
-def _rows_with(path: str, columns) -> list[dict]:
+def _check_columns(record: dict, columns: dict) -> None:
+  """A UserError when a column is named (`--text_a`, `--question` ...) that the task does not read."""
+  kind = tasks_lib.from_record(record).kind
+  wrong = next((o for o, v in columns.items() if v is not None and kind not in _COLUMN_OPTIONS[o]), None)
+  if wrong is None:
+    return
+  uses = [f"--{o}" for o, kinds in _COLUMN_OPTIONS.items() if kind in kinds]
+  what = "question answering's input" if "span" in _COLUMN_OPTIONS[wrong] else "a sentence task's input"
+  raise failures.UserError(f"--{wrong} names a column of {what}, and the model is for {_KIND_WORDS.get(kind, kind)} "
+                           f"({record['task']}): " + (f"name its columns with {'/'.join(uses)}." if uses else
+                                                      "it reads no column by that name."))
+
+
+def _rows_with(path: str, columns: dict) -> list[dict]:
+  """The rows of `path`; a DataError unless each has the {option: column} `columns` (options are flags here)."""
   rows = readers.read_rows(path)
-  readers.check_columns(path, rows, {c: c for c in columns}, None, labelled=False)
+  readers.check_columns(path, rows, columns, None, labelled=False, options={o: f"--{o}" for o in columns})
+  for i, row in enumerate(rows):   # JSON lines: a column is there when one row has it
+    missing = [c for c in columns.values() if row.get(c) is None]
+    if missing:
+      raise readers.DataError(f"{path}, example {i + 1}: no {missing[0]!r} field; every example needs its text.")
   return rows
 
 
@@ -178,7 +243,9 @@ def read_words(path: str, tag_column: int = -1, scheme: str = "") -> list[ner.Ne
     if all(len(line.split()) <= 1 for line in lines):   # words only: no gold tags
       lines = [f"{line.strip()} _" if line.strip() else "" for line in lines]
       return [dataclasses.replace(e, tags=None) for e in ner.parse_conll(lines, scheme="", path=path)]
-    return ner.parse_conll(lines, scheme=scheme, tag_column=tag_column, path=path)
+    return ner.parse_conll(lines, scheme=scheme, tag_column=tag_column, path=path,
+                           tag_flag="the column the finetuned run read its tags from: give the input its training "
+                                    "files' columns, or the words alone")
   rows = readers.read_rows(path)
   if not rows or not all("tokens" in r or "text" in r for r in rows):
     raise readers.DataError(f"{path}: every example needs `tokens` (a list of words) or `text` to tag.")
@@ -251,17 +318,27 @@ def _progress(total: int):
 # Writing.
 
 
+def output_format(path: str) -> str:
+  """"jsonl", "tsv" or "csv", by the extension of `path`; a UserError for another extension."""
+  ext = os.path.splitext(path)[1].lower()
+  if ext not in OUTPUT_FORMATS:
+    raise failures.UserError(f"--output={path}: predict writes JSON lines (.jsonl), TSV (.tsv) or CSV (.csv), not "
+                             f"{ext}; give one of these extensions.")
+  return OUTPUT_FORMATS[ext]
+
+
 def write(path: str, results: list[dict]) -> None:
   """JSON lines, or TSV/CSV (by extension): a column per field, probabilities as `p_<label>`."""
-  if not path.endswith((".tsv", ".csv")):
+  fmt = output_format(path)
+  if fmt == "jsonl":
     with open(path, "w", encoding="utf-8") as f:
       f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in results)
     return
   rows = [_flat(r) for r in results]
   header = list(rows[0]) if rows else ["id"]
   with open(path, "w", encoding="utf-8", newline="") as f:
-    writer = csv.DictWriter(f, header, delimiter="\t" if path.endswith(".tsv") else ",",
-                            **({"quoting": csv.QUOTE_NONE, "escapechar": "\\"} if path.endswith(".tsv") else {}))
+    writer = csv.DictWriter(f, header, delimiter="\t" if fmt == "tsv" else ",",
+                            **({"quoting": csv.QUOTE_NONE, "escapechar": "\\"} if fmt == "tsv" else {}))
     writer.writeheader()
     writer.writerows(rows)
 
@@ -286,8 +363,13 @@ def main(argv) -> None:
     if FLAGS[name].value is None:
       raise app.UsageError(f"--{name} is required")
   try:
+    output_format(FLAGS.output)
     output = paths.output_file(FLAGS.output)
-    predictor = Predictor.load(FLAGS.checkpoint, FLAGS.text_a, FLAGS.text_b)
+    if os.path.isdir(output):
+      raise IsADirectoryError(f"--output={FLAGS.output} is a folder: give the file to write, e.g. "
+                              f"{os.path.join(FLAGS.output, 'predictions.jsonl')}")
+    predictor = Predictor.load(FLAGS.checkpoint, FLAGS.text_a, FLAGS.text_b, question=FLAGS.question,
+                               context=FLAGS.context)
     examples = predictor.read(FLAGS.input)
   except (OSError, ValueError) as e:  # the user's files (readers.DataError ...): say which and why
     failures.say_and_exit(failures.UserError(str(e)), prefix="bert-jax predict")
