@@ -216,10 +216,7 @@ def _text(rows, task: str) -> str:
 
 
 def _read(path: str) -> str | None:
-  if not os.path.isfile(path):
-    return None
-  with open(path, encoding="utf-8") as f:
-    return f.read()
+  return readers.read_text(path) if os.path.isfile(path) else None
 
 
 def _examples(kind: str, texts, texts_b=None) -> list:
