@@ -35,9 +35,11 @@ SUBCOMMANDS = {
 _TWO_WORD = ("bench", "analyze")  # `bench data`, `analyze heads`, ...
 
 
-def _usage() -> str:
-  lines = ["usage: bert-jax <command> [flags]", "", "commands:"]
-  lines += [f"  {name:<18} {doc}" for name, (_, doc) in SUBCOMMANDS.items()]
+def _usage(group: str = "") -> str:
+  """The commands (those of `group`, "bench" or "analyze", where given) and what each does."""
+  lines = [f"usage: bert-jax {group or '<command>'} {'<command> ' if group else ''}[flags]", "", "commands:"]
+  prefix = f"{group} " if group else ""
+  lines += [f"  {name:<18} {doc}" for name, (_, doc) in SUBCOMMANDS.items() if name.startswith(prefix)]
   lines += ["", "`bert-jax <command> --help` lists a command's flags."]
   return "\n".join(lines)
 
@@ -51,7 +53,10 @@ def main(argv=None) -> None:
     print(_usage())
     sys.exit(0 if len(argv) >= 2 else 2)
   name, rest = argv[1], argv[2:]
-  if name in _TWO_WORD and rest:
+  if name in _TWO_WORD and (not rest or rest[0] in ("-h", "--help", "help")):   # `bert-jax bench --help`
+    print(_usage(name))
+    sys.exit(0 if rest else 2)
+  if name in _TWO_WORD:
     name, rest = f"{name} {rest[0]}", rest[1:]
   if name not in SUBCOMMANDS:
     print(f"bert-jax: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)

@@ -33,13 +33,19 @@ def absolute(path: str) -> str:
   return os.path.abspath(os.path.expanduser(path))
 
 
-def output_file(path: str) -> str:
+def output_file(path: str, flag: str = "", example: str = "") -> str:
   """An output file flag's `path`, absolute, with its folder made: commands call it before their work, so
   that `--output=out/preds.jsonl` writes into a new `out/` and a folder that cannot be made stops the
-  command (an OSError, which they end with exit 2) before the work rather than after it."""
+  command (an OSError, which they end with exit 2) before the work rather than after it. A `path` that is
+  a folder is refused the same way (IsADirectoryError), named as the user typed it: `--<flag>=<path>`
+  where `flag` is given, and `example`, a file name, makes the message say what to give instead."""
   if "://" in path:
     return path
+  given = f"--{flag}={path}" if flag else path
   path = os.path.abspath(os.path.expanduser(path))   # one file: no list, no data spec (`absolute`'s)
+  if os.path.isdir(path):
+    hint = f", e.g. {os.path.join(given.partition('=')[2] or given, example)}" if example else ""
+    raise IsADirectoryError(f"{given} is a folder: give the file to write{hint}")
   if os.path.dirname(path):
     try:
       os.makedirs(os.path.dirname(path), exist_ok=True)

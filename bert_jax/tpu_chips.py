@@ -41,6 +41,12 @@ def parse_topology(topology: str) -> tuple[str, Chip, str]:
   if generation not in CHIPS or not shape:
     raise failures.UserError(f"topology {topology!r}: expected <generation>:<shape> with generation in "
                              f"{sorted(CHIPS)}, e.g. v3:8x8, v4:4x4x4, v5e:8x8, v6e:8x8")
+  sides = shape.split("x")
+  # libtpu takes a side of 0 with a floating-point exception that ends the process, and a non-number in a
+  # traceback: both are refused here.
+  if not 2 <= len(sides) <= 3 or not all(side.isdigit() and int(side) > 0 for side in sides):
+    raise failures.UserError(f"topology {topology!r}: its shape is chips along each axis, two or three "
+                             f"positive numbers joined by x, e.g. {generation}:8x8 or v4:4x4x4")
   return generation, CHIPS[generation], shape
 
 

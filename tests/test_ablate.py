@@ -219,7 +219,8 @@ def test_variants_run_apart_or_reported_later_must_share_one_config(tmp_path):
     ablate_main.run_and_report(unset, str(tmp_path), train=False)
 
 
-def test_a_task_s_data_dir_unset_or_not_there_stops_the_table_before_anything_runs_or_is_recorded(tmp_path):
+def test_a_task_s_data_dir_unset_or_not_there_stops_the_table_before_anything_runs_or_is_recorded(
+    tmp_path, data_dir):  # noqa: F811  (the fixture)
   ablation = table("devlin_table5", "tiny")
   with pytest.raises(failures.UserError, match=r"tasks.sst2.data_dir is not set: set --config.tasks.sst2.data_dir"):
     runner.run(ablation, str(tmp_path / "unset"))
@@ -234,6 +235,15 @@ def test_a_task_s_data_dir_unset_or_not_there_stops_the_table_before_anything_ru
                                                r"'[^']*/prepared/nwes' holds no prepared shards"):
     runner.run(ablation, str(tmp_path / "corpus"))
   assert not (tmp_path / "corpus").exists()
+  # A vocabulary larger than the model's table: stopped before anything is recorded, and the field to set is
+  # named as this command line sets it (a first version said --config.model.vocab_size, which ablate refuses).
+  runner.set_field(ablation, "base.data.train_files", data_dir)   # prepared with a vocabulary of 128
+  runner.set_field(ablation, "base.model.vocab_size", 64)
+  with pytest.raises(failures.UserError, match=r"variant mlm_nsp's pretraining config .*: the tokenizer of .* has "
+                                               r"\d+ tokens but .* set --config.base.model.vocab_size=\d+ "):
+    runner.run(ablation, str(tmp_path / "vocab"))
+  assert not (tmp_path / "vocab").exists()
+  runner.set_field(ablation, "base.model.vocab_size", table("devlin_table5", "tiny").base.model.vocab_size)
   # A task's field out of range: named as this command line sets it, before anything runs or is recorded.
   runner.set_field(ablation, "tasks.sst2.learning_rate", 0.0)
   with pytest.raises(failures.UserError, match=r"invalid config of task sst2:\n  learning_rate 0.0: above 0 "
@@ -408,3 +418,6 @@ def test_a_report_of_a_workdir_that_is_not_there_is_a_user_error(tmp_path):
   with pytest.raises(failures.UserError, match=r"--report_only: .*nothere does not exist"):
     ablate_main.run_and_report(table("devlin_table5", "tiny"), str(tmp_path / "nothere"), train=False)
   assert not (tmp_path / "nothere").exists()
+  (tmp_path / "a_file").write_text("")
+  with pytest.raises(failures.UserError, match=r"--report_only: .*a_file is a file, not a workdir"):
+    ablate_main.run_and_report(table("devlin_table5", "tiny"), str(tmp_path / "a_file"), train=False)

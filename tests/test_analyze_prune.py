@@ -156,9 +156,12 @@ def test_export_reloads_with_fewer_params_and_the_masked_logits(tiny_run, tmp_pa
 @pytest.mark.slow
 def test_the_command_end_to_end(tiny_run, tmp_path):
   workdir, data = tiny_run
+  # A dev file of the user's own, its text column named otherwise than the training files' (`--text_a`).
+  with open(f"{data}/dev.tsv") as f:
+    (tmp_path / "dev.tsv").write_text(f.read().replace("sentence\tlabel", "review\tlabel", 1))
   argv = [sys.executable, "-m", "bert_jax.cli", "analyze", "prune", f"--checkpoint={workdir}",
-          f"--input={data}/dev.tsv", f"--output_dir={tmp_path}/out", "--fractions=0,0.25,0.5,0.75",
-          "--batch_size=16"]
+          f"--input={tmp_path}/dev.tsv", "--text_a=review", f"--output_dir={tmp_path}/out",
+          "--fractions=0,0.25,0.5,0.75", "--batch_size=16"]
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   run = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
   assert run.returncode == 0, run.stderr[-3000:]
@@ -203,5 +206,12 @@ def test_command_mistakes_are_one_line_and_exit_2(tmp_path):
   cases = {("--checkpoint=nowhere", "--input=dev.tsv", "--output_dir=out", "--timing_repeats=0"):
                "bert-jax analyze prune: flag --timing_repeats=0: 0 is not a positive integer",
            ("--checkpoint=nowhere", "--input=dev.tsv", "--output_dir=README.md"):
-               f"bert-jax analyze prune: cannot write {tmp_path}/README.md/prune.csv: its folder cannot be made"}
+               f"bert-jax analyze prune: cannot write {tmp_path}/README.md/prune.csv: its folder cannot be made",
+           # An export over an earlier one would mix their weights and configs: refused, as a file there is.
+           ("--checkpoint=nowhere", "--input=dev.tsv", "--output_dir=out", "--export_dir=earlier"):
+               "bert-jax analyze prune: --export_dir=earlier already holds files (an earlier export?)",
+           ("--checkpoint=nowhere", "--input=dev.tsv", "--output_dir=out", "--export_dir=README.md"):
+               "bert-jax analyze prune: --export_dir=README.md is a file"}
+  (tmp_path / "earlier").mkdir()
+  (tmp_path / "earlier" / "bert_config.json").write_text("{}")
   assert_one_line_errors(["analyze", "prune"], cases, tmp_path)

@@ -17,6 +17,7 @@ from bert_jax import malloc, objectives, sharding, tpu_chips, train_setup
 from bert_jax.tools import hlo_bytes
 from bert_jax.tools import step_cost
 from conftest import REPO_ROOT
+from conftest import assert_one_line_errors
 from configs import tiny
 
 # A one-layer tiny model (the TPU compiler takes tens of seconds even for this) whose matrices are
@@ -474,6 +475,27 @@ def test_aot_notes_a_topology_the_mesh_was_not_chosen_for():
   assert "topology is v3:8x8, not v5e:8x8" in note and "--search_mesh ranks v5e:8x8's splits" in note
   assert aot.topology_note(bert_large.get_config("phase2,v5e:8x8"), "v5e:8x8") == ""
   assert aot.topology_note(tiny.get_config(), "v4:2x2x1") == ""   # no topology of its own
+
+
+def test_topologies_libtpu_would_crash_on_are_refused_first():
+  from bert_jax import failures   # pylint: disable=g-import-not-at-top
+  from bert_jax.tools import aot   # pylint: disable=g-import-not-at-top
+  assert aot.parse_topology("v4:4x4x4")[2] == "4x4x4" and aot.parse_topology("v3:2x2")[2] == "2x2"
+  for shape in ("0x2", "axb", "8", "2x2x2x2", "-2x2", "2x"):   # 0x2 ends libtpu's process (a floating-point exception)
+    with pytest.raises(failures.UserError, match=rf"topology 'v3:{shape}': its shape is chips along each axis"):
+      aot.parse_topology(f"v3:{shape}")
+
+
+def test_aot_mistakes_are_one_line_before_any_compile(tmp_path):
+  """No --config, a slice libtpu has no layout for, and an output that is a folder: exit 2, one line."""
+  (tmp_path / "out").mkdir()
+  tiny_config = str(REPO_ROOT / "configs" / "tiny.py")
+  assert_one_line_errors(["aot"], {
+      ("--topology=v3:2x2",): "bert-jax aot: --config is required",
+      (f"--config={tiny_config}", "--topology=v3:3x3"): "bert-jax aot: topology 'v3:3x3': libtpu has no such slice",
+      (f"--config={tiny_config}", "--topology=v3:2x2", "--hlo=out"): "bert-jax aot: --hlo=out is a folder",
+      (f"--config={tiny_config}", "--topology=v3:2x2", "--json=out"): "bert-jax aot: --json=out is a folder",
+  }, cwd=tmp_path)
 
 
 def test_aot_without_libtpu_says_how_to_install_it(monkeypatch):

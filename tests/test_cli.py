@@ -67,6 +67,17 @@ print(api._config("classification", [{{"text": "a", "label": "x"}}], ["x"]).task
   assert run.returncode == 0 and run.stdout.split()[-2:] == ["mini", "generic"], run.stderr[-2000:]
 
 
+@pytest.mark.parametrize("group", ["bench", "analyze"])
+def test_a_command_group_lists_its_commands(capsys, group):
+  from bert_jax import cli  # pylint: disable=g-import-not-at-top
+  for argv, code in (([group, "--help"], 0), ([group, "-h"], 0), ([group], 2)):
+    with pytest.raises(SystemExit) as stopped:
+      cli.main(["bert-jax", *argv])
+    listed = [line.split()[:2] for line in capsys.readouterr().out.splitlines() if line.startswith("  ")]
+    assert stopped.value.code == code
+    assert listed == [name.split() for name in cli.SUBCOMMANDS if name.startswith(f"{group} ")], listed
+
+
 def test_a_ctrl_c_no_command_handles_is_one_line_and_exit_130(capsys):
   from bert_jax import cli  # pylint: disable=g-import-not-at-top
 

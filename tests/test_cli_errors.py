@@ -30,6 +30,15 @@ def _cases(tmp):
       ("aot", "--config=configs/tiny.py", "--topology=v9:2x2"): "bert-jax aot: topology 'v9:2x2': expected",
       ("aot", "--config=configs/tiny_typo.py", "--topology=v4:2x2x1"): "bert-jax aot: cannot load --config",
       ("bench", "train", "--config=configs/tiny_typo.py"): "bert-jax bench train: cannot load --config",
+      ("bench", "train", "--config=configs/tiny.py", "--steps=0"):   # checked before the compile and warm-up
+          "bert-jax bench train: flag --steps=0: 0 is not a positive integer",
+      ("bench", "data", f"--input={tmp}/nowhere.jsonl", "--seq_lengths=64"):
+          f"bert-jax bench data: no input files match '{tmp}/nowhere.jsonl'",
+      ("bench", "data", f"--prepared_dir={tmp}/nowhere"):
+          f"bert-jax bench data: --prepared_dir={tmp}/nowhere holds no prepared shards",
+      ("bench", "data", f"--input={tmp}/vocab.txt", f"--work_dir={tmp}/vocab.txt"):
+          f"bert-jax bench data: --work_dir={tmp}/vocab.txt is a file: give a folder",
+      ("bench", "data", "--seq_lengths=abc"): "bert-jax bench data: --seq_lengths=abc: give sequence lengths",
       ("pretrain", "--config=configs/tiny_typo.py", f"--workdir={tmp}/t", "--config.train_steps=3"):
           # an override applied to a file that is not there
           f"bert-jax pretrain: cannot load --config: configs/tiny_typo.py does not exist (a relative path is taken "

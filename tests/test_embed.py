@@ -74,6 +74,17 @@ def test_read_examples_errors_and_defaults():
     embed.read_examples(['{"input_ids": [1]}', "plain text"])
   with pytest.raises(ValueError, match="line 1: a JSON list, not an object"):
     embed.read_examples(["[1, 2]"])
+  # Ids past the model's tables would embed as NaN: refused with the model's config, naming the line.
+  cfg = model.BertConfig(vocab_size=200, type_vocab_size=2)
+  assert len(embed.read_examples(['{"input_ids": [0, 199], "token_type_ids": [0, 1]}'], cfg=cfg)) == 1
+  with pytest.raises(ValueError, match=r"input, line 2: input_ids holds 200, but the model has 200 ids .*\(0 to 199\)"):
+    embed.read_examples(['{"input_ids": [1]}', '{"input_ids": [1, 200]}'], cfg=cfg)
+  with pytest.raises(ValueError, match="line 1: input_ids holds -1"):
+    embed.read_examples(['{"input_ids": [-1]}'], cfg=cfg)
+  with pytest.raises(ValueError, match="line 1: token_type_ids holds 5, but the model has 2 token types"):
+    embed.read_examples(['{"input_ids": [1, 2], "token_type_ids": [0, 5]}'], cfg=cfg)
+  no_types = model.BertConfig(vocab_size=200, type_vocab_size=0)   # DistilBERT's: the types are not read
+  assert len(embed.read_examples(['{"input_ids": [1, 2], "token_type_ids": [0, 5]}'], cfg=no_types)) == 1
 
 
 def test_an_input_with_no_examples_or_a_bad_line_is_one_message_naming_the_file(tmp_path):
@@ -218,5 +229,6 @@ def test_flags_out_of_range_and_an_output_folder_are_one_line_and_exit_2(tmp_pat
   (tmp_path / "out").mkdir()
   cases = {("--output=e.npz", "--batch_size=0"): "bert-jax embed: flag --batch_size=0: 0 is not a positive integer",
            ("--output=e.npz", "--max_length=2"): "bert-jax embed: flag --max_length=2: 2 is not integer >= 8",
-           ("--output=out",): "bert-jax embed: --output=out is a folder: give the .npz file to write"}
+           ("--output=out",):
+               "bert-jax embed: --output=out is a folder: give the file to write, e.g. out/embeddings.npz"}
   assert_one_line_errors(["embed"], cases, tmp_path, common=("--checkpoint=nowhere", "--input=in.jsonl"))

@@ -146,7 +146,8 @@ def _bad_files(tweets):
       "misspelt_label_option": ({}, {"label": "sentimnet"}, r"train.csv has no label column 'sentimnet'.*"
                                 r"--config.task_opts.label=COLUMN"),
       "misspelt_text_option": ({}, {"text_a": "txt"}, r"train.csv has no text column 'txt'.*"
-                               r"--config.task_opts.text_a=COLUMN \(`bert-jax predict`: --text_a=COLUMN\)"),
+                               r"--config.task_opts.text_a=COLUMN "
+                               r"\(`bert-jax predict` and `analyze prune`: --text_a=COLUMN\)"),
       "dev_without_labels": ({"dev_csv": _drop_column(dev, "sentiment")}, {}, r"dev.csv has no label column"),
       "empty_dev": ({"dev_csv": b""}, {}, r"dev.csv is empty: it needs a header line"),
       "header_only_dev": ({"dev_csv": b"id,text,sentiment\n"}, {}, r"dev.csv has a header line but no examples"),

@@ -29,6 +29,12 @@ def test_an_output_file_gets_its_folder_before_the_work(tmp_path, monkeypatch):
   (tmp_path / "a_file").write_text("")
   with pytest.raises(OSError, match="cannot write .*a_file/x.tsv: its folder cannot be made"):
     paths.output_file("a_file/x.tsv")
+  (tmp_path / "a_folder").mkdir()   # refused before the work, named as typed
+  with pytest.raises(IsADirectoryError, match=r"^a_folder is a folder: give the file to write$"):
+    paths.output_file("a_folder")
+  with pytest.raises(IsADirectoryError, match=r"^--hlo=a_folder/ is a folder: give the file to write, e.g. "
+                     r"a_folder/step.hlo$"):
+    paths.output_file("a_folder/", "hlo", example="step.hlo")
 
 
 def test_absolute_config_on_a_locked_config(tmp_path, monkeypatch):

@@ -46,7 +46,8 @@ def run_and_report(ablation, workdir: str, train: bool = True, only=()) -> str:
   if train:
     runner.run(ablation, workdir, only=only)
   elif not os.path.isdir(workdir):
-    raise failures.UserError(f"--report_only: {workdir} does not exist; give the --workdir the table ran in (or "
+    what = "is a file, not a workdir" if os.path.exists(workdir) else "does not exist"
+    raise failures.UserError(f"--report_only: {workdir} {what}; give the --workdir the table ran in (or "
                              "run it there first, without --report_only)")
   return report.write_all(ablation, runner.collect(ablation, workdir), workdir)
 

@@ -28,6 +28,7 @@ from bert_jax import config_record
 from bert_jax import failures
 from bert_jax import objectives
 from bert_jax import paths
+from bert_jax import pretrain_data
 from bert_jax import run_checks
 from bert_jax import train
 from bert_jax import train_setup
@@ -205,6 +206,8 @@ def check_pretraining(configs: dict, workdir: str, variants) -> None:
       try:
         run_checks.validate(config)
         run_checks.check_inputs(config)
+        if not config.data.train_files.startswith("embedded:"):   # (an embedded corpus gets the model's size)
+          pretrain_data.load_tokenizer(config.data, config)   # a vocabulary larger than the model's table
       except failures.UserError as e:   # its fields as this command line sets them: under `base`
         raise failures.UserError(f"variant {name}'s pretraining config (the table's base with the variant's "
                                  f"overrides; a field F is --config.base.F here): "

@@ -308,7 +308,8 @@ render();
 def inputs(cfg, tokenizer, records: list[dict], max_length: int = 128, path: str = "input") -> list[embed.Example]:
   """The records tokenized, truncated to `max_length` and to the position table; a ValueError naming `path`."""
   max_length = min(max_length, embed.longest_input(cfg))
-  return embed.read_examples([json.dumps(r) for r in records], tokenizer, max_length, truncate=True, path=path)
+  return embed.read_examples([json.dumps(r) for r in records], tokenizer, max_length, truncate=True, path=path,
+                             cfg=cfg)
 
 
 def compute(cfg, params, tokenizer, records: list[dict], max_length: int = 128, batch_size: int = 8,

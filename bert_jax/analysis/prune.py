@@ -70,6 +70,10 @@ def define_flags() -> None:
   flags.DEFINE_bool("iterative", False, "Recompute the importance on the masked model after every fraction.")
   flags.DEFINE_float("export_fraction", 0.4, "The fraction of heads removed from the exported model.")
   flags.DEFINE_string("export_dir", None, "Where the pruned finetuned workdir goes (none: no export).")
+  flags.DEFINE_string("text_a", None, "A sentence task's input: its text column, if not the training files' one.",
+                      allow_override=True)
+  flags.DEFINE_string("text_b", None, "A sentence task's input: its second text column (sentence pairs), if not "
+                      "the training files' one.", allow_override=True)
   flags.DEFINE_integer("batch_size", 32, "Examples per forward pass.", allow_override=True, lower_bound=1)
   flags.DEFINE_integer("timing_repeats", 7, "Timed forward passes of each model (alternating; medians).",
                        lower_bound=1)
@@ -254,6 +258,17 @@ def export(checkpoint: str, predictor: predict.Predictor, heads, export_dir: str
   return cfg, params
 
 
+def check_export_dir(export_dir: str) -> None:
+  """Refuses an `--export_dir` that is a file or holds anything: an export over another would mix its
+  weights with this one's config (a model that no longer loads), and deleting what is there is the user's
+  call."""
+  if os.path.isfile(export_dir):
+    raise NotADirectoryError(f"--export_dir={export_dir} is a file: give a new folder for the pruned workdir")
+  if os.path.isdir(export_dir) and os.listdir(export_dir):
+    raise FileExistsError(f"--export_dir={export_dir} already holds files (an earlier export?): give a new folder, "
+                          "or delete that one first")
+
+
 def count_params(params) -> int:
   return int(sum(np.size(x) for x in jax.tree.leaves(params)))
 
@@ -309,9 +324,11 @@ def check_export(predictor: predict.Predictor, pruned: predict.Predictor, dev: D
 
 def run(checkpoint: str, source: str, output_dir: str, fractions, *, iterative: bool = False,
         export_fraction: float | None = None, export_dir: str | None = None, batch_size: int = 32,
-        timing_repeats: int = 7, timing_batches: int = 8) -> dict:
-  """What the command does (module docstring); returns its summary (also printed by `main`)."""
-  predictor = predict.Predictor.load(checkpoint)
+        timing_repeats: int = 7, timing_batches: int = 8, text_a: str | None = None,
+        text_b: str | None = None) -> dict:
+  """What the command does (module docstring); returns its summary (also printed by `main`). `text_a` and
+  `text_b` name a sentence task's text columns in `source` where they are not the training files' ones."""
+  predictor = predict.Predictor.load(checkpoint, text_a, text_b)
   dev = read_dev(predictor, source)
   model = task_model.build_model(predictor.model_config, predictor.task, predictor.scalar_mix)
   task, cfg = predictor.task, predictor.model_config
@@ -358,7 +375,10 @@ def main(argv) -> None:
     fractions = [float(f) for f in FLAGS.fractions]
     for f in fractions + ([FLAGS.export_fraction] if FLAGS.export_dir else []):
       num_pruned(f, 1)   # in [0, 1), else ValueError
+    if FLAGS.export_dir:
+      check_export_dir(FLAGS.export_dir)
     summary = run(FLAGS.checkpoint, FLAGS.input, FLAGS.output_dir, fractions, iterative=FLAGS.iterative,
                   export_fraction=FLAGS.export_fraction, export_dir=FLAGS.export_dir, batch_size=FLAGS.batch_size,
-                  timing_repeats=FLAGS.timing_repeats, timing_batches=FLAGS.timing_batches)
+                  timing_repeats=FLAGS.timing_repeats, timing_batches=FLAGS.timing_batches,
+                  text_a=FLAGS.text_a, text_b=FLAGS.text_b)
   print(json.dumps(summary, indent=1))

@@ -158,7 +158,7 @@ def check_columns(path: str, rows, columns: dict, label: str | None, labelled: b
       what = "label" if option == "label" else "text"
       how = (f"{options[option]}=COLUMN." if options else f"--config.task_opts.{option}=COLUMN"
              + (", or give a file with its labels: training and dev files need them." if what == "label" else
-                f" (`bert-jax predict`: --{option}=COLUMN)."))
+                f" (`bert-jax predict` and `analyze prune`: --{option}=COLUMN)."))
       raise DataError(f"{path} has no {what} column {name!r} (its columns: {', '.join(sorted(present))}). Name "
                       f"the column that holds the {what} with {how}")
 

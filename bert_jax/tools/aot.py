@@ -71,10 +71,16 @@ def topology_devices(topology: str) -> list[Any]:
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   os.environ.setdefault("TPU_ACCELERATOR_TYPE", chip.host_type)
   os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+  import jax  # pylint: disable=g-import-not-at-top
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
   kwargs = dict(chip_config_name="megacore", chips_per_host_bounds=(2, 2, 1)) if chip.megacore else {}
-  return list(topologies.get_topology_desc(
-      topology_name=f"{chip.libtpu_name}:{shape}", platform="tpu", **kwargs).devices)
+  try:
+    description = topologies.get_topology_desc(topology_name=f"{chip.libtpu_name}:{shape}", platform="tpu",
+                                               **kwargs)
+  except jax.errors.JaxRuntimeError as e:   # a shape libtpu has no layout for, e.g. v3:3x3
+    raise failures.UserError(f"topology {topology!r}: libtpu has no such slice ({first_line(e)}); slices are "
+                             "multiples of a host's chips, e.g. v3:2x2, v3:4x4, v5e:8x8, v4:4x4x4") from e
+  return list(description.devices)
 
 
 def lower_train_step(config, devices) -> tuple[Any, float]:
@@ -323,13 +329,16 @@ def main(argv) -> None:
     jax.config.update("jax_platforms", "cpu")
   # A file that is not there, or another kind of config: one line, exit 2.
   config = config_loading.load_config(FLAGS["config"], "bert-jax aot", kind="pretrain")
+  if config is None:
+    raise failures.UserError("--config is required: the pretraining config whose train step to compile, e.g. "
+                             "--config=configs/bert_large.py:phase1")
   topology = FLAGS.topology or config.get("topology", "")
   if not topology:
     raise failures.UserError("no --topology and the config has no `topology` field")
   with failures.as_user_errors("bert-jax aot", OSError):   # their folders before the compile, which takes minutes
-    for path in (FLAGS.hlo, FLAGS.json):
-      if path:
-        paths.output_file(path)
+    for name in ("hlo", "json"):
+      if FLAGS[name].value:
+        paths.output_file(FLAGS[name].value, name)
   if FLAGS.search_mesh:
     if FLAGS.report or FLAGS.hlo or FLAGS.compile_passes:
       raise failures.UserError("--report, --hlo and --compile_passes describe one compiled step: run them with "

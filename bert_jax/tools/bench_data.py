@@ -26,6 +26,7 @@ from bert_jax import config_path
 from bert_jax import failures
 from bert_jax.data import input_pipeline
 from bert_jax.data import prepare
+from bert_jax.data import shards
 
 # The clone's root (bert_jax/tools/ is two levels in); the shared data sits beside the clone.
 _SHARED = pathlib.Path(__file__).resolve().parents[2].parent / "shared" / "data"
@@ -44,8 +45,9 @@ _FORMAT = flags.DEFINE_enum("format", "nsp", ["nsp", "sop", "full_sentences", "d
                             "Instance format.")
 _MASKING = flags.DEFINE_enum("masking", "token", ["token", "word", "span"], "Masking scheme.")
 _PACKING = flags.DEFINE_bool("packing", False, "Pack short instances into rows.")
-_BATCH = flags.DEFINE_integer("global_batch_size", 256, "Rows per batch.")
-_MIN_BATCHES = flags.DEFINE_integer("min_batches", 200, "Time at least this many batches (and whole epochs).")
+_BATCH = flags.DEFINE_integer("global_batch_size", 256, "Rows per batch.", lower_bound=1)
+_MIN_BATCHES = flags.DEFINE_integer("min_batches", 200, "Time at least this many batches (and whole epochs).",
+                                    lower_bound=1)
 _NUM_PARALLEL_CALLS = flags.DEFINE_integer("num_parallel_calls", 1, "tf.data threads building batches.")
 _MALLOC_ARENA_MAX = flags.DEFINE_integer(
     "malloc_arena_max", 0, "If > 0, cap glibc's malloc arenas (as MALLOC_ARENA_MAX does) before timing. "
@@ -106,23 +108,43 @@ def _print(record: dict) -> None:
   print(json.dumps(record), flush=True)
 
 
+def seq_lengths(values: list[str]) -> list[int]:
+  """--seq_lengths as numbers; a UserError naming the flag for one that is not a length."""
+  if not values or not all(v.strip().isdigit() and int(v) >= 8 for v in values):
+    raise failures.UserError(f"--seq_lengths={','.join(values)}: give sequence lengths of at least 8, e.g. "
+                             "--seq_lengths=128,512")
+  return [int(v) for v in values]
+
+
 def main(argv) -> None:
   """`bert-jax bench data`: prepares the corpus (timed), then times the pipeline per length."""
   if len(argv) > 1:
     raise ValueError(f"unexpected arguments: {argv[1:]}")
+  lengths = seq_lengths(_SEQ_LENGTHS.value)
+  # A corpus, vocabulary or folder that is not there or cannot be used: one paragraph, exit 2.
+  with failures.as_user_errors("bert-jax bench data", OSError, ValueError):
+    _run(lengths)
+
+
+def _run(lengths: list[int]) -> None:
   prepared = _PREPARED_DIR.value
   if prepared is None:
     spec = FLAGS.input or str(_SHARED / "corpora" / "news_articles.jsonl")
     vocab = FLAGS.vocab_file or (str(_SHARED / "minilm" / "vocab.txt") if FLAGS.input is None else None)
     if not FLAGS.input and not pathlib.Path(spec).exists():
       raise failures.UserError(f"{spec} is not there: pass --input=<corpus> (and --vocab_file)")
+    if _WORK_DIR.value and os.path.exists(_WORK_DIR.value) and not os.path.isdir(_WORK_DIR.value):
+      raise failures.UserError(f"--work_dir={_WORK_DIR.value} is a file: give a folder to prepare the corpus in")
     work_dir = _WORK_DIR.value or tempfile.mkdtemp(prefix="bench_data_")
     prepared = str(pathlib.Path(work_dir) / "prepared")
     num_shards = _NUM_SHARDS.value or os.cpu_count() or 1
     _print(prepare.prepare_throughput(spec, vocab, prepared, num_shards=num_shards))
+  elif not shards.shard_files(prepared, "train"):
+    raise failures.UserError(f"--prepared_dir={prepared} holds no prepared shards (train-*.tfrecord): give a "
+                             "`bert-jax prepare --output_dir` folder")
   if _MALLOC_ARENA_MAX.value > 0:
     m_arena_max = -8  # glibc malloc.h
     ctypes.CDLL("libc.so.6").mallopt(m_arena_max, _MALLOC_ARENA_MAX.value)
-  for seq_length in _SEQ_LENGTHS.value:
-    _print(time_pipeline(prepared, int(seq_length)))
+  for seq_length in lengths:
+    _print(time_pipeline(prepared, seq_length))
     gc.collect()  # the finished pipeline's threads and buffers go before the next one is timed

@@ -242,7 +242,8 @@ FLAGS = flags.FLAGS
 def define_flags() -> None:
   """The command's flags, defined when the CLI runs it: importing `bench_train` defines none."""
   config_flags.DEFINE_config_file("config", None, "Pretraining config (default: the comparison model).")
-  flags.DEFINE_integer("steps", 10, "Timed steps (after 2 warm-up steps); with --compare, per system.")
+  flags.DEFINE_integer("steps", 10, "Timed steps (after 2 warm-up steps); with --compare, per system.",
+                       lower_bound=1)
   flags.DEFINE_bool("compare", False, "Also time the installed peers (Hugging Face Flax and PyTorch, KerasHub) on the "
                     "comparison model, alternating steps with ours; prints the ratios of medians.")
   flags.DEFINE_enum("dropout_bits", None, list(dropout.DROPOUT_BITS), "Our dropouts' bits (`model.dropout_bits`, "

@@ -67,10 +67,11 @@ def longest_input(cfg: model.BertConfig) -> int:
 
 
 def read_examples(lines, tokenizer=None, max_length: int = 512, truncate: bool = False,
-                  path: str = "input") -> list[Example]:
+                  path: str = "input", cfg: model.BertConfig | None = None) -> list[Example]:
   """JSON lines (of the file `path`, for messages) -> Examples; text needs a tokenizer. `input_ids` longer than
   `max_length` are an error, or with `truncate` cut to their first `max_length` (text is always truncated as
-  `encode_pair` does)."""
+  `encode_pair` does). With the model's `cfg`, an id past its vocabulary or token types is an error too: the
+  embedding lookup would give NaN for it, silently."""
   examples = []
   for n, line in enumerate(lines, 1):
     if not line.strip():
@@ -93,8 +94,22 @@ def read_examples(lines, tokenizer=None, max_length: int = 512, truncate: bool =
     for name, values in (("token_type_ids", types), ("attention_mask", mask)):
       if len(values) != len(ids):
         raise ValueError(f"{path}, line {n}: {len(ids)} input_ids but {len(values)} {name}")
+    if cfg is not None:
+      _check_ids(path, n, ids, types, cfg)
     examples.append(Example(*(np.asarray(x, np.int32) for x in (ids, types, mask))))
   return examples
+
+
+def _check_ids(path: str, n: int, ids, types, cfg: model.BertConfig) -> None:
+  """A DataError naming line `n` of `path` and the first id outside the model's vocabulary or token types."""
+  for name, values, size, what in (("input_ids", ids, cfg.vocab_size, "ids in its vocabulary"),
+                                   ("token_type_ids", types, cfg.type_vocab_size, "token types")):
+    if name == "token_type_ids" and not size:   # no token-type embeddings (DistilBERT): the ids are not read
+      continue
+    outside = [v for v in values if not 0 <= v < size]
+    if outside:
+      raise readers.DataError(f"{path}, line {n}: {name} holds {outside[0]}, but the model has {size} {what} "
+                              f"(0 to {size - 1})")
 
 
 def input_kind(path: str, n: int, record: dict) -> str:
@@ -180,13 +195,11 @@ def main(argv) -> None:
   # A checkpoint, vocabulary or input that is not there or cannot be read, or an output folder that cannot be
   # made: one paragraph, exit 2.
   with failures.as_user_errors("bert-jax embed", OSError, ValueError):
-    output = paths.output_file(_OUTPUT.value)
-    if os.path.isdir(output):
-      raise IsADirectoryError(f"--output={_OUTPUT.value} is a folder: give the .npz file to write")
+    output = paths.output_file(_OUTPUT.value, "output", example="embeddings.npz")
     cfg, params = checkpoint_loader.load_model(_CHECKPOINT.value, dtype=_DTYPE.value)
     max_length = min(_MAX_LENGTH.value or longest_input(cfg), longest_input(cfg))
     with open(_INPUT.value) as f:
-      examples = read_examples(f, _tokenizer(), max_length, path=_INPUT.value)
+      examples = read_examples(f, _tokenizer(), max_length, path=_INPUT.value, cfg=cfg)
     if not examples:
       raise ValueError(f"{_INPUT.value} holds no examples (JSON lines with `text` or `input_ids`)")
   pool = "pooler" in params["bert"] and checkpoint_loader.saved_pooler(_CHECKPOINT.value)

@@ -224,7 +224,7 @@ def main(argv) -> None:
   # A checkpoint, text or output folder that cannot be used: say why, briefly.
   with failures.as_user_errors("bert-jax fill-mask", ValueError, OSError):
     texts = _read_texts(argv)
-    output = paths.output_file(FLAGS.output) if FLAGS.output is not None else None
+    output = paths.output_file(FLAGS.output, "output") if FLAGS.output is not None else None
     cfg, params, tokenizer = checkpoint_loader.load(FLAGS.checkpoint, do_lower_case=FLAGS.do_lower_case)
     predictions = predict(cfg, params, tokenizer, texts, FLAGS.top_k, FLAGS.batch_size)
   print(format_predictions(texts, predictions))

@@ -364,10 +364,7 @@ def main(argv) -> None:
       raise app.UsageError(f"--{name} is required")
   try:
     output_format(FLAGS.output)
-    output = paths.output_file(FLAGS.output)
-    if os.path.isdir(output):
-      raise IsADirectoryError(f"--output={FLAGS.output} is a folder: give the file to write, e.g. "
-                              f"{os.path.join(FLAGS.output, 'predictions.jsonl')}")
+    output = paths.output_file(FLAGS.output, "output", example="predictions.jsonl")
     predictor = Predictor.load(FLAGS.checkpoint, FLAGS.text_a, FLAGS.text_b, question=FLAGS.question,
                                context=FLAGS.context)
     examples = predictor.read(FLAGS.input)
