@@ -54,6 +54,25 @@ def output_file(path: str, flag: str = "", example: str = "") -> str:
   return path
 
 
+def output_dir(path: str, flag: str) -> str:
+  """An output folder flag's `path`, absolute (remote ones as given); a NotADirectoryError naming `--<flag>`
+  where it, or a folder above it, is a file: commands call it before their work."""
+  given, path = path, absolute(path)
+  if "://" in path:
+    return path
+  for above in [path, *_parents(path)]:
+    if os.path.exists(above) and not os.path.isdir(above):
+      where = "it" if above == path else os.path.relpath(above)
+      raise NotADirectoryError(f"--{flag}={given}: {where} is a file: give a folder (a new one is made)")
+  return path
+
+
+def _parents(path: str):
+  while os.path.dirname(path) != path:
+    path = os.path.dirname(path)
+    yield path
+
+
 def absolute_config(config: ml_collections.ConfigDict, fields) -> ml_collections.ConfigDict:
   """`config` with the dotted `fields` that exist made absolute (in place; returns it)."""
   for dotted in fields:

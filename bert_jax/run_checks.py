@@ -16,6 +16,7 @@ from bert_jax import failures
 from bert_jax import objectives
 from bert_jax import optimizer as optimizer_lib
 from bert_jax import sharding
+from bert_jax import steps
 from bert_jax.data import masking
 from bert_jax.models import dropout_key
 from bert_jax.models import flash_dropout
@@ -34,8 +35,20 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
   num_devices = jax.device_count() if num_devices is None else num_devices
   d = config.data
   objective = objectives.get(config)   # an unknown objective stops here
-  cfg = objectives.encoder_config(config)   # also checks the model fields (e.g. hidden size vs heads)
+  try:
+    cfg = objectives.encoder_config(config)   # also checks the model fields (e.g. hidden size vs heads)
+  except (ValueError, TypeError) as e:   # an activation, a dtype ... the model does not know
+    raise failures.UserError(f"invalid config:\n  model: {e}") from None
   problems = list(objective.validate(config)) + masking.config_problems(d)
+  for field in ("global_batch_size", "log_every", "eval_every", "checkpoint_every"):
+    if config[field] < 1:
+      problems.append(f"{field} {config[field]} must be at least 1")
+  for check in (lambda: optimizer_lib.learning_rate_schedule(config.optimizer),
+                lambda: steps.batch_size_warmup(config)):
+    try:
+      check()
+    except ValueError as e:   # a schedule or a batch-size warmup that cannot be built: named with its fields
+      problems.append(str(e))
   if d.seq_length > cfg.max_position_embeddings:
     problems.append(f"data.seq_length {d.seq_length} exceeds the model's {cfg.max_position_embeddings} "
                     "position embeddings (model.max_position_embeddings)")

@@ -39,6 +39,19 @@ def _cases(tmp):
       ("bench", "data", f"--input={tmp}/vocab.txt", f"--work_dir={tmp}/vocab.txt"):
           f"bert-jax bench data: --work_dir={tmp}/vocab.txt is a file: give a folder",
       ("bench", "data", "--seq_lengths=abc"): "bert-jax bench data: --seq_lengths=abc: give sequence lengths",
+      # An output folder that is a file, and numbers out of range: before anything is read or made.
+      ("prepare", f"--input={tmp}/vocab.txt", f"--output_dir={tmp}/vocab.txt/p"):
+          f"bert-jax prepare: --output_dir={tmp}/vocab.txt/p: {tmp}/vocab.txt is a file: give a folder",
+      ("prepare", f"--input={tmp}/vocab.txt", f"--output_dir={tmp}/p3", "--eval_fraction=1.5"):
+          "bert-jax prepare: flag --eval_fraction=1.5: 1.5 is not a number in the range [0.0, 0.99]",
+      ("prepare", f"--input={tmp}/vocab.txt", f"--output_dir={tmp}/p4", "--num_shards=0"):
+          "bert-jax prepare: flag --num_shards=0: 0 is not a positive integer",
+      ("export", f"--checkpoint={tmp}/nowhere", f"--output={tmp}/vocab.txt"):
+          f"bert-jax export: --output={tmp}/vocab.txt: it is a file: give a folder",
+      ("pretrain", "--config=configs/tiny.py", f"--workdir={tmp}/vocab.txt"):
+          f"bert-jax pretrain: --workdir {tmp}/vocab.txt is a file: give a folder for the pretraining run",
+      ("finetune", "--config=configs/finetune/sst2.py", f"--workdir={tmp}/vocab.txt"):
+          f"bert-jax finetune: --workdir {tmp}/vocab.txt is a file: give a folder for the finetuning run",
       ("pretrain", "--config=configs/tiny_typo.py", f"--workdir={tmp}/t", "--config.train_steps=3"):
           # an override applied to a file that is not there
           f"bert-jax pretrain: cannot load --config: configs/tiny_typo.py does not exist (a relative path is taken "

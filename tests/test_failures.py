@@ -235,6 +235,15 @@ def test_a_spike_with_no_checkpoint_to_go_back_to_still_saves(data_dir, tmp_path
     ({"data.masking_budget": "bogus"}, "data.masking_budget must be one of"),
     ({"data.random_token_pool": "bogus"}, "data.random_token_pool must be one of"),
     ({"data.span_masking": True, "data.whole_word_masking": True}, "set at most one of data.whole_word_masking"),
+    # These stopped a run with a traceback: some at once, some when the step was traced, some after a step.
+    ({"log_every": 0}, "log_every 0 must be at least 1"),
+    ({"checkpoint_every": 0}, "checkpoint_every 0 must be at least 1"),
+    ({"global_batch_size": 0}, "global_batch_size 0 must be at least 1"),
+    ({"optimizer.schedule": "cosine"}, "optimizer.schedule must be 'linear' or 'wsd', got 'cosine'"),
+    ({"optimizer.decay_steps": 5}, "optimizer.decay_steps and final_lr_fraction act only with optimizer.schedule"),
+    ({"batch_size_warmup_steps": 2, "batch_size_warmup_min_rows": 768}, "batch_size_warmup_min_rows 768 must be in"),
+    ({"model.hidden_act": "relu6"}, "model: hidden_act 'relu6' not supported"),
+    ({"dtype": "float16x"}, "model: data type 'float16x' not understood"),
 ])
 def test_masking_fields_are_checked_before_compiling(data_dir, changes, match):  # noqa: F811
   """They stopped a run in the input pipeline, after compiling, with a traceback."""

@@ -37,6 +37,17 @@ def test_an_output_file_gets_its_folder_before_the_work(tmp_path, monkeypatch):
     paths.output_file("a_folder/", "hlo", example="step.hlo")
 
 
+def test_an_output_folder_that_is_a_file_is_refused_naming_the_flag(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  assert paths.output_dir("exported/model", "output") == str(tmp_path / "exported" / "model")   # made later
+  assert paths.output_dir("gs://bucket/x", "output") == "gs://bucket/x"
+  (tmp_path / "notes.csv").write_text("")
+  with pytest.raises(NotADirectoryError, match=r"^--output=notes.csv: it is a file: give a folder"):
+    paths.output_dir("notes.csv", "output")
+  with pytest.raises(NotADirectoryError, match=r"^--output_dir=notes.csv/sub: notes.csv is a file: give a folder"):
+    paths.output_dir("notes.csv/sub", "output_dir")
+
+
 def test_absolute_config_on_a_locked_config(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   c = ml_collections.ConfigDict({"init_from": "runs/p1", "data": {"train_files": "prepared", "vocab_file": ""}})

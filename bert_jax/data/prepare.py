@@ -49,14 +49,17 @@ _VOCAB_FILE = flags.DEFINE_string("vocab_file", None, "WordPiece vocab.txt, Sent
                                   "BPE vocab.json (merges.txt beside it) or a directory holding one; "
                                   "when absent, one is trained on a sample of the corpus.")
 _DO_LOWER_CASE = flags.DEFINE_bool("do_lower_case", True, "Lowercase (and strip accents for WordPiece).")
-_VOCAB_SIZE = flags.DEFINE_integer("vocab_size", 30522, "Vocabulary size to train when no --vocab_file.")
+_VOCAB_SIZE = flags.DEFINE_integer("vocab_size", 30522, "Vocabulary size to train when no --vocab_file.",
+                                  lower_bound=1)
 _VOCAB_MODEL = flags.DEFINE_enum("vocab_model", "wordpiece", list(vocab_training.VOCAB_MODELS),
                                  "Vocabulary to train when no --vocab_file: wordpiece, SentencePiece "
                                  "unigram or bpe, or byte_bpe (byte-level BPE as RoBERTa; cased, "
                                  "--do_lower_case does not apply).")
-_NUM_SHARDS = flags.DEFINE_integer("num_shards", None, "Output shards (default: about 64 MiB of input each).")
-_NUM_WORKERS = flags.DEFINE_integer("num_workers", None, "Worker processes (default: all cores).")
-_EVAL_FRACTION = flags.DEFINE_float("eval_fraction", 0.0, "Fraction of documents held out as eval.")
+_NUM_SHARDS = flags.DEFINE_integer("num_shards", None, "Output shards (default: about 64 MiB of input each).",
+                                  lower_bound=1)
+_NUM_WORKERS = flags.DEFINE_integer("num_workers", None, "Worker processes (default: all cores).", lower_bound=1)
+_EVAL_FRACTION = flags.DEFINE_float("eval_fraction", 0.0, "Fraction of documents held out as eval, in [0, 1).",
+                                    lower_bound=0.0, upper_bound=0.99)
 _EVAL_INPUT = flags.DEFINE_string("eval_input", None, "A separate corpus spec for the eval split.")
 _DATA_DIR = flags.DEFINE_string("data_dir", None, "TFDS data_dir of tfds: specs (with the dataset prepared).")
 _TEXT_KEY = flags.DEFINE_string("text_key", "text", "JSON field holding a document's text.")
@@ -359,11 +362,11 @@ def main(argv) -> None:
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.INFO)   # this command's own progress lines ([k/n shards] ...)
   # The input, a TFDS dataset, the vocabulary or the output directory: one paragraph, not a traceback.
-  with failures.as_user_errors("bert-jax prepare", FileNotFoundError, ValueError), \
+  with failures.as_user_errors("bert-jax prepare", FileNotFoundError, NotADirectoryError, ValueError), \
        failures.stop_message("bert-jax prepare", "the shard tasks that finished are kept: the same command "
                              "prepares the others", at_once=False):
     stats = prepare_corpus(
-        paths.absolute(_INPUT.value), paths.absolute(_OUTPUT_DIR.value), vocab_file=_VOCAB_FILE.value,
+        paths.absolute(_INPUT.value), paths.output_dir(_OUTPUT_DIR.value, "output_dir"), vocab_file=_VOCAB_FILE.value,
         do_lower_case=_DO_LOWER_CASE.value, train_vocab_size=_VOCAB_SIZE.value, vocab_model=_VOCAB_MODEL.value,
         num_shards=_NUM_SHARDS.value, num_workers=_NUM_WORKERS.value, eval_fraction=_EVAL_FRACTION.value,
         eval_spec=_EVAL_INPUT.value, data_dir=_DATA_DIR.value, text_key=_TEXT_KEY.value)

@@ -31,6 +31,7 @@ from absl import flags
 
 from bert_jax import checkpoint_loader
 from bert_jax import failures
+from bert_jax import paths
 from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax.interop import checkpoints_hf
 from bert_jax.interop import hf_families
@@ -179,8 +180,8 @@ def main(argv) -> None:
     if FLAGS[name].value is None:
       raise app.UsageError(f"--{name} is required")
   # A checkpoint that is not there or cannot be exported: one paragraph, exit 2, as in every command.
-  with failures.as_user_errors("bert-jax export", ValueError, FileNotFoundError):
-    architecture = export(FLAGS.checkpoint, FLAGS.output)
+  with failures.as_user_errors("bert-jax export", ValueError, FileNotFoundError, NotADirectoryError):
+    architecture = export(FLAGS.checkpoint, paths.output_dir(FLAGS.output, "output"))
   print(f"wrote {architecture} to {FLAGS.output}")
   if (pathlib.Path(FLAGS.output) / ELECTRA_GENERATOR / "config.json").exists():
     print(f"wrote ElectraForMaskedLM (the generator) to {pathlib.Path(FLAGS.output) / ELECTRA_GENERATOR}")
