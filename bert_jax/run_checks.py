@@ -94,6 +94,13 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
     raise failures.UserError("invalid config:\n  " + "\n  ".join(problems))
 
 
+def _not_shards(pattern: str, split: str) -> str | None:
+  """The first file `pattern` gives that is not a TFRecord shard of `prepare` (a corpus named in its place:
+  read as a shard, it reads as a damaged one); None when there is none."""
+  from bert_jax.data import shards  # pylint: disable=g-import-not-at-top
+  return next((f for f in shards.shard_files(pattern, split) if not f.endswith(".tfrecord")), None)
+
+
 def check_inputs(config: ml_collections.ConfigDict) -> None:
   """Stops a run whose data or `init_from` cannot be read, naming the field, before anything is compiled."""
   from bert_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
@@ -105,6 +112,11 @@ def check_inputs(config: ml_collections.ConfigDict) -> None:
   elif not d.train_files.startswith("embedded:") and not shards.shard_files(d.train_files, "train"):
     problems.append(f"data.train_files {d.train_files!r} holds no prepared shards (train-*.tfrecord): give a "
                     "`bert-jax prepare --output_dir` directory or a glob of its shards")
+  elif not d.train_files.startswith("embedded:") and (raw := _not_shards(d.train_files, "train")):
+    what = "it is" if raw == d.train_files else f"{raw} is"
+    problems.append(f"data.train_files {d.train_files!r}: {what} no prepared shard (train-*.tfrecord) but a corpus "
+                    "to prepare: bert-jax prepare --input=<corpus> --output_dir=DIR, then "
+                    "--config.data.train_files=DIR")
   elif not d.train_files.startswith("embedded:"):
     problems += input_pipeline.preparation_problems(d)
   if d.eval_files and not shards.shard_files(d.eval_files, "eval"):

@@ -102,6 +102,11 @@ def test_export_writes_the_same_directory_and_reimports_identically(kind, tmp_pa
                checkpoints_hf.read_safetensors(path))
   assert checkpoints_hf.load_hf(tmp_path)[0] == cfg
   jax.tree.map(np.testing.assert_array_equal, checkpoints_hf.load_hf(tmp_path)[1], params)
+  if kind == "discriminator":   # its head says what it is: written the same without naming the family
+    checkpoints_hf.save_hf(tmp_path / "unnamed", cfg, params)
+    assert (tmp_path / "unnamed" / "config.json").read_text() == (tmp_path / "config.json").read_text()
+    jax.tree.map(np.testing.assert_array_equal, checkpoints_hf.read_safetensors(tmp_path / "unnamed"),
+                 checkpoints_hf.read_safetensors(path))
 
 
 def test_electra_config_errors_name_what_transformers_lacks():

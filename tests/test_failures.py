@@ -122,6 +122,23 @@ def test_shards_prepared_with_another_casing_or_vocabulary_are_named(data_dir, t
   (tmp_path / "other.txt").write_text("\n".join(words[:5] + words[5:][::-1]))   # same size, other ids
   with pytest.raises(failures.UserError, match="is not the vocabulary .* was prepared with"):
     train.check_inputs(tiny_config(data_dir, **{"data.vocab_file": str(tmp_path / "other.txt")}))
+  # Eval shards of another vocabulary: the first evaluation stopped on an id past the table, or gave figures of
+  # nothing. Those of the training data's own pass.
+  same = _copy(data_dir, tmp_path, "same_vocab")
+  train.check_inputs(tiny_config(data_dir, **{"data.eval_files": same}))
+  other = _copy(data_dir, tmp_path, "other_vocab")
+  (tmp_path / "other_vocab" / "vocab.txt").write_text("\n".join(words[:5] + words[5:][::-1]))
+  with pytest.raises(failures.UserError, match=r"data.eval_files .*other_vocab was prepared with another vocabulary "
+                                               r"\(vocab.txt there\) than data.train_files"):
+    train.check_inputs(tiny_config(data_dir, **{"data.eval_files": other}))
+
+
+def test_a_corpus_named_as_the_prepared_data_is_told_to_be_prepared(data_dir, tmp_path):  # noqa: F811
+  """Read as a shard it read as a damaged one, and the message said to delete it: the user's own corpus."""
+  (tmp_path / "news.jsonl").write_text('{"text": "a king sees the queen ."}\n')
+  with pytest.raises(failures.UserError, match=r"data.train_files '.*news.jsonl': it is no prepared shard "
+                                               r"\(train-\*.tfrecord\) but a corpus to prepare: bert-jax prepare"):
+    train.check_inputs(tiny_config(data_dir, **{"data.train_files": str(tmp_path / "news.jsonl")}))
 
 
 def test_missing_shard_is_named(data_dir, tmp_path):  # noqa: F811

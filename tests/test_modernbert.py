@@ -5,6 +5,7 @@ the switches' properties (sliding window, RoPE, each switch on its own) on tiny 
 import dataclasses
 import functools
 import json
+import types
 
 import flax.linen as nn
 import jax
@@ -80,6 +81,16 @@ def test_export_writes_the_same_directory_and_reimports_identically(tmp_path):
   test_families.assert_same_tensors_and_reimport(tmp_path, path, cfg, params)
   cfg2, params2 = checkpoints_hf.load_hf(tmp_path)
   assert max(_errors(cfg2, params2, path).values()) <= TOLERANCE
+
+
+def test_export_takes_the_special_token_ids_of_the_tokenizer_written_beside_it(tmp_path):
+  """Not ModernBERT's 50k vocabulary's ids (or 0 to 2), which a smaller vocabulary of ours holds elsewhere."""
+  _, cfg, params = _load()
+  tokenizer = types.SimpleNamespace(pad_id=0, cls_id=2, sep_id=3)   # ours: [PAD] [UNK] [CLS] [SEP] [MASK] ...
+  checkpoints_hf.save_hf(tmp_path, cfg, params, tokenizer=tokenizer)
+  config = json.loads((tmp_path / "config.json").read_text())
+  assert {k: config[k] for k in ("pad_token_id", "cls_token_id", "bos_token_id", "sep_token_id", "eos_token_id")} == {
+      "pad_token_id": 0, "cls_token_id": 2, "bos_token_id": 2, "sep_token_id": 3, "eos_token_id": 3}
 
 
 def test_encoder_without_head_exports_as_modernbert_model(tmp_path):

@@ -261,12 +261,17 @@ def _split_documents(data_config, split: str, process_index: int, process_count:
 
 def preparation_problems(data_config) -> list[str]:
   """The data config against what `bert-jax prepare` recorded beside the shards (stats.json): its lowercasing
-  and, with `data.vocab_file`, its vocabulary. Shards hold token ids: read with another vocabulary they are
-  other words, and a checkpoint would record a tokenizer (cased or not) that is not the one of its data."""
+  and, with `data.vocab_file`, its vocabulary; the eval shards' (`data.eval_files`) against the training
+  data's vocabulary too. Shards hold token ids: read with another vocabulary they are other words (an id past
+  it stops the first evaluation, one inside it gives figures of nothing), and a checkpoint would record a
+  tokenizer (cased or not) that is not the one of its data."""
   from bert_jax.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   c, problems = data_config, []
   ours = None
-  for directory in sorted({os.path.dirname(f) for f in shards.shard_files(c.train_files, "train")}):
+  directories = [("train", d) for d in sorted({os.path.dirname(f) for f in shards.shard_files(c.train_files, "train")})]
+  if c.eval_files:
+    directories += [("eval", d) for d in sorted({os.path.dirname(f) for f in shards.shard_files(c.eval_files, "eval")})]
+  for split, directory in directories:
     _, stats = shards.read_stats(directory)
     if stats is None:
       continue
@@ -274,14 +279,20 @@ def preparation_problems(data_config) -> list[str]:
       problems.append(f"data.do_lower_case is {c.do_lower_case} but {directory} was prepared with do_lower_case="
                       f"{stats['do_lower_case']} ({shards.STATS_FILE}): set --config.data.do_lower_case="
                       f"{stats['do_lower_case']}, or prepare the corpus again with --do_lower_case={c.do_lower_case}")
-    if c.vocab_file and stats.get("tokenizer_file") and tf.io.gfile.exists(c.vocab_file):
-      ours = ours or tokenizer_lib.load_tokenizer(c.vocab_file, c.do_lower_case)
+    given = c.vocab_file and tf.io.gfile.exists(c.vocab_file)
+    if stats.get("tokenizer_file") and (given or split == "eval"):
+      ours = ours or load_tokenizer(c)   # data.vocab_file, else the training shards' own
       theirs = tokenizer_lib.load_tokenizer(directory, c.do_lower_case)
       if (ours.vocab_size != theirs.vocab_size or ours.convert_ids_to_tokens(range(ours.vocab_size))
           != theirs.convert_ids_to_tokens(range(theirs.vocab_size))):
-        problems.append(f"data.vocab_file {c.vocab_file!r} is not the vocabulary {directory} was prepared with "
-                        f"({stats['tokenizer_file']} there): its shards hold that one's token ids. Leave "
-                        "data.vocab_file empty to use it, or prepare the corpus again with this vocabulary")
+        problems.append(
+            f"data.vocab_file {c.vocab_file!r} is not the vocabulary {directory} was prepared with "
+            f"({stats['tokenizer_file']} there): its shards hold that one's token ids. Leave data.vocab_file empty "
+            "to use it, or prepare the corpus again with this vocabulary" if given else
+            f"data.eval_files {directory} was prepared with another vocabulary ({stats['tokenizer_file']} there) "
+            "than data.train_files: its shards hold that one's token ids. Prepare the eval corpus with the "
+            "training data's vocabulary (bert-jax prepare --vocab_file=...), or leave data.eval_files empty to "
+            "hold out data.eval_fraction of the training corpus")
   return problems
 
 

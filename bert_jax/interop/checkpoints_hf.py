@@ -342,7 +342,7 @@ def load_safetensors(file) -> dict:
 
 
 def save_hf(path, cfg: model.BertConfig, params: dict, vocab_file=None, config_fields: dict | None = None,
-            pooler: bool | None = None, model_type: str | None = None) -> None:
+            pooler: bool | None = None, model_type: str | None = None, tokenizer=None) -> None:
   """Writes config.json, model.safetensors and (if given) vocab.txt, loadable by transformers.
 
   The class (config.json `architectures`) is the family's encoder (`BertModel` ...) without heads, its
@@ -353,9 +353,16 @@ def save_hf(path, cfg: model.BertConfig, params: dict, vocab_file=None, config_f
   Args:
     config_fields: set in config.json over ours (a head's `architectures`, `id2label`, `label2id` ...).
     pooler: whether to write the pooler; None: as the class written has one (MaskedLM classes have none).
-    model_type: the family to write as; None: `cfg.model_type`. "electra": `ElectraForPreTraining` with a
-      "discriminator" head, `ElectraForMaskedLM` with an "mlm" head (never a pooler).
+    tokenizer: the tokenizer written beside it: config.json's special-token ids (`pad_token_id`, ...) are its
+      own where the family's config has them (ModernBERT's defaults are its 50k vocabulary's ids), but for a
+      pad id that is the model's position offset (RoBERTa's).
+    model_type: the family to write as; None: `cfg.model_type`, or "electra" where `params` hold a
+      "discriminator" head, which only ELECTRA has (its `cfg` reads as ALBERT's, embeddings factorized).
+      "electra": `ElectraForPreTraining` with a "discriminator" head, `ElectraForMaskedLM` with an "mlm" head
+      (never a pooler).
   """
+  if model_type is None and "discriminator" in params:   # `load_hf` of an ELECTRA discriminator gives these
+    model_type = "electra"
   if cfg.model_type == "albert" and (cfg.embedding_size is None or cfg.causal):
     raise ValueError("transformers' ALBERT always projects its embeddings (set embedding_size) and has no "
                      "causal mask")
@@ -363,6 +370,12 @@ def save_hf(path, cfg: model.BertConfig, params: dict, vocab_file=None, config_f
   path.mkdir(parents=True, exist_ok=True)
   hf_config = electra_hf_dict(cfg) if model_type == "electra" else cfg.to_hf_dict()
   hf_config["architectures"] = [_architecture(cfg, params, model_type)]
+  if tokenizer is not None:
+    ids = {"pad_token_id": tokenizer.pad_id, "cls_token_id": tokenizer.cls_id, "sep_token_id": tokenizer.sep_id,
+           "bos_token_id": tokenizer.cls_id, "eos_token_id": tokenizer.sep_id}   # [CLS]/<s> open, [SEP]/</s> close
+    if cfg.position_pad_id is not None:   # RoBERTa's pad id is its positions' offset too: the model's, kept
+      del ids["pad_token_id"]
+    hf_config.update({k: v for k, v in ids.items() if k in hf_config})
   hf_config.update(config_fields or {})
   if pooler is None:
     pooler = not hf_config["architectures"][0].endswith("ForMaskedLM")

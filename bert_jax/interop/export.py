@@ -98,7 +98,7 @@ def export(checkpoint, output) -> str:
     params, fields = {"bert": params["bert"], head: params[head]}, head_config(record, classes)
     pooler = record["kind"] in ("classification", "regression")   # the HF token and QA classes have none
     max_length = record["max_seq_length"]
-  checkpoints_hf.save_hf(output, cfg, params, config_fields=fields, pooler=pooler)
+  checkpoints_hf.save_hf(output, cfg, params, config_fields=fields, pooler=pooler, tokenizer=tokenizer)
   _save_tokenizer(tokenizer, output, max_length, hf_families.family(cfg).classes)
   return json.loads((pathlib.Path(output) / "config.json").read_text())["architectures"][0]
 
