@@ -171,6 +171,20 @@ def test_minilm_rotten_tomatoes_short_run(minilm_rotten_tomatoes):
   assert results["best"] >= 0.65, results
 
 
+def test_a_data_dir_that_names_one_file_says_dev_is_the_training_data(tmp_path, caplog):
+  """The file itself is every split's: the dev metrics and the best checkpoint are then the training data's."""
+  data = make_sentiment_data(tmp_path)
+  c = tiny_config(data)
+  task = trainer.tasks_lib.get_task(c.task, **c.task_opts)
+  tokenizer = finetune_init.load_tokenizer(c)
+  trainer._read_data(task, c, tokenizer)   # pylint: disable=protected-access
+  assert "is both the training file" not in caplog.text
+  c.data_dir = os.path.join(data, "train.tsv")
+  _, train, (dev,), _ = trainer._read_data(task, c, tokenizer)   # pylint: disable=protected-access
+  assert len(train.examples) == len(dev.examples) == 256
+  assert f"{c.data_dir} is both the training file and the dev file" in caplog.text
+
+
 def test_tracker_keeps_the_best_and_stops_after_patience(tmp_path):
   tracker = trainer._Tracker(str(tmp_path), "accuracy", patience=2)
   saved = []

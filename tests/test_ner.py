@@ -100,6 +100,29 @@ def test_words_past_the_window_count_as_missed(sample, tokenizer):
   assert task.evaluate(perfect, examples, meta)["recall"] < 1.0
 
 
+def test_windows_give_every_word_a_tag_of_the_model_s(sample, tokenizer):
+  """`predict` tags a sentence past the window a window at a time: runs of whole words, each fitting, in order,
+  a first word longer than the window alone cut to its first pieces."""
+  task = tasks.get_task("conll2003")
+  examples = task.read("dev", sample)
+  runs, owners = ner.windows(examples, tokenizer, 8)
+  assert len(runs) > len(examples) and owners == sorted(owners) and set(owners) == {0, 1}
+  for i, ex in enumerate(examples):
+    mine = [r for r, o in zip(runs, owners) if o == i]
+    assert sum((r.words for r in mine), ()) == ex.words and sum((r.tags for r in mine), ()) == ex.tags
+  features, meta = task.featurize(runs, tokenizer, 8)
+  assert all((p >= 0).all() for p in meta["word_positions"])   # every word has its first sub-token in a window
+  perfect = _logits_for(task, features, [r.tags for r in runs], meta)
+  assert ner.join(ner.decode(task, perfect, meta), owners) == [list(e.tags) for e in examples]
+  # A sentence that fits is one run, as featurize reads it alone.
+  assert ner.windows(examples, tokenizer, 128) == (list(examples), [0, 1])
+  long_word = ner.NerExample("x", ("a", "Ekeus" * 20, "b"), None)
+  runs, owners = ner.windows([long_word], tokenizer, 8)
+  assert [r.words for r in runs] == [("a",), ("Ekeus" * 20,), ("b",)] and owners == [0, 0, 0]
+  features, meta = task.featurize(runs, tokenizer, 8)
+  assert [p.tolist() for p in meta["word_positions"]] == [[1], [1], [1]] and features["input_mask"][1].sum() == 8
+
+
 def test_reads_a_conll_directory(tmp_path, sample):
   (tmp_path / "eng.testa").write_text(open(sample, encoding="utf-8").read(), encoding="utf-8")
   assert len(tasks.get_task("conll2003").read("dev", str(tmp_path))) == 2

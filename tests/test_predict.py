@@ -1,5 +1,6 @@
 """`bert-jax predict` on finetuned workdirs: the finetuning's own dev accuracy again, tags, answer spans."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -10,6 +11,7 @@ import pytest
 
 from bert_jax import failures
 from bert_jax.tools import predict
+from bert_jax.finetune import ner
 from bert_jax.finetune import readers
 from bert_jax.finetune import trainer
 from configs.finetune import generic, squad_v1
@@ -62,6 +64,12 @@ def test_predict_writes_tags_per_word_on_a_tagging_workdir(tmp_path, capsys):
                                        ["U.N.", "official", "heads", "for", "Seattle"]]
   assert all(len(r["tags"]) == len(r["words"]) for r in out)
   assert {t for r in out for t in r["tags"]} <= {"B-AGENCY", "B-HUMAN", "B-SITE", "O"}
+  # A sentence past the 32-token window: every word tagged, a window at a time (it tagged "O" past the first).
+  long = dataclasses.replace(examples[0], words=examples[0].words * 8)
+  (tagged,) = predictor.predict([long])
+  runs, _ = ner.windows([long], predictor.tokenizer, predictor.max_seq_length)
+  assert len(runs) > 1 and len(tagged["tags"]) == len(long.words) == 40
+  assert tagged["tags"] == sum((r["tags"] for r in predictor.predict(runs)), [])
   # The dev file itself (with its tags): the finetuning's own scores.
   dev = predictor.read(os.path.join(data, "dev.conll"))
   scores = predictor.score(dev, predictor.predict(dev))

@@ -142,7 +142,9 @@ def featurize(task, examples, tokenizer, max_seq_length, **opts):
       # Spelled as in the running text (byte-level BPE's "Ġ"); every word needs a first sub-token.
       pieces = tokenizer.encode(tokenizer.space_prefix + word) or [tokenizer.unk_id]
       if len(ids) + len(pieces) > max_seq_length - 1:
-        break
+        if len(ids) > 1:
+          break
+        pieces = pieces[:max_seq_length - 2]   # a first word longer than the window: its first pieces
       positions[w] = len(ids)
       features["label_ids"][row, len(ids)] = 0 if tag is None else index[tag]
       features["label_weights"][row, len(ids)] = 1.0
@@ -152,6 +154,38 @@ def featurize(task, examples, tokenizer, max_seq_length, **opts):
     features["input_mask"][row, :len(ids)] = 1
     word_positions.append(positions)
   return features, {"example_index": np.arange(n), "word_positions": word_positions}
+
+
+def windows(examples, tokenizer, max_seq_length: int) -> tuple[list, list[int]]:
+  """Each example cut into runs of consecutive whole words that each fit `featurize`'s window, so that every
+  word gets a tag of the model's (`featurize` drops the words past one window: scored as "O", which need not
+  be a tag of the model's at all). Returns (the runs, as examples of their own; the index in `examples` of
+  the one each run comes from); `join` puts their predictions back together."""
+  runs, owners = [], []
+  for i, ex in enumerate(examples):
+    start, used = 0, 2   # [CLS] and [SEP]
+    for w, word in enumerate(ex.words):
+      n = len(tokenizer.encode(tokenizer.space_prefix + word)) or 1
+      if used + n > max_seq_length and w > start:
+        runs.append(_run(ex, start, w))
+        owners.append(i)
+        start, used = w, 2
+      used += n
+    runs.append(_run(ex, start, len(ex.words)))
+    owners.append(i)
+  return runs, owners
+
+
+def _run(ex, start: int, stop: int):
+  return dataclasses.replace(ex, words=ex.words[start:stop], tags=None if ex.tags is None else ex.tags[start:stop])
+
+
+def join(tags: list[list[str]], owners: list[int]) -> list[list[str]]:
+  """The tags of `windows`' runs, each example's runs joined in order."""
+  joined = [[] for _ in range(max(owners, default=-1) + 1)]
+  for run_tags, owner in zip(tags, owners):
+    joined[owner] += run_tags
+  return joined
 
 
 def decode(task, predictions, meta) -> list[list[str]]:

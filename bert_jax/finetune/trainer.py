@@ -28,6 +28,7 @@ import os
 import shutil
 import time
 
+from absl import logging
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -94,6 +95,10 @@ def _read_data(task, config: Config, tokenizer):
   for split in [dev_split] + [s for s in task.dev_splits if s != dev_split and dev_split in task.dev_splits]:
     examples, file = read(split, config.max_eval_examples)
     task.check_labelled(examples, file)
+    if os.path.isfile(config.data_dir) and file == train_file:   # data_dir names one file: every split's
+      logging.warning("%s is both the training file and the %s file (data_dir names a file, not a directory "
+                      "holding train and dev files): the %s metrics, and the best checkpoint they choose, are "
+                      "the training data's", file, split, split)
     devs.append(featurize(split, examples))
   to_predict = None
   if config.predict_split and config.keep_best_checkpoint:

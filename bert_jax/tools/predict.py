@@ -147,9 +147,14 @@ class Predictor:
     results = []
     for start in range(0, len(examples), _CHUNK):
       chunk = examples[start:start + _CHUNK]
-      features, meta = self.task.featurize(chunk, self.tokenizer, self.max_seq_length)
-      outputs = run_batches(run, self.params, features, batch_size)
-      results += _decode(self.task, outputs, chunk, meta)
+      if self.task.kind == "tagging":   # a sentence longer than the window: tagged a window at a time
+        runs, owners = ner.windows(chunk, self.tokenizer, self.max_seq_length)
+        features, meta = self.task.featurize(runs, self.tokenizer, self.max_seq_length)
+        tags = ner.join(ner.decode(self.task, run_batches(run, self.params, features, batch_size), meta), owners)
+        results += [{"id": e.guid, "words": list(e.words), "tags": t} for e, t in zip(chunk, tags)]
+      else:
+        features, meta = self.task.featurize(chunk, self.tokenizer, self.max_seq_length)
+        results += _decode(self.task, run_batches(run, self.params, features, batch_size), chunk, meta)
       if bar is not None:
         bar.update(len(chunk))
     if bar is not None:
@@ -297,9 +302,6 @@ def _decode(task, outputs, examples, meta) -> list[dict]:
              "probabilities": {n: float(x) for n, x in zip(task.label_names, p)}} for e, p in zip(examples, probs)]
   if kind == "regression":
     return [{"id": e.guid, "value": float(v)} for e, v in zip(examples, np.asarray(outputs).reshape(-1))]
-  if kind == "tagging":
-    return [{"id": e.guid, "words": list(e.words), "tags": tags}
-            for e, tags in zip(examples, ner.decode(task, outputs, meta))]
   answers, _, _ = squad.decode(outputs, examples, meta, **squad.decode_opts(task, {}))
   return [{"id": e.qas_id, "answer": answers[e.qas_id]} for e in examples]
 
