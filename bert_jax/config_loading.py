@@ -97,6 +97,10 @@ def parse_flags(argv: list[str], prog: str = "bert-jax") -> list[str]:
     text = ". ".join(" ".join(line.split()) for line in str(e.args[0] if e.args else e).splitlines() if line.strip())
     message = (f"unknown config field {text} The fields are those the config file defines (configs/common.py's "
                "for pretraining, configs/finetune/common.py's for finetuning, the ablation's own for ablate).")
+    if "has no attribute 'get_config'" in text:   # ml_collections loaded a file that defines no config
+      named = next((a.split("=", 1)[1] for a in reversed(argv) if a.startswith("--config=")), "the file")
+      message = (f"cannot load --config: {named} defines no get_config(): give a config file, e.g. "
+                 "configs/tiny.py, configs/finetune/sst2.py or configs/ablations/devlin_table5.py:small")
   # An override of a field the config lacks, on a config of another kind (`finetune --config=configs/tiny.py
   # --config.init_checkpoint=...`): the wrong config is the mistake to name.
   given = [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]

@@ -62,7 +62,8 @@ def output_dir(path: str, flag: str) -> str:
     return path
   for above in [path, *_parents(path)]:
     if os.path.exists(above) and not os.path.isdir(above):
-      where = "it" if above == path else os.path.relpath(above)
+      where = ("it" if above == path else above if os.path.isabs(os.path.expanduser(given))
+               else os.path.relpath(above))   # as typed
       raise NotADirectoryError(f"--{flag}={given}: {where} is a file: give a folder (a new one is made)")
   return path
 

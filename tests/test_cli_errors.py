@@ -48,6 +48,8 @@ def _cases(tmp):
           "bert-jax prepare: flag --num_shards=0: 0 is not a positive integer",
       ("export", f"--checkpoint={tmp}/nowhere", f"--output={tmp}/vocab.txt"):
           f"bert-jax export: --output={tmp}/vocab.txt: it is a file: give a folder",
+      ("pretrain", f"--config={tmp}/notes.py", f"--workdir={tmp}/n"):   # it imports, and holds no config
+          f"bert-jax pretrain: cannot load --config: {tmp}/notes.py defines no get_config(): give a config file",
       ("pretrain", "--config=configs/tiny.py", f"--workdir={tmp}/vocab.txt"):
           f"bert-jax pretrain: --workdir {tmp}/vocab.txt is a file: give a folder for the pretraining run",
       ("finetune", "--config=configs/finetune/sst2.py", f"--workdir={tmp}/vocab.txt"):
@@ -86,6 +88,7 @@ def _cases(tmp):
 @pytest.mark.slow
 def test_each_command_says_a_user_s_mistake_in_one_paragraph(tmp_path):
   (tmp_path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "b"]) + "\n")
+  (tmp_path / "notes.py").write_text("x = 1\n")
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   procs = {argv: subprocess.Popen([sys.executable, "-m", "bert_jax.cli", *argv], cwd=REPO, env=env,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

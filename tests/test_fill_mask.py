@@ -97,3 +97,15 @@ def test_command_with_a_relative_checkpoint_path(tmp_path_factory, expected, tmp
     got = [[(c["token"], c["prob"]) for c in candidates] for candidates in record["masks"]]
     assert [[t for t, _ in c] for c in got] == [[t for t, _ in c] for c in masks]
     np.testing.assert_allclose([[p for _, p in c] for c in got], [[p for _, p in c] for c in masks], rtol=1e-6)
+
+
+@pytest.mark.parametrize("family, pieces, shown", [
+    ("roberta", ["Ġyou", "Ġmaterial"], [" you", " material"]),   # byte-level BPE: a word's space shown as one
+    ("albert", ["▁you", "▁material"], ["you", "material"]),      # SentencePiece: the word
+    ("minilm", ["paris", "##ing"], ["paris", "##ing"]),           # WordPiece: a later piece says it is one
+])
+def test_predictions_are_spelled_as_text_not_as_vocabulary_pieces(family, pieces, shown):
+  from bert_jax.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  path = shared_path("minilm") if family == "minilm" else shared_path("families", family)
+  tokenizer = tokenizer_lib.load_tokenizer(str(path))
+  assert fill_mask.spelled(tokenizer, tokenizer.convert_tokens_to_ids(pieces)) == shown

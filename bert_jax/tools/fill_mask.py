@@ -120,9 +120,15 @@ def predict(model_config: model.BertConfig, params: dict, tokenizer, texts, top_
              "masked_lm_positions": positions}
     probs, token_ids = jax.device_get(run(mlm_params, batch))
     for row, i in enumerate(chunk):
-      results[i] = [list(zip(tokenizer.convert_ids_to_tokens(token_ids[row, m]), probs[row, m].tolist()))
+      results[i] = [list(zip(spelled(tokenizer, token_ids[row, m]), probs[row, m].tolist()))
                     for m in range(len(encoded[i][1]))]
   return results
+
+
+def spelled(tokenizer, ids) -> list[str]:
+  """Each token as text, as the tokenizer decodes it alone: a byte-level BPE's " you" for "Ġyou", SentencePiece's
+  "you" for "▁you"; WordPiece keeps a word's later piece as "##ing", which says it is one."""
+  return [tokenizer.decode([i]) for i in ids]
 
 
 def format_predictions(texts, predictions) -> str:
