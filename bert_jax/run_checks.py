@@ -101,6 +101,20 @@ def _not_shards(pattern: str, split: str) -> str | None:
   return next((f for f in shards.shard_files(pattern, split) if not f.endswith(".tfrecord")), None)
 
 
+def _vocab_problems(d: ml_collections.ConfigDict) -> list[str]:
+  """`data.vocab_file` not there, or no vocabulary (a shard, a text: it stopped the run later, in a traceback)."""
+  from bert_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
+  if not d.vocab_file:
+    return []
+  if not input_pipeline.tf.io.gfile.exists(d.vocab_file):
+    return [f"data.vocab_file {d.vocab_file!r} does not exist"]
+  try:
+    input_pipeline.load_tokenizer(d)
+  except ValueError as e:
+    return [f"data.vocab_file: {e}"]
+  return []
+
+
 def check_inputs(config: ml_collections.ConfigDict) -> None:
   """Stops a run whose data or `init_from` cannot be read, naming the field, before anything is compiled."""
   from bert_jax.data import input_pipeline  # pylint: disable=g-import-not-at-top
@@ -117,12 +131,11 @@ def check_inputs(config: ml_collections.ConfigDict) -> None:
     problems.append(f"data.train_files {d.train_files!r}: {what} no prepared shard (train-*.tfrecord) but a corpus "
                     "to prepare: bert-jax prepare --input=<corpus> --output_dir=DIR, then "
                     "--config.data.train_files=DIR")
-  elif not d.train_files.startswith("embedded:"):
+  elif not d.train_files.startswith("embedded:") and not _vocab_problems(d):   # (named below)
     problems += input_pipeline.preparation_problems(d)
   if d.eval_files and not shards.shard_files(d.eval_files, "eval"):
     problems.append(f"data.eval_files {d.eval_files!r} holds no prepared shards (eval-*.tfrecord)")
-  if d.vocab_file and not input_pipeline.tf.io.gfile.exists(d.vocab_file):
-    problems.append(f"data.vocab_file {d.vocab_file!r} does not exist")
+  problems += _vocab_problems(d)
   if config.init_from:
     # Another family or size first: restoring it would fail late, on shapes, or succeed as another model
     # (a causal mask changes no shape).

@@ -141,6 +141,17 @@ def test_a_corpus_named_as_the_prepared_data_is_told_to_be_prepared(data_dir, tm
     train.check_inputs(tiny_config(data_dir, **{"data.train_files": str(tmp_path / "news.jsonl")}))
 
 
+def test_a_vocab_file_that_is_no_vocabulary_is_named_before_training(data_dir, tmp_path):  # noqa: F811
+  """A shard or a text named as the vocabulary stopped the run with a traceback, or a decoding error naming no file."""
+  (tmp_path / "notes.txt").write_text("a\nb\n")
+  (tmp_path / "shard.tfrecord").write_bytes(bytes(range(128, 256)))
+  with pytest.raises(failures.UserError, match=r"data.vocab_file: .*notes.txt is no WordPiece vocabulary: "
+                                               r"vocabulary has no \[PAD\]"):
+    train.check_inputs(tiny_config(data_dir, **{"data.vocab_file": str(tmp_path / "notes.txt")}))
+  with pytest.raises(failures.UserError, match=r"data.vocab_file: .*shard.tfrecord is no vocabulary: not UTF-8 text"):
+    train.check_inputs(tiny_config(data_dir, **{"data.vocab_file": str(tmp_path / "shard.tfrecord")}))
+
+
 def test_missing_shard_is_named(data_dir, tmp_path):  # noqa: F811
   data = _copy(data_dir, tmp_path, "data")
   os.remove(os.path.join(data, "train-00001-of-00002.tfrecord"))

@@ -260,7 +260,13 @@ def load_tokenizer(path: str, do_lower_case: bool = True):
     from bert_jax.data import bpe  # pylint: disable=g-import-not-at-top
     return bpe.load(path)
   strip_accents = read_tokenizer_config(os.path.dirname(path)).get("strip_accents")
-  return WordPieceTokenizer(path, do_lower_case, None if strip_accents is None else bool(strip_accents))
+  try:
+    return WordPieceTokenizer(path, do_lower_case, None if strip_accents is None else bool(strip_accents))
+  except UnicodeDecodeError as e:   # a binary file (a shard, a checkpoint) named as the vocabulary
+    raise ValueError(f"{path} is no vocabulary: not UTF-8 text ({e.reason} at byte {e.start}); a WordPiece "
+                     "vocab.txt holds one token a line") from None
+  except ValueError as e:   # its special tokens missing: another kind of file, or a vocabulary of another kind
+    raise ValueError(f"{path} is no WordPiece vocabulary: {e}") from None
 
 
 def _tokenizer_file(directory: str) -> str:
