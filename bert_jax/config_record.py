@@ -36,9 +36,11 @@ _RUN_KINDS = {"pretraining": ("checkpoints",), "finetuning": ("task.json", "fine
 
 def check_workdir_kind(workdir: str, kind: str) -> None:
   """Stops a run of `kind` ("pretraining", "finetuning", "sweep") in a `workdir` that holds another kind of run,
-  or that is a file."""
-  if epath.Path(workdir).exists() and not epath.Path(workdir).is_dir():
-    raise failures.UserError(f"--workdir {workdir} is a file: give a folder for the {kind} run (a new one is made)")
+  or that is (or lies under) a file."""
+  try:
+    paths.output_dir(workdir, "workdir")   # it, or a folder above it, a file
+  except NotADirectoryError as e:
+    raise failures.UserError(str(e)) from None
   for other, names in _RUN_KINDS.items():
     found = [] if other == kind else [n for n in names if (epath.Path(workdir) / n).exists()]   # gs:// too
     if found:

@@ -41,10 +41,13 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
     raise failures.UserError(f"invalid config:\n  model: {e}") from None
   problems = list(objective.validate(config)) + masking.config_problems(d)
   for field in ("global_batch_size", "log_every", "eval_every", "checkpoint_every"):
-    if config[field] < 1:
-      problems.append(f"{field} {config[field]} must be at least 1")
-  for check in (lambda: optimizer_lib.learning_rate_schedule(config.optimizer),
-                lambda: steps.batch_size_warmup(config)):
+    if config[field] < 1 and (field != "eval_every" or config.eval_steps > 0):
+      problems.append(f"{field} {config[field]} must be at least 1" + (" (eval_steps 0 turns evaluation off)"
+                                                                       if field == "eval_every" else ""))
+  checks = [lambda: steps.batch_size_warmup(config)]
+  if config.optimizer.total_steps > 0:   # (said below otherwise)
+    checks.append(lambda: optimizer_lib.learning_rate_schedule(config.optimizer))
+  for check in checks:
     try:
       check()
     except ValueError as e:   # a schedule or a batch-size warmup that cannot be built: named with its fields
@@ -95,10 +98,16 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
 
 
 def _not_shards(pattern: str, split: str) -> str | None:
-  """The first file `pattern` gives that is not a TFRecord shard of `prepare` (a corpus named in its place:
-  read as a shard, it reads as a damaged one); None when there is none."""
+  """What is wrong where `pattern` (data.<split>_files) gives a file that is no TFRecord shard of `prepare` (a
+  corpus named in its place: read as a shard, it read as a damaged one, to be deleted); None where none is."""
   from bert_jax.data import shards  # pylint: disable=g-import-not-at-top
-  return next((f for f in shards.shard_files(pattern, split) if not f.endswith(".tfrecord")), None)
+  raw = next((f for f in shards.shard_files(pattern, split) if not f.endswith(".tfrecord")), None)
+  if raw is None:
+    return None
+  what = "it is" if raw == pattern else f"{raw} is"
+  return (f"data.{split}_files {pattern!r}: {what} no prepared shard ({split}-*.tfrecord): name a `bert-jax "
+          "prepare` output folder or a glob of its shards (a corpus is prepared first: bert-jax prepare "
+          "--input=<corpus> --output_dir=DIR)")
 
 
 def _vocab_problems(d: ml_collections.ConfigDict) -> list[str]:
@@ -110,7 +119,7 @@ def _vocab_problems(d: ml_collections.ConfigDict) -> list[str]:
     return [f"data.vocab_file {d.vocab_file!r} does not exist"]
   try:
     input_pipeline.load_tokenizer(d)
-  except ValueError as e:
+  except (ValueError, OSError, RuntimeError) as e:   # (SentencePiece raises RuntimeError for a damaged model)
     return [f"data.vocab_file: {e}"]
   return []
 
@@ -127,14 +136,14 @@ def check_inputs(config: ml_collections.ConfigDict) -> None:
     problems.append(f"data.train_files {d.train_files!r} holds no prepared shards (train-*.tfrecord): give a "
                     "`bert-jax prepare --output_dir` directory or a glob of its shards")
   elif not d.train_files.startswith("embedded:") and (raw := _not_shards(d.train_files, "train")):
-    what = "it is" if raw == d.train_files else f"{raw} is"
-    problems.append(f"data.train_files {d.train_files!r}: {what} no prepared shard (train-*.tfrecord) but a corpus "
-                    "to prepare: bert-jax prepare --input=<corpus> --output_dir=DIR, then "
-                    "--config.data.train_files=DIR")
-  elif not d.train_files.startswith("embedded:") and not _vocab_problems(d):   # (named below)
+    problems.append(raw)
+  elif not d.train_files.startswith("embedded:") and not _vocab_problems(d) and not (
+      d.eval_files and _not_shards(d.eval_files, "eval")):   # (those named below)
     problems += input_pipeline.preparation_problems(d)
   if d.eval_files and not shards.shard_files(d.eval_files, "eval"):
     problems.append(f"data.eval_files {d.eval_files!r} holds no prepared shards (eval-*.tfrecord)")
+  elif d.eval_files and (raw := _not_shards(d.eval_files, "eval")):
+    problems.append(raw)
   problems += _vocab_problems(d)
   if config.init_from:
     # Another family or size first: restoring it would fail late, on shapes, or succeed as another model

@@ -211,7 +211,9 @@ def test_command_mistakes_are_one_line_and_exit_2(tmp_path):
            ("--checkpoint=nowhere", "--input=dev.tsv", "--output_dir=out", "--export_dir=earlier"):
                "bert-jax analyze prune: --export_dir=earlier already holds files (an earlier export?)",
            ("--checkpoint=nowhere", "--input=dev.tsv", "--output_dir=out", "--export_dir=README.md"):
-               "bert-jax analyze prune: --export_dir=README.md is a file"}
+               "bert-jax analyze prune: --export_dir=README.md: it is a file",
+           ("--checkpoint=nowhere", "--input=dev.tsv", "--output_dir=out", "--export_dir=README.md/pruned"):
+               "bert-jax analyze prune: --export_dir=README.md/pruned: README.md is a file"}
   (tmp_path / "earlier").mkdir()
   (tmp_path / "earlier" / "bert_config.json").write_text("{}")
   assert_one_line_errors(["analyze", "prune"], cases, tmp_path)

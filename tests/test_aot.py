@@ -486,6 +486,7 @@ def test_topologies_libtpu_would_crash_on_are_refused_first():
       aot.parse_topology(f"v3:{shape}")
 
 
+@pytest.mark.slow
 def test_aot_mistakes_are_one_line_before_any_compile(tmp_path):
   """No --config, a slice libtpu has no layout for, and an output that is a folder: exit 2, one line."""
   (tmp_path / "out").mkdir()

@@ -37,7 +37,7 @@ def _cases(tmp):
       ("bench", "data", f"--prepared_dir={tmp}/nowhere"):
           f"bert-jax bench data: --prepared_dir={tmp}/nowhere holds no prepared shards",
       ("bench", "data", f"--input={tmp}/vocab.txt", f"--work_dir={tmp}/vocab.txt"):
-          f"bert-jax bench data: --work_dir={tmp}/vocab.txt is a file: give a folder",
+          f"bert-jax bench data: --work_dir={tmp}/vocab.txt: it is a file: give a folder",
       ("bench", "data", "--seq_lengths=abc"): "bert-jax bench data: --seq_lengths=abc: give sequence lengths",
       # An output folder that is a file, and numbers out of range: before anything is read or made.
       ("prepare", f"--input={tmp}/vocab.txt", f"--output_dir={tmp}/vocab.txt/p"):
@@ -51,9 +51,9 @@ def _cases(tmp):
       ("pretrain", f"--config={tmp}/notes.py", f"--workdir={tmp}/n"):   # it imports, and holds no config
           f"bert-jax pretrain: cannot load --config: {tmp}/notes.py defines no get_config(): give a config file",
       ("pretrain", "--config=configs/tiny.py", f"--workdir={tmp}/vocab.txt"):
-          f"bert-jax pretrain: --workdir {tmp}/vocab.txt is a file: give a folder for the pretraining run",
+          f"bert-jax pretrain: --workdir={tmp}/vocab.txt: it is a file: give a folder",
       ("finetune", "--config=configs/finetune/sst2.py", f"--workdir={tmp}/vocab.txt"):
-          f"bert-jax finetune: --workdir {tmp}/vocab.txt is a file: give a folder for the finetuning run",
+          f"bert-jax finetune: --workdir={tmp}/vocab.txt: it is a file: give a folder",
       ("pretrain", "--config=configs/tiny_typo.py", f"--workdir={tmp}/t", "--config.train_steps=3"):
           # an override applied to a file that is not there
           f"bert-jax pretrain: cannot load --config: configs/tiny_typo.py does not exist (a relative path is taken "

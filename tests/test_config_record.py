@@ -65,7 +65,9 @@ def test_a_workdir_of_one_kind_of_run_is_refused_by_the_others(tmp_path):
                          "another --workdir"):
         config_record.check_workdir_kind(str(workdir), other)
   config_record.check_workdir_kind(str(tmp_path / "new"), "pretraining")   # not there yet: fine
-  (tmp_path / "notes.csv").write_text("")   # a file: each kind refuses it before making anything there
+  (tmp_path / "notes.csv").write_text("")   # a file: each kind refuses it, or a folder in it, before making any
   for kind in ("pretraining", "finetuning", "sweep"):
-    with pytest.raises(failures.UserError, match=f"--workdir .*notes.csv is a file: give a folder for the {kind} run"):
+    with pytest.raises(failures.UserError, match=r"--workdir=.*notes.csv: it is a file: give a folder"):
       config_record.check_workdir_kind(str(tmp_path / "notes.csv"), kind)
+    with pytest.raises(failures.UserError, match=r"--workdir=.*notes.csv/run: .*notes.csv is a file: give a folder"):
+      config_record.check_workdir_kind(str(tmp_path / "notes.csv" / "run"), kind)

@@ -87,6 +87,17 @@ def test_read_examples_errors_and_defaults():
   assert len(embed.read_examples(['{"input_ids": [1, 2], "token_type_ids": [0, 5]}'], cfg=no_types)) == 1
 
 
+def test_a_text_pair_for_a_model_of_one_token_type_names_the_line(tmp_path):
+  """RoBERTa's models have one token type: the tokenizer's second segment would embed as NaN."""
+  from bert_jax.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  (tmp_path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "b"]) + "\n")
+  tokenizer = tokenizer_lib.load_tokenizer(str(tmp_path / "vocab.txt"))
+  one_type = model.BertConfig(vocab_size=7, type_vocab_size=1)
+  assert len(embed.read_examples(['{"text": "a b"}'], tokenizer, cfg=one_type)) == 1
+  with pytest.raises(ValueError, match="input, line 2: a text_b pair, but the model has one token type"):
+    embed.read_examples(['{"text": "a"}', '{"text": "a", "text_b": "b"}'], tokenizer, cfg=one_type)
+
+
 def test_an_input_with_no_examples_or_a_bad_line_is_one_message_naming_the_file(tmp_path):
   (tmp_path / "empty.jsonl").write_text("\n\n")
   (tmp_path / "bad.jsonl").write_text('{"input_ids": [101, 102]}\nnot json\n')

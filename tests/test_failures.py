@@ -129,16 +129,22 @@ def test_shards_prepared_with_another_casing_or_vocabulary_are_named(data_dir, t
   other = _copy(data_dir, tmp_path, "other_vocab")
   (tmp_path / "other_vocab" / "vocab.txt").write_text("\n".join(words[:5] + words[5:][::-1]))
   with pytest.raises(failures.UserError, match=r"data.eval_files .*other_vocab was prepared with another vocabulary "
-                                               r"\(vocab.txt there\) than data.train_files"):
+                                               r"\(vocab.txt there\) than the training data's \(data.train_files\)"):
     train.check_inputs(tiny_config(data_dir, **{"data.eval_files": other}))
+  vocab = os.path.join(data_dir, "vocab.txt")   # named as data.vocab_file: the same eval advice, and only once
+  with pytest.raises(failures.UserError, match=r"\n  data.eval_files .*other_vocab was prepared with another "
+                     rf"vocabulary \(vocab.txt there\) than the training data's \({vocab}\)[^\n]*$"):
+    train.check_inputs(tiny_config(data_dir, **{"data.eval_files": other, "data.vocab_file": vocab}))
+  train.check_inputs(tiny_config(data_dir, **{"data.eval_files": data_dir}))   # the training folder's own eval split
 
 
 def test_a_corpus_named_as_the_prepared_data_is_told_to_be_prepared(data_dir, tmp_path):  # noqa: F811
   """Read as a shard it read as a damaged one, and the message said to delete it: the user's own corpus."""
   (tmp_path / "news.jsonl").write_text('{"text": "a king sees the queen ."}\n')
-  with pytest.raises(failures.UserError, match=r"data.train_files '.*news.jsonl': it is no prepared shard "
-                                               r"\(train-\*.tfrecord\) but a corpus to prepare: bert-jax prepare"):
-    train.check_inputs(tiny_config(data_dir, **{"data.train_files": str(tmp_path / "news.jsonl")}))
+  for field, split in (("train_files", "train"), ("eval_files", "eval")):
+    with pytest.raises(failures.UserError, match=rf"data.{field} '.*news.jsonl': it is no prepared shard "
+                       rf"\({split}-\*.tfrecord\): name a `bert-jax prepare` output folder .*a corpus is prepared"):
+      train.check_inputs(tiny_config(data_dir, **{f"data.{field}": str(tmp_path / "news.jsonl")}))
 
 
 def test_a_vocab_file_that_is_no_vocabulary_is_named_before_training(data_dir, tmp_path):  # noqa: F811
@@ -277,6 +283,16 @@ def test_masking_fields_are_checked_before_compiling(data_dir, changes, match): 
   """They stopped a run in the input pipeline, after compiling, with a traceback."""
   with pytest.raises(failures.UserError, match=f"invalid config:\n  {match}"):
     train.validate(tiny_config(data_dir, **changes))
+
+
+def test_eval_every_is_read_only_with_evaluation_on(data_dir):  # noqa: F811
+  train.validate(tiny_config(data_dir, **{"eval_steps": 0, "eval_every": 0}))
+  with pytest.raises(failures.UserError,
+                     match=r"eval_every 0 must be at least 1 \(eval_steps 0 turns evaluation off\)"):
+    train.validate(tiny_config(data_dir, **{"eval_steps": 2, "eval_every": 0}))
+  with pytest.raises(failures.UserError, match=r"invalid config:\n  train_steps and optimizer.total_steps must be "
+                                               r"positive$"):   # said once, not by the schedule too
+    train.validate(tiny_config(data_dir, **{"optimizer.total_steps": 0}))
 
 
 def test_the_spike_guard_needs_checkpoints_where_the_loss_is_checked(data_dir):  # noqa: F811

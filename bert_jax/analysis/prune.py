@@ -262,8 +262,7 @@ def check_export_dir(export_dir: str) -> None:
   """Refuses an `--export_dir` that is a file or holds anything: an export over another would mix its
   weights with this one's config (a model that no longer loads), and deleting what is there is the user's
   call."""
-  if os.path.isfile(export_dir):
-    raise NotADirectoryError(f"--export_dir={export_dir} is a file: give a new folder for the pruned workdir")
+  paths.output_dir(export_dir, "export_dir")   # it, or a folder above it, a file: NotADirectoryError
   if os.path.isdir(export_dir) and os.listdir(export_dir):
     raise FileExistsError(f"--export_dir={export_dir} already holds files (an earlier export?): give a new folder, "
                           "or delete that one first")

@@ -269,8 +269,9 @@ def preparation_problems(data_config) -> list[str]:
   c, problems = data_config, []
   ours = None
   directories = [("train", d) for d in sorted({os.path.dirname(f) for f in shards.shard_files(c.train_files, "train")})]
-  if c.eval_files:
-    directories += [("eval", d) for d in sorted({os.path.dirname(f) for f in shards.shard_files(c.eval_files, "eval")})]
+  if c.eval_files:   # those of the training data's folders already checked
+    directories += [("eval", d) for d in sorted({os.path.dirname(f) for f in shards.shard_files(c.eval_files, "eval")})
+                    if ("train", d) not in directories]
   for split, directory in directories:
     _, stats = shards.read_stats(directory)
     if stats is None:
@@ -286,13 +287,14 @@ def preparation_problems(data_config) -> list[str]:
       if (ours.vocab_size != theirs.vocab_size or ours.convert_ids_to_tokens(range(ours.vocab_size))
           != theirs.convert_ids_to_tokens(range(theirs.vocab_size))):
         problems.append(
+            f"data.eval_files {directory} was prepared with another vocabulary ({stats['tokenizer_file']} there) "
+            f"than the training data's ({c.vocab_file or 'data.train_files'}): its shards hold that one's token "
+            "ids. Prepare the eval corpus with the training data's vocabulary (bert-jax prepare --vocab_file=...), "
+            "or leave data.eval_files empty to hold out data.eval_fraction of the training corpus"
+            if split == "eval" else
             f"data.vocab_file {c.vocab_file!r} is not the vocabulary {directory} was prepared with "
             f"({stats['tokenizer_file']} there): its shards hold that one's token ids. Leave data.vocab_file empty "
-            "to use it, or prepare the corpus again with this vocabulary" if given else
-            f"data.eval_files {directory} was prepared with another vocabulary ({stats['tokenizer_file']} there) "
-            "than data.train_files: its shards hold that one's token ids. Prepare the eval corpus with the "
-            "training data's vocabulary (bert-jax prepare --vocab_file=...), or leave data.eval_files empty to "
-            "hold out data.eval_fraction of the training corpus")
+            "to use it, or prepare the corpus again with this vocabulary")
   return problems
 
 

@@ -58,7 +58,7 @@ _VOCAB_MODEL = flags.DEFINE_enum("vocab_model", "wordpiece", list(vocab_training
 _NUM_SHARDS = flags.DEFINE_integer("num_shards", None, "Output shards (default: about 64 MiB of input each).",
                                   lower_bound=1)
 _NUM_WORKERS = flags.DEFINE_integer("num_workers", None, "Worker processes (default: all cores).", lower_bound=1)
-_EVAL_FRACTION = flags.DEFINE_float("eval_fraction", 0.0, "Fraction of documents held out as eval, in [0, 1).",
+_EVAL_FRACTION = flags.DEFINE_float("eval_fraction", 0.0, "Fraction of documents held out as eval, in [0, 0.99].",
                                     lower_bound=0.0, upper_bound=0.99)
 _EVAL_INPUT = flags.DEFINE_string("eval_input", None, "A separate corpus spec for the eval split.")
 _DATA_DIR = flags.DEFINE_string("data_dir", None, "TFDS data_dir of tfds: specs (with the dataset prepared).")

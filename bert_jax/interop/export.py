@@ -152,7 +152,7 @@ def _export_electra(cfg, params, tokenizer, output, max_length: int) -> str:
   else:
     models, directories = [(cfg, {k: v for k, v in params.items() if k in ("bert", "discriminator", "mlm")})], [output]
   for directory, (model_cfg, model_params) in zip(directories, models):
-    checkpoints_hf.save_hf(directory, model_cfg, model_params, model_type="electra")
+    checkpoints_hf.save_hf(directory, model_cfg, model_params, model_type="electra", tokenizer=tokenizer)
     _save_tokenizer(tokenizer, directory, max_length, "Electra")
   return json.loads((pathlib.Path(output) / "config.json").read_text())["architectures"][0]
 

@@ -24,6 +24,7 @@ import numpy as np
 
 from bert_jax import config_path
 from bert_jax import failures
+from bert_jax import paths
 from bert_jax.data import input_pipeline
 from bert_jax.data import prepare
 from bert_jax.data import shards
@@ -121,30 +122,32 @@ def main(argv) -> None:
   if len(argv) > 1:
     raise ValueError(f"unexpected arguments: {argv[1:]}")
   lengths = seq_lengths(_SEQ_LENGTHS.value)
-  # A corpus, vocabulary or folder that is not there or cannot be used: one paragraph, exit 2.
+  # A corpus, vocabulary or folder that is not there or cannot be used: one paragraph, exit 2. The timing
+  # after it raises as it raises.
   with failures.as_user_errors("bert-jax bench data", OSError, ValueError):
-    _run(lengths)
-
-
-def _run(lengths: list[int]) -> None:
-  prepared = _PREPARED_DIR.value
-  if prepared is None:
-    spec = FLAGS.input or str(_SHARED / "corpora" / "news_articles.jsonl")
-    vocab = FLAGS.vocab_file or (str(_SHARED / "minilm" / "vocab.txt") if FLAGS.input is None else None)
-    if not FLAGS.input and not pathlib.Path(spec).exists():
-      raise failures.UserError(f"{spec} is not there: pass --input=<corpus> (and --vocab_file)")
-    if _WORK_DIR.value and os.path.exists(_WORK_DIR.value) and not os.path.isdir(_WORK_DIR.value):
-      raise failures.UserError(f"--work_dir={_WORK_DIR.value} is a file: give a folder to prepare the corpus in")
-    work_dir = _WORK_DIR.value or tempfile.mkdtemp(prefix="bench_data_")
-    prepared = str(pathlib.Path(work_dir) / "prepared")
-    num_shards = _NUM_SHARDS.value or os.cpu_count() or 1
-    _print(prepare.prepare_throughput(spec, vocab, prepared, num_shards=num_shards))
-  elif not shards.shard_files(prepared, "train"):
-    raise failures.UserError(f"--prepared_dir={prepared} holds no prepared shards (train-*.tfrecord): give a "
-                             "`bert-jax prepare --output_dir` folder")
+    prepared = _prepared()
   if _MALLOC_ARENA_MAX.value > 0:
     m_arena_max = -8  # glibc malloc.h
     ctypes.CDLL("libc.so.6").mallopt(m_arena_max, _MALLOC_ARENA_MAX.value)
   for seq_length in lengths:
     _print(time_pipeline(prepared, seq_length))
     gc.collect()  # the finished pipeline's threads and buffers go before the next one is timed
+
+
+def _prepared() -> str:
+  """--prepared_dir, checked; else the corpus prepared (timed) into --work_dir or a temporary folder."""
+  if _PREPARED_DIR.value is not None:
+    if not shards.shard_files(_PREPARED_DIR.value, "train"):
+      raise failures.UserError(f"--prepared_dir={_PREPARED_DIR.value} holds no prepared shards (train-*.tfrecord): "
+                               "give a `bert-jax prepare --output_dir` folder")
+    return _PREPARED_DIR.value
+  spec = FLAGS.input or str(_SHARED / "corpora" / "news_articles.jsonl")
+  vocab = FLAGS.vocab_file or (str(_SHARED / "minilm" / "vocab.txt") if FLAGS.input is None else None)
+  if not FLAGS.input and not pathlib.Path(spec).exists():
+    raise failures.UserError(f"{spec} is not there: pass --input=<corpus> (and --vocab_file)")
+  work_dir = (paths.output_dir(_WORK_DIR.value, "work_dir") if _WORK_DIR.value
+              else tempfile.mkdtemp(prefix="bench_data_"))
+  prepared = str(pathlib.Path(work_dir) / "prepared")
+  num_shards = _NUM_SHARDS.value or os.cpu_count() or 1
+  _print(prepare.prepare_throughput(spec, vocab, prepared, num_shards=num_shards))
+  return prepared

@@ -95,13 +95,17 @@ def read_examples(lines, tokenizer=None, max_length: int = 512, truncate: bool =
       if len(values) != len(ids):
         raise ValueError(f"{path}, line {n}: {len(ids)} input_ids but {len(values)} {name}")
     if cfg is not None:
-      _check_ids(path, n, ids, types, cfg)
+      _check_ids(path, n, ids, types, cfg, from_text="input_ids" not in record)
     examples.append(Example(*(np.asarray(x, np.int32) for x in (ids, types, mask))))
   return examples
 
 
-def _check_ids(path: str, n: int, ids, types, cfg: model.BertConfig) -> None:
-  """A DataError naming line `n` of `path` and the first id outside the model's vocabulary or token types."""
+def _check_ids(path: str, n: int, ids, types, cfg: model.BertConfig, from_text: bool = False) -> None:
+  """A DataError naming line `n` of `path` and the first id outside the model's vocabulary or token types
+  (`from_text`: ids the tokenizer gave a `text`/`text_b` line, whose second text the model has no type for)."""
+  if from_text and cfg.type_vocab_size == 1 and any(types):
+    raise readers.DataError(f"{path}, line {n}: a text_b pair, but the model has one token type: give `text` "
+                            "alone")
   for name, values, size, what in (("input_ids", ids, cfg.vocab_size, "ids in its vocabulary"),
                                    ("token_type_ids", types, cfg.type_vocab_size, "token types")):
     if name == "token_type_ids" and not size:   # no token-type embeddings (DistilBERT): the ids are not read

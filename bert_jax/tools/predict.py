@@ -13,7 +13,8 @@ TSV/CSV (.tsv, .csv); another extension is refused:
 
   classification  {"id", "label", "probabilities": {label: p}}
   regression      {"id", "value"}
-  tagging         {"id", "words", "tags"}           one tag per word
+  tagging         {"id", "words", "tags"}           one tag per word (a sentence longer than the model's
+                                                    window is tagged a window of whole words at a time)
   span            {"id", "answer"}                  the answer text ("" for no answer, SQuAD v2.0)
 
 When every input example has its label, the task's metrics are printed too (the same numbers as the
