@@ -18,7 +18,6 @@ discriminator or generator, DistilBERT), a Google TF checkpoint, a bert_jax pret
 workdir.
 """
 
-import os
 from typing import NamedTuple
 
 from absl import app
