@@ -137,14 +137,16 @@ def check_inputs(config: ml_collections.ConfigDict) -> None:
                     "`bert-jax prepare --output_dir` directory or a glob of its shards")
   elif not d.train_files.startswith("embedded:") and (raw := _not_shards(d.train_files, "train")):
     problems.append(raw)
-  elif not d.train_files.startswith("embedded:") and not _vocab_problems(d) and not (
-      d.eval_files and _not_shards(d.eval_files, "eval")):   # (those named below)
-    problems += input_pipeline.preparation_problems(d)
-  if d.eval_files and not shards.shard_files(d.eval_files, "eval"):
+  vocab = _vocab_problems(d)
+  eval_shards = shards.shard_files(d.eval_files, "eval") if d.eval_files else []
+  eval_raw = _not_shards(d.eval_files, "eval") if eval_shards else None
+  if not problems and not d.train_files.startswith("embedded:") and not vocab and not eval_raw:
+    problems += input_pipeline.preparation_problems(d)   # (those shards, that vocabulary: named below)
+  if d.eval_files and not eval_shards:
     problems.append(f"data.eval_files {d.eval_files!r} holds no prepared shards (eval-*.tfrecord)")
-  elif d.eval_files and (raw := _not_shards(d.eval_files, "eval")):
-    problems.append(raw)
-  problems += _vocab_problems(d)
+  elif eval_raw:
+    problems.append(eval_raw)
+  problems += vocab
   if config.init_from:
     # Another family or size first: restoring it would fail late, on shapes, or succeed as another model
     # (a causal mask changes no shape).

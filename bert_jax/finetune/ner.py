@@ -139,8 +139,7 @@ def featurize(task, examples, tokenizer, max_seq_length, **opts):
   for row, ex in enumerate(examples):
     ids, positions = [tokenizer.cls_id], np.full([len(ex.words)], -1, np.int64)
     for w, (word, tag) in enumerate(zip(ex.words, ex.tags or [None] * len(ex.words))):
-      # Spelled as in the running text (byte-level BPE's "Ġ"); every word needs a first sub-token.
-      pieces = tokenizer.encode(tokenizer.space_prefix + word) or [tokenizer.unk_id]
+      pieces = word_pieces(tokenizer, word)
       if len(ids) + len(pieces) > max_seq_length - 1:
         if len(ids) > 1:
           break
@@ -156,6 +155,12 @@ def featurize(task, examples, tokenizer, max_seq_length, **opts):
   return features, {"example_index": np.arange(n), "word_positions": word_positions}
 
 
+def word_pieces(tokenizer, word: str) -> list[int]:
+  """A word's sub-token ids, spelled as in the running text (byte-level BPE's "Ġ"); at least one, since every
+  word needs a first sub-token to be tagged at."""
+  return tokenizer.encode(tokenizer.space_prefix + word) or [tokenizer.unk_id]
+
+
 def windows(examples, tokenizer, max_seq_length: int) -> tuple[list, list[int]]:
   """Each example cut into runs of consecutive whole words that each fit `featurize`'s window, so that every
   word gets a tag of the model's (`featurize` drops the words past one window: scored as "O", which need not
@@ -165,7 +170,7 @@ def windows(examples, tokenizer, max_seq_length: int) -> tuple[list, list[int]]:
   for i, ex in enumerate(examples):
     start, used = 0, 2   # [CLS] and [SEP]
     for w, word in enumerate(ex.words):
-      n = len(tokenizer.encode(tokenizer.space_prefix + word)) or 1
+      n = len(word_pieces(tokenizer, word))
       if used + n > max_seq_length and w > start:
         runs.append(_run(ex, start, w))
         owners.append(i)
