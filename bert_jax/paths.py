@@ -19,14 +19,19 @@ PRETRAIN_FIELDS = ("init_from", "data.train_files", "data.eval_files", "data.voc
 FINETUNE_FIELDS = ("init_checkpoint", "bert_config_json", "vocab_file", "data_dir", "task_opts.tfds_data_dir")
 
 
-def absolute(path: str) -> str:
+# The fields that hold a comma-separated list of paths (several corpora or shard globs); any other path is one
+# path, commas and all (a workdir `runs/t,1` is one folder).
+LIST_FIELDS = ("data.train_files", "data.eval_files")
+
+
+def absolute(path: str, many: bool = False) -> str:
   """`path` made absolute against the current directory; "", remote URLs and data specs unchanged.
 
-  Comma-separated lists (several corpora or shard globs) are handled item by item.
+  `many`: `path` is a comma-separated list (several corpora or shard globs), handled item by item.
   """
   if not path:
     return path
-  if "," in path:
+  if many and "," in path:
     return ",".join(absolute(p.strip()) for p in path.split(","))
   if "://" in path or path.startswith(_SPEC_PREFIXES) or path in _SPECS:
     return path
@@ -83,9 +88,9 @@ def absolute_config(config: ml_collections.ConfigDict, fields) -> ml_collections
       node = node.get(p) if isinstance(node, ml_collections.ConfigDict) else None
     if not isinstance(node, ml_collections.ConfigDict) or name not in node:
       continue
-    value = node[name]
-    if isinstance(value, str) and value != absolute(value):
+    value, many = node[name], dotted in LIST_FIELDS
+    if isinstance(value, str) and value != absolute(value, many):
       with node.unlocked():
-        node[name] = absolute(value)
+        node[name] = absolute(value, many)
   return config
 

@@ -13,6 +13,7 @@ import textwrap
 import numpy as np
 import pytest
 
+from bert_jax import failures
 from bert_jax.data import input_pipeline
 from bert_jax.data import shards
 from bert_jax.data import masking
@@ -212,6 +213,15 @@ def test_resume_in_a_fresh_process_is_byte_identical(news_dir, tmp_path):
   for i, batch in enumerate(expected):
     for k, v in batch.items():
       assert resumed[f"{i}/{k}"].tobytes() == v.tobytes(), (i, k)
+
+
+def test_a_position_from_another_batch_size_or_seed_is_named(news_dir):
+  state = _iterator(news_dir, global_batch_size=32).get_state()
+  for changed, named in [(dict(global_batch_size=16), "global_batch_size"), (dict(seed=5), "data.seed")]:
+    with pytest.raises(failures.UserError, match=named) as raised:
+      _iterator(news_dir, **{"global_batch_size": 32, **changed}).set_state(state)
+    assert "init_from" in str(raised.value)
+  _iterator(news_dir, global_batch_size=32).set_state(state)   # the same pipeline takes it
 
 
 def _document_set(docs):

@@ -253,7 +253,7 @@ def test_sweep_killed_midway_resumes_without_rerunning_finished_trials(tmp_path,
 def test_a_sweep_field_out_of_range_is_named_before_anything_runs(tmp_path):
   from bert_jax import failures  # pylint: disable=g-import-not-at-top
   for field, value in (("max_trials_per_group", 0), ("grid.learning_rate", ()), ("grid.batch_size", (16, 0)),
-                       ("seeds", ())):
+                       ("seeds", ()), ("seeds", (0, 0, 1)), ("grid.learning_rate", (5e-5, 1e-3, 5e-5))):
     c = sst2.get_config()
     node, name = (c.sweep.grid, field.split(".")[1]) if "." in field else (c.sweep, field)
     node[name] = value

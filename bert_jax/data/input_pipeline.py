@@ -33,6 +33,11 @@ _EVAL_EPOCH = 1 << 40  # eval draws use an "epoch" no training run reaches
 # Epoch plans and batches: pure functions of (seed, epoch, host, rows).
 
 
+# What each field of a pipeline's saved position depends on, as a user sets it.
+_STATE_FIELDS = {"seed": "data.seed", "process_index": "the process index",
+                 "rows_per_batch": "the rows a process reads a step (global_batch_size over the processes)"}
+
+
 class BatchMaker:
   """Plans the epochs of one host's documents and builds any batch of them."""
 
@@ -173,7 +178,11 @@ class PretrainIterator:
     expected = {"seed": m.seed, "process_index": m.process_index, "rows_per_batch": m.rows_per_batch}
     mismatch = {k: (state[k], v) for k, v in expected.items() if k in state and state[k] != v}
     if mismatch:
-      raise ValueError(f"iterator state does not belong to this pipeline: {mismatch} (saved, current)")
+      changed = "; ".join(f"{_STATE_FIELDS[k]} was {saved}, now {now}" for k, (saved, now) in mismatch.items())
+      raise failures.UserError(
+          f"the checkpoint's data position belongs to another input pipeline ({changed}). A run resumes with the "
+          "data order it started with: set it back, or continue from its weights in a new --workdir with "
+          "--config.init_from=<its checkpoint>.")
     self._position = (int(state["epoch"]), int(state["batch"]))
     self._iterator = None
 

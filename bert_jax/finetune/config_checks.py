@@ -59,14 +59,27 @@ def sweep_problems(config, grid: bool = True) -> list[str]:
     values = tuple(s.grid[name]) if isinstance(s.grid[name], (tuple, list)) else (s.grid[name],)
     if not values or not all(_number(v) and ok(v) for v in values):
       said.append(f"sweep.grid.{name} {s.grid[name]!r}: one value or more, each {what} (--config.sweep.grid.{name})")
+    else:
+      said += _repeated(f"sweep.grid.{name}", values)
   seeds = tuple(s.seeds) if isinstance(s.seeds, (tuple, list)) else (s.seeds,)
   if not seeds or not all(isinstance(v, int) and not isinstance(v, bool) for v in seeds):
     said.append(f"sweep.seeds {s.seeds!r}: one whole number or more (--config.sweep.seeds)")
+  else:
+    said += _repeated("sweep.seeds", seeds)
   for field in ("max_trials_per_group", "num_random_trials"):
     value = s[field]
     if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
       said.append(f"sweep.{field} {value!r}: a whole number, at least 1 (--config.sweep.{field})")
   return said
+
+
+def _repeated(field: str, values: tuple) -> list[str]:
+  """A value listed twice (as a trial's name spells it) would train the same trial twice into one folder and
+  count it as another seed."""
+  spelled = [f"{v:g}" for v in values]
+  twice = sorted({v for v in spelled if spelled.count(v) > 1})
+  return [f"{field} {values!r} lists {', '.join(twice)} more than once: each trial trains once; list each value "
+          f"once (--config.{field})"] if twice else []
 
 
 def validate(config, sweep: bool = False) -> None:
