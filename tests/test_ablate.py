@@ -421,3 +421,28 @@ def test_a_report_of_a_workdir_that_is_not_there_is_a_user_error(tmp_path):
   (tmp_path / "a_file").write_text("")
   with pytest.raises(failures.UserError, match=r"--report_only: .*a_file is a file, not a workdir"):
     ablate_main.run_and_report(table("devlin_table5", "tiny"), str(tmp_path / "a_file"), train=False)
+
+
+_SIGTERM_OUTSIDE_PRETRAINING = """
+import os, signal, sys, time
+from absl import app
+from bert_jax.ablate import main, runner
+def run(*args, **kwargs):   # a SIGTERM while the ablation finetunes or evaluates
+  os.kill(os.getpid(), signal.SIGTERM)
+  time.sleep(60)
+runner.run = run
+sys.argv = ["bert-jax ablate", "--config=configs/ablations/devlin_table5.py:tiny", "--workdir=runs/a"]
+app.run(main.main)
+"""
+
+
+def test_sigterm_outside_pretraining_stops_the_ablation_in_one_line(tmp_path):
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  os.symlink(os.path.join(repo, "configs"), tmp_path / "configs")
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=repo)
+  done = subprocess.run([sys.executable, "-c", _SIGTERM_OUTSIDE_PRETRAINING], cwd=tmp_path, env=env,
+                        capture_output=True, text=True, timeout=120)
+  assert done.returncode == 128 + signal.SIGTERM, done.stderr[-2000:]
+  assert done.stderr.strip().splitlines()[-1] == (
+      "bert-jax ablate: stopped by SIGTERM; the finished pretraining, evaluations and finetuning trials are kept: "
+      "the same command goes on from them")

@@ -59,8 +59,13 @@ def main(argv) -> None:
   if config is None:
     raise app.UsageError("--config is required, e.g. --config=configs/ablations/devlin_table5.py:small")
   try:
-    print(run_and_report(config, finetune_main.WORKDIR.value, train=not _REPORT_ONLY.value,
-                         only=_VARIANTS.value))
+    # Pretraining saves and stops on its own at a SIGTERM (exit 143); this covers the rest: setup, evaluation
+    # and finetuning.
+    with failures.stop_message("bert-jax ablate", "the finished pretraining, evaluations and finetuning trials "
+                               "are kept: the same command goes on from them"):
+      report_text = run_and_report(config, finetune_main.WORKDIR.value, train=not _REPORT_ONLY.value,
+                                   only=_VARIANTS.value)
+    print(report_text)
   except failures.RunError as e:
     failures.say_and_exit(e, prefix="bert-jax ablate")
 
