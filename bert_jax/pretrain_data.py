@@ -19,16 +19,32 @@ def prepared_data_config(config: ml_collections.ConfigDict, workdir: str) -> ml_
 
   out = os.path.join(workdir, "data")
   done = os.path.join(out, "PREPARED")
-  if jax.process_index() == 0 and not os.path.exists(done):
-    # A vocabulary of the model's size is trained on the corpus; documents are held out for eval.
-    vocab_size = objectives.encoder_config(config).vocab_size
-    prepare.prepare_corpus(d.train_files, out, do_lower_case=d.do_lower_case, train_vocab_size=vocab_size,
-                           eval_fraction=d.eval_fraction)
+  # What the folder is prepared from: the corpus, and `data.vocab_file` where one is given.
+  marker = d.train_files + "\n" + (f"vocab_file {d.vocab_file}\n" if d.vocab_file else "")
+  if os.path.exists(done):
+    with open(done) as f:
+      was = f.read()
+    if was != marker:
+      raise failures.UserError(
+          f"{out} was prepared from {_from(was)}, and this run asks for {_from(marker)}: give a new --workdir "
+          "for the new data (or set data.train_files and data.vocab_file back)")
+  elif jax.process_index() == 0:
+    # The corpus is tokenized with `data.vocab_file`, else with a vocabulary of the model's size trained on it;
+    # documents are held out for eval.
+    vocab_size = None if d.vocab_file else objectives.encoder_config(config).vocab_size
+    prepare.prepare_corpus(d.train_files, out, vocab_file=d.vocab_file or None, do_lower_case=d.do_lower_case,
+                           train_vocab_size=vocab_size, eval_fraction=d.eval_fraction)
     with open(done, "w") as f:
-      f.write(d.train_files + "\n")
+      f.write(marker)
   sync_hosts("prepared data")
-  d.train_files = out   # the tokenizer is read from the same directory
+  d.train_files = out   # the tokenizer is read from the same directory, or from data.vocab_file
   return d
+
+
+def _from(marker: str) -> str:
+  corpus, _, vocab = marker.partition("\n")
+  vocab = vocab.strip().removeprefix("vocab_file ")
+  return f"{corpus} with " + (f"data.vocab_file {vocab}" if vocab else "a vocabulary trained on it")
 
 
 def sync_hosts(name: str) -> None:

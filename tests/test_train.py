@@ -307,8 +307,21 @@ def test_embedded_corpus_is_prepared_once_into_the_workdir(tmp_path, monkeypatch
     data_config = train.prepared_data_config(config, str(tmp_path))
   assert data_config.train_files == str(tmp_path / "data") and not data_config.vocab_file
   assert calls == [("embedded:shakespeare", str(tmp_path / "data"),
-                    {"do_lower_case": True, "train_vocab_size": 2048, "eval_fraction": 0.02})]
+                    {"vocab_file": None, "do_lower_case": True, "train_vocab_size": 2048, "eval_fraction": 0.02})]
   assert config.data.train_files == "embedded:shakespeare"   # the config itself is left alone
+  # A vocabulary given (a checkpoint's, to continue its pretraining) is the one the corpus is tokenized with.
+  config.data.vocab_file = str(tmp_path / "vocab.txt")
+  data_config = train.prepared_data_config(config, str(tmp_path / "given"))
+  assert calls[-1] == ("embedded:shakespeare", str(tmp_path / "given" / "data"),
+                       {"vocab_file": str(tmp_path / "vocab.txt"), "do_lower_case": True, "train_vocab_size": None,
+                        "eval_fraction": 0.02})
+  assert data_config.vocab_file == str(tmp_path / "vocab.txt")
+  # Data prepared with one vocabulary is not read with another.
+  with pytest.raises(failures.UserError, match=r"data was prepared from embedded:shakespeare with a vocabulary "
+                     r"trained on it, and this run asks for embedded:shakespeare with data.vocab_file .*vocab.txt: "
+                     r"give a new --workdir"):
+    train.prepared_data_config(config, str(tmp_path))
+  assert len(calls) == 2
 
 
 @pytest.mark.slow
