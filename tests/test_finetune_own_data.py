@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from bert_jax import failures
+from bert_jax.finetune import init
 from bert_jax.finetune import readers
 from bert_jax.finetune import run_workdir
 from bert_jax.finetune import trainer
@@ -192,7 +193,6 @@ def test_the_command_prints_the_paragraph_without_a_traceback(tweets, tmp_path):
 
 def test_a_cased_tokenization_of_an_uncased_vocabulary_is_refused(tmp_path):
   """CoNLL-2003's config tokenizes cased; on an uncased checkpoint every capitalised word would be [UNK]."""
-  from bert_jax.finetune import init  # pylint: disable=import-outside-toplevel
   from configs.finetune import conll2003  # pylint: disable=import-outside-toplevel
   write_vocab(tmp_path / "uncased")
   c = conll2003.get_config()
@@ -233,3 +233,9 @@ def test_an_unknown_task_and_a_sequence_longer_than_the_positions_are_user_error
   with pytest.raises(failures.UserError, match=rf"max_seq_length {c.max_seq_length} is longer than the model's "
                                                rf"position table holds \({c.max_seq_length - 1} tokens"):
     trainer.finetune(c, str(tmp_path / "positions"))
+  c = tweet_config(tweets)   # a vocabulary with ids past the embedding table
+  c.model.vocab_size = init.load_tokenizer(c).vocab_size - 1
+  with pytest.raises(failures.UserError, match=rf"has {c.model.vocab_size + 1} tokens but the model's embedding "
+                                               rf"table has {c.model.vocab_size}: use the checkpoint's own"):
+    trainer.finetune(c, str(tmp_path / "vocabulary"))
+  assert not (tmp_path / "vocabulary").exists()

@@ -233,6 +233,11 @@ def _task_and_encoder(config: Config) -> tuple:
   tokenizer = init.load_tokenizer(config)
   task, *data = _read_data(task, config, tokenizer)
   bert_cfg, encoder_params = init.load_encoder(config)
+  if tokenizer.vocab_size > bert_cfg.vocab_size:   # an id past the embedding table trains on NaN
+    raise failures.UserError(
+        f"the tokenizer of {config.vocab_file or config.init_checkpoint} ({tokenizer.source_file}) has "
+        f"{tokenizer.vocab_size} tokens but the model's embedding table has {bert_cfg.vocab_size}: use the "
+        "checkpoint's own vocabulary (leave config.vocab_file unset) or the one it was pretrained with")
   if config.max_seq_length > bert_cfg.max_input_length:
     raise failures.UserError(f"max_seq_length {config.max_seq_length} is longer than the model's position table "
                              f"holds ({bert_cfg.max_input_length} tokens, max_position_embeddings): set "
