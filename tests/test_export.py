@@ -107,6 +107,34 @@ def test_token_and_qa_heads_export_without_a_pooler_and_read_back(tmp_path, head
     np.testing.assert_allclose(out.start_logits.numpy()[0, :5], np.asarray(ours["start_logits"])[0, :5], atol=1e-4)
 
 
+def test_a_roberta_classifier_exports_as_roberta_for_sequence_classification(tmp_path):
+  """RobertaClassificationHead (dense and tanh on the first token, then out_proj) is our pooler and classifier."""
+  cfg = model.BertConfig.from_preset("tiny", vocab_size=40, max_position_embeddings=18, type_vocab_size=1,
+                                     position_pad_id=1)
+  module = heads.BertForSequenceClassification(cfg, 3)
+  ids = np.array([[0, 7, 9, 11, 2, 1]], np.int32)
+  mask = (ids != 1).astype(np.int32)
+  params = nn.unbox(jax.jit(module.init)(jax.random.key(0), ids, mask, np.zeros_like(ids)))["params"]
+  record = {"kind": "classification", "label_names": ["neg", "neu", "pos"]}
+  checkpoints_hf.save_hf(tmp_path, cfg, params, config_fields=export.head_config(record, "Roberta"), pooler=True)
+  config = json.loads((tmp_path / "config.json").read_text())
+  assert config["architectures"] == ["RobertaForSequenceClassification"] and config["model_type"] == "roberta"
+  state = checkpoints_hf.read_safetensors(tmp_path)
+  assert {"classifier.dense.weight", "classifier.dense.bias", "classifier.out_proj.weight",
+          "classifier.out_proj.bias", "roberta.encoder.layer.1.output.dense.weight"} <= set(state)
+  assert not any("pooler" in n for n in state) and "classifier.weight" not in state
+  np.testing.assert_array_equal(state["classifier.out_proj.weight"], np.asarray(params["classifier"]["kernel"]).T)
+  _, back = checkpoints_hf.load_hf(tmp_path)
+  jax.tree.map(np.testing.assert_array_equal, back, jax.tree.map(np.asarray, params))
+  ours = module.apply({"params": params}, ids, mask, np.zeros_like(ids))
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  hf_model = transformers.RobertaForSequenceClassification.from_pretrained(tmp_path).eval()
+  with torch.no_grad():
+    out = hf_model(input_ids=torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(mask, dtype=torch.long))
+  np.testing.assert_allclose(out.logits.numpy(), np.asarray(ours), atol=1e-4)
+
+
 def _pretraining_run(workdir, cfg: model.BertConfig, params: dict) -> str:
   """A workdir as a pretraining run leaves it: its params in checkpoints/<step>, its run record beside."""
   from test_checkpoint_loader import _vocab  # pylint: disable=g-import-not-at-top

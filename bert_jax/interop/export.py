@@ -19,8 +19,10 @@ generator, `ElectraForMaskedLM`, in OUTPUT/generator; neither has a pooler.
 
 Each directory also gets the vocabulary (a SentencePiece model as spiece.model) and a tokenizer_config.json
 (lower-casing, the tokenizer's own settings, the longest input the positions hold), so `AutoTokenizer` loads
-it and tokenizes as we do. A scalar-mix head has no `transformers` class: an error; so has a RoBERTa or
-DistilBERT sequence classifier (their heads are two layers on the first token, ours the pooler and one).
+it and tokenizes as we do. A RoBERTa sequence classifier becomes RobertaForSequenceClassification, whose head
+is our pooler and classifier under other names. A scalar-mix head has no `transformers` class: an error; so
+have a DistilBERT sequence classifier (its head has a ReLU where our pooler has tanh), a classifier on another
+pooling than the pooler's, and ModernBERT's finetuning heads.
 """
 
 import json
@@ -69,6 +71,11 @@ def head_config(record: dict, classes: str = "Bert") -> dict:
   return fields
 
 
+# What a classifier reads, by `classifier_pooling` (models/heads.py).
+_POOLED = {"cls": "first token's vector without the pooler", "mean": "mean of the tokens' vectors",
+           "last": "last token's vector"}
+
+
 def export(checkpoint, output) -> str:
   """Writes the Hugging Face directory `output` for `checkpoint` (see the module docstring); returns
   its class name."""
@@ -88,12 +95,17 @@ def export(checkpoint, output) -> str:
                        "finetune without scalar_mix to export")
     classes = hf_families.family(cfg).classes
     pooling = record.get("task_opts", {}).get("classifier_pooling") or "pooler"
-    if "head" in params or (record["kind"] in ("classification", "regression") and pooling != "pooler"):
-      raise ValueError(f"{checkpoint}: a head on the [CLS] vector or the token mean ({pooling} pooling, ModernBERT's "
-                       "dense-norm `head`) is not written as a transformers class yet; export the encoder")
-    if classes in ("Roberta", "DistilBert") and record["kind"] in ("classification", "regression"):
-      raise ValueError(f"{checkpoint}: {classes}ForSequenceClassification's head (two layers on the first token, no "
-                       "pooler) is not written; export a tagging or span model, or the encoder")
+    if record["kind"] in ("classification", "regression") and pooling != "pooler":
+      raise ValueError(f"{checkpoint}: a classifier on the {_POOLED[pooling]} (classifier_pooling {pooling}, with "
+                       "a dense-norm head) is not written as a transformers class yet; a model finetuned with "
+                       "classifier_pooling pooler exports")
+    if "head" in params:
+      raise ValueError(f"{checkpoint}: ModernBERT's finetuning head (dense, GELU and LayerNorm before the "
+                       f"classifier) is not written as a transformers class yet")
+    if classes == "DistilBert" and record["kind"] in ("classification", "regression"):
+      raise ValueError(f"{checkpoint}: DistilBertForSequenceClassification's head (a dense layer and ReLU on the "
+                       "first token, then the classifier) is not ours (the pooler's dense layer and tanh, then the "
+                       "classifier): it has no transformers class; a tagging or span model exports")
     head = "qa_outputs" if record["kind"] == "span" else "classifier"
     params, fields = {"bert": params["bert"], head: params[head]}, head_config(record, classes)
     pooler = record["kind"] in ("classification", "regression")   # the HF token and QA classes have none

@@ -26,6 +26,9 @@ from bert_jax.models import encoder as model
 IGNORED = ("embeddings.position_ids",)
 # Finetuning heads: our params key = the HF tensor prefix. Saved at the top level, beside the encoder's.
 HEADS = ("classifier", "qa_outputs")
+# RobertaForSequenceClassification's head is our pooler and classifier under other names: a dense layer and tanh on
+# the first token, then the output layer (`RobertaClassificationHead`; its encoder saves no pooler). HF name -> ours.
+ROBERTA_SEQUENCE_HEAD = {"classifier.dense.": "pooler.dense.", "classifier.out_proj.": "classifier."}
 
 
 @dataclasses.dataclass(frozen=True)
