@@ -12,10 +12,12 @@ import pytest
 
 from bert_jax import checkpoint_loader
 from bert_jax import checkpointing
+from bert_jax import failures
 from bert_jax.finetune import init as finetune_init
 from bert_jax.finetune import trainer
 from bert_jax.finetune import task_model
 from bert_jax.models import encoder as model_lib
+from bert_jax.models import heads
 from bert_jax.models.config import COMPUTE_FIELDS
 from configs.finetune import sst2
 from conftest import shared_path
@@ -305,6 +307,31 @@ def test_finetuning_from_a_left_to_right_run_keeps_the_causal_mask(tmp_path):
   encode = lambda x: model_lib.BertEncoder(loaded_cfg).apply({"params": loaded}, x)["sequence_output"]
   np.testing.assert_allclose(encode(ids)[0, :4], encode(later)[0, :4], atol=1e-6)
   assert not np.allclose(encode(ids)[0, 4:], encode(later)[0, 4:])
+
+
+def test_a_left_to_right_classifier_reads_the_last_token(tmp_path):
+  """Under a causal mask [CLS] sees only itself: pooled there, every input gets the same logits."""
+  cfg = model_lib.BertConfig.from_preset("tiny", vocab_size=32, max_position_embeddings=32, num_layers=1,
+                                         causal=True)
+  config = sst2.get_config()
+  assert finetune_init.classifier_pooling(config, cfg) == "last"
+  for first_token in ("pooler", "cls"):
+    config.task_opts.classifier_pooling = first_token
+    with pytest.raises(failures.UserError, match=f"classifier_pooling '{first_token}' reads the first token"):
+      finetune_init.classifier_pooling(config, cfg)
+  config.task_opts.classifier_pooling = "mean"
+  assert finetune_init.classifier_pooling(config, cfg) == "mean"
+  ids = np.array([[2, 5, 9, 3, 0, 0], [2, 11, 7, 8, 3, 0]], np.int32)
+  mask = (ids > 0).astype(np.int32)
+  x = np.arange(2 * 6 * 3, dtype=np.float32).reshape(2, 6, 3)
+  np.testing.assert_array_equal(heads.pool_sequence(x, mask, "last"), x[[0, 1], [3, 4]])
+  logits = {}
+  for pooling in ("cls", "last"):
+    module = heads.BertForSequenceClassification(cfg, 2, pooling=pooling)
+    params = module.init(jax.random.key(0), ids, mask, np.zeros_like(ids))
+    logits[pooling] = np.asarray(module.apply(params, ids, mask, np.zeros_like(ids)))
+  np.testing.assert_allclose(logits["cls"][0], logits["cls"][1], atol=1e-6)   # the defect "last" avoids
+  assert np.abs(logits["last"][0] - logits["last"][1]).max() > 1e-3
 
 
 @pytest.mark.slow

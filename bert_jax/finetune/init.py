@@ -77,14 +77,22 @@ def _uncased(tokens) -> bool:
 
 
 def classifier_pooling(config: Config, bert_cfg: model_lib.BertConfig) -> str:
-  """`task_opts.classifier_pooling` ("pooler", "cls" or "mean"; `heads.POOLINGS`), else a Hugging Face
-  ModernBERT checkpoint's config.json `classifier_pooling`, else "cls" for ModernBERT (no pooler; its
-  `head` reads the [CLS] vector, as transformers' default) and BERT's "pooler" for the others."""
-  if config.task_opts.get("classifier_pooling"):
-    if config.task_opts.classifier_pooling not in heads.POOLINGS:
-      raise failures.UserError(f"task_opts.classifier_pooling {config.task_opts.classifier_pooling!r}: one of "
-                               f"{', '.join(heads.POOLINGS)}")
-    return config.task_opts.classifier_pooling
+  """`task_opts.classifier_pooling` ("pooler", "cls", "mean" or "last"; `heads.POOLINGS`), else "last" for a
+  causal (left-to-right) model, else a Hugging Face ModernBERT checkpoint's config.json `classifier_pooling`,
+  else "cls" for ModernBERT (no pooler; its `head` reads the [CLS] vector, as transformers' default) and BERT's
+  "pooler" for the others."""
+  pooling = config.task_opts.get("classifier_pooling")
+  if pooling:
+    if pooling not in heads.POOLINGS:
+      raise failures.UserError(f"task_opts.classifier_pooling {pooling!r}: one of {', '.join(heads.POOLINGS)}")
+    if bert_cfg.causal and pooling in ("pooler", "cls"):
+      raise failures.UserError(
+          f"task_opts.classifier_pooling {pooling!r} reads the first token, which a causal (left-to-right) model "
+          "computes from itself alone: every input would get the same prediction. Use last (the default for "
+          "such a model) or mean")
+    return pooling
+  if bert_cfg.causal:
+    return "last"
   if bert_cfg.model_type != "modernbert":
     return "pooler"
   if config.init_checkpoint:

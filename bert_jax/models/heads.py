@@ -108,14 +108,19 @@ class PredictionHead(nn.Module):
 
 # How a sequence classifier summarises the encoder's output: BERT's pooler (tanh dense on [CLS]), or
 # ModernBERT's `classifier_pooling` ("cls": the [CLS] vector, "mean": the mean over real tokens) feeding
-# `PredictionHead`.
-POOLINGS = ("pooler", "cls", "mean")
+# `PredictionHead`; "last": the last real token's vector, the one position a left-to-right (causal) model
+# has read the whole input at (OpenAI GPT's classifier), where [CLS] sees only itself.
+POOLINGS = ("pooler", "cls", "mean", "last")
 
 
 def pool_sequence(x_BLH, input_mask_BL, pooling: str):
-  """[B, H]: the first position ("cls") or the mean over real tokens ("mean") of `x_BLH`."""
+  """[B, H]: the first position ("cls"), the last real one ("last") or the mean over real tokens ("mean") of
+  `x_BLH` (inputs padded on the right)."""
   if pooling == "cls":
     return x_BLH[:, 0]
+  if pooling == "last":
+    last_B = jnp.maximum(jnp.sum(input_mask_BL > 0, axis=1) - 1, 0)
+    return jnp.take_along_axis(x_BLH, last_B[:, None, None], axis=1)[:, 0]
   # Summed in float32: a mean over hundreds of bfloat16 vectors loses digits otherwise.
   mask_BL1 = input_mask_BL[..., None].astype(jnp.float32)
   mean = (x_BLH.astype(jnp.float32) * mask_BL1).sum(1) / jnp.maximum(mask_BL1.sum(1), 1.0)
@@ -126,7 +131,7 @@ class BertForSequenceClassification(nn.Module):
   """Classifier on a summary of the sequence; num_labels == 1 is regression.
 
   `pooling` "pooler" (BERT): params {"bert" (with its pooler), "classifier"}. "cls" | "mean" (ModernBERT's
-  ModernBertForSequenceClassification): {"bert" (no pooler), "head", "classifier"}.
+  ModernBertForSequenceClassification) | "last" (a causal model's): {"bert" (no pooler), "head", "classifier"}.
   """
   config: model.BertConfig
   num_labels: int

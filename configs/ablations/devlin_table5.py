@@ -8,7 +8,8 @@
 
 Variants, as in 5.1: MLM + NSP (BERT-base); "No NSP": MLM only, on one-segment inputs (`data.format`
 full_sentences, the bert objective then has no sentence term); "LTR & No NSP": a left-to-right LM with a
-causal mask (configs/ltr_base.py), kept at finetuning. Left out: "+ BiLSTM" (no BiLSTM head here).
+causal mask (configs/ltr_base.py), kept at finetuning, its classifiers on the last token (as OpenAI GPT's; under
+the mask [CLS] sees only itself). Left out: "+ BiLSTM" (no BiLSTM head here).
 Budget: the same tokens for every variant. The LTR model's held-out metric is its own next-token
 perplexity, not comparable with the MLM perplexity of the others.
 
