@@ -57,6 +57,10 @@ class Model:
     """
     texts = [texts] if isinstance(texts, str) else list(texts)
     texts_b = [None] * len(texts) if texts_b is None else list(texts_b)
+    if not texts:
+      raise ValueError("encode: no texts given")
+    if len(texts_b) != len(texts):
+      raise ValueError(f"encode: {len(texts)} texts but {len(texts_b)} texts_b")
     encoded = [self.tokenizer.encode_pair(a, b, max_length=self.config.max_input_length)
                for a, b in zip(texts, texts_b)]
     length = max(len(ids) for ids, _ in encoded)
@@ -97,7 +101,8 @@ def load(path, **kwargs) -> Model:
   loaded = checkpoint_loader.load(path, **kwargs)
   record = task_record.read(path)
   predictor = predict_lib.Predictor.from_loaded(loaded, record) if record else None
-  return Model(loaded.config, loaded.params, loaded.tokenizer, predictor, checkpoint_loader.saved_pooler(path))
+  return Model(loaded.config, loaded.params, loaded.tokenizer, predictor,
+               checkpoint_loader.saved_pooler(path, loaded.params))
 
 
 def fit(checkpoint, train, dev=None, *, workdir, task: str | None = None, labels=None, **overrides) -> Finetuned:

@@ -142,14 +142,21 @@ def hf_model_type(path) -> str | None:
   return json.loads((epath.Path(found.directory) / HF_CONFIG).read_text()).get("model_type")
 
 
-def saved_pooler(path) -> bool:
-  """False for a Hugging Face directory that saved no pooler (MaskedLM, token and QA classes, ELECTRA,
-  DistilBERT): `load` gives it a newly initialised one. True otherwise: the other kinds' params are what was
-  saved (a bert_jax ELECTRA or DistilBERT run's encoder has no "pooler")."""
+def saved_pooler(path, params: dict | None = None) -> bool:
+  """Whether the checkpoint's pooler is one that was trained or saved as such. False for a Hugging Face
+  directory that saved no pooler (MaskedLM, token and QA classes, ELECTRA, DistilBERT): `load` gives it a newly
+  initialised one. False for a bert_jax pretraining run (`params` given) without a sentence-pair head (NSP,
+  ALBERT's SOP): only that head trains the pooler (RoBERTa's, SpanBERT's and the left-to-right objectives carry
+  it untrained). True otherwise: the other kinds' params are what was saved (a bert_jax ELECTRA or DistilBERT
+  run's encoder has no "pooler"; a finetuned workdir's pooler is its classifier's or its checkpoint's)."""
   found = find(path)
   if found.kind == "hf":
     from bert_jax.interop import checkpoints_hf  # pylint: disable=g-import-not-at-top
     return checkpoints_hf.saved_pooler(found.checkpoint)
+  from bert_jax.finetune import task_record  # pylint: disable=g-import-not-at-top  (it imports this module)
+  finetuned = (epath.Path(found.directory) / task_record.TASK_FILE).exists()
+  if found.kind == "bert_jax" and params is not None and not finetuned:
+    return "nsp" in params
   return True   # what was read is what was saved: the caller sees whether params["bert"] has a "pooler"
 
 

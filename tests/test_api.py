@@ -37,6 +37,8 @@ def test_load_encode_and_fill_mask(tiny):
   assert len(model.fill_mask(["the [MASK] .", "[MASK] [MASK] ."])[1]) == 2
   with pytest.raises(ValueError, match="finetuned"):
     model.predict(["the king"])
+  with pytest.raises(ValueError, match="no texts given"):
+    model.encode([])
 
 
 class _Frame:

@@ -242,6 +242,26 @@ def test_a_checkpoint_without_a_pooler_exports_without_one(tmp_path):
   assert not checkpoint_loader.saved_pooler(str(tmp_path / "out"))
 
 
+def test_a_pretraining_run_without_a_sentence_pair_head_has_no_trained_pooler(tmp_path):
+  """Only NSP (or ALBERT's SOP, saved as "nsp") trains the pooler: RoBERTa's, SpanBERT's and the left-to-right
+  runs carry it untrained, so `embed` writes no pooler_output and `export` no pooler for them."""
+  cfg = model.BertConfig.from_preset("tiny", vocab_size=40, max_position_embeddings=16)
+  ids = np.ones((1, 4), np.int32)
+  batch = {"input_ids": ids, "input_mask": ids, "segment_ids": 0 * ids, "masked_lm_positions": ids}
+  params = jax.tree.map(np.asarray, nn.unbox(jax.jit(heads.BertForPreTraining(cfg).init)(
+      jax.random.key(0), batch)["params"]))
+  assert "nsp" in params and "pooler" in params["bert"]
+  with_nsp = _pretraining_run(tmp_path / "bert", cfg, params)
+  assert checkpoint_loader.saved_pooler(with_nsp, checkpoint_loader.load_model(with_nsp)[1])
+  mlm_only = _pretraining_run(tmp_path / "roberta_like", cfg, {k: v for k, v in params.items() if k != "nsp"})
+  loaded = checkpoint_loader.load_model(mlm_only)[1]
+  assert "pooler" in loaded["bert"] and not checkpoint_loader.saved_pooler(mlm_only, loaded)
+  export.export(mlm_only, tmp_path / "hf")
+  assert not checkpoint_loader.saved_pooler(str(tmp_path / "hf"))
+  (tmp_path / "roberta_like" / "task.json").write_text("{}")   # a finetuned workdir: its pooler is kept
+  assert checkpoint_loader.saved_pooler(mlm_only, loaded)
+
+
 def test_a_trained_sentencepiece_vocabulary_exports_its_special_tokens_by_name(tmp_path):
   """Our SentencePiece training makes [PAD] 0 and [UNK] 1; AlbertTokenizer's defaults ("<pad>", "<unk>") are
   no pieces of it, so transformers padded with an id past the embedding table (NaN in its Flax model)."""

@@ -1,6 +1,7 @@
 """fill-mask: the same top-k from a pretraining run, its Hugging Face export and its Google TF export; the
 clear error without an MLM head; the command end to end."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -75,6 +76,8 @@ def test_no_mlm_head_or_no_mask_are_clear_errors(pretrained):
     fill_mask.predict(cfg, params, tok, ["the king"])
   with pytest.raises(ValueError, match="more than the model's 32 positions"):
     fill_mask.predict(cfg, params, tok, ["the king " * 20 + "[MASK]"])
+  with pytest.raises(ValueError, match=r"left-to-right \(causal\) language model: its head predicts the next"):
+    fill_mask.predict(dataclasses.replace(cfg, causal=True), params, tok, TEXTS)   # an LTR run's
 
 
 def test_minilm_has_no_mlm_head():

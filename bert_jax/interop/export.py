@@ -88,7 +88,7 @@ def export(checkpoint, output) -> str:
     params = {k: v for k, v in params.items() if k in ("bert", "mlm", "nsp")}
     # As the class written has one, unless the checkpoint saved none: a pooler `load` made up is not written
     # as if trained (transformers then initialises it anew and says so).
-    fields, pooler = {}, None if checkpoint_loader.saved_pooler(checkpoint) else False
+    fields, pooler = {}, None if checkpoint_loader.saved_pooler(checkpoint, params) else False
   else:
     if record.get("scalar_mix"):
       raise ValueError(f"{checkpoint}: a scalar-mix model (finetuned with scalar_mix) has no transformers class; "

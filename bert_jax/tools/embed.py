@@ -205,7 +205,7 @@ def main(argv) -> None:
       examples = read_examples(f, _tokenizer(), max_length, path=_INPUT.value, cfg=cfg)
     if not examples:
       raise ValueError(f"{_INPUT.value} holds no examples (JSON lines with `text` or `input_ids`)")
-  pool = "pooler" in params["bert"] and checkpoint_loader.saved_pooler(_CHECKPOINT.value)
+  pool = "pooler" in params["bert"] and checkpoint_loader.saved_pooler(_CHECKPOINT.value, params)
   arrays = embed_examples(cfg, params["bert"], examples, _BATCH_SIZE.value, pool)
   np.savez(output, **arrays)
   logging.info("wrote %d examples to %s", len(examples), output)

@@ -99,6 +99,10 @@ def predict(model_config: model.BertConfig, params: dict, tokenizer, texts, top_
   if "mlm" not in params:
     raise ValueError(f"the checkpoint has no MLM head (its params hold {sorted(params)}, no 'mlm'): fill-mask "
                      "needs one saved with its pretraining heads (HF BertForPreTraining / BertForMaskedLM)")
+  if model_config.causal:
+    raise ValueError("the checkpoint is a left-to-right (causal) language model: its head predicts the next token "
+                     "and its output at a [MASK] has not read the words after it, so it fills no mask; fill-mask "
+                     "needs a masked language model")
   texts = list(texts)
   encoded = [encode(tokenizer, t, model_config.max_input_length) for t in texts]
   run = _top_k_fn(model_config, top_k, min(tokenizer.vocab_size, model_config.vocab_size))
