@@ -17,6 +17,7 @@ import shutil
 from absl import logging
 import jax
 
+from bert_jax import atomic_write
 from bert_jax import host_env
 
 
@@ -34,6 +35,24 @@ def remove_records(workdir: str) -> bool:
   return found
 
 
+def _drop_records_after(path: str, step: int) -> None:
+  """metrics.jsonl without its records past `step` (whole lines; a line cut short by a kill goes too)."""
+  if not os.path.exists(path):
+    return
+  with open(path) as f:
+    lines = f.readlines()
+  kept = []
+  for line in lines:
+    try:
+      if json.loads(line)["step"] <= step:
+        kept.append(line if line.endswith("\n") else line + "\n")
+    except (ValueError, KeyError, TypeError):
+      pass
+  if len(kept) < len(lines):
+    with atomic_write.replacing(path) as tmp, open(tmp, "w") as f:
+      f.writelines(kept)
+
+
 def _is_scalar(value) -> bool:
   return isinstance(value, numbers.Number) and not isinstance(value, bool)
 
@@ -41,12 +60,16 @@ def _is_scalar(value) -> bool:
 class MetricWriter:
   """Scalars to stdout (`echo`), `<workdir>/metrics.jsonl` and TensorBoard (`<workdir>/tensorboard`)."""
 
-  def __init__(self, workdir: str, *, echo: bool = True, tensorboard: bool = True):
+  def __init__(self, workdir: str, *, echo: bool = True, tensorboard: bool = True, from_step: int | None = None):
+    """`from_step`: the step a run starts (or resumes) at; the records of metrics.jsonl past it, logged by the
+    same run before it was stopped after its last checkpoint, are dropped: they are logged again."""
     self.enabled = jax.process_index() == 0
     self.echo = echo
     if not self.enabled:
       return
     os.makedirs(workdir, exist_ok=True)
+    if from_step is not None:
+      _drop_records_after(os.path.join(workdir, JSONL), from_step)
     self._jsonl = open(os.path.join(workdir, JSONL), "a")
     self._summary = None
     if tensorboard:

@@ -193,7 +193,7 @@ def train_to_end(config: ml_collections.ConfigDict, workdir: str) -> tuple[dict[
        f"training to step {run.config.train_steps}")
   if (hint := library_matmul.matmuls_hint(bert_config(run.config), run.s.mesh)) is not None:
     _say(hint)
-  writer, watcher = metrics_writer.MetricWriter(run.workdir), preemption.Watcher()
+  writer, watcher = metrics_writer.MetricWriter(run.workdir, from_step=step), preemption.Watcher()
   peer_lost = False
   try:
     state, step, results, evaluated_at = _loop(run, state, step, writer, watcher)

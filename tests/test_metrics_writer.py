@@ -31,6 +31,22 @@ def test_writer_sends_numbers_everywhere_and_other_values_to_jsonl_only(tmp_path
   assert "step 3: train/loss=2.5, eval/accuracy=0.75" in capsys.readouterr().out
 
 
+def test_a_resumed_run_drops_the_records_logged_after_its_checkpoint(tmp_path):
+  """Killed after logging step 350 with its last checkpoint at 300, a run resumes at 300 and logs 350 again:
+  metrics.jsonl keeps one record a step."""
+  writer = metrics_writer.MetricWriter(str(tmp_path), echo=False, tensorboard=False, from_step=0)
+  for step in (50, 100, 300, 350):
+    writer.write(step, {"train/loss": 1.0})
+  writer.close()
+  with open(tmp_path / "metrics.jsonl", "a") as f:
+    f.write('{"step": 400, "train/lo')   # a line the kill cut short
+  writer = metrics_writer.MetricWriter(str(tmp_path), echo=False, tensorboard=False, from_step=300)
+  writer.write(350, {"train/loss": 0.5})
+  writer.close()
+  records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  assert [(r["step"], r["train/loss"]) for r in records] == [(50, 1.0), (100, 1.0), (300, 1.0), (350, 0.5)]
+
+
 def test_finetuning_logs_through_the_same_writer(tmp_path):
   """The finetuning tracker's evaluations reach TensorBoard too (they used to reach metrics.jsonl only)."""
   tracker = trainer._Tracker(str(tmp_path), "accuracy", patience=0, echo=False)
