@@ -129,6 +129,17 @@ def cut_short_by_sigterm(prog: str, what: str):
     yield
   except _Terminated:
     _tell(f"{prog}: SIGTERM; {what}")
+    _SIGTERM_CUT_SHORT.set()
+
+
+# Set when `cut_short_by_sigterm` took a SIGTERM: a command that goes on after the block (`bert-jax ablate`, after
+# a variant's pretraining) stops at its next stage instead of losing the signal.
+_SIGTERM_CUT_SHORT = threading.Event()
+
+
+def sigterm_cut_short() -> bool:
+  """Whether a SIGTERM cut a finished stage's last lines short in this process (`cut_short_by_sigterm`)."""
+  return _SIGTERM_CUT_SHORT.is_set()
 
 
 def _tell(line: str) -> None:

@@ -19,20 +19,11 @@ PRETRAIN_FIELDS = ("init_from", "data.train_files", "data.eval_files", "data.voc
 FINETUNE_FIELDS = ("init_checkpoint", "bert_config_json", "vocab_file", "data_dir", "task_opts.tfds_data_dir")
 
 
-# The fields that hold a comma-separated list of paths (several corpora or shard globs); any other path is one
-# path, commas and all (a workdir `runs/t,1` is one folder).
-LIST_FIELDS = ("data.train_files", "data.eval_files")
-
-
-def absolute(path: str, many: bool = False) -> str:
-  """`path` made absolute against the current directory; "", remote URLs and data specs unchanged.
-
-  `many`: `path` is a comma-separated list (several corpora or shard globs), handled item by item.
-  """
+def absolute(path: str) -> str:
+  """`path` made absolute against the current directory; "", remote URLs and data specs unchanged. One path,
+  commas and all (a workdir `runs/t,1` is one folder; a glob is one pattern)."""
   if not path:
     return path
-  if many and "," in path:
-    return ",".join(absolute(p.strip()) for p in path.split(","))
   if "://" in path or path.startswith(_SPEC_PREFIXES) or path in _SPECS:
     return path
   return os.path.abspath(os.path.expanduser(path))
@@ -88,9 +79,9 @@ def absolute_config(config: ml_collections.ConfigDict, fields) -> ml_collections
       node = node.get(p) if isinstance(node, ml_collections.ConfigDict) else None
     if not isinstance(node, ml_collections.ConfigDict) or name not in node:
       continue
-    value, many = node[name], dotted in LIST_FIELDS
-    if isinstance(value, str) and value != absolute(value, many):
+    value = node[name]
+    if isinstance(value, str) and value != absolute(value):
       with node.unlocked():
-        node[name] = absolute(value, many)
+        node[name] = absolute(value)
   return config
 

@@ -6,6 +6,7 @@ import os
 import jax
 import ml_collections
 
+from bert_jax import atomic_write
 from bert_jax import failures
 from bert_jax import objectives
 
@@ -34,7 +35,7 @@ def prepared_data_config(config: ml_collections.ConfigDict, workdir: str) -> ml_
     vocab_size = None if d.vocab_file else objectives.encoder_config(config).vocab_size
     prepare.prepare_corpus(d.train_files, out, vocab_file=d.vocab_file or None, do_lower_case=d.do_lower_case,
                            train_vocab_size=vocab_size, eval_fraction=d.eval_fraction)
-    with open(done, "w") as f:
+    with atomic_write.replacing(done) as tmp, open(tmp, "w") as f:   # another process reads it whole or not at all
       f.write(marker)
   sync_hosts("prepared data")
   d.train_files = out   # the tokenizer is read from the same directory, or from data.vocab_file

@@ -376,7 +376,7 @@ def _report(run: _Run, state: TrainState, step: int, results: dict[str, float], 
   plot = (curves.plot_pretraining(run.workdir, term=next(iter(s.objective.LOSS_TERMS)))
           if jax.process_index() == 0 else None)
   if (run.eval_iter is not None and config.fill_mask_examples > 0 and jax.process_count() == 1
-      and s.objective.HAS_MLM_HEAD):
+      and s.objective.HAS_MLM_HEAD and not bert_config(config).causal):   # fill-mask refuses a causal model
     from bert_jax.tools import fill_mask  # pylint: disable=g-import-not-at-top
     _say(f"fill-mask on held-out lines at step {step}:\n" + fill_mask.held_out_examples(
         bert_config(config), state.params, run.tokenizer, run.eval_iter, run.eval_start, config.fill_mask_examples))

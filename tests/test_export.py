@@ -126,6 +126,7 @@ def test_a_roberta_classifier_exports_as_roberta_for_sequence_classification(tmp
   np.testing.assert_array_equal(state["classifier.out_proj.weight"], np.asarray(params["classifier"]["kernel"]).T)
   _, back = checkpoints_hf.load_hf(tmp_path)
   jax.tree.map(np.testing.assert_array_equal, back, jax.tree.map(np.asarray, params))
+  assert checkpoints_hf.saved_pooler(tmp_path)   # its head's first layer: embed and the API keep it
   ours = module.apply({"params": params}, ids, mask, np.zeros_like(ids))
   torch = pytest.importorskip("torch")
   transformers = pytest.importorskip("transformers")

@@ -14,6 +14,7 @@ import signal
 import struct
 import subprocess
 import sys
+import threading
 import types
 
 import jax
@@ -573,7 +574,10 @@ def test_sigterm_or_ctrl_c_in_a_command_that_saves_nothing_says_so_in_one_line(c
   with failures.stop_message("bert-jax sweep", "kept"):
     pass   # nothing else changes
   assert signal.getsignal(signal.SIGTERM) == before and capsys.readouterr().err == ""
-  # A finished run's report, cut short by SIGTERM: one line, and the command goes on (to exit 0).
+  # A finished run's report, cut short by SIGTERM: one line, and the command goes on (to exit 0); a command that
+  # has more to do after it (ablate) sees that it came.
+  monkeypatch.setattr(failures, "_SIGTERM_CUT_SHORT", threading.Event())
+  assert not failures.sigterm_cut_short()
   with failures.stop_message("bert-jax pretrain", "kept"):
     with failures.cut_short_by_sigterm("bert-jax pretrain", "the run is done"):
       os.kill(os.getpid(), signal.SIGTERM)
@@ -582,6 +586,7 @@ def test_sigterm_or_ctrl_c_in_a_command_that_saves_nothing_says_so_in_one_line(c
       raise AssertionError("SIGTERM did not end the block")
     went_on = True
   assert went_on and capsys.readouterr().err == "bert-jax pretrain: SIGTERM; the run is done\n"
+  assert failures.sigterm_cut_short()
   with pytest.raises(SystemExit) as stopped:   # Ctrl-C there still stops the command
     with failures.stop_message("bert-jax pretrain", "kept"):
       with failures.cut_short_by_sigterm("bert-jax pretrain", "the run is done"):

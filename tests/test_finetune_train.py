@@ -14,6 +14,7 @@ from bert_jax import checkpoint_loader
 from bert_jax import checkpointing
 from bert_jax import failures
 from bert_jax.finetune import init as finetune_init
+from bert_jax.finetune import scalar_mix
 from bert_jax.finetune import trainer
 from bert_jax.finetune import task_model
 from bert_jax.models import encoder as model_lib
@@ -332,6 +333,10 @@ def test_a_left_to_right_classifier_reads_the_last_token(tmp_path):
     logits[pooling] = np.asarray(module.apply(params, ids, mask, np.zeros_like(ids)))
   np.testing.assert_allclose(logits["cls"][0], logits["cls"][1], atol=1e-6)   # the defect "last" avoids
   assert np.abs(logits["last"][0] - logits["last"][1]).max() > 1e-3
+  mixed = scalar_mix.ScalarMixModel(cfg, "classification", 2)   # its mix of the layers, read there too
+  params = mixed.init(jax.random.key(0), ids, mask, np.zeros_like(ids))
+  logits = np.asarray(mixed.apply(params, ids, mask, np.zeros_like(ids)))
+  assert np.abs(logits[0] - logits[1]).max() > 1e-3
 
 
 @pytest.mark.slow

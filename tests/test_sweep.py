@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from bert_jax.finetune import config_checks
 from bert_jax.finetune import sweep
 from conftest import REPO_ROOT
 from test_finetune_train import make_sentiment_data, tiny_config
@@ -260,6 +261,9 @@ def test_a_sweep_field_out_of_range_is_named_before_anything_runs(tmp_path):
     with pytest.raises(failures.UserError, match=rf"sweep.{field} .*--config.sweep.{field}\)"):
       sweep.run_sweep(c, str(tmp_path / "sweep"))
   assert not (tmp_path / "sweep").exists()
+  c = sst2.get_config()   # seeds that differ past a float's sixth digit are different seeds
+  c.sweep.seeds = (20240101, 20240102)
+  assert not config_checks.sweep_problems(c)
 
 
 def test_summarize_names_each_sweep_and_refuses_a_directory_without_results(tmp_path):

@@ -182,6 +182,9 @@ def run(ablation: ml_collections.ConfigDict, workdir: str, log=print, only=()) -
           "flops": objectives.train_flops_per_step(config) * config.train_steps,
           "parameters": encoder_parameters(config),
           "final": {k: v for k, v in scalars.items() if k.startswith(("train/", "eval/"))}})
+      if failures.sigterm_cut_short():   # it came while the finished pretraining wrote its report
+        raise failures.Stopped(f"{ablation.name}/{v.name}: stopped by SIGTERM after its pretraining, which is "
+                               "done and saved; the same command goes on from there")
     if read_marker(os.path.join(vdir, EVALUATED)) is None:
       write_marker(os.path.join(vdir, EVALUATED), final_evaluation(os.path.join(vdir, "pretrain"),
                                                                    config.train_steps))
@@ -206,8 +209,10 @@ def check_pretraining(configs: dict, workdir: str, variants) -> None:
       try:
         run_checks.validate(config)
         run_checks.check_inputs(config)
-        if not config.data.train_files.startswith("embedded:"):   # (an embedded corpus gets the model's size)
-          pretrain_data.load_tokenizer(config.data, config)   # a vocabulary larger than the model's table
+        # A vocabulary larger than the model's table (an embedded corpus without data.vocab_file gets one of the
+        # model's size).
+        if not config.data.train_files.startswith("embedded:") or config.data.vocab_file:
+          pretrain_data.load_tokenizer(config.data, config)
       except failures.UserError as e:   # its fields as this command line sets them: under `base`
         raise failures.UserError(f"variant {name}'s pretraining config (the table's base with the variant's "
                                  f"overrides; a field F is --config.base.F here): "

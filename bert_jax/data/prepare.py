@@ -366,7 +366,7 @@ def main(argv) -> None:
        failures.stop_message("bert-jax prepare", "the shard tasks that finished are kept: the same command "
                              "prepares the others", at_once=False):
     stats = prepare_corpus(
-        paths.absolute(_INPUT.value, many=True), paths.output_dir(_OUTPUT_DIR.value, "output_dir"),
+        paths.absolute(_INPUT.value), paths.output_dir(_OUTPUT_DIR.value, "output_dir"),
         vocab_file=_VOCAB_FILE.value,
         do_lower_case=_DO_LOWER_CASE.value, train_vocab_size=_VOCAB_SIZE.value, vocab_model=_VOCAB_MODEL.value,
         num_shards=_NUM_SHARDS.value, num_workers=_NUM_WORKERS.value, eval_fraction=_EVAL_FRACTION.value,

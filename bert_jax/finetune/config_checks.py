@@ -74,9 +74,9 @@ def sweep_problems(config, grid: bool = True) -> list[str]:
 
 
 def _repeated(field: str, values: tuple) -> list[str]:
-  """A value listed twice (as a trial's name spells it) would train the same trial twice into one folder and
-  count it as another seed."""
-  spelled = [f"{v:g}" for v in values]
+  """A value listed twice (as a trial's name spells it: `sweep.trial_name`, learning rates by `:g`) would train
+  the same trial twice into one folder and count it as another seed."""
+  spelled = [f"{v:g}" if field.endswith("learning_rate") else str(v) for v in values]
   twice = sorted({v for v in spelled if spelled.count(v) > 1})
   return [f"{field} {values!r} lists {', '.join(twice)} more than once: each trial trains once; list each value "
           f"once (--config.{field})"] if twice else []

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 
 from bert_jax.models import dropout
 from bert_jax.models import encoder as model
+from bert_jax.models import heads
 from bert_jax.models import projections
 
 
@@ -38,7 +39,7 @@ class ScalarMixModel(nn.Module):
   """Encoder -> scalar mix of all layers -> a finetuning head.
 
   `kind` is the task kind: "classification"/"regression" read the mixed [CLS] vector (the pooler was
-  trained on the last layer only, so it is skipped), "token_classification" every position, "span"
+  trained on the last layer only, so it is skipped; a causal model's last real token), "token_classification" every position, "span"
   (question answering) start/end scores.
   """
   config: model.BertConfig
@@ -51,8 +52,8 @@ class ScalarMixModel(nn.Module):
     out = model.BertEncoder(cfg, name="bert")(input_ids, input_mask, segment_ids, deterministic=deterministic,
                                               output_hidden_states=True, **encoder_kwargs)
     x = ScalarMix(name="scalar_mix")(out["hidden_states"])
-    if self.kind in ("classification", "regression"):
-      x = x[:, 0]
+    if self.kind in ("classification", "regression"):   # a causal model's last token: [CLS] sees only itself
+      x = heads.pool_sequence(x, input_mask, "last" if cfg.causal else "cls")
     x = dropout.Dropout(cfg.hidden_dropout, bits=cfg.dropout_bits)(x, deterministic=deterministic)
     features = 2 if self.kind == "span" else self.num_labels
     name = "qa_outputs" if self.kind == "span" else "classifier"

@@ -310,8 +310,8 @@ def load_hf(path, scan_layers: bool = False, **config_overrides) -> tuple:
 
 def saved_pooler(path) -> bool:
   """Whether the Hugging Face directory `path` saved a pooler (`load_hf` makes up a fresh one where it did
-  not: MaskedLM, token classification and QA classes, every ELECTRA and DistilBERT class). Reads the
-  safetensors headers only."""
+  not: MaskedLM, token classification and QA classes, every ELECTRA and DistilBERT class; a RoBERTa sequence
+  classifier's is its head's first layer). Reads the safetensors headers only."""
   path = pathlib.Path(path)
   index = path / "model.safetensors.index.json"
   if index.exists():
@@ -319,7 +319,8 @@ def saved_pooler(path) -> bool:
   else:
     with open(path / "model.safetensors", "rb") as f:
       names = json.loads(f.read(int.from_bytes(f.read(8), "little")))
-  return any("pooler" in name.split(".") for name in names)
+  # RobertaForSequenceClassification saves ours as its head's `classifier.dense` (ROBERTA_SEQUENCE_HEAD).
+  return any("pooler" in name.split(".") or name.startswith("classifier.dense.") for name in names)
 
 
 def read_safetensors(path: pathlib.Path) -> dict:

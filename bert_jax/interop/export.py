@@ -96,9 +96,9 @@ def export(checkpoint, output) -> str:
     classes = hf_families.family(cfg).classes
     pooling = record.get("task_opts", {}).get("classifier_pooling") or "pooler"
     if record["kind"] in ("classification", "regression") and pooling != "pooler":
+      advice = ("" if cfg.causal else "; a model finetuned with classifier_pooling pooler exports")
       raise ValueError(f"{checkpoint}: a classifier on the {_POOLED[pooling]} (classifier_pooling {pooling}, with "
-                       "a dense-norm head) is not written as a transformers class yet; a model finetuned with "
-                       "classifier_pooling pooler exports")
+                       f"a dense-norm head) is not written as a transformers class yet{advice}")
     if "head" in params:
       raise ValueError(f"{checkpoint}: ModernBERT's finetuning head (dense, GELU and LayerNorm before the "
                        f"classifier) is not written as a transformers class yet")
