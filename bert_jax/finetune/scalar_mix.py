@@ -39,8 +39,8 @@ class ScalarMixModel(nn.Module):
   """Encoder -> scalar mix of all layers -> a finetuning head.
 
   `kind` is the task kind: "classification"/"regression" read the mixed [CLS] vector (the pooler was
-  trained on the last layer only, so it is skipped; a causal model's last real token), "token_classification" every position, "span"
-  (question answering) start/end scores.
+  trained on the last layer only, so it is skipped; a causal model's last real token), "token_classification"
+  every position, "span" (question answering) start/end scores.
   """
   config: model.BertConfig
   kind: str
