@@ -243,6 +243,15 @@ def test_a_task_s_data_dir_unset_or_not_there_stops_the_table_before_anything_ru
                                                r"\d+ tokens but .* set --config.base.model.vocab_size=\d+ "):
     runner.run(ablation, str(tmp_path / "vocab"))
   assert not (tmp_path / "vocab").exists()
+  # The same vocabulary given for the embedded corpus, which is then tokenized with it: checked the same way.
+  runner.set_field(ablation, "base.data.train_files", "embedded:shakespeare")
+  runner.set_field(ablation, "base.data.vocab_file", os.path.join(data_dir, "vocab.txt"))
+  with pytest.raises(failures.UserError, match=r"variant mlm_nsp's pretraining config .*: the tokenizer of .* has "
+                                               r"\d+ tokens but .* set --config.base.model.vocab_size=\d+ "):
+    runner.run(ablation, str(tmp_path / "embedded_vocab"))
+  assert not (tmp_path / "embedded_vocab").exists()
+  runner.set_field(ablation, "base.data.vocab_file", "")
+  runner.set_field(ablation, "base.data.train_files", data_dir)
   runner.set_field(ablation, "base.model.vocab_size", table("devlin_table5", "tiny").base.model.vocab_size)
   # A task's field out of range: named as this command line sets it, before anything runs or is recorded.
   runner.set_field(ablation, "tasks.sst2.learning_rate", 0.0)
