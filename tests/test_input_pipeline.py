@@ -179,7 +179,7 @@ def test_packing_rows_respect_example_boundaries(news_dir, tok):
 
 
 _RESUME = textwrap.dedent("""
-    import json, sys
+    import json, os, sys
     import numpy as np
     sys.path.insert(0, {repo!r})
     from configs import common
@@ -189,6 +189,7 @@ _RESUME = textwrap.dedent("""
     it = input_pipeline.create_pretrain_iterator(c, global_batch_size=96, process_index=0, process_count=1)
     it.set_state(json.loads({state!r}))
     np.savez({out!r}, **{{f"{{i}}/{{k}}": v for i in range({m}) for k, v in next(it).items()}})
+    os._exit(0)   # written and closed: no interpreter exit waiting on tf.data's threads
 """)
 
 
@@ -207,7 +208,8 @@ def test_resume_in_a_fresh_process_is_byte_identical(news_dir, tmp_path):
   script = _RESUME.format(repo=str(REPO_ROOT), config=_config(news_dir, **overrides).to_json(),
                           state=json.dumps(state), out=str(tmp_path / "resumed.npz"), m=m)
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  done = subprocess.run([sys.executable, "-c", script], env=env, timeout=900, capture_output=True, text=True)
+  done = subprocess.run([sys.executable, "-c", script], env=env, timeout=900, capture_output=True, text=True,
+                        stdin=subprocess.DEVNULL)
   assert done.returncode == 0, done.stderr[-4000:]   # the resumed process's own error, when it fails
   resumed = np.load(tmp_path / "resumed.npz")
   for i, batch in enumerate(expected):
