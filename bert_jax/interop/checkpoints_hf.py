@@ -160,7 +160,7 @@ def _canonical_names(state: dict, fam: hf_families.Family) -> dict:
   for name, value in state.items():
     name = name.removeprefix(fam.prefix)
     if sequence_head:
-      name = _renamed(name, hf_families.ROBERTA_SEQUENCE_HEAD)
+      name = hf_families.sequence_head_from_hf(name)
     name = name.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
     out[name] = np.asarray(value)
   return out
@@ -281,15 +281,8 @@ def to_state_dict(cfg: model.BertConfig, params: dict, pooler: bool = True, mode
     full = name if name.startswith(top_level) else prefix + name
     state[full] = np.ascontiguousarray(transforms[kind][1](value), dtype=np.float32)
   if fam.classes == "Roberta" and head == "classifier" and pooler:   # RobertaForSequenceClassification's names
-    ours_to_hf = {(prefix if ours.startswith("pooler.") else "") + ours: hf
-                  for hf, ours in hf_families.ROBERTA_SEQUENCE_HEAD.items()}
-    state = {_renamed(name, ours_to_hf): value for name, value in state.items()}
+    state = {hf_families.sequence_head_to_hf(name, prefix): value for name, value in state.items()}
   return state
-
-
-def _renamed(name: str, prefixes: dict) -> str:
-  """`name` with the first of `prefixes` it starts with replaced by its value."""
-  return next((new + name.removeprefix(old) for old, new in prefixes.items() if name.startswith(old)), name)
 
 
 def load_hf(path, scan_layers: bool = False, **config_overrides) -> tuple:

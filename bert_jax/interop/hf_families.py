@@ -31,6 +31,23 @@ HEADS = ("classifier", "qa_outputs")
 ROBERTA_SEQUENCE_HEAD = {"classifier.dense.": "pooler.dense.", "classifier.out_proj.": "classifier."}
 
 
+def sequence_head_from_hf(name: str) -> str:
+  """A RobertaForSequenceClassification tensor's name (the family's prefix stripped) as ours."""
+  return _renamed(name, ROBERTA_SEQUENCE_HEAD)
+
+
+def sequence_head_to_hf(name: str, prefix: str) -> str:
+  """Our pooler's and classifier's tensor names (the pooler's under the family's `prefix`) as
+  RobertaForSequenceClassification's."""
+  ours_to_hf = {(prefix if ours.startswith("pooler.") else "") + ours: hf for hf, ours in ROBERTA_SEQUENCE_HEAD.items()}
+  return _renamed(name, ours_to_hf)
+
+
+def _renamed(name: str, prefixes: dict) -> str:
+  """`name` with the first of `prefixes` it starts with replaced by its value."""
+  return next((new + name.removeprefix(old) for old, new in prefixes.items() if name.startswith(old)), name)
+
+
 @dataclasses.dataclass(frozen=True)
 class Family:
   """How one `model_type` names its tensors and classes."""
