@@ -211,6 +211,25 @@ def test_a_cased_tokenization_of_an_uncased_vocabulary_is_refused(tmp_path):
   assert init.load_tokenizer(c).tokenize("\u0e01\u0e02") == ["\u0e01\u0e02"]
 
 
+def test_a_checkpoint_s_do_lower_case_is_followed_unless_the_config_sets_it(tmp_path):
+  """A cased checkpoint's tokenizer_config.json says do_lower_case false; lowercasing its text would lose the
+  case the checkpoint was trained on (Hugging Face's from_pretrained follows the file too)."""
+  (tmp_path / "cased").mkdir()
+  (tmp_path / "cased" / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nThe\nthe\nmovie\n")
+  (tmp_path / "cased" / "tokenizer_config.json").write_text('{"do_lower_case": false}')
+  c = generic.get_config("single")
+  c.vocab_file = str(tmp_path / "cased" / "vocab.txt")
+  assert init.load_tokenizer(c).tokenize("The movie") == ["The", "movie"]
+  c.do_lower_case = True
+  assert init.load_tokenizer(c).tokenize("The movie") == ["the", "movie"]
+  c.vocab_file, c.do_lower_case = "", None
+  c.init_checkpoint = str(tmp_path / "cased")
+  (tmp_path / "cased" / "config.json").write_text("{}")
+  assert init.load_tokenizer(c).tokenize("The movie") == ["The", "movie"]
+  (tmp_path / "cased" / "tokenizer_config.json").unlink()   # no word from the checkpoint: lowercased
+  assert init.load_tokenizer(c).tokenize("The movie") == ["the", "movie"]
+
+
 @pytest.mark.parametrize("field, value", [("max_seq_length", 0), ("max_seq_length", -1), ("batch_size", 0),
                                           ("num_epochs", 0), ("log_every_steps", 0), ("eval_batch_size", -4),
                                           ("eval_every_steps", -1), ("warmup_fraction", 1.5)])

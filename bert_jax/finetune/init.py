@@ -51,19 +51,26 @@ def load_encoder(config: Config) -> tuple[model_lib.BertConfig, dict | None]:
 
 
 def load_tokenizer(config: Config):
-  """`config.vocab_file`'s tokenizer, else the one beside `init_checkpoint`, with `config.do_lower_case`. A cased
-  tokenization (CoNLL-2003's config) of an uncased WordPiece vocabulary, which holds no capital letter, is refused:
-  every capitalised word would be [UNK], the named entities first."""
+  """`config.vocab_file`'s tokenizer, else the one beside `init_checkpoint`. `config.do_lower_case` None (the
+  default) follows the tokenizer_config.json beside the vocabulary or checkpoint, as Hugging Face's
+  `from_pretrained` does (a cased checkpoint says false), else lowercases. A cased tokenization (CoNLL-2003's
+  config) of an uncased WordPiece vocabulary, which holds no capital letter, is refused: every capitalised word
+  would be [UNK], the named entities first."""
+  lower = config.do_lower_case
   if config.vocab_file:
-    tokenizer, source = tokenizer_lib.load_tokenizer(config.vocab_file, config.do_lower_case), "config.vocab_file"
+    if lower is None:
+      lower = bool(tokenizer_lib.read_tokenizer_config(os.path.dirname(config.vocab_file)).get("do_lower_case", True))
+    tokenizer, source = tokenizer_lib.load_tokenizer(config.vocab_file, lower), "config.vocab_file"
   elif not config.init_checkpoint:
     raise failures.UserError("set config.vocab_file (or init_checkpoint, whose directory holds the vocabulary)")
   else:
-    tokenizer = checkpoint_loader.load_tokenizer(config.init_checkpoint, config.do_lower_case)
+    tokenizer = checkpoint_loader.load_tokenizer(config.init_checkpoint, lower)
     source = "config.init_checkpoint"
   if tokenizer.kind == "wordpiece" and not tokenizer.do_lower_case and _uncased(tokenizer.inv_vocab):
+    said = "config.do_lower_case is False" if lower is not None else "the tokenizer_config.json of " + source + \
+        " says do_lower_case false"
     raise failures.UserError(
-        f"config.do_lower_case is False but the vocabulary of {source} ({tokenizer.source_file}) is uncased (no "
+        f"{said} but the vocabulary of {source} ({tokenizer.source_file}) is uncased (no "
         "token with a capital letter): every capitalised word would be [UNK]. Finetune a cased checkpoint (the "
         "paper's NER results are BERT cased's), or set --config.do_lower_case=True")
   return tokenizer

@@ -37,7 +37,9 @@ def get_config() -> ml_collections.ConfigDict:
   c.init_checkpoint_format = "auto"  # auto | hf | tf | bert_jax | finetuned
   c.bert_config_json = ""            # TF checkpoints and bert_jax checkpoints without a config
   c.vocab_file = ""                  # empty: vocab.txt / *.model beside the checkpoint
-  c.do_lower_case = True
+  # None: as the tokenizer_config.json beside the vocabulary or checkpoint says (a cased checkpoint's says
+  # false), else True.
+  c.do_lower_case = ml_collections.config_dict.placeholder(bool)
   # The model of a pretraining config: its size when there is no checkpoint (tests, from scratch), its
   # dropout rates (when set) and how it computes (models/config.py COMPUTE_FIELDS: remat, attention kernel,
   # dropout bits ...) in any case.

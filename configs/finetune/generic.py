@@ -17,8 +17,9 @@ the workdir (task.json) for `bert-jax predict` and `bert-jax export`. Variants: 
 
 Tagging files hold a token and its tag on each line (token first, tag in the last column unless
 `task_opts.tag_column` says otherwise) and a blank line between sentences; the tag set is the training
-file's. Span F1 (conlleval / seqeval) is reported when the tags are BIO, token accuracy always. With a
-cased checkpoint add `--config.do_lower_case=false`.
+file's. Span F1 (conlleval / seqeval) is reported when the tags are BIO, token accuracy always. A cased
+checkpoint's tokenizer_config.json says `do_lower_case: false`, which is followed; with a bare cased vocab.txt
+add `--config.do_lower_case=false`.
 """
 
 from configs.finetune import common
