@@ -121,6 +121,9 @@ def fit(checkpoint, train, dev=None, *, workdir, task: str | None = None, labels
     labels: the label set in id order; default: the training labels, sorted.
     **overrides: config fields of configs/finetune/common.py (num_epochs=3, learning_rate=2e-5,
       batch_size=32, max_seq_length=128, ...; nested ones as dicts: model={"hidden_dropout": 0.2}).
+  Raises:
+    failures.Diverged: the training loss or the parameters stopped being finite (its message names the step;
+      the workdir keeps the results and the best evaluation before it).
   """
   train_rows = _rows(train)
   if dev is None:
@@ -147,6 +150,7 @@ def fit(checkpoint, train, dev=None, *, workdir, task: str | None = None, labels
       with open(path, "w", encoding="utf-8") as f:
         f.write(text)
     results = trainer.finetune(config, workdir)
+  trainer.raise_if_diverged(results, workdir)
   return Finetuned(results["best_metrics"], load(workdir))
 
 

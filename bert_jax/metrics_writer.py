@@ -96,8 +96,8 @@ class MetricWriter:
           # tf.summary.scalar needs the tensorboard package; this writes the same event it would.
           self._tf.summary.write(name, self._tf.constant(value, self._tf.float32), metadata=self._metadata)
       self._summary.flush()
-    if self.echo:
-      shown = ", ".join(f"{k}={v:.4g}" for k, v in numeric.items() if not k.startswith("train/nonfinite"))
+    shown = ", ".join(f"{k}={v:.4g}" for k, v in numeric.items() if not k.startswith("train/nonfinite"))
+    if self.echo and shown:   # a record of no numbers (an event) is the caller's to say in words
       print(f"{prefix}step {step}: {shown}", flush=True)
 
   def close(self) -> None:

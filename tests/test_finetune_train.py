@@ -136,6 +136,32 @@ def test_finetune_learns_then_two_stage_feature_based(data_dir, tmp_path):
   assert results["best"] >= 0.8, results
 
 
+def test_a_trial_whose_loss_stops_being_finite_stops_and_its_group_goes_on(data_dir, tmp_path):
+  """A learning rate of 1e30 sends the parameters to inf and the loss to NaN within the first log interval: that
+  trial stops there, writes no predictions (it was never evaluated) and its results say where it diverged; the
+  trial trained beside it is untouched. The command's exit is `raise_if_diverged`'s."""
+  good, bad = tiny_config(data_dir), tiny_config(data_dir)
+  good.predict_split = bad.predict_split = "test"
+  bad.learning_rate = 1e30
+  ours, theirs = trainer.finetune_trials([good, bad], [str(tmp_path / "good"), str(tmp_path / "bad")])
+  assert ours["diverged_step"] is None and ours["best"] >= 0.9, ours
+  assert theirs["diverged_step"] == 4 and theirs["step"] == 4 and theirs["best"] is None, theirs
+  assert theirs["finished"] and theirs["stopped_early"]
+  log = _read_jsonl(tmp_path / "bad" / "metrics.jsonl")
+  assert [r["step"] for r in log] == [4, 4] and log[1]["event"] == "diverged" and not np.isfinite(log[0]["train/loss"])
+  assert not (tmp_path / "bad" / "best").exists() and not (tmp_path / "bad" / "predictions_test.tsv").exists()
+  assert (tmp_path / "good" / "predictions_test.tsv").read_text().splitlines()[1:] == ["0\t1", "1\t0"]
+  trainer.raise_if_diverged(ours, "good")
+  with pytest.raises(failures.Diverged, match="not finite at step 4 .*learning rate 1e\\+30.*no evaluation"):
+    trainer.raise_if_diverged(theirs, "bad")
+  # Parameters gone non-finite after the last logged loss are caught at the evaluation, per trial.
+  params = {"a": np.ones((3, 2, 2), np.float32), "b": np.ones((3, 4), np.float32)}
+  params["b"][1, 2] = np.nan
+  params["a"][2, 0, 1] = np.inf
+  finite = trainer._finite_per_trial(params)  # pylint: disable=protected-access
+  np.testing.assert_array_equal(finite, [True, False, False])
+
+
 def test_a_mesh_that_splits_the_encoder_unevenly_stops_before_training(data_dir, tmp_path):
   config = tiny_config(data_dir)
   config.model.vocab_size = 33

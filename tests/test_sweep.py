@@ -91,6 +91,9 @@ def test_the_sweep_says_what_it_trains_and_prunes(tmp_path, monkeypatch, capsys)
   assert capsys.readouterr().out.splitlines() == [
       f"sweep: training {a}, {b} to epoch 1", f"sweep: {a} best 0.8; {b} best 0.9", f"sweep: {a} pruned after rung 0",
       f"sweep: training {b} to epoch 2", f"sweep: {b} best 0.9"]
+  end = {"event": "end", "trials": [a, b], "best": [None, 0.9], "diverged": [4, None]}
+  said = sweep._in_words(end)  # pylint: disable=protected-access
+  assert said == f"{a} not evaluated, diverged at step 4; {b} best 0.9"
 
 
 def test_a_seed_that_stopped_early_keeps_its_configuration_s_score(tmp_path, monkeypatch):

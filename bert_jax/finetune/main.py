@@ -51,6 +51,10 @@ def main(argv) -> None:
                                  "starts it over"):
         results = trainer.finetune(config, WORKDIR.value)
   print(json.dumps(results, indent=1))
+  try:
+    trainer.raise_if_diverged(results, WORKDIR.value)
+  except failures.Diverged as e:   # exit 3, as pretraining's guard: a run again would diverge the same way
+    failures.say_and_exit(e, prefix="bert-jax finetune")
 
 
 if __name__ == "__main__":

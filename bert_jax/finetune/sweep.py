@@ -139,7 +139,8 @@ def _run_group(config, group: list[dict], trial_dir, max_epochs: int | None, log
   log({"event": "start", "trials": names, "max_epochs": max_epochs})
   results = trainer.finetune_trials([_trial_config(config, t) for t in group], dirs, max_epochs=max_epochs,
                                     names=names)
-  log({"event": "end", "trials": names, "best": [r["best"] for r in results]})
+  log({"event": "end", "trials": names, "best": [r["best"] for r in results],
+       "diverged": [r.get("diverged_step") for r in results]})
   return results
 
 
@@ -157,8 +158,11 @@ def _in_words(record: dict) -> str:
     budget = f" to epoch {record['max_epochs']}" if record["max_epochs"] is not None else ""
     return f"training {', '.join(record['trials'])}{budget}"
   if record["event"] == "end":
-    return "; ".join(f"{name} best {best:.4g}" if best is not None else f"{name} not evaluated"
-                     for name, best in zip(record["trials"], record["best"]))
+    def said(name, best, diverged):
+      shown = f"{name} best {best:.4g}" if best is not None else f"{name} not evaluated"
+      return shown if diverged is None else f"{shown}, diverged at step {diverged}"
+    diverged = record.get("diverged") or [None] * len(record["trials"])
+    return "; ".join(map(said, record["trials"], record["best"], diverged))
   return f"{record['trial']} pruned after rung {record['rung']}"
 
 

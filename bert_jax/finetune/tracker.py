@@ -18,6 +18,7 @@ class Tracker:
     self._prefix = f"[{name}] " if name else ""
     self.best, self.best_step, self.best_metrics, self.last_metrics = None, -1, {}, {}
     self.since_best, self.stopped, self.stopped_step = 0, False, None
+    self.diverged = None   # the step at which its loss or parameters were found not finite
     self.peek = None   # the primary metric at an epoch budget between evaluations (`peeked`)
     path = os.path.join(workdir, "tracker.json")
     if os.path.isdir(os.path.join(workdir, "last")) and os.path.isfile(path):   # a continued run
@@ -41,6 +42,15 @@ class Tracker:
       self.stopped = bool(self.patience) and self.since_best >= self.patience
       self.stopped_step = step if self.stopped else None
 
+  def diverge(self, step: int) -> None:
+    """Stops the trial: its training loss or parameters are no longer finite at `step`. Its best evaluation
+    so far stands; nothing after it is evaluated."""
+    self.stopped, self.stopped_step, self.diverged = True, step, step
+    self.writer.write(step, {"event": "diverged"}, prefix=self._prefix)
+    if self.writer.echo:
+      print(f"{self._prefix}step {step}: the training loss or the parameters are not finite: this trial stops",
+            flush=True)
+
   def peeked(self, step: int, metrics: dict) -> None:
     """An evaluation at an epoch budget between the regular ones: logged, and its primary metric kept as
     `peek` (the trial's score there), with no say in the best checkpoint or early stopping."""
@@ -54,6 +64,7 @@ class Tracker:
 
   def save(self) -> None:
     self.writer.close()
-    keys = ("best", "best_step", "best_metrics", "last_metrics", "since_best", "stopped", "stopped_step")
+    keys = ("best", "best_step", "best_metrics", "last_metrics", "since_best", "stopped", "stopped_step",
+            "diverged")
     with atomic_write.replacing(os.path.join(self.workdir, "tracker.json")) as tmp, open(tmp, "w") as f:
       json.dump({k: getattr(self, k) for k in keys}, f)   # whole or absent: a continued run reads it

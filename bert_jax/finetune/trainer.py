@@ -221,6 +221,19 @@ def finetune_trials(configs: list, workdirs: list, *, max_epochs: int | None = N
                    time.time() - t0) for tr, c in zip(trackers, configs)]
 
 
+def raise_if_diverged(results: dict, workdir: str) -> None:
+  """A run whose loss or parameters stopped being finite ends the command as the pretraining guard does (exit 3,
+  one paragraph): its results.json and best evaluation are kept, and the same command prints them again."""
+  if results.get("diverged_step") is None:
+    return
+  best = (f"best/ holds its evaluation at step {results['best_step']} ({results['primary_metric']} "
+          f"{results['best']:.4g})" if results["best_step"] >= 0 else "no evaluation came before it, so no best/")
+  raise failures.Diverged(
+      f"{workdir}: the training loss or the parameters were not finite at step {results['diverged_step']} "
+      f"(learning rate {results['learning_rate']:g}); the run stopped there and {best}. Lower "
+      "--config.learning_rate, or check the data and the checkpoint, then run it in another --workdir")
+
+
 def _task_and_encoder(config: Config) -> tuple:
   """(task, tokenizer, its data as `_read_data` gives it, (encoder config, encoder params)): every data file
   is read and checked before the checkpoint is loaded."""
@@ -322,6 +335,8 @@ def _train(step_fn, state, features: dict, configs: list, schedule: _Schedule, t
           if not tracker.stopped:   # a stopped trial's slot trains on with its group: not its curve
             tracker.log(step, {"epoch": step / schedule.steps_per_epoch, "train/loss": float(losses[t]),
                                "time_s": round(time.time() - t0, 1)})
+            if not math.isfinite(losses[t]):
+              tracker.diverge(step)
         loss_sum, summed = jnp.zeros(len(configs)), 0
       if step % schedule.eval_every == 0 or step == schedule.total_steps:
         evaluate(state, step)
@@ -338,6 +353,10 @@ def _evaluate(pred_fn, state, step, *, task, trackers, devs: list, batch_size, s
   logged and kept beside them as `<split>/<metric>`. `peek`: at an epoch budget between evaluations, only
   logged (`budget_eval/...`) and kept as the trial's score at the budget (`Tracker.peeked`)."""
   dev, others = devs[0], devs[1:]
+  finite = np.asarray(_finite_per_trial(state["params"]))   # a last update to NaN leaves the loss it logged finite
+  for t, tracker in enumerate(trackers):
+    if not tracker.stopped and not finite[t]:
+      tracker.diverge(step)
   outputs = _predict(pred_fn, state["params"], dev.features, batch_size, sharded)
   other_outputs = [_predict(pred_fn, state["params"], o.features, batch_size, sharded) for o in others]
   for t, tracker in enumerate(trackers):
@@ -363,11 +382,24 @@ def _evaluate(pred_fn, state, step, *, task, trackers, devs: list, batch_size, s
       tracker.evaluated(step, metrics, on_best)
 
 
+@jax.jit
+def _finite_per_trial(params) -> jax.Array:
+  """[T] bool: whether every parameter of each trial (the leading axis) is finite."""
+  return jnp.stack([jnp.isfinite(x).reshape(x.shape[0], -1).all(1) for x in jax.tree.leaves(params)]).all(0)
+
+
 def _predict_with_best(pred_fn, task, split: _Split, trackers, batch_size, sharded) -> None:
-  """Prediction files for `split` (e.g. GLUE test: the submission TSVs) from each trial's best/."""
-  best = [checkpointing.restore_params(os.path.join(t.workdir, "best")) for t in trackers]
-  outputs = _predict(pred_fn, jax.tree.map(lambda *xs: np.stack(xs), *best), split.features, batch_size, sharded)
-  for tracker, out in zip(trackers, outputs):
+  """Prediction files for `split` (e.g. GLUE test: the submission TSVs) from each trial's best/; a trial that
+  diverged before its first evaluation has none, and writes none."""
+  has_best = [t.best_step >= 0 for t in trackers]
+  if not any(has_best):
+    return
+  best = {i: checkpointing.restore_params(os.path.join(t.workdir, "best")) for i, t in enumerate(trackers)
+          if has_best[i]}
+  stand_in = best[has_best.index(True)]   # the trial axis keeps its length: the compiled step's layout
+  stacked = jax.tree.map(lambda *xs: np.stack(xs), *[best.get(i, stand_in) for i in range(len(trackers))])
+  outputs = _predict(pred_fn, stacked, split.features, batch_size, sharded)
+  for tracker, out in ((t, o) for t, o, b in zip(trackers, outputs, has_best) if b):
     task.write_predictions(os.path.join(tracker.workdir, _prediction_file(task, split.name)), out,
                            split.examples, split.meta)
 
@@ -379,7 +411,7 @@ def _results(tracker, config, task, step, steps_per_epoch, total_steps, finished
              "best_step": tracker.best_step, "best_metrics": tracker.best_metrics,
              "last_metrics": tracker.last_metrics, "step": step, "epochs": step / steps_per_epoch,
              "total_steps": total_steps, "stopped_early": tracker.stopped, "finished": finished,
-             "seconds": round(seconds, 1), "learning_rate": config.learning_rate,
+             "diverged_step": tracker.diverged, "seconds": round(seconds, 1), "learning_rate": config.learning_rate,
              "batch_size": config.batch_size, "num_epochs": config.num_epochs, "seed": config.seed}
   # Whole or absent: it marks the run finished (`bert-jax finetune` run again prints it instead of training).
   with atomic_write.replacing(os.path.join(tracker.workdir, RESULTS_FILE)) as tmp, open(tmp, "w") as f:
