@@ -211,6 +211,8 @@ _STRUCTURE = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermedi
               "type_vocab_size", "embedding_size", "share_layers", "shared_sublayer", "position_pad_id", "causal",
               "rope", "geglu", "pre_norm", "final_norm", "norm_bias", "dense_bias",
               "global_attn_every_n_layers", "local_attention", "pruned_heads", "hidden_act")
+# Numbers the parameters were trained under, named with both values where they differ.
+_TRAINED_UNDER = ("layer_norm_eps",)
 
 
 def _structure(cfg: model.BertConfig, field: str):
@@ -241,6 +243,9 @@ def family_problem(path, encoder_config: model.BertConfig) -> str | None:
   except ValueError as e:
     return f"{path} holds an encoder bert_jax does not implement: {e}"
   differ = [f for f in _STRUCTURE if _structure(cfg, f) != _structure(encoder_config, f)]
+  differ += [f"{f} ({getattr(cfg, f):g} in the checkpoint, {getattr(encoder_config, f):g} in the config: set "
+             f"--config.model.{f}={getattr(cfg, f):g})"
+             for f in _TRAINED_UNDER if getattr(cfg, f) != getattr(encoder_config, f)]
   if not differ:
     return None
   return (f"{path} holds {describe(cfg, hf_dict.get('model_type'))} but the config describes "
