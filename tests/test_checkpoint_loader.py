@@ -179,7 +179,8 @@ def test_init_from_another_family_stops_in_check_inputs_naming_both(tmp_path):
   assert checkpoint_loader.family_problem(os.path.join(causal_run, "1"), bert).endswith("differ in causal")
   eps_run = run_record(tmp_path / "eps", dataclasses.replace(bert, layer_norm_eps=1e-5), vocab)
   assert checkpoint_loader.family_problem(eps_run, bert).endswith(
-      "differ in layer_norm_eps (1e-05 in the checkpoint, 1e-12 in the config: set --config.model.layer_norm_eps=1e-05)")
+      "differ in layer_norm_eps (1e-05 in the checkpoint, 1e-12 in the config: set "
+      "--config.model.layer_norm_eps=1e-05)")
   held_by = {albert_run: "an albert encoder (L=1 H=32 A=2 I=64 E=16, shared layers,",
              causal_run: "a bert encoder (L=1 H=32 A=2 I=64, causal,"}
   for init_from, held in held_by.items():
