@@ -170,21 +170,29 @@ def _lower_case(directory: str) -> bool:
   return bool(json.loads(config.read_text()).get("do_lower_case", True)) if config.exists() else True
 
 
-def load_tokenizer(path, do_lower_case: bool | None = None):
-  """The checkpoint's tokenizer; `do_lower_case` None: as its tokenizer_config.json says.
+def load_tokenizer(path, do_lower_case: bool | None = None, vocab: str | None = None):
+  """The checkpoint's tokenizer, or `vocab`'s (a vocab.txt, *.model, vocab.json or tokenizer.json, or a directory
+  holding one) where given; `do_lower_case` None: as the checkpoint's tokenizer_config.json says.
 
-  Raises FileNotFoundError when its directory holds no vocab.txt, SentencePiece *.model or vocab.json +
-  merges.txt.
+  Raises FileNotFoundError when there is no `vocab` and the checkpoint's directory holds no tokenizer (the
+  message says to give one).
   """
-  return _read_tokenizer(find(path), do_lower_case)
+  return _read_tokenizer(find(path), do_lower_case, vocab)
 
 
-def _read_tokenizer(found: Found, lower: bool | None):
-  return tokenizer_lib.load_tokenizer(found.directory, _lower_case(found.directory) if lower is None else lower)
+def _read_tokenizer(found: Found, lower: bool | None, vocab: str | None = None):
+  lower = _lower_case(found.directory) if lower is None else lower
+  if vocab:
+    return tokenizer_lib.load_tokenizer(vocab, lower)
+  try:
+    return tokenizer_lib.load_tokenizer(found.directory, lower)
+  except FileNotFoundError as e:
+    raise FileNotFoundError(f"{e}: give the vocabulary the model was trained with (`vocab=` in Python, "
+                            "--vocab on the command line)") from None
 
 
 def load(path, *, kind: str = "auto", bert_config_json: str | None = None, scan_layers: bool = False,
-         do_lower_case: bool | None = None, **config_overrides) -> Loaded:
+         do_lower_case: bool | None = None, vocab: str | None = None, **config_overrides) -> Loaded:
   """(config, params, tokenizer) of the checkpoint at `path`.
 
   Args:
@@ -193,13 +201,20 @@ def load(path, *, kind: str = "auto", bert_config_json: str | None = None, scan_
     bert_config_json: the model config of a TF or bert_jax checkpoint, if not the one beside it.
     scan_layers: the params' layout (encoder layers stacked under `layers`), also set in the config.
     do_lower_case: the tokenizer's; None: as the checkpoint's tokenizer_config.json says, else True.
+    vocab: the tokenizer's file (or a directory holding one) where the checkpoint's directory holds none, or
+      another; None: the checkpoint's.
     **config_overrides: BertConfig fields to set (dtype, remat_policy, dropout...).
   Returns:
     Loaded(config, params as host numpy arrays {"bert", plus the saved heads}, tokenizer).
   """
   found = find(path, kind)
+  tokenizer = _read_tokenizer(found, do_lower_case, vocab)   # before the weights: a missing one fails at once
   cfg, params = _read_model(found, bert_config_json, scan_layers, config_overrides)
-  return Loaded(cfg, params, _read_tokenizer(found, do_lower_case))
+  if vocab and tokenizer.vocab_size > cfg.vocab_size:   # ids past the table would embed as NaN or garbage
+    raise ValueError(f"the tokenizer of {vocab} ({tokenizer.source_file}) has "
+                     f"{tokenizer.vocab_size} tokens but the model's embedding table has {cfg.vocab_size}: give the "
+                     "vocabulary the model was trained with")
+  return Loaded(cfg, params, tokenizer)
 
 
 # The fields that make an encoder's parameters and attention what they are: a checkpoint that differs in one

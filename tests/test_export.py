@@ -300,3 +300,26 @@ def test_a_checkpoint_loads_for_a_model_that_runs_the_splash_kernel(tmp_path):
   cfg2, back = checkpoints_hf.load_hf(tmp_path / "hf", attention_kernel="splash", attention_dropout=0.0)
   assert cfg2.attention_kernel == "splash"
   jax.tree.map(np.testing.assert_array_equal, back["bert"], params)
+
+
+def test_a_checkpoint_without_a_tokenizer_loads_and_exports_with_one_given(tmp_path):
+  """The families' ids-only checkpoints ship no tokenizer: `vocab=` (`--vocab`) gives one, and the export
+  carries it, so the written directory loads on its own."""
+  import bert_jax  # pylint: disable=import-outside-toplevel
+  from conftest import shared_path  # pylint: disable=import-outside-toplevel
+  distilbert = shared_path("families", "distilbert")
+  with pytest.raises(FileNotFoundError, match="holds no vocab.txt.*--vocab"):
+    bert_jax.load(distilbert)
+  words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "movie"]
+  (tmp_path / "vocab.txt").write_text("\n".join(words + [f"w{i}" for i in range(1000 - len(words))]) + "\n")
+  loaded = bert_jax.load(distilbert, vocab=str(tmp_path / "vocab.txt"))
+  out = loaded.encode(["the movie"])
+  assert out["input_ids"].tolist() == [[2, 5, 6, 3]]
+  assert out["sequence_output"].shape == (1, 4, loaded.config.hidden_size)
+  assert export.export(distilbert, tmp_path / "hf", vocab=str(tmp_path / "vocab.txt")) == "DistilBertForMaskedLM"
+  back = bert_jax.load(tmp_path / "hf")
+  np.testing.assert_array_equal(back.encode(["the movie"])["sequence_output"], out["sequence_output"])
+  (tmp_path / "big").mkdir()
+  (tmp_path / "big" / "vocab.txt").write_text((tmp_path / "vocab.txt").read_text() + "w_extra\n")
+  with pytest.raises(ValueError, match="has 1001 tokens but the model's embedding table has 1000"):
+    bert_jax.load(distilbert, vocab=str(tmp_path / "big"))

@@ -53,6 +53,8 @@ def define_flags() -> None:
   """The command's flags, defined when the CLI runs it."""
   flags.DEFINE_string("checkpoint", None, "A finetuned workdir, or any checkpoint bert-jax reads.")
   flags.DEFINE_string("output", None, "The Hugging Face directory to write.")
+  flags.DEFINE_string("vocab", None, "The tokenizer to write beside the weights (vocab.txt, *.model, vocab.json, "
+                      "tokenizer.json, or a directory holding one); default: the checkpoint's.")
 
 
 def head_config(record: dict, classes: str = "Bert") -> dict:
@@ -76,10 +78,10 @@ _POOLED = {"cls": "first token's vector without the pooler", "mean": "mean of th
            "last": "last token's vector"}
 
 
-def export(checkpoint, output) -> str:
-  """Writes the Hugging Face directory `output` for `checkpoint` (see the module docstring); returns
-  its class name."""
-  cfg, params, tokenizer = checkpoint_loader.load(checkpoint)
+def export(checkpoint, output, vocab: str | None = None) -> str:
+  """Writes the Hugging Face directory `output` for `checkpoint` (see the module docstring), with `vocab`'s
+  tokenizer where given, else the checkpoint's; returns its class name."""
+  cfg, params, tokenizer = checkpoint_loader.load(checkpoint, vocab=vocab)
   record = task_record.read(checkpoint)
   max_length = cfg.max_input_length
   if record is None and is_electra(checkpoint, params):
@@ -193,7 +195,7 @@ def main(argv) -> None:
       raise app.UsageError(f"--{name} is required")
   # A checkpoint that is not there or cannot be exported: one paragraph, exit 2, as in every command.
   with failures.as_user_errors("bert-jax export", ValueError, FileNotFoundError, NotADirectoryError):
-    architecture = export(FLAGS.checkpoint, paths.output_dir(FLAGS.output, "output"))
+    architecture = export(FLAGS.checkpoint, paths.output_dir(FLAGS.output, "output"), FLAGS.vocab)
   print(f"wrote {architecture} to {FLAGS.output}")
   if (pathlib.Path(FLAGS.output) / ELECTRA_GENERATOR / "config.json").exists():
     print(f"wrote ElectraForMaskedLM (the generator) to {pathlib.Path(FLAGS.output) / ELECTRA_GENERATOR}")

@@ -179,9 +179,7 @@ def _tokenizer():
   """The --vocab tokenizer, else the checkpoint's; None if it has none (input_ids input needs none)."""
   lower = _DO_LOWER_CASE.value if _DO_LOWER_CASE.present else None
   if _VOCAB.value is not None:
-    from bert_jax.data import tokenizer  # pylint: disable=g-import-not-at-top
-    lower = checkpoint_loader.lower_case(_CHECKPOINT.value) if lower is None else lower
-    return tokenizer.load_tokenizer(_VOCAB.value, do_lower_case=lower)
+    return checkpoint_loader.load_tokenizer(_CHECKPOINT.value, lower, _VOCAB.value)
   try:
     return checkpoint_loader.load_tokenizer(_CHECKPOINT.value, lower)
   except FileNotFoundError:

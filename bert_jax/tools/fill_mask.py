@@ -42,6 +42,8 @@ def define_flags() -> None:
   flags.DEFINE_bool("do_lower_case", None, "Lowercase the text; default: the checkpoint's tokenizer_config.json, "
                     "else True.")
   flags.DEFINE_integer("batch_size", 8, "Texts per forward pass.")
+  flags.DEFINE_string("vocab", None, "The tokenizer (vocab.txt, *.model, vocab.json, tokenizer.json, or a directory "
+                      "holding one) where the checkpoint has none; default: the checkpoint's.")
 
 
 def encode(tokenizer, text: str, max_length: int) -> tuple[list[int], list[int]]:
@@ -235,7 +237,8 @@ def main(argv) -> None:
   with failures.as_user_errors("bert-jax fill-mask", ValueError, OSError):
     texts = _read_texts(argv)
     output = paths.output_file(FLAGS.output, "output") if FLAGS.output is not None else None
-    cfg, params, tokenizer = checkpoint_loader.load(FLAGS.checkpoint, do_lower_case=FLAGS.do_lower_case)
+    cfg, params, tokenizer = checkpoint_loader.load(FLAGS.checkpoint, do_lower_case=FLAGS.do_lower_case,
+                                                    vocab=FLAGS.vocab)
     predictions = predict(cfg, params, tokenizer, texts, FLAGS.top_k, FLAGS.batch_size)
   print(format_predictions(texts, predictions))
   if output is not None:
