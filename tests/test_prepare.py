@@ -267,3 +267,38 @@ def test_a_split_too_small_for_a_pretraining_format_is_said_when_it_is_prepared(
   assert any(w.startswith(f"the {empty} split holds no document") for w in said), said
   assert any(w.startswith(f"the {one} split holds 1 document: data.format 'nsp' and 'sentence_pair' need at least 2")
              for w in said), said
+
+
+def test_a_refused_rerun_leaves_the_folder_s_vocabulary_and_a_swapped_one_is_named(tmp_path, small_corpus):
+  """Another vocabulary for a prepared folder is refused before it is copied in (the shards hold the first one's
+  ids); a vocabulary swapped in by hand is named when pretraining checks the data."""
+  import ml_collections  # pylint: disable=import-outside-toplevel
+  from bert_jax.data import input_pipeline  # pylint: disable=import-outside-toplevel
+  spec, _, _ = small_corpus
+  specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+  for name, words in (("a", ["document", "talks", "about"]), ("b", ["about", "talks", "document"])):
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "vocab.txt").write_text("\n".join(specials + words) + "\n")
+  out = tmp_path / "out"
+  prepare.prepare_corpus(spec, str(out), vocab_file=str(tmp_path / "a" / "vocab.txt"), num_shards=1, num_workers=1)
+  with pytest.raises(ValueError, match=r"other settings \(tokenizer_sha256: '[0-9a-f]{64}' there, '[0-9a-f]{64}' "
+                     r"now\): use a new --output_dir"):
+    prepare.prepare_corpus(spec, str(out), vocab_file=str(tmp_path / "b" / "vocab.txt"), num_shards=1, num_workers=1)
+  assert (out / "vocab.txt").read_text() == (tmp_path / "a" / "vocab.txt").read_text()
+  progress = out / prepare._PROGRESS_DIR  # pylint: disable=protected-access
+  assert sorted(os.listdir(progress)) == ["settings.json", "train-00000.json"]
+  data = ml_collections.ConfigDict({"train_files": str(out), "eval_files": "", "vocab_file": "", "do_lower_case": True})
+  assert not input_pipeline.preparation_problems(data)
+  (out / "vocab.txt").write_text((tmp_path / "b" / "vocab.txt").read_text())
+  [problem] = input_pipeline.preparation_problems(data)
+  assert problem.startswith(f"{out / 'vocab.txt'} is not the vocabulary {out}'s shards were prepared with")
+
+
+def test_a_rerun_that_asks_for_another_trained_vocabulary_is_refused(tmp_path, small_corpus):
+  spec, _, _ = small_corpus
+  out = str(tmp_path / "out")
+  prepare.prepare_corpus(spec, out, train_vocab_size=120, num_shards=1, num_workers=1)
+  prepare.prepare_corpus(spec, out, train_vocab_size=120, num_shards=1, num_workers=1)   # the same: reused
+  with pytest.raises(ValueError, match=r"trained_vocab: \{'model': 'wordpiece', 'size': 120\} there, "
+                     r"\{'model': 'unigram', 'size': 120\} now"):
+    prepare.prepare_corpus(spec, out, train_vocab_size=120, vocab_model="unigram", num_shards=1, num_workers=1)

@@ -13,6 +13,7 @@ replays the stream exactly.
     it.set_state(state)                   # in a fresh process: the same next batches
 """
 
+import hashlib
 import os
 import threading
 
@@ -289,6 +290,14 @@ def preparation_problems(data_config) -> list[str]:
       problems.append(f"data.do_lower_case is {c.do_lower_case} but {directory} was prepared with do_lower_case="
                       f"{stats['do_lower_case']} ({shards.STATS_FILE}): set --config.data.do_lower_case="
                       f"{stats['do_lower_case']}, or prepare the corpus again with --do_lower_case={c.do_lower_case}")
+    recorded = stats.get("settings", {}).get("tokenizer_sha256")
+    own = os.path.join(directory, stats.get("tokenizer_file") or "")
+    if recorded and stats.get("tokenizer_file") and tf.io.gfile.exists(own):
+      with tf.io.gfile.GFile(own, "rb") as f:
+        if hashlib.sha256(f.read()).hexdigest() != recorded:
+          problems.append(f"{own} is not the vocabulary {directory}'s shards were prepared with ({shards.STATS_FILE} "
+                          "records another): its shards hold that one's token ids. Prepare the corpus again into a "
+                          "new folder")
     given = c.vocab_file and tf.io.gfile.exists(c.vocab_file)
     if stats.get("tokenizer_file") and (given or split == "eval"):
       ours = ours or load_tokenizer(c)   # data.vocab_file, else the training shards' own

@@ -28,6 +28,7 @@ import json
 import multiprocessing
 import multiprocessing.forkserver
 import os
+import shutil
 import time
 
 from absl import app
@@ -79,9 +80,14 @@ def shard_name(split: str, index: int, num_shards: int) -> str:
 
 def _ensure_tokenizer(spec, output_dir, vocab_file, do_lower_case, vocab_size, vocab_model,
                       data_dir, text_key, sample_sentences) -> str:
-  """Puts the tokenizer file in `output_dir` (copied, reused from a previous run, or trained)."""
+  """The tokenizer file for `output_dir`: a given one copied into a staging folder (`_stage_in` moves it into
+  `output_dir` once the settings guard has passed it: a refused run leaves the folder's own), else one reused
+  from a previous run, or trained."""
   if vocab_file:
-    return tokenization.load_tokenizer(vocab_file, do_lower_case).save(output_dir)
+    staging = os.path.join(output_dir, _PROGRESS_DIR, "tokenizer")
+    shutil.rmtree(staging, ignore_errors=True)
+    os.makedirs(staging)
+    return tokenization.load_tokenizer(vocab_file, do_lower_case).save(staging)
   for name in vocab_training.TRAINED_FILES:
     if os.path.exists(os.path.join(output_dir, name)):
       logging.info("Reusing the tokenizer trained by a previous run: %s", name)
@@ -117,16 +123,29 @@ def _sample_sentences(spec, data_dir, text_key, limit) -> list[str]:
   return sample[:limit]
 
 
-def _settings_guard(output_dir: str, settings: dict) -> None:
-  """Refuses to mix shards made with different settings in one directory."""
+def _stage_in(tokenizer_file: str, output_dir: str) -> str:
+  """Moves a staged tokenizer's files (`_ensure_tokenizer`) into `output_dir`; returns its file there."""
+  staging = os.path.dirname(tokenizer_file)
+  if os.path.basename(staging) != "tokenizer" or os.path.basename(os.path.dirname(staging)) != _PROGRESS_DIR:
+    return tokenizer_file   # trained or reused: already in place
+  for name in os.listdir(staging):
+    os.replace(os.path.join(staging, name), os.path.join(output_dir, name))
+  os.rmdir(staging)
+  return os.path.join(output_dir, os.path.basename(tokenizer_file))
+
+
+def _settings_guard(output_dir: str, settings: dict, *, record: bool = True) -> None:
+  """Refuses to mix shards made with different settings in one directory, naming the fields that differ (a
+  field a previous version did not record is not compared); `record`: write the settings where none are."""
   path = os.path.join(output_dir, _PROGRESS_DIR, "settings.json")
   if os.path.exists(path):
     with open(path) as f:
       previous = json.load(f)
-    if previous != settings:
-      raise ValueError(f"{output_dir} holds shards prepared with other settings: {previous} != {settings}; "
-                       "use a new --output_dir")
-  else:
+    differ = [k for k in settings if k in previous and previous[k] != settings[k]]
+    if differ:
+      said = "; ".join(f"{k}: {previous[k]!r} there, {settings[k]!r} now" for k in differ)
+      raise ValueError(f"{output_dir} holds shards prepared with other settings ({said}): use a new --output_dir")
+  elif record:
     with open(path, "w") as f:
       json.dump(settings, f, indent=1)
 
@@ -189,13 +208,20 @@ def prepare_corpus(spec: str, output_dir: str, *, vocab_file: str | None = None,
   if not _has_text(spec, data_dir, text_key):
     raise ValueError(_NO_TEXT.format(spec=spec, text_key=text_key))
   os.makedirs(os.path.join(output_dir, _PROGRESS_DIR), exist_ok=True)
+  settings = dict(input=spec, eval_input=eval_spec, eval_fraction=eval_fraction, num_shards=num_shards,
+                  do_lower_case=do_lower_case, text_key=text_key,
+                  trained_vocab=None if vocab_file else {"model": vocab_model, "size": train_vocab_size or 30522})
+  _settings_guard(output_dir, settings, record=False)   # before a vocabulary is reused or trained for them
   tokenizer_file = _ensure_tokenizer(spec, output_dir, vocab_file, do_lower_case, train_vocab_size or 30522,
                                      vocab_model, data_dir, text_key, vocab_sample_sentences)
   with open(tokenizer_file, "rb") as f:
-    tokenizer_sha = hashlib.sha256(f.read()).hexdigest()
-  settings = dict(input=spec, eval_input=eval_spec, eval_fraction=eval_fraction, num_shards=num_shards,
-                  do_lower_case=do_lower_case, text_key=text_key, tokenizer_sha256=tokenizer_sha)
-  _settings_guard(output_dir, settings)
+    settings["tokenizer_sha256"] = hashlib.sha256(f.read()).hexdigest()
+  try:
+    _settings_guard(output_dir, settings)
+  except ValueError:
+    shutil.rmtree(os.path.join(output_dir, _PROGRESS_DIR, "tokenizer"), ignore_errors=True)
+    raise
+  tokenizer_file = _stage_in(tokenizer_file, output_dir)
   counters = collections.Counter()
   common = dict(tokenizer_dir=output_dir, do_lower_case=do_lower_case, text_key=text_key)
   tasks = _tasks(spec, output_dir, num_shards, eval_fraction, eval_spec, common, counters, data_dir, text_key)
@@ -370,6 +396,7 @@ def main(argv) -> None:
         vocab_file=_VOCAB_FILE.value,
         do_lower_case=_DO_LOWER_CASE.value, train_vocab_size=_VOCAB_SIZE.value, vocab_model=_VOCAB_MODEL.value,
         num_shards=_NUM_SHARDS.value, num_workers=_NUM_WORKERS.value, eval_fraction=_EVAL_FRACTION.value,
-        eval_spec=_EVAL_INPUT.value, data_dir=_DATA_DIR.value, text_key=_TEXT_KEY.value)
+        eval_spec=paths.absolute(_EVAL_INPUT.value) if _EVAL_INPUT.value else None, data_dir=_DATA_DIR.value,
+        text_key=_TEXT_KEY.value)
   summary = ("documents", "sentences", "tokens", "splits", "bad_input", "seconds")
   print(json.dumps({k: stats[k] for k in summary}))
