@@ -90,6 +90,14 @@ def test_json_lines_bad_input_counted(tmp_path):
     assert [d for g in parts for p in g for d in read(p)] == got
 
 
+def test_json_lines_under_another_name_are_named_not_read_as_plain_text(tmp_path):
+  (tmp_path / "news.jl").write_text("\n" + json.dumps({"text": "One. Two."}) + "\n")
+  with pytest.raises(ValueError, match=r"news.jl starts with a JSON object but its name does not end in .jsonl"):
+    corpus.plan(str(tmp_path / "news.jl"), 2)
+  (tmp_path / "plain.txt").write_text("{a brace} starts this sentence.\n[1, 2] is a list.\n")   # not an object
+  assert _read(str(tmp_path / "plain.txt"))[0] == [["{a brace} starts this sentence.", "[1, 2] is a list."]]
+
+
 def test_gzip_globs_directories_and_binary_files(tmp_path):
   documents = _random_documents(40, seed=2)
   text = "\n\n".join("\n".join(d) for d in documents)

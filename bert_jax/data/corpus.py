@@ -295,8 +295,29 @@ def plan(spec: str, num_parts: int, *, data_dir: str | None = None, text_key: st
     if _is_binary(path):
       counters["binary_files"] += 1
     else:
+      if not _is_json(path) and _starts_with_a_json_object(path):
+        raise ValueError(f"{path} starts with a JSON object but its name does not end in "
+                         f"{', '.join(_JSON_SUFFIXES)}: it would be read as plain text (a sentence a line, a blank "
+                         "line between documents), JSON syntax and all. Name it *.jsonl to read each line's "
+                         "text field")
       files.append((path, os.path.getsize(path)))
   return _cut_files(files, num_parts)
+
+
+def _starts_with_a_json_object(path: str) -> bool:
+  """Whether the first non-blank line of `path` (within its first 64 KiB) is a JSON object."""
+  try:
+    with _open(path) as f:
+      head = f.read(1 << 16)
+  except (OSError, EOFError):
+    return False
+  for line in head.splitlines():
+    if line.strip():
+      try:
+        return isinstance(json.loads(line), dict)
+      except ValueError:
+        return False
+  return False
 
 
 def _cut_files(files: list[tuple[str, int]], num_parts: int) -> list[list[FileRange]]:
