@@ -224,8 +224,21 @@ def test_train_wordpiece(tmp_path, play_sentences):
   characters = sum(len(w) for s in sample for w in W.basic_tokenize(s, True))
   assert len(ids) < 0.6 * characters  # learned word pieces, not single characters
   assert {"the", "and", "you", "##ing"} <= set(lines)
-  with pytest.raises(ValueError, match="vocab_size 60 is below the"):   # fewer than the alphabet needs
+  with pytest.raises(ValueError, match="vocab_size 60 is below the .*raise --vocab_size"):   # fewer than the alphabet
     V.train_wordpiece(sample, 60, str(tmp_path / "small.txt"))
+
+
+@pytest.mark.parametrize("model", ["wordpiece", "unigram"])
+def test_a_vocabulary_too_small_to_train_is_one_line_and_leaves_nothing(tmp_path, play_sentences, model):
+  with pytest.raises(ValueError, match=r"raise --vocab_size"):
+    V.train(model, play_sentences[:500], 30, str(tmp_path))
+  assert not os.listdir(tmp_path)
+
+
+def test_a_json_file_that_is_no_bpe_vocabulary_is_a_value_error(tmp_path):
+  (tmp_path / "config.json").write_text('{"hidden_size": 8}')
+  with pytest.raises(ValueError, match="config.json with .*merges.txt is no byte-level BPE vocabulary"):
+    T.load_tokenizer(str(tmp_path / "config.json"))
 
 
 def test_wordpiece_learner_merges_most_frequent_pairs():

@@ -82,7 +82,12 @@ class ByteLevelBPETokenizer(TokenizersPipeline):
     self.special_tokens = {**ROBERTA_SPECIALS, **(special_tokens or {})}
     # Special tokens are not matched in text (as WordPiece and SentencePiece here, unlike Hugging Face):
     # a corpus that spells "</s>" or "<mask>" gets bytes, never a separator or a mask.
-    self._tk = byte_level_pipeline(models.BPE.from_file(self.vocab_file, self.merges_file), add_prefix_space)
+    try:
+      bpe = models.BPE.from_file(self.vocab_file, self.merges_file)
+    except Exception as e:  # pylint: disable=broad-except  (tokenizers raises a bare Exception)
+      raise ValueError(f"{self.vocab_file} with {self.merges_file} is no byte-level BPE vocabulary (a vocab.json "
+                       f"of token ids and the merges.txt beside it): {e}") from None
+    self._tk = byte_level_pipeline(bpe, add_prefix_space)
     self.vocab_size = self._tk.get_vocab_size()
     self._set_specials(self._tk.token_to_id, {role: (t,) for role, t in self.special_tokens.items()})
 

@@ -34,20 +34,22 @@ def train(vocab_model: str, sentences: Iterable[str], vocab_size: int, output_di
   merges.txt); returns the path `load_tokenizer` reads. The vocabulary file is moved in last, so one
   of TRAINED_FILES present is complete. Byte-level BPE is cased: `do_lower_case` does not apply.
   """
-  tmp = tempfile.mkdtemp(prefix=".vocab-", dir=output_dir)
-  if vocab_model == "wordpiece":
-    made = [train_wordpiece(sentences, vocab_size, os.path.join(tmp, VOCAB_FILE),
-                            do_lower_case=do_lower_case)]
-  elif vocab_model in ("unigram", "bpe"):
-    made = [train_sentencepiece(sentences, os.path.join(tmp, os.path.splitext(SPM_FILE)[0]), vocab_size,
-                                vocab_model, do_lower_case=do_lower_case)]
-  elif vocab_model == "byte_bpe":
-    made = [os.path.join(tmp, MERGES_FILE), train_byte_level_bpe(sentences, vocab_size, tmp)]
-  else:
+  if vocab_model not in VOCAB_MODELS:
     raise ValueError(f"vocab_model {vocab_model!r} is not one of {VOCAB_MODELS}")
-  for path in made:
-    os.replace(path, os.path.join(output_dir, os.path.basename(path)))
-  shutil.rmtree(tmp)
+  tmp = tempfile.mkdtemp(prefix=".vocab-", dir=output_dir)
+  try:   # a failed or interrupted training leaves nothing behind
+    if vocab_model == "wordpiece":
+      made = [train_wordpiece(sentences, vocab_size, os.path.join(tmp, VOCAB_FILE),
+                              do_lower_case=do_lower_case)]
+    elif vocab_model in ("unigram", "bpe"):
+      made = [train_sentencepiece(sentences, os.path.join(tmp, os.path.splitext(SPM_FILE)[0]), vocab_size,
+                                  vocab_model, do_lower_case=do_lower_case)]
+    else:
+      made = [os.path.join(tmp, MERGES_FILE), train_byte_level_bpe(sentences, vocab_size, tmp)]
+    for path in made:
+      os.replace(path, os.path.join(output_dir, os.path.basename(path)))
+  finally:
+    shutil.rmtree(tmp, ignore_errors=True)
   return os.path.join(output_dir, os.path.basename(made[-1]))
 
 
@@ -78,7 +80,12 @@ def train_sentencepiece(files_or_iter, out_prefix: str, vocab_size: int, model_t
   # Above `input_sentence_size` sentences, a sample of them drawn here with a fixed seed: SentencePiece's own
   # sampling draws another sample, and so another vocabulary, in every process.
   sample = _reservoir((lower(s) for s in files_or_iter if s.strip()), input_sentence_size)
-  spm.SentencePieceTrainer.train(sentence_iterator=iter(sample), **kwargs)
+  try:
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(sample), **kwargs)
+  except RuntimeError as e:   # e.g. a vocabulary smaller than the characters the corpus needs
+    said = str(e).split("] ", 1)[-1].split(" Increase vocab_size")[0].rstrip(". ")   # its words, not its flags
+    raise ValueError(f"SentencePiece could not train a {model_type} vocabulary of {vocab_size}: {said}; raise "
+                     "--vocab_size") from None
   return out_prefix + ".model"
 
 
@@ -121,7 +128,8 @@ def _learn_wordpiece(counts: dict, vocab_size: int, min_count: int, max_alphabet
   vocab = list(SPECIAL_TOKENS) + sorted({p for pieces, _ in words for p in pieces} - set(SPECIAL_TOKENS))
   if len(vocab) > vocab_size:
     raise ValueError(f"vocab_size {vocab_size} is below the {len(vocab)} special tokens and characters (each also "
-                     f"as a ## continuation) the corpus needs: raise it, or lower max_alphabet ({max_alphabet})")
+                     f"as a ## continuation) the corpus needs: raise --vocab_size (or, calling train_wordpiece, "
+                     f"lower max_alphabet from {max_alphabet})")
   pair_counts, where = collections.Counter(), collections.defaultdict(set)
   for i, (pieces, n) in enumerate(words):
     for pair in zip(pieces, pieces[1:]):
