@@ -138,6 +138,21 @@ def _predictor(task):
   return predict.Predictor(task, None, None, None, 16, False)
 
 
+def test_a_row_without_its_label_is_predicted_in_its_place_and_refused_for_training(tmp_path):
+  """Rows of a TSV that stop before the label column: predict keeps them where they are (the ids follow the
+  input's rows); a training or dev file stops on the first, naming its line."""
+  from bert_jax.finetune import tasks  # pylint: disable=g-import-not-at-top
+  task = tasks.get_task("tsv", text_a="sentence").with_label_names(["0", "1"])
+  (tmp_path / "dev.tsv").write_text("sentence\tlabel\nno label here\ngood\t1\n\nalso unlabelled\nbad\t0\n")
+  examples = _predictor(task).read(str(tmp_path / "dev.tsv"))
+  assert [(e.guid, e.text_a, e.label) for e in examples] == [
+      ("0", "no label here", None), ("1", "good", "1"), ("2", "also unlabelled", None), ("3", "bad", "0")]
+  with pytest.raises(readers.DataError, match=r"dev.tsv, line 2: 1 field under a header of 2 \(sentence, label\)"):
+    task.read("dev", str(tmp_path / "dev.tsv"))
+  (tmp_path / "quora.tsv").write_text("id\tquestion1\tquestion2\tis_duplicate\n0\ta?\tb?\t1\n1\tc?\n")
+  assert len(tasks.get_task("qqp").read("train", str(tmp_path / "quora.tsv"))) == 1   # GLUE's QQP: skipped
+
+
 def test_conll_input_is_scored_against_the_tags_finetuning_read(tmp_path):
   """CoNLL-2003's files are IOB1: finetuning reads them as BIO (`tag_scheme`), and so does predict."""
   from bert_jax.finetune import tasks  # pylint: disable=g-import-not-at-top

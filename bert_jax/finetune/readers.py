@@ -77,14 +77,16 @@ def header(path: str) -> list[str]:
   return first.split("\t")
 
 
-def read_rows(path: str, delimiter: str | None = None) -> list[dict]:
+def read_rows(path: str, delimiter: str | None = None, short_rows: str = "error") -> list[dict]:
   """Rows of a TSV/CSV with a header (as dicts), or of a JSON lines file.
 
   TSVs are read without quote handling, as google-research/bert `run_classifier.py` does for GLUE
   (sentences there contain unbalanced quotes). A UTF-8 byte-order mark (Windows and spreadsheet
   exports) is dropped, so that it does not become part of the first column's name. An empty file, a
   line that is not JSON, a row with more (non-empty) fields than the header and a file that is not UTF-8
-  are DataErrors naming the file.
+  are DataErrors naming the file. A row with fewer fields than the header is, by `short_rows`: "error" a
+  DataError naming its line; "skip" left out, counted in a warning (GLUE's QQP, as Hugging Face's
+  QqpProcessor); "keep" kept with the fields it has (new text to predict, whose rows keep their numbers).
   """
   text = read_text(path)
   if not text.strip():
@@ -103,7 +105,12 @@ def read_rows(path: str, delimiter: str | None = None) -> list[dict]:
   header = next(reader)
   rows, malformed = [], 0
   for row in reader:
-    if len(row) < len(header):
+    if not any(field.strip() for field in row):   # a blank line: no example
+      continue
+    if len(row) < len(header) and short_rows != "keep":
+      if short_rows == "error":
+        raise DataError(f"{path}, line {reader.line_num}: {len(row)} field{'s' * (len(row) != 1)} under a header of "
+                        f"{len(header)} ({', '.join(header)}): every example needs each column, its label too")
       malformed += 1
       continue
     if any(field.strip() for field in row[len(header):]):   # trailing empty fields are harmless
@@ -214,7 +221,8 @@ def read_quora(path: str) -> list[PairExample]:
   first = text.split("\n", 1)[0].rstrip("\r").split("\t")
   if "question1" in first:
     label = "is_duplicate" if "is_duplicate" in first else None
-    return examples_from_rows(read_rows(path), "question1", "question2", label, guid="id", path=path)
+    return examples_from_rows(read_rows(path, short_rows="skip" if label else "keep"), "question1", "question2",
+                              label, guid="id", path=path)
   rows = [r for r in csv.reader(io.StringIO(text, newline=""), delimiter="\t", quoting=csv.QUOTE_NONE) if r]
   if rows and all(len(r) == 2 for r in rows):
     return [PairExample(guid=str(i), text_a=r[0], text_b=r[1]) for i, r in enumerate(rows)]
@@ -224,7 +232,7 @@ def read_quora(path: str) -> list[PairExample]:
                     "(a tab between them). Give them, two questions a row (unlabelled), or a header line naming "
                     "the columns question1 and question2 (--config.task_opts.text_a/text_b, or predict's "
                     "--text_a/--text_b, name others).")
-  if short:   # as the GLUE header's rows with a missing field (`read_rows`), and Hugging Face's QqpProcessor
+  if short:   # as the GLUE file's rows with a missing field (tasks.py's qqp), and Hugging Face's QqpProcessor
     logging.warning("%s: skipped %d rows with fewer than 3 fields", path, short)
   return [PairExample(guid=r[3] if len(r) > 3 else str(i), text_a=r[1], text_b=r[2], label=r[0])
           for i, r in enumerate(rows) if len(r) >= 3]

@@ -232,10 +232,12 @@ _IMPL = {"classification": _Pairs, "regression": _Pairs, "span": squad, "tagging
 
 def _read_columns(split, source, data_dir, *, text_a, text_b, label, regression=False, guid=None,
                   skip_labels=(), tfds_name=None, tfds_text=None, label_names=(),
-                  special=None, extensions=(".tsv",)):
+                  special=None, extensions=(".tsv",), short_rows="error"):
   """Local file/dir (by named columns, or a `special` reader), or TFDS `glue/*`.
 
-  Training and dev splits need their label column; other splits (test, new text) may lack it.
+  Training and dev splits need their label column, and each row its fields (`short_rows`: "error", or "skip"
+  for GLUE's QQP, whose release has such rows); other splits (test, new text) may lack it, and a row that
+  stops before it is kept in its place.
   """
   if readers.is_tfds(source):
     name = readers.tfds_name(source, tfds_name)
@@ -246,9 +248,10 @@ def _read_columns(split, source, data_dir, *, text_a, text_b, label, regression=
   # then it is read by its columns, as any task's TSV, CSV or JSON lines file.
   if special is not None and not path.endswith(".jsonl") and text_a not in readers.header(path):
     return special(path)
-  rows = readers.read_rows(path)
+  labelled = split.startswith(("train", "dev"))
+  rows = readers.read_rows(path, short_rows=short_rows if labelled else "keep")   # predict's rows keep their numbers
   texts = {"text_a": text_a, **({"text_b": text_b} if text_b else {})}
-  readers.check_columns(path, rows, texts, label, labelled=split.startswith(("train", "dev")))
+  readers.check_columns(path, rows, texts, label, labelled=labelled)
   return readers.examples_from_rows(rows, text_a, text_b, label, guid, regression, skip_labels, path)
 
 
@@ -277,7 +280,7 @@ _TASKS = {
     "stsb": lambda: _glue("stsb", "sentence1", "sentence2", "score", label_names=(),
                           metric_names=("pearson", "spearman"), guid="index"),
     "qqp": lambda: _glue("qqp", "question1", "question2", "is_duplicate", metric_names=("f1", "accuracy"),
-                         special=readers.read_quora, guid="id"),
+                         special=readers.read_quora, guid="id", short_rows="skip"),
     "mnli": lambda: _glue("mnli", "sentence1", "sentence2", "gold_label", label_names=_NLI,
                           splits=("train", "dev_matched", "dev_mismatched"), guid="index",
                           tfds_text=("premise", "hypothesis"), skip_labels=("-",)),

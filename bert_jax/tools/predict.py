@@ -230,7 +230,7 @@ def _check_columns(record: dict, columns: dict) -> None:
 
 def _rows_with(path: str, columns: dict) -> list[dict]:
   """The rows of `path`; a DataError unless each has the {option: column} `columns` (options are flags here)."""
-  rows = readers.read_rows(path)
+  rows = readers.read_rows(path, short_rows="keep")   # a row without its label is still one to predict
   readers.check_columns(path, rows, columns, None, labelled=False, options={o: f"--{o}" for o in columns})
   for i, row in enumerate(rows):   # JSON lines: a column is there when one row has it
     missing = [c for c in columns.values() if row.get(c) is None]
@@ -252,7 +252,7 @@ def read_words(path: str, tag_column: int = -1, scheme: str = "") -> list[ner.Ne
     return ner.parse_conll(lines, scheme=scheme, tag_column=tag_column, path=path,
                            tag_flag="the column the finetuned run read its tags from: give the input its training "
                                     "files' columns, or the words alone")
-  rows = readers.read_rows(path)
+  rows = readers.read_rows(path, short_rows="keep")
   if not rows or not all("tokens" in r or "text" in r for r in rows):
     raise readers.DataError(f"{path}: every example needs `tokens` (a list of words) or `text` to tag.")
   examples = []
