@@ -13,6 +13,7 @@
 
 import dataclasses
 import json
+import math
 import numbers
 import os
 from typing import Any, NamedTuple
@@ -173,6 +174,12 @@ def _rows(data) -> list[dict]:
   if not rows or any("text" not in r or "label" not in r for r in rows):
     raise readers.DataError("training data: (texts, labels), or rows with `text` and `label` (tagging: `tokens` "
                             "and `tags`), at least one")
+  for i, r in enumerate(rows):   # a missing value would train as a class named "None" or "nan"
+    for field in ("text", "label"):
+      value = r[field]
+      if value is None or (isinstance(value, float) and math.isnan(value)):
+        raise readers.DataError(f"example {i}: its {field} is {value!r}; every example needs one (drop the rows "
+                                "without, e.g. DataFrame.dropna())")
   return rows
 
 

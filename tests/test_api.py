@@ -61,6 +61,12 @@ def test_in_memory_data_becomes_rows_of_a_task():
   assert api._guess_task(api._rows([{"tokens": ["Bob", "lives"], "tags": ["B-PER", "O"]}])) == "tagging"
   with pytest.raises(readers.DataError, match="different lengths"):
     api._rows((["a", "b"], ["x"]))
+  with pytest.raises(readers.DataError, match="example 1: its label is None; every example needs one"):
+    api._rows((["a", "b"], ["x", None]))
+  with pytest.raises(readers.DataError, match="example 0: its label is nan"):
+    api._rows(_Frame({"text": ["a"], "label": [float("nan")]}))
+  with pytest.raises(readers.DataError, match="example 0: its text is None"):
+    api._rows(([None], ["x"]))
   with pytest.raises(ValueError, match="unknown config field 'num_epoch'"):
     api.fit("unused", (["a", "b"], ["x", "y"]), workdir="unused", num_epoch=3)
 
