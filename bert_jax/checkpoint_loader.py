@@ -187,8 +187,8 @@ def _read_tokenizer(found: Found, lower: bool | None, vocab: str | None = None):
   try:
     return tokenizer_lib.load_tokenizer(found.directory, lower)
   except FileNotFoundError as e:
-    raise FileNotFoundError(f"{e}: give the vocabulary the model was trained with (`vocab=` in Python, "
-                            "--vocab on the command line)") from None
+    raise FileNotFoundError(f"{e}: give the vocabulary the model was trained with (`vocab=` in Python, --vocab "
+                            "for embed, fill-mask and export, --config.vocab_file for finetuning)") from None
 
 
 def load(path, *, kind: str = "auto", bert_config_json: str | None = None, scan_layers: bool = False,

@@ -46,6 +46,28 @@ def check_workdir_kind(workdir: str, kind: str) -> None:
     if found:
       raise failures.UserError(f"{workdir} holds a {other} run ({found[0]}), not a {kind} run: give another "
                                "--workdir")
+  held = _checkpoint_from_elsewhere(workdir)
+  if held:
+    raise failures.UserError(f"{workdir} holds a checkpoint ({held}): a run writes its own files into its "
+                             "workdir, over the checkpoint's (its vocabulary among them). Give another --workdir")
+
+
+# What a Hugging Face directory holds beside its config.json, and a Google TF checkpoint's index.
+_HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "flax_model.msgpack",
+               "tf_model.h5")
+
+
+def _checkpoint_from_elsewhere(workdir: str) -> str | None:
+  """The files of a Hugging Face or Google TF checkpoint in `workdir`, as one name; None where there are none."""
+  directory = epath.Path(workdir)
+  if not directory.is_dir():
+    return None
+  if (directory / "config.json").exists():
+    weights = [n for n in _HF_WEIGHTS if (directory / n).exists()]
+    if weights:
+      return f"config.json, {weights[0]}"
+  index = sorted(p.name for p in directory.glob("*.index"))
+  return index[0] if index else None
 
 
 # Fields that choose how a run compiles, not what it computes: left out of every record, so a later start may

@@ -71,3 +71,17 @@ def test_a_workdir_of_one_kind_of_run_is_refused_by_the_others(tmp_path):
       config_record.check_workdir_kind(str(tmp_path / "notes.csv"), kind)
     with pytest.raises(failures.UserError, match=r"--workdir=.*notes.csv/run: .*notes.csv is a file: give a folder"):
       config_record.check_workdir_kind(str(tmp_path / "notes.csv" / "run"), kind)
+
+
+def test_a_checkpoint_s_folder_is_no_workdir(tmp_path):
+  """A run would write its vocabulary, task.json and results over a Hugging Face or TF checkpoint's files."""
+  (tmp_path / "hf").mkdir()
+  (tmp_path / "hf" / "config.json").write_text("{}")
+  config_record.check_workdir_kind(str(tmp_path / "hf"), "finetuning")   # a config.json alone: no checkpoint
+  (tmp_path / "hf" / "model.safetensors").write_bytes(b"")
+  (tmp_path / "tf").mkdir()
+  (tmp_path / "tf" / "bert_model.ckpt.index").write_bytes(b"")
+  for kind in ("pretraining", "finetuning", "sweep"):
+    for folder, held in (("hf", "config.json, model.safetensors"), ("tf", "bert_model.ckpt.index")):
+      with pytest.raises(failures.UserError, match=f"holds a checkpoint \\({held}\\): a run writes its own files"):
+        config_record.check_workdir_kind(str(tmp_path / folder), kind)
