@@ -101,9 +101,11 @@ def test_a_text_pair_for_a_model_of_one_token_type_names_the_line(tmp_path):
 def test_an_input_with_no_examples_or_a_bad_line_is_one_message_naming_the_file(tmp_path):
   (tmp_path / "empty.jsonl").write_text("\n\n")
   (tmp_path / "bad.jsonl").write_text('{"input_ids": [101, 102]}\nnot json\n')
+  (tmp_path / "latin1.jsonl").write_bytes(b'{"text": "ok"}\n{"text": "caf\xe9"}\n')
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
   for name, message in (("empty.jsonl", "empty.jsonl holds no examples (JSON lines with `text` or `input_ids`)"),
-                        ("bad.jsonl", "bad.jsonl, line 2: not JSON")):
+                        ("bad.jsonl", "bad.jsonl, line 2: not JSON"),
+                        ("latin1.jsonl", "latin1.jsonl, line 2: byte 0xe9 is not UTF-8")):
     result = subprocess.run([sys.executable, "-m", "bert_jax.cli", "embed", f"--checkpoint={shared_path('minilm')}",
                              f"--input={name}", "--output=out.npz"], cwd=tmp_path, env=env, capture_output=True,
                             text=True, timeout=600)
