@@ -286,6 +286,15 @@ def test_masking_fields_are_checked_before_compiling(data_dir, changes, match): 
     train.validate(tiny_config(data_dir, **changes))
 
 
+def test_a_prediction_cap_below_the_masking_rate_is_said(data_dir, caplog):  # noqa: F811
+  """tiny's 5 predictions a sequence fit its 32 tokens; at 128 they mask 0.039 of a sequence, not 0.15."""
+  train.validate(tiny_config(data_dir))
+  assert "caps the masked tokens" not in caplog.text
+  train.validate(tiny_config(data_dir, **{"data.seq_length": 128, "model.max_position_embeddings": 128}))
+  assert ("data.max_predictions_per_seq 5 caps the masked tokens of a full sequence below data.masked_lm_prob 0.15 "
+          "of its 128 (19): 0.039 of them are masked") in caplog.text
+
+
 def test_eval_every_is_read_only_with_evaluation_on(data_dir):  # noqa: F811
   train.validate(tiny_config(data_dir, **{"eval_steps": 0, "eval_every": 0}))
   with pytest.raises(failures.UserError,
