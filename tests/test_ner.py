@@ -90,14 +90,23 @@ def test_decode_and_evaluate(sample, tokenizer, tmp_path):
   assert lines[0] == "U.N. B-ORG B-ORG" and lines[7] == "" and len(lines) == 16
 
 
-def test_words_past_the_window_count_as_missed(sample, tokenizer):
+def test_a_sentence_past_the_window_is_trained_and_scored_a_window_at_a_time(sample, tokenizer, tmp_path):
+  """Finetuning's features are `predict`'s: every word of a sentence longer than the window is in one of its
+  runs, so the dev score is predict's on the dev file (one window dropped the words past it, scored "O")."""
   task = tasks.get_task("conll2003")
   examples = task.read("dev", sample)
-  features, meta = task.featurize(examples, tokenizer, 8)  # "Baghdad" no longer fits
-  assert meta["word_positions"][0][-2:].tolist() == [-1, -1]
-  perfect = _logits_for(task, features, [e.tags for e in examples], meta)
-  assert ner.decode(task, perfect, meta)[0][-2:] == ["O", "O"]
-  assert task.evaluate(perfect, examples, meta)["recall"] < 1.0
+  features, meta = task.featurize(examples, tokenizer, 8)  # "Baghdad" does not fit the first window
+  runs, owners = ner.windows(examples, tokenizer, 8)
+  assert meta["example_index"].tolist() == owners and len(features["input_ids"]) == len(runs) > len(examples)
+  assert all((p >= 0).all() for p in meta["word_positions"])
+  assert sum(int(w.sum()) for w in features["label_weights"]) == sum(len(e.words) for e in examples)
+  perfect = _logits_for(task, features, [r.tags for r in runs], meta)
+  assert ner.decode(task, perfect, meta) == [list(e.tags) for e in examples]
+  assert task.evaluate(perfect, examples, meta)["f1"] == 1.0
+  task.write_predictions(str(tmp_path / "pred.txt"), perfect, examples, meta)
+  assert len((tmp_path / "pred.txt").read_text().splitlines()) == sum(len(e.words) + 1 for e in examples)
+  _, one_window = ner.featurize_truncated(task, examples, tokenizer, 8)   # probing's inputs: cut at the window
+  assert one_window["word_positions"][0][-2:].tolist() == [-1, -1]
 
 
 def test_windows_give_every_word_a_tag_of_the_model_s(sample, tokenizer):

@@ -175,7 +175,7 @@ def token_inputs(tokenizer, examples, max_length: int):
   """[(ids [S], read-out [words, S])] and the words' tags: a one-hot row at each word's first word piece (as
   `ner.featurize` places a word's label); words past `max_length` are left out."""
   tags = sorted({t for e in examples for t in e.tags})
-  features, meta = ner.featurize(types.SimpleNamespace(label_names=tags), examples, tokenizer, max_length)
+  features, meta = ner.featurize_truncated(types.SimpleNamespace(label_names=tags), examples, tokenizer, max_length)
   inputs, labels = [], []
   for row, (e, positions) in enumerate(zip(examples, meta["word_positions"])):
     n = int(features["input_mask"][row].sum())

@@ -120,15 +120,26 @@ def read_columns(split: str, source: str, data_dir: str | None = None, tag_colum
 
 
 def featurize(task, examples, tokenizer, max_seq_length, **opts):
-  """`[CLS] sub-tokens [SEP]` per sentence; words past the window are dropped (scored as "O").
+  """`[CLS] sub-tokens [SEP]` per run of whole words that fits the window (`windows`): a sentence longer than
+  one window becomes several features, so that every word is trained on and tagged (`decode` joins them), as
+  `bert-jax predict` tags it.
 
   Returns:
     features: input_ids, input_mask, segment_ids, label_ids int32 [N, L]; label_weights float32
       [N, L], 1.0 on each word's first sub-token.
-    meta: example_index [N]; word_positions, one int array per sentence: the first sub-token's
-      position of each word, -1 for words that did not fit.
+    meta: example_index [N], the example of each feature (a sentence's runs in order); word_positions, one int
+      array per feature: the first sub-token's position of each of its words.
   """
   del opts
+  runs, owners = windows(examples, tokenizer, max_seq_length)
+  features, meta = featurize_truncated(task, runs, tokenizer, max_seq_length)
+  return features, dict(meta, example_index=np.asarray(owners, np.int64))
+
+
+def featurize_truncated(task, examples, tokenizer, max_seq_length):
+  """`[CLS] sub-tokens [SEP]` per sentence, one feature each; words past the window are dropped (probing's
+  inputs, and each of `featurize`'s runs, which fit). `meta["word_positions"]` is -1 for words that did not
+  fit."""
   index = {name: i for i, name in enumerate(task.label_names)}
   n = len(examples)
   features = {k: np.zeros([n, max_seq_length], np.int32)
@@ -162,8 +173,8 @@ def word_pieces(tokenizer, word: str) -> list[int]:
 
 
 def windows(examples, tokenizer, max_seq_length: int) -> tuple[list, list[int]]:
-  """Each example cut into runs of consecutive whole words that each fit `featurize`'s window, so that every
-  word gets a tag of the model's (`featurize` drops the words past one window: scored as "O", which need not
+  """Each example cut into runs of consecutive whole words that each fit `featurize_truncated`'s window, so that
+  every word gets a tag of the model's (one window would drop the words past it: scored as "O", which need not
   be a tag of the model's at all). Returns (the runs, as examples of their own; the index in `examples` of
   the one each run comes from); `join` puts their predictions back together."""
   runs, owners = [], []
@@ -194,19 +205,19 @@ def join(tags: list[list[str]], owners: list[int]) -> list[list[str]]:
 
 
 def decode(task, predictions, meta) -> list[list[str]]:
-  """Word-level tags per feature: argmax at each word's first sub-token, "O" past the window."""
+  """Word-level tags per example: argmax at each word's first sub-token, its features' runs joined."""
   best = np.asarray(predictions).argmax(-1)  # [N, L]
   tags = []
   for row, positions in enumerate(meta["word_positions"]):
     tags.append([task.label_names[best[row, p]] if p >= 0 else "O" for p in positions])
-  return tags
+  return join(tags, list(meta["example_index"]))
 
 
 def evaluate(task, predictions, examples, meta, **opts) -> dict:
   """Entity-level precision/recall/F1 (conlleval), per-type F1, token accuracy; token accuracy only
   when the tags are not BIO (the task option `span_f1` False)."""
   del opts
-  return score(task, [examples[i].tags for i in meta["example_index"]], decode(task, predictions, meta))
+  return score(task, [e.tags for e in examples], decode(task, predictions, meta))
 
 
 def score(task, gold, predicted) -> dict:
@@ -219,7 +230,6 @@ def write_predictions(task, path, predictions, examples, meta, **opts) -> None:
   """conlleval's input: `word gold predicted` per line, a blank line after each sentence."""
   del opts
   with open(path, "w", encoding="utf-8") as f:
-    for i, tags in zip(meta["example_index"], decode(task, predictions, meta)):
-      ex = examples[i]
+    for ex, tags in zip(examples, decode(task, predictions, meta), strict=True):
       f.writelines(f"{w} {g} {p}\n" for w, g, p in zip(ex.words, ex.tags or ["-"] * len(tags), tags))
       f.write("\n")

@@ -149,9 +149,8 @@ class Predictor:
     for start in range(0, len(examples), _CHUNK):
       chunk = examples[start:start + _CHUNK]
       if self.task.kind == "tagging":   # a sentence longer than the window: tagged a window at a time
-        runs, owners = ner.windows(chunk, self.tokenizer, self.max_seq_length)
-        features, meta = self.task.featurize(runs, self.tokenizer, self.max_seq_length)
-        tags = ner.join(ner.decode(self.task, run_batches(run, self.params, features, batch_size), meta), owners)
+        features, meta = self.task.featurize(chunk, self.tokenizer, self.max_seq_length)
+        tags = ner.decode(self.task, run_batches(run, self.params, features, batch_size), meta)
         results += [{"id": e.guid, "words": list(e.words), "tags": t} for e, t in zip(chunk, tags)]
       else:
         features, meta = self.task.featurize(chunk, self.tokenizer, self.max_seq_length)
