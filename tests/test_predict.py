@@ -153,6 +153,17 @@ def test_a_row_without_its_label_is_predicted_in_its_place_and_refused_for_train
   assert len(tasks.get_task("qqp").read("train", str(tmp_path / "quora.tsv"))) == 1   # GLUE's QQP: skipped
 
 
+def test_sentences_a_line_are_no_conll_columns_to_a_tagger(tmp_path):
+  """A line of words would be read as CoNLL columns: its first word tagged, its last taken for a gold tag."""
+  from bert_jax.finetune import tasks  # pylint: disable=g-import-not-at-top
+  tagging = tasks.get_task("tagging").with_label_names(["O", "B-LOC", "I-LOC"])
+  (tmp_path / "words.txt").write_text("Joel lives in Baghdad .\nU.N. official heads for Seattle now .\n")
+  with pytest.raises(readers.DataError, match="words.txt: most lines' tag column holds no tag the model knows"):
+    _predictor(tagging).read(str(tmp_path / "words.txt"))
+  (tmp_path / "other_tags.conll").write_text("Paris CITY\nis NONE\n")   # another tag set, in columns: predicted
+  assert [e.words for e in _predictor(tagging).read(str(tmp_path / "other_tags.conll"))] == [("Paris", "is")]
+
+
 def test_conll_input_is_scored_against_the_tags_finetuning_read(tmp_path):
   """CoNLL-2003's files are IOB1: finetuning reads them as BIO (`tag_scheme`), and so does predict."""
   from bert_jax.finetune import tasks  # pylint: disable=g-import-not-at-top

@@ -118,12 +118,28 @@ class Predictor:
     if self.task.kind == "tagging":
       # The gold tags as finetuning read them: CoNLL-2003's IOB1 as BIO (its `tag_scheme`).
       scheme = self.task.options.get("tag_scheme", "bio") if self.task.name == "conll2003" else ""
-      return self._scoreable(read_words(path, self.task.options.get("tag_column", -1), scheme), path)
+      examples = read_words(path, self.task.options.get("tag_column", -1), scheme)
+      self._check_columns_are_tags(examples, path)
+      return self._scoreable(examples, path)
     if self.task.kind == "span" and path.endswith((".jsonl", ".tsv", ".csv")):
       question, context = (self.task.options.get(k) or k for k in ("question", "context"))
       return [squad.make_example(r.get("id", str(i)), r[question], r[context], [], [])
               for i, r in enumerate(_rows_with(path, {"question": question, "context": context}))]
     return self._scoreable(self.task.read("predict", path), path)
+
+  def _check_columns_are_tags(self, examples: list, path: str) -> None:
+    """A DataError where the lines have different numbers of columns and most lines' tag column holds no tag of
+    the model's: they are no CoNLL columns but sentences, a word a column (their first word would be read as
+    the word and the rest dropped)."""
+    if not path.endswith((".jsonl", ".json", ".tsv", ".csv")):
+      tags = [t for e in examples for t in e.tags or ()]
+      known = sum(t in self.task.label_names for t in tags)
+      widths = {len(line.split()) for line in readers.read_text(path).splitlines() if line.strip()}
+      if tags and known < len(tags) / 2 and len(widths) > 1:   # CoNLL columns: as many on every line
+        raise readers.DataError(
+            f"{path}: most lines' tag column holds no tag the model knows (e.g. {tags[0]!r}), so they are not "
+            "the training files' columns (a word, ..., its tag). Give the words one a line (a blank line between "
+            "sentences), or JSON lines with `tokens` (a list of words) or `text`")
 
   def _scoreable(self, examples: list, path: str) -> list:
     """`examples` as read, or without their labels (a tagger's: tags) where some are empty or not the
