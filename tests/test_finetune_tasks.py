@@ -158,6 +158,15 @@ def test_nli_drops_examples_without_consensus(tmp_path):
   assert [e.text_a for e in tasks.get_task("snli").read("dev", str(tmp_path))] == ["c"]
 
 
+def test_snli_reads_its_release_folder(tmp_path):
+  """snli_1.0/ as released: snli_1.0_{split}.jsonl beside .txt (a TSV with a header), as the config says."""
+  (tmp_path / "snli_1.0_dev.txt").write_text("gold_label\tsentence1\tsentence2\tpairID\nneutral\ta\tb\tp1\n")
+  (tmp_path / "snli_1.0_train.jsonl").write_text('{"sentence1": "c", "sentence2": "d", "gold_label": "entailment"}\n')
+  task = tasks.get_task("snli")
+  assert [(e.guid, e.text_a, e.label) for e in task.read("dev", str(tmp_path))] == [("p1", "a", "neutral")]
+  assert [e.text_b for e in task.read("train", str(tmp_path))] == ["d"]
+
+
 def test_rotten_tomatoes_as_sst2(tokenizer):
   source = str(shared_path("tasks", "rotten_tomatoes"))
   task = tasks.get_task("sst2")

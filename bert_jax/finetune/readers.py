@@ -36,15 +36,17 @@ class PairExample:
   label: str | float | None = None
 
 
-def resolve_file(source: str, split: str, extensions=(".tsv",)) -> str:
-  """`source` itself if a file, else `source/<split><ext>` for the first extension that exists."""
+def resolve_file(source: str, split: str, extensions=(".tsv",), stems=("{split}",)) -> str:
+  """`source` itself if a file, else `source/<stem><ext>` for the first stem (`{split}` in it replaced) and
+  extension that exists."""
   if os.path.isfile(source):
     return source
-  for ext in extensions:
-    path = os.path.join(source, split + ext)
-    if os.path.isfile(path):
-      return path
-  names = " or ".join(split + ext for ext in extensions)
+  for stem in stems:
+    for ext in extensions:
+      path = os.path.join(source, stem.format(split=split) + ext)
+      if os.path.isfile(path):
+        return path
+  names = " or ".join(stem.format(split=split) + ext for stem in stems for ext in extensions)
   if not source:
     raise DataError(f"no data: set --config.data_dir to the directory holding {names} (or to the file itself)")
   if not os.path.isdir(source):

@@ -232,7 +232,7 @@ _IMPL = {"classification": _Pairs, "regression": _Pairs, "span": squad, "tagging
 
 def _read_columns(split, source, data_dir, *, text_a, text_b, label, regression=False, guid=None,
                   skip_labels=(), tfds_name=None, tfds_text=None, label_names=(),
-                  special=None, extensions=(".tsv",), short_rows="error"):
+                  special=None, extensions=(".tsv",), stems=("{split}",), short_rows="error"):
   """Local file/dir (by named columns, or a `special` reader), or TFDS `glue/*`.
 
   Training and dev splits need their label column, and each row its fields (`short_rows`: "error", or "skip"
@@ -243,7 +243,7 @@ def _read_columns(split, source, data_dir, *, text_a, text_b, label, regression=
     name = readers.tfds_name(source, tfds_name)
     a, b = tfds_text or (text_a, text_b)
     return readers.read_tfds_glue(name, split, data_dir, a, b, label_names, regression)
-  path = readers.resolve_file(source, split, extensions)
+  path = readers.resolve_file(source, split, extensions, stems)
   # A task's own format (CoLA's and Quora's files without a header) unless the file names its text column:
   # then it is read by its columns, as any task's TSV, CSV or JSON lines file.
   if special is not None and not path.endswith(".jsonl") and text_a not in readers.header(path):
@@ -256,16 +256,17 @@ def _read_columns(split, source, data_dir, *, text_a, text_b, label, regression=
 
 
 def _glue(name, text_a, text_b, label, label_names=("0", "1"), metric_names=("accuracy",),
-          splits=("train", "dev"), tfds_name=None, tfds_text=None, special=None, **columns) -> Task:
+          splits=("train", "dev"), tfds_name=None, tfds_text=None, special=None, extensions=(".tsv", ".jsonl"),
+          stems=("{split}",), **columns) -> Task:
   regression = not label_names
   reader = functools.partial(
       _read_columns, text_a=text_a, text_b=text_b, label=label, regression=regression,
       tfds_name=tfds_name or f"glue/{name}", tfds_text=tfds_text, label_names=label_names, special=special,
-      extensions=(".tsv", ".jsonl"), **columns)
+      extensions=extensions, stems=stems, **columns)
   return Task(name=name, kind="regression" if regression else "classification",
               label_names=tuple(label_names), primary_metric=metric_names[0], splits=splits,
               reader=reader, metric_names=metric_names,
-              locate=lambda split, source: readers.resolve_file(source, split, (".tsv", ".jsonl")))
+              locate=lambda split, source: readers.resolve_file(source, split, extensions, stems))
 
 
 _NLI = ("contradiction", "entailment", "neutral")  # google-research/bert run_classifier.py order
@@ -290,7 +291,9 @@ _TASKS = {
     # SNLI (Bowman et al. 2015), JSON lines or TSV of the original release; "-" = no consensus.
     "snli": lambda: _glue("snli", "sentence1", "sentence2", "gold_label", label_names=_NLI,
                           splits=("train", "dev"), guid="pairID", skip_labels=("-",),
-                          tfds_name="snli", tfds_text=("premise", "hypothesis")),
+                          tfds_name="snli", tfds_text=("premise", "hypothesis"),
+                          # The release's own names (snli_1.0_dev.txt: a TSV with a header) after GLUE's.
+                          extensions=(".tsv", ".jsonl", ".txt"), stems=("{split}", "snli_1.0_{split}")),
 }
 
 
