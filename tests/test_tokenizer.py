@@ -293,6 +293,19 @@ def test_preview_context_keeps_to_the_masked_word_s_segment(tmp_path, play_sente
   assert fill_mask.preview_context(tok, [tok.cls_id] + a + [tok.sep_id], tok.word_start_table()) is None
 
 
+@pytest.mark.parametrize("family", ["albert", "roberta"])
+def test_a_preview_line_has_spaces_around_the_mask(family):
+  """SentencePiece and byte-level BPE decode a mask against the word before it ("has been[MASK] by")."""
+  from bert_jax.tools import fill_mask  # pylint: disable=g-import-not-at-top
+  tok = T.load_tokenizer(str(shared_path("families", family)))
+  ids = tok.encode(tok.space_prefix + "the court has been told by the judge")
+  j = ids.index(tok.encode(tok.space_prefix + "told")[0])
+  context = ids[:j] + [tok.mask_id] + ids[j + 1:]
+  mask = tok.decode([tok.mask_id])
+  assert fill_mask.masked_line(tok, context) == f"the court has been {mask} by the judge"
+  assert f"been{mask}" in tok.decode(context)   # what the line showed before
+
+
 @pytest.mark.parametrize("do_lower_case,strip_accents,expected", [
     (True, None, ["cafe", "malaga", "cafe"]), (True, False, ["café", "málaga", "cafe"]),
     (False, None, ["Café", "Málaga", "Cafe"]), (False, True, ["Cafe", "Malaga", "Cafe"])])

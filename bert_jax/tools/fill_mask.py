@@ -176,22 +176,32 @@ def held_out_examples(cfg: model.BertConfig, params, tokenizer, eval_iter, eval_
   rows, slots = np.nonzero(batch["masked_lm_weights"])   # the masking of eval batches, undone
   ids[rows, batch["masked_lm_positions"][rows, slots]] = batch["masked_lm_ids"][rows, slots]
   starts = tokenizer.word_start_table()
-  texts, words = [], []
+  texts, shown, words = [], [], []
   for row, mask in zip(ids, batch["input_mask"]):
     found = preview_context(tokenizer, [int(t) if m else None for t, m in zip(row, mask)], starts)
     if found is not None and len(texts) < count:
       context, word = found
       texts.append(tokenizer.decode(context))
+      shown.append(masked_line(tokenizer, context))
       words.append(tokenizer.decode([word]).strip())
   # On the host, as a loaded checkpoint computes: the run's compute switches back at their defaults (a kernel
   # such as splash takes only some lengths, a sharded decoder a mesh).
   cfg = dataclasses.replace(cfg, **{f: getattr(model_config.BertConfig(), f) for f in model_config.COMPUTE_FIELDS})
   predictions = predict(cfg, jax.device_get(params), tokenizer, texts, top_k=5)
   lines = []
-  for text, word, (candidates,) in zip(texts, words, predictions):
-    shown = "  ".join(f"{token} {prob:.2f}" for token, prob in candidates)
-    lines += [f"  {text}", f"    masked: {word!r}; top 5: {shown}"]
+  for text, word, (candidates,) in zip(shown, words, predictions):
+    top = "  ".join(f"{token} {prob:.2f}" for token, prob in candidates)
+    lines += [f"  {text}", f"    masked: {word!r}; top 5: {top}"]
   return "\n".join(lines)
+
+
+def masked_line(tokenizer, context: list[int]) -> str:
+  """`context` (ids with one mask id) as a line to print, with spaces around the mask: SentencePiece and
+  byte-level BPE decode it against the word before (the masked word's own "▁" or "Ġ" went with it)."""
+  at = context.index(tokenizer.mask_id)
+  parts = (tokenizer.decode(context[:at]).strip(), tokenizer.decode([tokenizer.mask_id]),
+           tokenizer.decode(context[at + 1:]).strip())
+  return " ".join(p for p in parts if p)
 
 
 def segments(tokenizer, row: list) -> list[list[int]]:
