@@ -180,10 +180,20 @@ def load_tokenizer(path, do_lower_case: bool | None = None, vocab: str | None = 
   return _read_tokenizer(find(path), do_lower_case, vocab)
 
 
+def vocab_lower_case(vocab: str, checkpoint_directory: str | None) -> bool:
+  """`do_lower_case` for a tokenizer read from `vocab` (a file, or a folder holding one) that the caller left
+  unset: the tokenizer_config.json beside the file (in the folder), else the checkpoint's, else True."""
+  directory = vocab if os.path.isdir(vocab) else os.path.dirname(vocab)
+  said = tokenizer_lib.read_tokenizer_config(directory).get("do_lower_case")
+  if said is not None:
+    return bool(said)
+  return _lower_case(checkpoint_directory) if checkpoint_directory else True
+
+
 def _read_tokenizer(found: Found, lower: bool | None, vocab: str | None = None):
-  lower = _lower_case(found.directory) if lower is None else lower
   if vocab:
-    return tokenizer_lib.load_tokenizer(vocab, lower)
+    return tokenizer_lib.load_tokenizer(vocab, vocab_lower_case(vocab, found.directory) if lower is None else lower)
+  lower = _lower_case(found.directory) if lower is None else lower
   try:
     return tokenizer_lib.load_tokenizer(found.directory, lower)
   except FileNotFoundError as e:
@@ -210,11 +220,18 @@ def load(path, *, kind: str = "auto", bert_config_json: str | None = None, scan_
   found = find(path, kind)
   tokenizer = _read_tokenizer(found, do_lower_case, vocab)   # before the weights: a missing one fails at once
   cfg, params = _read_model(found, bert_config_json, scan_layers, config_overrides)
-  if vocab and tokenizer.vocab_size > cfg.vocab_size:   # ids past the table would embed as NaN or garbage
-    raise ValueError(f"the tokenizer of {vocab} ({tokenizer.source_file}) has "
-                     f"{tokenizer.vocab_size} tokens but the model's embedding table has {cfg.vocab_size}: give the "
-                     "vocabulary the model was trained with")
+  if vocab:
+    check_vocab_fits(tokenizer, cfg, vocab)
   return Loaded(cfg, params, tokenizer)
+
+
+def check_vocab_fits(tokenizer, cfg: model.BertConfig, vocab: str) -> None:
+  """A ValueError where the tokenizer given as `vocab` has more tokens than `cfg`'s embedding table: its ids past
+  the table would embed as NaN or garbage."""
+  if tokenizer.vocab_size > cfg.vocab_size:
+    raise ValueError(f"the tokenizer of {vocab} ({tokenizer.source_file}) has {tokenizer.vocab_size} tokens but "
+                     f"the model's embedding table has {cfg.vocab_size}: give the vocabulary the model was trained "
+                     "with")
 
 
 # The fields that make an encoder's parameters and attention what they are: a checkpoint that differs in one

@@ -98,11 +98,20 @@ def check_same_config(path: str, config: ml_collections.ConfigDict, fields, igno
                              "differ): give another --workdir, or remove that directory to run it again")
 
 
+# Fields whose default became None (follow the checkpoint) from the value here: a run recorded with that value
+# resumes, or prints its results, under the new default (finetuning's `do_lower_case`, True before it followed
+# the checkpoint's tokenizer_config.json; for an uncased checkpoint the two are one).
+_DEFAULT_WAS = {"do_lower_case": True}
+
+
 def _same(key: str, ours: dict, theirs: dict) -> bool:
   """Whether both records hold the same value at `key`. A field only one of them has (a field a later version
   added, recorded by an earlier one) is the same while it is at an empty value ("", 0, False, None), as new
-  fields are: a run started before it was added resumes."""
+  fields are: a run started before it was added resumes. So is a field of `_DEFAULT_WAS` left at None
+  against its old default."""
   if key in ours and key in theirs:
+    if key in _DEFAULT_WAS and ours[key] is None and theirs[key] == _DEFAULT_WAS[key]:
+      return True
     return ours[key] == theirs[key]
   return not ours.get(key, theirs.get(key))   # JSON's empty values are its falsy ones
 

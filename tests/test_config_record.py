@@ -25,6 +25,21 @@ def test_a_field_added_since_the_record_is_the_same_while_empty(tmp_path):
   assert "tfds_data_dir" not in json.load(open(path))["task_opts"]   # the record stays as first written
 
 
+def test_a_run_recorded_with_do_lower_case_true_goes_on_under_the_checkpoint_s(tmp_path):
+  """finetuning's do_lower_case defaults to None (the checkpoint's tokenizer_config.json) since runs recorded it
+  as True: those finish or resume; a recorded False does not match None."""
+  import ml_collections  # pylint: disable=import-outside-toplevel
+  old = ml_collections.ConfigDict({"do_lower_case": True, "learning_rate": 2e-5})
+  new = ml_collections.ConfigDict({"do_lower_case": ml_collections.config_dict.placeholder(bool),
+                                   "learning_rate": 2e-5})
+  config_record.check_same_config(str(tmp_path / "old.json"), old, fields=())
+  config_record.check_same_config(str(tmp_path / "old.json"), new, fields=())
+  old.do_lower_case = False
+  config_record.check_same_config(str(tmp_path / "cased.json"), old, fields=())
+  with pytest.raises(failures.UserError, match=r"do_lower_case differ"):
+    config_record.check_same_config(str(tmp_path / "cased.json"), new, fields=())
+
+
 def test_how_a_run_compiles_may_change_between_its_starts(tmp_path):
   """`model.scan_unroll` (COMPILE_ONLY): a run recorded before the field existed, or with another value,
   resumes with any; it is left out of the record."""

@@ -226,8 +226,17 @@ def test_a_checkpoint_s_do_lower_case_is_followed_unless_the_config_sets_it(tmp_
   c.init_checkpoint = str(tmp_path / "cased")
   (tmp_path / "cased" / "config.json").write_text("{}")
   assert init.load_tokenizer(c).tokenize("The movie") == ["The", "movie"]
+  c.vocab_file = str(tmp_path / "cased")   # a folder as the vocabulary: its own tokenizer_config.json
+  assert init.load_tokenizer(c).tokenize("The movie") == ["The", "movie"]
   (tmp_path / "cased" / "tokenizer_config.json").unlink()   # no word from the checkpoint: lowercased
   assert init.load_tokenizer(c).tokenize("The movie") == ["the", "movie"]
+  (tmp_path / "uncased").mkdir()   # a file that says false beside an uncased vocabulary: named as the cause
+  (tmp_path / "uncased" / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe\nmovie\n")
+  (tmp_path / "uncased" / "tokenizer_config.json").write_text('{"do_lower_case": false}')
+  c.vocab_file, c.init_checkpoint = str(tmp_path / "uncased" / "vocab.txt"), ""
+  with pytest.raises(failures.UserError, match="^the tokenizer_config.json of config.vocab_file says do_lower_case "
+                     "false but the vocabulary"):
+    init.load_tokenizer(c)
 
 
 @pytest.mark.parametrize("field, value", [("max_seq_length", 0), ("max_seq_length", -1), ("batch_size", 0),

@@ -122,6 +122,12 @@ def test_a_pruned_configuration_is_not_best_on_the_seed_that_stopped_early(tmp_p
   table = sweep.write_tables(rows, str(tmp_path), "sst2")
   assert (f"finetuned workdir (`bert-jax predict --checkpoint=...`, `export`): {tmp_path}/trials/bs16_lr2e-05_ep3_seed0 "
           "(accuracy 0.8500, seed 0)") in table, table
+  assert "Diverged" not in table
+  rows[0]["diverged_step"] = 12
+  table = sweep.write_tables(rows, str(tmp_path), "sst2")
+  assert f"Diverged (the loss or parameters not finite; their best evaluation before it counts): " \
+         f"{sweep.trial_name(rows[0])} at step 12." in table
+  assert (tmp_path / "trials.csv").read_text().splitlines()[0].endswith(",diverged_step")
 
 
 def test_a_sweep_run_again_with_another_config_stops(tmp_path, monkeypatch):

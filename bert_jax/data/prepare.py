@@ -141,6 +141,8 @@ def _settings_guard(output_dir: str, settings: dict, *, record: bool = True) -> 
   if os.path.exists(path):
     with open(path) as f:
       previous = json.load(f)
+    if previous.get("eval_input") and "://" not in previous["eval_input"]:   # recorded as typed before
+      previous["eval_input"] = paths.absolute(previous["eval_input"])
     differ = [k for k in settings if k in previous and previous[k] != settings[k]]
     if differ:
       said = "; ".join(f"{k}: {previous[k]!r} there, {settings[k]!r} now" for k in differ)

@@ -59,7 +59,7 @@ def load_tokenizer(config: Config):
   lower = config.do_lower_case
   if config.vocab_file:
     if lower is None:
-      lower = bool(tokenizer_lib.read_tokenizer_config(os.path.dirname(config.vocab_file)).get("do_lower_case", True))
+      lower = checkpoint_loader.vocab_lower_case(config.vocab_file, _directory(config.init_checkpoint))
     tokenizer, source = tokenizer_lib.load_tokenizer(config.vocab_file, lower), "config.vocab_file"
   elif not config.init_checkpoint:
     raise failures.UserError("set config.vocab_file (or init_checkpoint, whose directory holds the vocabulary)")
@@ -67,13 +67,21 @@ def load_tokenizer(config: Config):
     tokenizer = checkpoint_loader.load_tokenizer(config.init_checkpoint, lower)
     source = "config.init_checkpoint"
   if tokenizer.kind == "wordpiece" and not tokenizer.do_lower_case and _uncased(tokenizer.inv_vocab):
-    said = "config.do_lower_case is False" if lower is not None else "the tokenizer_config.json of " + source + \
-        " says do_lower_case false"
+    said = "config.do_lower_case is False" if config.do_lower_case is not None else \
+        f"the tokenizer_config.json of {source} says do_lower_case false"
     raise failures.UserError(
         f"{said} but the vocabulary of {source} ({tokenizer.source_file}) is uncased (no "
         "token with a capital letter): every capitalised word would be [UNK]. Finetune a cased checkpoint (the "
         "paper's NER results are BERT cased's), or set --config.do_lower_case=True")
   return tokenizer
+
+
+def _directory(checkpoint: str) -> str | None:
+  """The folder of the checkpoint `init_checkpoint` names; None without one (its own check says what is wrong)."""
+  try:
+    return checkpoint_loader.find(checkpoint).directory if checkpoint else None
+  except (FileNotFoundError, ValueError):
+    return None
 
 
 def _uncased(tokens) -> bool:

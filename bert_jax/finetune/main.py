@@ -7,7 +7,9 @@ The results (best dev metric, its step, wall time) are printed as JSON and writt
 `<workdir>/results.json`; the per-step log is `<workdir>/metrics.jsonl`. A data file that cannot be used
 (a missing column or label, an empty file, a label the training file does not have, a byte that is not
 UTF-8) stops the command before training with one paragraph naming it, and exit code 2. SIGTERM or Ctrl-C
-stops it with one line (exit 143 or 130); the same command then starts the run over.
+stops it with one line (exit 143 or 130); the same command then starts the run over. A training loss or
+parameters that stop being finite end the run there, its results and best evaluation kept, with one paragraph
+and exit 3 (`trainer.raise_if_diverged`).
 """
 
 import json

@@ -260,7 +260,8 @@ def _row(t: dict, d: str) -> dict:
 
 
 def _results_fields(r: dict) -> dict:
-  return {"metric": r["primary_metric"], "best": r["best"], "epochs_run": r["epochs"], "seconds": r["seconds"]}
+  return {"metric": r["primary_metric"], "best": r["best"], "epochs_run": r["epochs"], "seconds": r["seconds"],
+          "diverged_step": r.get("diverged_step")}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -286,7 +287,7 @@ def write_tables(rows: list[dict], workdir: str, task: str) -> str:
   agg = aggregate(rows)
   metric = next((r["metric"] for r in rows if "metric" in r), "metric")
   with open(os.path.join(workdir, "trials.csv"), "w", newline="") as f:
-    fields = list(HPARAMS) + ["seed", "status", "best", "epochs_run", "seconds"]
+    fields = list(HPARAMS) + ["seed", "status", "best", "epochs_run", "seconds", "diverged_step"]
     w = csv.DictWriter(f, fields, extrasaction="ignore")
     w.writeheader()
     w.writerows(rows)
@@ -303,6 +304,10 @@ def write_tables(rows: list[dict], workdir: str, task: str) -> str:
   status = {s: sum(r["status"] == s for r in rows) for s in ("done", "pruned", "missing")}
   lines += ["", f"Trials: {status['done']} done, {status['pruned']} stopped by successive halving, "
             f"{status['missing']} not run."]
+  diverged = [f"{trial_name(r)} at step {r['diverged_step']}" for r in rows if r.get("diverged_step") is not None]
+  if diverged:   # their best evaluations before it count in the means above
+    lines += ["", f"Diverged (the loss or parameters not finite; their best evaluation before it counts): "
+              f"{', '.join(diverged)}."]
   if agg:
     b = agg[0]
     lines += ["", f"Best for {task}: batch {b['batch_size']}, lr {b['learning_rate']:g}, "

@@ -47,7 +47,7 @@ class Tracker:
     so far stands; nothing after it is evaluated."""
     self.stopped, self.stopped_step, self.diverged = True, step, step
     self.writer.write(step, {"event": "diverged"}, prefix=self._prefix)
-    if self.writer.echo:
+    if self.writer.enabled and self.writer.echo:   # process 0, as the writer's lines
       print(f"{self._prefix}step {step}: the training loss or the parameters are not finite: this trial stops",
             flush=True)
 

@@ -226,12 +226,16 @@ def raise_if_diverged(results: dict, workdir: str) -> None:
   one paragraph): its results.json and best evaluation are kept, and the same command prints them again."""
   if results.get("diverged_step") is None:
     return
-  best = (f"best/ holds its evaluation at step {results['best_step']} ({results['primary_metric']} "
-          f"{results['best']:.4g})" if results["best_step"] >= 0 else "no evaluation came before it, so no best/")
+  if results["best_step"] < 0:
+    best = "no evaluation came before it"
+  else:
+    best = (f"its best evaluation was at step {results['best_step']} ({results['primary_metric']} "
+            f"{results['best']:.4g})" + (", kept in best/" if os.path.isdir(os.path.join(workdir, "best")) else ""))
   raise failures.Diverged(
       f"{workdir}: the training loss or the parameters were not finite at step {results['diverged_step']} "
-      f"(learning rate {results['learning_rate']:g}); the run stopped there and {best}. Lower "
-      "--config.learning_rate, or check the data and the checkpoint, then run it in another --workdir")
+      f"(learning rate {results['learning_rate']:g}); the run stopped there and {best}. Lower the learning rate "
+      "(--config.learning_rate, or bert_jax.fit's learning_rate=), or check the data and the checkpoint, then run "
+      "it in another workdir")
 
 
 def _task_and_encoder(config: Config) -> tuple:
@@ -385,7 +389,7 @@ def _evaluate(pred_fn, state, step, *, task, trackers, devs: list, batch_size, s
 @jax.jit
 def _finite_per_trial(params) -> jax.Array:
   """[T] bool: whether every parameter of each trial (the leading axis) is finite."""
-  return jnp.stack([jnp.isfinite(x).reshape(x.shape[0], -1).all(1) for x in jax.tree.leaves(params)]).all(0)
+  return jnp.stack([jnp.isfinite(x).all(axis=tuple(range(1, x.ndim))) for x in jax.tree.leaves(params)]).all(0)
 
 
 def _predict_with_best(pred_fn, task, split: _Split, trackers, batch_size, sharded) -> None:

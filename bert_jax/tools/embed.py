@@ -199,8 +199,11 @@ def main(argv) -> None:
     output = paths.output_file(_OUTPUT.value, "output", example="embeddings.npz")
     cfg, params = checkpoint_loader.load_model(_CHECKPOINT.value, dtype=_DTYPE.value)
     max_length = min(_MAX_LENGTH.value or longest_input(cfg), longest_input(cfg))
+    tokenizer = _tokenizer()
+    if _VOCAB.value:
+      checkpoint_loader.check_vocab_fits(tokenizer, cfg, _VOCAB.value)
     lines = readers.read_text(_INPUT.value).split("\n")   # not UTF-8: the line and byte, named
-    examples = read_examples(lines, _tokenizer(), max_length, path=_INPUT.value, cfg=cfg)
+    examples = read_examples(lines, tokenizer, max_length, path=_INPUT.value, cfg=cfg)
     if not examples:
       raise ValueError(f"{_INPUT.value} holds no examples (JSON lines with `text` or `input_ids`)")
   pool = "pooler" in params["bert"] and checkpoint_loader.saved_pooler(_CHECKPOINT.value, params)
