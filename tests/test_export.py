@@ -323,3 +323,31 @@ def test_a_checkpoint_without_a_tokenizer_loads_and_exports_with_one_given(tmp_p
   (tmp_path / "big" / "vocab.txt").write_text((tmp_path / "vocab.txt").read_text() + "w_extra\n")
   with pytest.raises(ValueError, match="has 1001 tokens but the model's embedding table has 1000"):
     bert_jax.load(distilbert, vocab=str(tmp_path / "big"))
+
+
+@pytest.mark.slow
+def test_the_commands_take_a_vocabulary_for_a_checkpoint_without_one(tmp_path):
+  """`--vocab` of export, fill-mask and embed, typed as a path relative to where the command runs; a vocabulary
+  larger than the embedding table is one line and exit 2 in embed as in load."""
+  import os  # pylint: disable=import-outside-toplevel
+  import subprocess  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+  from conftest import shared_path  # pylint: disable=import-outside-toplevel
+  distilbert = shared_path("families", "distilbert")
+  words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "movie"]
+  (tmp_path / "vocab.txt").write_text("\n".join(words + [f"w{i}" for i in range(1000 - len(words))]) + "\n")
+  (tmp_path / "big.txt").write_text((tmp_path / "vocab.txt").read_text() + "w_extra\n")
+  (tmp_path / "in.jsonl").write_text('{"text": "the movie"}\n')
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+
+  def run(*args):
+    return subprocess.run([sys.executable, "-m", "bert_jax.cli", *args], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=600)
+
+  exported = run("export", f"--checkpoint={distilbert}", "--vocab=vocab.txt", "--output=hf")
+  assert exported.returncode == 0 and (tmp_path / "hf" / "vocab.txt").exists(), exported.stderr[-2000:]
+  filled = run("fill-mask", f"--checkpoint={distilbert}", "--vocab=vocab.txt", "the [MASK]")
+  assert filled.returncode == 0 and "[MASK] 1:" in filled.stdout, filled.stdout + filled.stderr[-2000:]
+  refused = run("embed", f"--checkpoint={distilbert}", "--vocab=big.txt", "--input=in.jsonl", "--output=out.npz")
+  assert refused.returncode == 2 and "has 1001 tokens but the model's embedding table has 1000" in refused.stderr
+  assert not (tmp_path / "out.npz").exists()
