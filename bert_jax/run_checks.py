@@ -56,16 +56,16 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
   if d.seq_length > cfg.max_position_embeddings:
     problems.append(f"data.seq_length {d.seq_length} exceeds the model's {cfg.max_position_embeddings} "
                     "position embeddings (model.max_position_embeddings)")
+  rate = round(d.masked_lm_prob * d.seq_length)   # the masked tokens a full sequence asks for
   if d.max_predictions_per_seq > d.seq_length:
     problems.append(f"data.max_predictions_per_seq {d.max_predictions_per_seq} > seq_length {d.seq_length}")
-  elif config.get("objective", "bert") != "ltr" and d.max_predictions_per_seq < round(d.masked_lm_prob * d.seq_length):
+  elif config.get("objective", "bert") != "ltr" and d.max_predictions_per_seq < rate:
     logging.warning("data.max_predictions_per_seq %d caps the masked tokens of a full sequence below "
                     "data.masked_lm_prob %g of its %d (%d): %.3f of them are masked (google-research/bert and albert "
                     "cap it so; ALBERT's configs keep its cap of 20 at 512). Set "
                     "--config.data.max_predictions_per_seq=%d for the configured rate",
-                    d.max_predictions_per_seq, d.masked_lm_prob, d.seq_length,
-                    round(d.masked_lm_prob * d.seq_length), d.max_predictions_per_seq / d.seq_length,
-                    round(d.masked_lm_prob * d.seq_length))
+                    d.max_predictions_per_seq, d.masked_lm_prob, d.seq_length, rate,
+                    d.max_predictions_per_seq / d.seq_length, rate)
   if cfg.attention_kernel.startswith("splash") and d.seq_length % splash.BLOCKS[-1]:
     problems.append(f"model.attention_kernel {cfg.attention_kernel!r} tiles sequences in blocks of "
                     f"{splash.BLOCKS[-1]} tokens: data.seq_length {d.seq_length} is no multiple (or set it to 'xla')")

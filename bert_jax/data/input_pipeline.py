@@ -291,8 +291,8 @@ def preparation_problems(data_config) -> list[str]:
                       f"{stats['do_lower_case']} ({shards.STATS_FILE}): set --config.data.do_lower_case="
                       f"{stats['do_lower_case']}, or prepare the corpus again with --do_lower_case={c.do_lower_case}")
     recorded = stats.get("settings", {}).get("tokenizer_sha256")
-    own = os.path.join(directory, stats.get("tokenizer_file") or "")
-    if recorded and stats.get("tokenizer_file") and tf.io.gfile.exists(own):
+    own = stats.get("tokenizer_file") and os.path.join(directory, stats["tokenizer_file"])
+    if recorded and own and tf.io.gfile.exists(own):
       with tf.io.gfile.GFile(own, "rb") as f:
         if hashlib.sha256(f.read()).hexdigest() != recorded:
           problems.append(f"{own} is not the vocabulary {directory}'s shards were prepared with ({shards.STATS_FILE} "

@@ -84,10 +84,9 @@ def _ensure_tokenizer(spec, output_dir, vocab_file, do_lower_case, vocab_size, v
   `output_dir` once the settings guard has passed it: a refused run leaves the folder's own), else one reused
   from a previous run, or trained."""
   if vocab_file:
-    staging = os.path.join(output_dir, _PROGRESS_DIR, "tokenizer")
-    shutil.rmtree(staging, ignore_errors=True)
-    os.makedirs(staging)
-    return tokenization.load_tokenizer(vocab_file, do_lower_case).save(staging)
+    shutil.rmtree(_staging(output_dir), ignore_errors=True)
+    os.makedirs(_staging(output_dir))
+    return tokenization.load_tokenizer(vocab_file, do_lower_case).save(_staging(output_dir))
   for name in vocab_training.TRAINED_FILES:
     if os.path.exists(os.path.join(output_dir, name)):
       logging.info("Reusing the tokenizer trained by a previous run: %s", name)
@@ -123,14 +122,16 @@ def _sample_sentences(spec, data_dir, text_key, limit) -> list[str]:
   return sample[:limit]
 
 
+def _staging(output_dir: str) -> str:
+  """Where a given tokenizer waits for the settings guard (`_ensure_tokenizer`)."""
+  return os.path.join(output_dir, _PROGRESS_DIR, "tokenizer")
+
+
 def _stage_in(tokenizer_file: str, output_dir: str) -> str:
-  """Moves a staged tokenizer's files (`_ensure_tokenizer`) into `output_dir`; returns its file there."""
-  staging = os.path.dirname(tokenizer_file)
-  if os.path.basename(staging) != "tokenizer" or os.path.basename(os.path.dirname(staging)) != _PROGRESS_DIR:
-    return tokenizer_file   # trained or reused: already in place
-  for name in os.listdir(staging):
-    os.replace(os.path.join(staging, name), os.path.join(output_dir, name))
-  os.rmdir(staging)
+  """Moves the staged tokenizer's files into `output_dir`; returns `tokenizer_file`'s path there."""
+  for name in os.listdir(_staging(output_dir)):
+    os.replace(os.path.join(_staging(output_dir), name), os.path.join(output_dir, name))
+  os.rmdir(_staging(output_dir))
   return os.path.join(output_dir, os.path.basename(tokenizer_file))
 
 
@@ -210,20 +211,22 @@ def prepare_corpus(spec: str, output_dir: str, *, vocab_file: str | None = None,
   if not _has_text(spec, data_dir, text_key):
     raise ValueError(_NO_TEXT.format(spec=spec, text_key=text_key))
   os.makedirs(os.path.join(output_dir, _PROGRESS_DIR), exist_ok=True)
+  vocab_size = train_vocab_size or 30522
   settings = dict(input=spec, eval_input=eval_spec, eval_fraction=eval_fraction, num_shards=num_shards,
                   do_lower_case=do_lower_case, text_key=text_key,
-                  trained_vocab=None if vocab_file else {"model": vocab_model, "size": train_vocab_size or 30522})
+                  trained_vocab=None if vocab_file else {"model": vocab_model, "size": vocab_size})
   _settings_guard(output_dir, settings, record=False)   # before a vocabulary is reused or trained for them
-  tokenizer_file = _ensure_tokenizer(spec, output_dir, vocab_file, do_lower_case, train_vocab_size or 30522,
-                                     vocab_model, data_dir, text_key, vocab_sample_sentences)
+  tokenizer_file = _ensure_tokenizer(spec, output_dir, vocab_file, do_lower_case, vocab_size, vocab_model,
+                                     data_dir, text_key, vocab_sample_sentences)
   with open(tokenizer_file, "rb") as f:
     settings["tokenizer_sha256"] = hashlib.sha256(f.read()).hexdigest()
   try:
     _settings_guard(output_dir, settings)
   except ValueError:
-    shutil.rmtree(os.path.join(output_dir, _PROGRESS_DIR, "tokenizer"), ignore_errors=True)
+    shutil.rmtree(_staging(output_dir), ignore_errors=True)
     raise
-  tokenizer_file = _stage_in(tokenizer_file, output_dir)
+  if vocab_file:   # trained or reused, it is in place already
+    tokenizer_file = _stage_in(tokenizer_file, output_dir)
   counters = collections.Counter()
   common = dict(tokenizer_dir=output_dir, do_lower_case=do_lower_case, text_key=text_key)
   tasks = _tasks(spec, output_dir, num_shards, eval_fraction, eval_spec, common, counters, data_dir, text_key)
@@ -363,23 +366,6 @@ def _summarize(results, counters, tokenizer_file, do_lower_case, settings) -> di
       "worker_seconds": round(sum(r.get("seconds", 0.0) for r in results), 3),
       "worker_cpu_seconds": round(sum(r.get("cpu_seconds", 0.0) for r in results), 3),
   }
-
-
-def prepare_throughput(spec: str, vocab_file: str, output_dir: str, *, num_workers: int | None = None,
-                       **kwargs) -> dict:
-  """Runs `prepare_corpus` into an empty `output_dir` and returns its tokens/s (for `bench data`)."""
-  if os.path.exists(os.path.join(output_dir, STATS_FILE)):
-    raise ValueError(f"{output_dir} already holds a prepared corpus; give an empty directory")
-  stats = prepare_corpus(spec, output_dir, vocab_file=vocab_file, num_workers=num_workers, **kwargs)
-  workers = min(num_workers or os.cpu_count() or 1, len(stats["shards"]))
-  return {"bench": "prepare", "input": spec, "tokens": stats["tokens"], "documents": stats["documents"],
-          "workers": workers, "seconds": stats["seconds"],
-          # End to end: process start-up, TensorFlow import, planning, tokenizing, writing.
-          "tokens_per_s": round(stats["tokens"] / stats["seconds"]),
-          # Tokenizing and writing only, with every worker busy: what a large corpus approaches.
-          "tokens_per_s_steady": round(stats["tokens"] * workers / max(stats["worker_seconds"], 1e-9)),
-          # Per CPU-second of the workers: the per-core rate, independent of other load on the host.
-          "tokens_per_cpu_s": round(stats["tokens"] / max(stats["worker_cpu_seconds"], 1e-9))}
 
 
 def main(argv) -> None:
