@@ -180,19 +180,21 @@ def load_tokenizer(path, do_lower_case: bool | None = None, vocab: str | None = 
   return _read_tokenizer(find(path), do_lower_case, vocab)
 
 
-def vocab_lower_case(vocab: str, checkpoint_directory: str | None) -> bool:
-  """`do_lower_case` for a tokenizer read from `vocab` (a file, or a folder holding one) that the caller left
-  unset: the tokenizer_config.json beside the file (in the folder), else the checkpoint's, else True."""
-  directory = vocab if os.path.isdir(vocab) else os.path.dirname(vocab)
-  said = tokenizer_lib.read_tokenizer_config(directory).get("do_lower_case")
-  if said is not None:
-    return bool(said)
-  return _lower_case(checkpoint_directory) if checkpoint_directory else True
+def load_vocab(vocab: str, do_lower_case: bool | None, checkpoint_directory: str | None):
+  """The tokenizer of `vocab` (a file, or a folder holding one), given beside or instead of a checkpoint's;
+  `do_lower_case` None: as the tokenizer_config.json beside the file (in the folder) says, else the checkpoint's
+  (in `checkpoint_directory`), else True."""
+  if do_lower_case is None:
+    directory = vocab if os.path.isdir(vocab) else os.path.dirname(vocab)
+    do_lower_case = tokenizer_lib.read_tokenizer_config(directory).get("do_lower_case")
+  if do_lower_case is None:
+    do_lower_case = _lower_case(checkpoint_directory) if checkpoint_directory else True
+  return tokenizer_lib.load_tokenizer(vocab, bool(do_lower_case))
 
 
 def _read_tokenizer(found: Found, lower: bool | None, vocab: str | None = None):
   if vocab:
-    return tokenizer_lib.load_tokenizer(vocab, vocab_lower_case(vocab, found.directory) if lower is None else lower)
+    return load_vocab(vocab, lower, found.directory)
   lower = _lower_case(found.directory) if lower is None else lower
   try:
     return tokenizer_lib.load_tokenizer(found.directory, lower)

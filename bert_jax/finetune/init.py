@@ -20,7 +20,6 @@ from bert_jax import failures
 from bert_jax.models import encoder as model_lib
 from bert_jax.models import heads
 from bert_jax.models.config import COMPUTE_FIELDS
-from bert_jax.data import tokenizer as tokenizer_lib
 from bert_jax import train
 
 Config = ml_collections.ConfigDict
@@ -56,15 +55,14 @@ def load_tokenizer(config: Config):
   `from_pretrained` does (a cased checkpoint says false), else lowercases. A cased tokenization (CoNLL-2003's
   config) of an uncased WordPiece vocabulary, which holds no capital letter, is refused: every capitalised word
   would be [UNK], the named entities first."""
-  lower = config.do_lower_case
   if config.vocab_file:
-    if lower is None:
-      lower = checkpoint_loader.vocab_lower_case(config.vocab_file, _directory(config.init_checkpoint))
-    tokenizer, source = tokenizer_lib.load_tokenizer(config.vocab_file, lower), "config.vocab_file"
+    tokenizer = checkpoint_loader.load_vocab(config.vocab_file, config.do_lower_case,
+                                             _directory(config.init_checkpoint))
+    source = "config.vocab_file"
   elif not config.init_checkpoint:
     raise failures.UserError("set config.vocab_file (or init_checkpoint, whose directory holds the vocabulary)")
   else:
-    tokenizer = checkpoint_loader.load_tokenizer(config.init_checkpoint, lower)
+    tokenizer = checkpoint_loader.load_tokenizer(config.init_checkpoint, config.do_lower_case)
     source = "config.init_checkpoint"
   if tokenizer.kind == "wordpiece" and not tokenizer.do_lower_case and _uncased(tokenizer.inv_vocab):
     said = "config.do_lower_case is False" if config.do_lower_case is not None else \
