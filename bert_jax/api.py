@@ -30,6 +30,7 @@ from bert_jax.models import encoder as model_lib
 from bert_jax.tools import predict as predict_lib
 from bert_jax.finetune import ner
 from bert_jax.finetune import readers
+from bert_jax.finetune import run_results
 from bert_jax.finetune import run_workdir
 from bert_jax.finetune import squad
 from bert_jax.finetune import task_record
@@ -151,7 +152,7 @@ def fit(checkpoint, train, dev=None, *, workdir, task: str | None = None, labels
       with open(path, "w", encoding="utf-8") as f:
         f.write(text)
     results = trainer.finetune(config, workdir)
-  trainer.raise_if_diverged(results, workdir)
+  run_results.raise_if_diverged(results, workdir)
   return Finetuned(results["best_metrics"], load(workdir))
 
 

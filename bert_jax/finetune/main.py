@@ -9,7 +9,7 @@ The results (best dev metric, its step, wall time) are printed as JSON and writt
 UTF-8) stops the command before training with one paragraph naming it, and exit code 2. SIGTERM or Ctrl-C
 stops it with one line (exit 143 or 130); the same command then starts the run over. A training loss or
 parameters that stop being finite end the run there, its results and best evaluation kept, with one paragraph
-and exit 3 (`trainer.raise_if_diverged`).
+and exit 3 (`run_results.raise_if_diverged`).
 """
 
 import json
@@ -27,6 +27,7 @@ from ml_collections import config_flags
 from bert_jax import cli
 from bert_jax import config_loading
 from bert_jax import failures
+from bert_jax.finetune import run_results
 from bert_jax.finetune import run_workdir
 from bert_jax.finetune import trainer
 
@@ -54,7 +55,7 @@ def main(argv) -> None:
         results = trainer.finetune(config, WORKDIR.value)
   print(json.dumps(results, indent=1))
   try:
-    trainer.raise_if_diverged(results, WORKDIR.value)
+    run_results.raise_if_diverged(results, WORKDIR.value)
   except failures.Diverged as e:   # exit 3, as pretraining's guard: a run again would diverge the same way
     failures.say_and_exit(e, prefix="bert-jax finetune")
 

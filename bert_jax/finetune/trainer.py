@@ -22,7 +22,6 @@ checkpoint is loaded or anything compiles; a problem is a `readers.DataError` na
 import dataclasses
 import functools
 import glob
-import json
 import math
 import os
 import shutil
@@ -37,7 +36,6 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
-from bert_jax import atomic_write
 from bert_jax import checkpoint_loader
 from bert_jax import checkpointing
 from bert_jax import failures
@@ -45,6 +43,7 @@ from bert_jax import paths
 from bert_jax import sharding
 from bert_jax.finetune import config_checks
 from bert_jax.finetune import init
+from bert_jax.finetune import run_results
 from bert_jax.finetune import task_model
 from bert_jax.finetune import task_record
 from bert_jax.finetune import tracker as tracker_lib
@@ -52,7 +51,8 @@ from bert_jax.finetune import trial_state
 from bert_jax.finetune import tasks as tasks_lib
 
 Config = ml_collections.ConfigDict
-RESULTS_FILE = "results.json"
+RESULTS_FILE = run_results.RESULTS_FILE   # the names callers had
+raise_if_diverged = run_results.raise_if_diverged
 TASK_FILE = task_record.TASK_FILE
 write_task_record, read_task_record = task_record.write, task_record.read   # the names callers had
 # Hyperparameters that may differ between trials trained together.
@@ -217,25 +217,8 @@ def finetune_trials(configs: list, workdirs: list, *, max_epochs: int | None = N
     shutil.rmtree(os.path.join(w, "last"), ignore_errors=True)
   if not finished:
     trial_state.save_last(state, workdirs)
-  return [_results(tr, c, task, step, schedule.steps_per_epoch, schedule.total_steps, finished or tr.stopped,
-                   time.time() - t0) for tr, c in zip(trackers, configs)]
-
-
-def raise_if_diverged(results: dict, workdir: str) -> None:
-  """A run whose loss or parameters stopped being finite ends the command as the pretraining guard does (exit 3,
-  one paragraph): its results.json and best evaluation are kept, and the same command prints them again."""
-  if results.get("diverged_step") is None:
-    return
-  if results["best_step"] < 0:
-    best = "no evaluation came before it"
-  else:
-    best = (f"its best evaluation was at step {results['best_step']} ({results['primary_metric']} "
-            f"{results['best']:.4g})" + (", kept in best/" if os.path.isdir(os.path.join(workdir, "best")) else ""))
-  raise failures.Diverged(
-      f"{workdir}: the training loss or the parameters were not finite at step {results['diverged_step']} "
-      f"(learning rate {results['learning_rate']:g}); the run stopped there and {best}. Lower the learning rate "
-      "(--config.learning_rate, or bert_jax.fit's learning_rate=), or check the data and the checkpoint, then run "
-      "it in another workdir")
+  return [run_results.write(tr, c, task, step, schedule.steps_per_epoch, schedule.total_steps,
+                            finished or tr.stopped, time.time() - t0) for tr, c in zip(trackers, configs)]
 
 
 def _task_and_encoder(config: Config) -> tuple:
@@ -406,18 +389,3 @@ def _predict_with_best(pred_fn, task, split: _Split, trackers, batch_size, shard
   for tracker, out in ((t, o) for t, o, b in zip(trackers, outputs, has_best) if b):
     task.write_predictions(os.path.join(tracker.workdir, _prediction_file(task, split.name)), out,
                            split.examples, split.meta)
-
-
-def _results(tracker, config, task, step, steps_per_epoch, total_steps, finished, seconds) -> dict:
-  tracker.save()
-  step = step if tracker.stopped_step is None else tracker.stopped_step   # stopped early: its own last step
-  results = {"task": task.name, "primary_metric": tracker.primary, "best": tracker.best, "score": tracker.score(),
-             "best_step": tracker.best_step, "best_metrics": tracker.best_metrics,
-             "last_metrics": tracker.last_metrics, "step": step, "epochs": step / steps_per_epoch,
-             "total_steps": total_steps, "stopped_early": tracker.stopped, "finished": finished,
-             "diverged_step": tracker.diverged, "seconds": round(seconds, 1), "learning_rate": config.learning_rate,
-             "batch_size": config.batch_size, "num_epochs": config.num_epochs, "seed": config.seed}
-  # Whole or absent: it marks the run finished (`bert-jax finetune` run again prints it instead of training).
-  with atomic_write.replacing(os.path.join(tracker.workdir, RESULTS_FILE)) as tmp, open(tmp, "w") as f:
-    json.dump(results, f, indent=1)
-  return results
